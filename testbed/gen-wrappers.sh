@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Regenerate the wrapper Go modules under testbed/gomod/ from testbed/versions.env.
+# Only needed when versions change; the generated go.mod/go.sum are committed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=/dev/null
+. "$here/versions.env"
+export GOTOOLCHAIN=local GOFLAGS=-modcacherw
+only="${1:-all}"
+
+k8s_wrapper() {
+  local d="$here/gomod/k8s" gomod minor
+  mkdir -p "$d"; rm -f "$d/go.mod" "$d/go.sum"
+  gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  minor="v0.${K8S_VERSION#v1.}"
+  ( cd "$d"
+    go mod init dispatch.invalid/testbed/k8s >/dev/null 2>&1
+    go mod edit -go="$(awk '$1=="go"{print $2; exit}' "$gomod")"
+    godebug="$(awk '$1=="godebug"{print $2; exit}' "$gomod")"
+    [ -n "$godebug" ] && go mod edit -godebug="$godebug"
+    go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+    for m in $(awk '$2=="=>" && $3 ~ /^\.\/staging\// {print $1}' "$gomod"); do
+      go mod edit -replace="$m=$m@$minor"
+    done
+    for t in k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+             k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubectl go.etcd.io/etcd/server/v3; do
+      go mod edit -tool="$t"
+    done
+    go mod tidy
+  )
+}
+
+ctl_wrapper() { # name module version toolpkg
+  local name="$1" mod="$2" ver="$3" tool="$4" d="$here/gomod/$1" up
+  mkdir -p "$d"; rm -f "$d/go.mod" "$d/go.sum"
+  up="$(go mod download -json "$mod@$ver" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["Dir"])')"
+  ( cd "$d"
+    go mod init "dispatch.invalid/testbed/$name" >/dev/null 2>&1
+    go mod edit -go="$(awk '$1=="go"{print $2; exit}' "$up/go.mod")"
+    go mod edit -require="$mod@$ver" -tool="$tool"
+    # Seed checksums from the upstream go.sum so resolution matches upstream.
+    [ -f "$up/go.sum" ] && cp "$up/go.sum" go.sum && chmod u+w go.sum
+    # Extra per-component replaces (served neighbour versions), one "module=module@version" per line.
+    if [ -f "$here/gomod/$name.replace" ]; then
+      grep -v '^#' "$here/gomod/$name.replace" | while read -r r; do [ -n "$r" ] && go mod edit -replace="$r"; done
+    fi
+    go mod tidy
+  )
+}
+
+case "$only" in all|k8s) k8s_wrapper ;; esac
+case "$only" in all|kwok) ctl_wrapper kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok ;; esac
+case "$only" in all|jobset) ctl_wrapper jobset sigs.k8s.io/jobset "$JOBSET_VERSION" sigs.k8s.io/jobset ;; esac
+case "$only" in all|trainer) ctl_wrapper trainer github.com/kubeflow/trainer/v2 "$TRAINER_VERSION" github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager ;; esac
+case "$only" in all|kueue) ctl_wrapper kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue ;; esac
