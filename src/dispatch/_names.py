@@ -1,0 +1,92 @@
+"""Label keys, API coordinates and input validation.
+
+Validation runs before any request, so bad input is refused with the field named and nothing written.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import FieldCause, InvalidInput
+
+DOMAIN = "dispatch.phpboyscout.uk"
+LABEL_JOB_ID = f"{DOMAIN}/job-id"
+LABEL_SUBMISSION = f"{DOMAIN}/submission"
+LABEL_ADMISSION = f"{DOMAIN}/admission"
+ANNOTATION_ADMISSION = f"{DOMAIN}/admission"
+PATCH_MANAGER = f"{DOMAIN}/dispatch"
+FIELD_MANAGER = "dispatch"
+CONTROLLER_NAME = f"{DOMAIN}/admission"
+
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"
+
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_VERSION = "v1alpha1"
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+KUEUE_GROUP = "kueue.x-k8s.io"
+KUEUE_VERSION = "v1beta2"
+
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def label_value_problem(value: str) -> str | None:
+    """Why ``value`` is not a valid Kubernetes label value, or None if it is."""
+    if len(value) > 63:
+        return f"must be at most 63 characters (got {len(value)})"
+    if not _LABEL_VALUE.match(value):
+        return (
+            "must be empty or consist of alphanumerics, '-', '_' or '.', "
+            "and start and end with an alphanumeric"
+        )
+    return None
+
+
+def dns1035_problem(value: str) -> str | None:
+    """Why ``value`` is not an RFC 1035 label (TrainJob names must be), or None."""
+    if not value:
+        return "must not be empty"
+    if len(value) > 63:
+        return f"must be at most 63 characters (got {len(value)})"
+    if not _DNS1035.match(value):
+        return (
+            "must consist of lower case alphanumerics or '-', start with a letter "
+            "and end with an alphanumeric"
+        )
+    return None
+
+
+def dns1123_subdomain_problem(value: str) -> str | None:
+    """Why ``value`` is not a DNS-1123 subdomain (namespaces, runtime names), or None."""
+    if not value:
+        return "must not be empty"
+    if len(value) > 253:
+        return f"must be at most 253 characters (got {len(value)})"
+    if not _DNS1123_SUBDOMAIN.match(value):
+        return "must consist of lower case alphanumerics, '-' or '.', and start and end with an alphanumeric"
+    return None
+
+
+def derive_name(job_id: str, submission: str) -> str:
+    """The TrainJob name of a submission: ``<job-id>-<submission>``."""
+    return f"{job_id}-{submission}"
+
+
+def check(problems: list[FieldCause]) -> None:
+    """Raise one InvalidInput naming every bad field, if there are any."""
+    if problems:
+        fields = ", ".join(p.field for p in problems)
+        raise InvalidInput(f"invalid input: {fields}", reason="Invalid", causes=problems)
+
+
+def validate_ref(name: str) -> None:
+    """A TrainJob name given to release/hold/inspect/... must be a DNS-1035 label."""
+    problem = dns1035_problem(name)
+    if problem:
+        check([FieldCause("name", f"{name!r} {problem}", "FieldValueInvalid")])

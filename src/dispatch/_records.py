@@ -1,0 +1,156 @@
+"""The small typed records the public API returns and accepts."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+__all__ = ["Cause", "Cessation", "Identity", "JobSpec", "RemainingPod", "State", "Status"]
+
+
+class State(enum.StrEnum):
+    """Where an object is in its life, as dispatch sees it."""
+
+    HELD = "Held"
+    """Suspended and not admitted; in plain mode only ``release`` lifts the hold."""
+    QUEUED = "Queued"
+    """Suspended, waiting for Kueue (and dispatch's admission check) to admit it."""
+    RUNNING = "Running"
+    """Admitted: an execution is in progress."""
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CLOSING = "Closing"
+    """Deleted, waiting for its finalizers."""
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Execution identity: (job-id, submission, A). ``admission`` is 0 until the first admission."""
+
+    job_id: str
+    submission: str
+    admission: int
+
+    def __str__(self) -> str:
+        return f"{self.job_id}/{self.submission}#{self.admission}"
+
+
+@dataclass(frozen=True)
+class RemainingPod:
+    """A pod that may still run, where it runs, and what we know of that node."""
+
+    name: str
+    node: str | None
+    node_state: str
+    phase: str
+    terminating: bool
+    admission: int | None = None
+
+    def describe(self) -> str:
+        """``<pod> on <node> (<node state>)``, the form every status string uses."""
+        if not self.node:
+            return f"{self.name} on no node (not scheduled)"
+        return f"{self.name} on {self.node} ({self.node_state})"
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why the object is in its state: a CamelCase reason and a sentence for people."""
+
+    reason: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+@dataclass(frozen=True)
+class Status:
+    """What ``inspect`` and ``find`` return for one object."""
+
+    name: str
+    namespace: str
+    state: State
+    identity: Identity
+    cause: Cause
+    mode: str
+    """``plain`` or ``kueue`` (the TrainJob names a Kueue queue)."""
+    queue: str | None = None
+    created: datetime | None = None
+    remaining: tuple[RemainingPod, ...] = ()
+    resource_version: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON/YAML output; every field, nothing lost."""
+        return {
+            "name": self.name,
+            "namespace": self.namespace,
+            "state": self.state.value,
+            "identity": {
+                "jobId": self.identity.job_id,
+                "submission": self.identity.submission,
+                "admission": self.identity.admission,
+            },
+            "cause": {"reason": self.cause.reason, "detail": self.cause.detail},
+            "mode": self.mode,
+            "queue": self.queue,
+            "created": self.created.isoformat() if self.created else None,
+            "remaining": [
+                {
+                    "name": p.name,
+                    "node": p.node,
+                    "nodeState": p.node_state,
+                    "phase": p.phase,
+                    "terminating": p.terminating,
+                    "admission": p.admission,
+                }
+                for p in self.remaining
+            ],
+            "resourceVersion": self.resource_version,
+        }
+
+
+@dataclass(frozen=True)
+class Cessation:
+    """Whether the object's processes are proven gone, and why (or why that cannot be proven)."""
+
+    ceased: bool
+    reason: str
+    remaining: tuple[RemainingPod, ...] = ()
+
+    def __bool__(self) -> bool:
+        return self.ceased
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ceased": self.ceased,
+            "reason": self.reason,
+            "remaining": [p.describe() for p in self.remaining],
+        }
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What ``open`` needs to create a TrainJob.
+
+    ``name`` defaults to ``<job_id>-<submission>``. ``queue`` puts the object under Kueue (Kueue mode).
+    """
+
+    job_id: str
+    submission: str
+    runtime: str = "torch-distributed"
+    runtime_kind: str = "ClusterTrainingRuntime"
+    image: str | None = None
+    command: Sequence[str] = ()
+    args: Sequence[str] = ()
+    num_nodes: int | None = None
+    resources_per_node: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    queue: str | None = None
+    priority_class: str | None = None
+    name: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    termination_grace_period_seconds: int | None = None
