@@ -1,0 +1,48 @@
+"""Local real Kubernetes control plane for integration tests (issue 3).
+
+etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, KWOK, JobSet, Kubeflow Trainer
+and Kueue, all built from Go modules and run as local processes. Use :func:`up` then point a client at
+:func:`kubeconfig_path`; :func:`freeze`/:func:`thaw` make a node's kubelet (its KWOK process) vanish and
+come back. See ``testbed/README.md`` in the repo.
+"""
+
+from __future__ import annotations
+
+from dispatch.testbed._cluster import (
+    ComponentStatus,
+    build,
+    down,
+    env,
+    freezable_nodes,
+    freeze,
+    is_up,
+    kubectl,
+    regular_nodes,
+    status,
+    thaw,
+    up,
+)
+from dispatch.testbed._manifests import ANN_COMPLETE, ANN_DELETE_DELAY, ANN_FAIL, ANN_HOLD_DELETE
+from dispatch.testbed._paths import kubeconfig_path, runtime_dir, versions
+
+__all__ = [
+    "ANN_COMPLETE",
+    "ANN_DELETE_DELAY",
+    "ANN_FAIL",
+    "ANN_HOLD_DELETE",
+    "ComponentStatus",
+    "build",
+    "down",
+    "env",
+    "freezable_nodes",
+    "freeze",
+    "is_up",
+    "kubeconfig_path",
+    "kubectl",
+    "regular_nodes",
+    "runtime_dir",
+    "status",
+    "thaw",
+    "up",
+    "versions",
+]

@@ -1,0 +1,658 @@
+"""Start, stop and inspect the local control plane.
+
+Every component is a plain child process in its own session, with its pid recorded under the runtime
+dir, so ``down`` (possibly from another process) stops exactly what ``up`` started and nothing else.
+Only kubectl (the one built with the control plane) is used to talk to the API: this module is test
+infrastructure and deliberately does not use the project's Kubernetes client.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from dispatch.testbed import _manifests as mf
+from dispatch.testbed import _paths
+from dispatch.testbed._pki import ensure_pki
+
+REGULAR_NODES = ["node-0", "node-1"]
+FREEZABLE_NODES = ["node-2", "node-3"]
+WARMUP_TIMEOUT = float(os.environ.get("DISPATCH_TESTBED_TIMEOUT", "120"))
+BINARIES = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubectl",
+    "kwok",
+    "jobset",
+    "trainer",
+    "kueue",
+)
+KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")  # hard-coded in Kueue when cert management is off
+
+
+def _log(msg: str) -> None:
+    print(f"[testbed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------- build
+
+
+def build(quiet: bool = False) -> Path:
+    """Build (or reuse) all binaries; returns their directory. Cached by versions and Go version."""
+    script = _paths.source_dir() / "build.sh"
+    proc = subprocess.run(
+        ["bash", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL if quiet else None,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"testbed build failed (exit {proc.returncode}); run {script} to see why")
+    lines = proc.stdout.strip().splitlines()
+    if not lines:
+        raise RuntimeError("testbed build printed no output directory")
+    return Path(lines[-1])
+
+
+def _bin_dir() -> Path:
+    """The binaries recorded by the running testbed, or a fresh build."""
+    state = _read_state()
+    if state and Path(state["bin"]).is_dir():
+        return Path(state["bin"])
+    return build()
+
+
+# --------------------------------------------------------------------------------------------- state
+
+
+def _state_file() -> Path:
+    return _paths.runtime_dir() / "state.json"
+
+
+def _read_state() -> dict[str, str] | None:
+    try:
+        data: dict[str, str] = json.loads(_state_file().read_text())
+        return data
+    except (OSError, ValueError):
+        return None
+
+
+def _pid_dir() -> Path:
+    return _paths.runtime_dir() / "pids"
+
+
+def _read_pid(name: str) -> int | None:
+    try:
+        return int((_pid_dir() / f"{name}.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _proc_state(pid: int) -> str | None:
+    """Kernel state letter of ``pid`` (R, S, T, Z, ...) or None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _is_ours(name: str, pid: int) -> bool:
+    """True if ``pid`` still runs the executable we recorded for ``name`` (guards against pid reuse)."""
+    try:
+        recorded = (_pid_dir() / f"{name}.pid").read_text().split(maxsplit=1)[1].strip()
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except (OSError, IndexError):
+        return False
+    return exe.removesuffix(" (deleted)") == recorded
+
+
+def _alive(name: str) -> int | None:
+    pid = _read_pid(name)
+    if pid is None:
+        return None
+    st = _proc_state(pid)
+    if st is None or st in ("Z", "X") or not _is_ours(name, pid):
+        return None
+    return pid
+
+
+def _component_names() -> list[str]:
+    return [
+        "etcd",
+        "kube-apiserver",
+        "jobset",
+        "trainer",
+        "kueue",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kwok",
+        *[f"kwok-{n}" for n in FREEZABLE_NODES],
+    ]
+
+
+# --------------------------------------------------------------------------------------------- processes
+
+
+def _start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` detached (own session), logging to logs/<name>.log; record its pid."""
+    rt = _paths.runtime_dir()
+    (rt / "logs").mkdir(parents=True, exist_ok=True)
+    _pid_dir().mkdir(parents=True, exist_ok=True)
+    with (rt / "logs" / f"{name}.log").open("ab") as logf:
+        p = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            cwd=rt,
+        )
+    (_pid_dir() / f"{name}.pid").write_text(f"{p.pid} {Path(argv[0]).resolve()}\n")
+    return p.pid
+
+
+def _stop(name: str, timeout: float = 10.0) -> None:
+    pid = _alive(name)
+    if pid is not None:
+        for sig in (signal.SIGCONT, signal.SIGTERM):  # a frozen (SIGSTOPped) process must run to exit
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and _proc_state(pid) not in (None, "Z", "X"):
+            time.sleep(0.1)
+        if _proc_state(pid) not in (None, "Z", "X"):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)  # reap if it is our own child
+    (_pid_dir() / f"{name}.pid").unlink(missing_ok=True)
+
+
+# --------------------------------------------------------------------------------------------- health
+
+
+def _ssl_ctx(verify: bool) -> ssl.SSLContext:
+    pki = _paths.runtime_dir() / "pki"
+    if verify:
+        ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    else:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    return ctx
+
+
+def _get(url: str, verify: bool = True, timeout: float = 2.0) -> bool:
+    try:
+        ctx = _ssl_ctx(verify) if url.startswith("https") else None
+        with urllib.request.urlopen(url, timeout=timeout, context=ctx) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError, ssl.SSLError, ValueError):
+        return False
+
+
+HEALTH: dict[str, Callable[[], bool]] = {
+    "etcd": lambda: _get(f"http://127.0.0.1:{mf.PORTS['etcd']}/health"),
+    "kube-apiserver": lambda: _get(f"https://127.0.0.1:{mf.PORTS['apiserver']}/readyz"),
+    "kube-controller-manager": lambda: _get(
+        f"https://127.0.0.1:{mf.PORTS['controller-manager']}/healthz", verify=False
+    ),
+    "kube-scheduler": lambda: _get(f"https://127.0.0.1:{mf.PORTS['scheduler']}/healthz", verify=False),
+    "kwok": lambda: _get(f"http://127.0.0.1:{mf.PORTS['kwok']}/healthz"),
+    "jobset": lambda: _get(f"http://127.0.0.1:{mf.PORTS['jobset-probe']}/readyz"),
+    "trainer": lambda: _get(f"http://127.0.0.1:{mf.PORTS['trainer-probe']}/readyz"),
+    "kueue": lambda: _get(f"http://127.0.0.1:{mf.PORTS['kueue-probe']}/readyz"),
+}
+
+
+def _healthy(name: str) -> bool:
+    if _alive(name) is None:
+        return False
+    check = HEALTH.get(name)
+    return True if check is None else check()
+
+
+def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    pending = list(names)
+    while pending:
+        for n in list(pending):
+            if _alive(n) is None:
+                raise RuntimeError(f"{n} exited during start-up; see {_paths.runtime_dir()}/logs/{n}.log")
+            if _healthy(n):
+                pending.remove(n)
+                _log(f"{n} is healthy")
+        if pending and time.monotonic() > deadline:
+            raise RuntimeError(
+                f"timed out waiting for {', '.join(pending)} (logs in {_paths.runtime_dir()}/logs)"
+            )
+        if pending:
+            time.sleep(0.25)
+
+
+# --------------------------------------------------------------------------------------------- kubectl
+
+
+def kubectl(
+    *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """Run the testbed's own kubectl against the testbed (never the system one)."""
+    argv = [str(_bin_dir() / "kubectl"), f"--kubeconfig={_paths.kubeconfig_path()}", *args]
+    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc
+
+
+def _apply(objs: list[mf.Obj], server_side: bool = False) -> None:
+    if not objs:
+        return
+    args = ["apply", "-f", "-"]
+    if server_side:
+        args += ["--server-side", "--force-conflicts", "--field-manager=dispatch-testbed"]
+    kubectl(*args, input=mf.dump_all(objs), timeout=120)
+
+
+# --------------------------------------------------------------------------------------------- config files
+
+
+def _write_kubeconfig(rt: Path) -> None:
+    pki = rt / "pki"
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "dispatch-testbed",
+                "cluster": {
+                    "server": f"https://127.0.0.1:{mf.PORTS['apiserver']}",
+                    "certificate-authority": str(pki / "ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "admin",
+                "user": {
+                    "client-certificate": str(pki / "admin.crt"),
+                    "client-key": str(pki / "admin.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {"name": "dispatch-testbed", "context": {"cluster": "dispatch-testbed", "user": "admin"}}
+        ],
+        "current-context": "dispatch-testbed",
+    }
+    path = _paths.kubeconfig_path()
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    path.chmod(0o600)
+
+
+def _install_cert(pki: Path, d: Path) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(pki / "admin.crt", d / "tls.crt")
+    shutil.copyfile(pki / "admin.key", d / "tls.key")
+    (d / "tls.key").chmod(0o600)
+
+
+# --------------------------------------------------------------------------------------------- up/down
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    """One component's state as ``status`` reports it."""
+
+    name: str
+    pid: int | None
+    running: bool
+    healthy: bool
+    frozen: bool
+
+
+def status(verbose: bool = False) -> list[ComponentStatus]:
+    """State of every component; with ``verbose`` also print a table."""
+    out: list[ComponentStatus] = []
+    for n in _component_names():
+        pid = _alive(n)
+        frozen = pid is not None and _proc_state(pid) == "T"
+        healthy = pid is not None and not frozen and _healthy(n)
+        out.append(ComponentStatus(n, pid, pid is not None, healthy, frozen))
+    if verbose:
+        print(f"runtime dir: {_paths.runtime_dir()}  kubeconfig: {_paths.kubeconfig_path()}")
+        for s in out:
+            state = (
+                "frozen"
+                if s.frozen
+                else ("healthy" if s.healthy else ("running" if s.running else "stopped"))
+            )
+            print(f"  {s.name:26} pid {s.pid if s.pid is not None else '-':>8}  {state}")
+    return out
+
+
+def is_up() -> bool:
+    """True if every component runs and answers its health check (frozen kwoks count as up)."""
+    return all(s.healthy or s.frozen for s in status())
+
+
+def up() -> Path:
+    """Bring the testbed up (idempotent: a healthy testbed returns at once). Returns the kubeconfig path."""
+    if is_up():
+        return _paths.kubeconfig_path()
+    if any(s.running for s in status()):
+        _log("partially running testbed found; restarting it")
+        down()
+    t0 = time.monotonic()
+    bin_dir = build()
+    rt = _paths.runtime_dir()
+    rt.mkdir(parents=True, exist_ok=True)
+    pki = rt / "pki"
+    ensure_pki(pki)
+    _write_kubeconfig(rt)
+    _state_file().write_text(json.dumps({"bin": str(bin_dir)}))
+    kubeconfig = str(_paths.kubeconfig_path())
+    mods = _paths.modules()
+    bundle = mf.ca_bundle(pki)
+
+    # Serving certs where each controller looks for them (cert management is off everywhere).
+    certdir = rt / "webhook-certs"
+    _install_cert(pki, certdir)
+    trainer_tmp = rt / "trainer-tmp"  # trainer has no certDir setting: it uses $TMPDIR/k8s-webhook-server/...
+    _install_cert(pki, trainer_tmp / "k8s-webhook-server" / "serving-certs")
+    try:
+        _install_cert(pki, KUEUE_METRICS_CERT_DIR)
+    except PermissionError as e:
+        raise RuntimeError(
+            f"Kueue needs {KUEUE_METRICS_CERT_DIR} (hard-coded); run as root or create it"
+        ) from e
+
+    cfgdir = rt / "config"
+    cfgdir.mkdir(exist_ok=True)
+    for name, obj in mf.controller_configs(certdir).items():
+        (cfgdir / f"{name}.yaml").write_text(yaml.safe_dump(obj, sort_keys=False))
+    (cfgdir / "kwok-stages.yaml").write_text(mf.dump_all(mf.kwok_stages(mods.kwok)))
+
+    b = {n: str(bin_dir / n) for n in BINARIES}
+    p = mf.PORTS
+    etcd_data = _paths.etcd_data_dir()
+    shutil.rmtree(etcd_data, ignore_errors=True)
+    _start(
+        "etcd",
+        [
+            b["etcd"],
+            "--name=testbed",
+            f"--data-dir={etcd_data}",
+            f"--listen-client-urls=http://127.0.0.1:{p['etcd']}",
+            f"--advertise-client-urls=http://127.0.0.1:{p['etcd']}",
+            f"--listen-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{p['etcd-peer']}",
+            f"--initial-cluster=testbed=http://127.0.0.1:{p['etcd-peer']}",
+            "--unsafe-no-fsync=true",
+            "--auto-compaction-mode=periodic",
+            "--auto-compaction-retention=5m",
+            "--log-level=warn",
+        ],
+    )
+    _wait(["etcd"], 30)
+    _start(
+        "kube-apiserver",
+        [
+            b["kube-apiserver"],
+            f"--etcd-servers=http://127.0.0.1:{p['etcd']}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={p['apiserver']}",
+            f"--tls-cert-file={pki / 'admin.crt'}",
+            f"--tls-private-key-file={pki / 'admin.key'}",
+            f"--client-ca-file={pki / 'ca.crt'}",
+            f"--service-account-issuer=https://127.0.0.1:{p['apiserver']}",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--service-cluster-ip-range=10.96.0.0/16",
+            "--authorization-mode=Node,RBAC",
+            "--allow-privileged=true",
+            "--default-not-ready-toleration-seconds=5",
+            "--default-unreachable-toleration-seconds=5",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    _wait(["kube-apiserver"], 90)
+
+    _apply(
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}
+            for ns in ("jobset-system", "kubeflow-system", "kueue-system")
+        ]
+    )
+    crds = mf.crds(mods.jobset, mods.trainer, mods.kueue, bundle)
+    _apply(crds, server_side=True)
+    kubectl(
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        *[f"crd/{c['metadata']['name']}" for c in crds],
+    )
+    _log(f"{len(crds)} CRDs established")
+
+    ctl_env = {"KUBECONFIG": kubeconfig}
+    _start(
+        "jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env
+    )
+    _start(
+        "trainer",
+        [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
+        {**ctl_env, "TMPDIR": str(trainer_tmp)},
+    )
+    _start("kueue", [b["kueue"], f"--config={cfgdir / 'kueue.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env)
+    _start(
+        "kube-controller-manager",
+        [
+            b["kube-controller-manager"],
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['controller-manager']}",
+            "--controllers=*",
+            f"--root-ca-file={pki / 'ca.crt'}",
+            f"--service-account-private-key-file={pki / 'sa.key'}",
+            f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+            f"--cluster-signing-key-file={pki / 'ca.key'}",
+            "--use-service-account-credentials=false",
+            "--node-monitor-period=1s",
+            "--node-monitor-grace-period=10s",
+            "--kube-api-qps=100",
+            "--kube-api-burst=200",
+            "--v=1",
+        ],
+    )
+    _start(
+        "kube-scheduler",
+        [
+            b["kube-scheduler"],
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={p['scheduler']}",
+            "--v=1",
+        ],
+    )
+    kwok_common = [
+        f"--kubeconfig={kubeconfig}",
+        f"--config={cfgdir / 'kwok-stages.yaml'}",
+        "--node-lease-duration-seconds=8",
+        "--cidr=10.244.0.0/16",
+    ]
+    kwok_env = {**ctl_env, "HOME": str(rt)}  # keep kwok away from a user's ~/.kwok/kwok.yaml
+    _start(
+        "kwok",
+        [
+            b["kwok"],
+            *kwok_common,
+            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+            f"--server-address=127.0.0.1:{p['kwok']}",
+        ],
+        kwok_env,
+    )
+    for n in FREEZABLE_NODES:
+        _start(f"kwok-{n}", [b["kwok"], *kwok_common, f"--manage-single-node={n}"], kwok_env)
+
+    _wait(["jobset", "trainer", "kueue"])
+    webhooks = (
+        mf.jobset_webhooks(mods.jobset, bundle)
+        + mf.trainer_webhooks(mods.trainer, bundle)
+        + mf.kueue_webhooks(mods.kueue, bundle)
+    )
+    (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
+    _apply(webhooks)
+    _log(f"{len(webhooks)} webhook configurations registered")
+    _wait(["kube-controller-manager", "kube-scheduler", "kwok"])
+
+    _apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+                "data": {"kubeflow_trainer_version": _paths.versions()["TRAINER_VERSION"].lstrip("v")},
+            }
+        ]
+    )
+    _apply_retry(mf.training_runtimes(mods.trainer), server_side=True)
+    _apply(mf.nodes(REGULAR_NODES, FREEZABLE_NODES))
+    _apply_retry(mf.kueue_fixtures())
+    _wait_nodes_ready()
+    kubectl(
+        "wait",
+        "--for=condition=Active",
+        "--timeout=60s",
+        "clusterqueue/cq",
+        "clusterqueue/cq-dispatch",
+        check=False,
+    )
+    _log(f"testbed up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
+    return _paths.kubeconfig_path()
+
+
+def _apply_retry(objs: list[mf.Obj], server_side: bool = False, timeout: float = 60.0) -> None:
+    """Apply, retrying while a just-registered webhook is not serving yet."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            _apply(objs, server_side=server_side)
+            return
+        except RuntimeError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
+def _wait_nodes_ready(timeout: float = 60.0) -> None:
+    """Wait until every node is Ready and schedulable (KCM removed the not-ready taint)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        data = json.loads(kubectl("get", "nodes", "-o", "json").stdout)
+        ok = 0
+        for n in data["items"]:
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in n.get("status", {}).get("conditions", [])
+            )
+            tainted = any(
+                t["key"].startswith("node.kubernetes.io/") for t in n.get("spec", {}).get("taints", []) or []
+            )
+            ok += ready and not tainted
+        if ok == len(REGULAR_NODES) + len(FREEZABLE_NODES):
+            _log("all nodes Ready")
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError("nodes did not become Ready and untainted in time")
+        time.sleep(0.5)
+
+
+def down() -> None:
+    """Stop the testbed: webhook configurations first (so nothing is left pointing at dead servers)."""
+    if _alive("kube-apiserver") is not None and _paths.kubeconfig_path().exists():
+        kubectl(
+            "delete",
+            "validatingwebhookconfiguration,mutatingwebhookconfiguration",
+            "--all",
+            "--ignore-not-found",
+            "--wait=false",
+            check=False,
+            timeout=20,
+        )
+    for n in reversed(_component_names()):
+        _stop(n)
+    shutil.rmtree(_paths.etcd_data_dir(), ignore_errors=True)
+    _state_file().unlink(missing_ok=True)
+
+
+def _kwok_for(node: str) -> str:
+    if node not in FREEZABLE_NODES:
+        raise ValueError(f"{node} is not freezable (freezable: {', '.join(FREEZABLE_NODES)})")
+    return f"kwok-{node}"
+
+
+def freeze(node: str) -> None:
+    """Stop the node's kwok (SIGSTOP): no more lease renewals, so the node really goes Ready=Unknown."""
+    name = _kwok_for(node)
+    pid = _alive(name)
+    if pid is None:
+        raise RuntimeError(f"{name} is not running")
+    os.kill(pid, signal.SIGSTOP)
+
+
+def thaw(node: str) -> None:
+    """Resume the node's kwok (SIGCONT): it renews its lease and finalizes what piled up."""
+    name = _kwok_for(node)
+    pid = _alive(name)
+    if pid is None:
+        raise RuntimeError(f"{name} is not running")
+    os.kill(pid, signal.SIGCONT)
+
+
+def freezable_nodes() -> list[str]:
+    """Nodes that ``freeze``/``thaw`` accept."""
+    return list(FREEZABLE_NODES)
+
+
+def regular_nodes() -> list[str]:
+    """Nodes served by the shared kwok process."""
+    return list(REGULAR_NODES)
+
+
+def env() -> dict[str, str]:
+    """Environment for subprocesses that should talk to the testbed (KUBECONFIG, PATH with kubectl)."""
+    bin_dir = _bin_dir()
+    return {
+        **os.environ,
+        "KUBECONFIG": str(_paths.kubeconfig_path()),
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }

@@ -1,0 +1,439 @@
+"""Render the manifests the testbed applies, from the upstream YAML in the Go module cache.
+
+Reading the upstream CRDs and webhook lists at run time (instead of keeping copies) keeps the testbed in
+step with the pinned controller versions; only the wiring (URLs, CA bundle, names) is changed here, the
+same way the upstream kustomizations would.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+Obj = dict[str, Any]
+
+# Port plan; all listeners are on 127.0.0.1 only.
+PORTS: dict[str, int] = {
+    "etcd": 12379,
+    "etcd-peer": 12380,
+    "apiserver": 16443,
+    "controller-manager": 10257,
+    "scheduler": 10259,
+    "kwok": 10247,
+    "jobset-webhook": 19443,
+    "jobset-probe": 18091,
+    "trainer-webhook": 19444,
+    "trainer-probe": 18092,
+    "kueue-webhook": 19445,
+    "kueue-probe": 18093,
+}
+
+# Annotations understood by the KWOK stages below (documented for test authors).
+ANN_DELETE_DELAY = "dispatch.test/delete-delay"  # Go duration, e.g. "5s"; default 1s
+ANN_HOLD_DELETE = "dispatch.test/hold-delete"  # while present, a deleted pod stays Terminating
+ANN_COMPLETE = "dispatch.test/complete"  # set on a Running pod: it Succeeds
+ANN_FAIL = "dispatch.test/fail"  # set on a Running pod: it Fails (exit code 1)
+
+# Kueue webhooks that matter for batch/job, JobSet, TrainJob and Kueue's own API; the rest are for
+# integrations the testbed does not enable (Kueue serves them as no-ops).
+KUEUE_WEBHOOKS_KEPT = {
+    "mclusterqueue.kb.io",
+    "vclusterqueue.kb.io",
+    "vcohort.kb.io",
+    "mresourceflavor.kb.io",
+    "vresourceflavor.kb.io",
+    "mworkload.kb.io",
+    "vworkload.kb.io",
+    "mjob.kb.io",
+    "vjob.kb.io",
+    "mjobset.kb.io",
+    "vjobset.kb.io",
+    "mtrainjob.kb.io",
+    "vtrainjob.kb.io",
+}
+
+
+def load_all(path: Path) -> list[Obj]:
+    """Load every non-empty YAML document of ``path``."""
+    with path.open() as f:
+        return [d for d in yaml.safe_load_all(f) if d]
+
+
+def dump_all(objs: Iterable[Obj]) -> str:
+    """Serialise objects as one multi-document YAML stream."""
+    return yaml.safe_dump_all(list(objs), sort_keys=False)
+
+
+def _json_patch(obj: Obj, ops: list[Obj]) -> None:
+    """Apply the subset of RFC 6902 the upstream webhook patches use (replace/add on a plain path)."""
+    for op in ops:
+        if op.get("op") not in ("replace", "add"):
+            raise ValueError(f"unsupported patch op {op!r}")
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in str(op["path"]).split("/")[1:]]
+        target: Any = obj
+        for p in parts[:-1]:
+            target = target[int(p)] if isinstance(target, list) else target[p]
+        last = parts[-1]
+        if isinstance(target, list):
+            if last == "-":
+                target.append(op["value"])
+            else:
+                target[int(last)] = op["value"]
+        else:
+            target[last] = op["value"]
+
+
+def _wire_webhooks(cfgs: list[Obj], port: int, ca_bundle: str) -> None:
+    """Point every webhook of ``cfgs`` at a controller serving on 127.0.0.1:``port``."""
+    for cfg in cfgs:
+        for wh in cfg.get("webhooks", []):
+            path = wh["clientConfig"]["service"].get("path", "/")
+            wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+
+
+def ca_bundle(pki: Path) -> str:
+    """Base64 CA certificate as webhook configurations want it."""
+    return base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+
+
+def jobset_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """JobSet webhook configurations as its kustomize base renders them (prefix ``jobset-``)."""
+    base = mod / "config/components/webhook"
+    cfgs = load_all(base / "manifests.yaml")
+    kust = load_all(base / "kustomization.yaml")[0]
+    for p in kust.get("patches", []):
+        tgt = p["target"]
+        ops = yaml.safe_load((base / p["path"]).read_text())
+        for cfg in cfgs:
+            if cfg["kind"] == tgt["kind"] and cfg["metadata"]["name"] == tgt["name"]:
+                _json_patch(cfg, ops)
+    for cfg in cfgs:
+        cfg["metadata"] = {"name": "jobset-" + cfg["metadata"]["name"]}
+    _wire_webhooks(cfgs, PORTS["jobset-webhook"], bundle)
+    return cfgs
+
+
+def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """Trainer webhook configurations with the upstream names (defaulter/validator.trainer.kubeflow.org)."""
+    base = mod / "manifests/base/webhook"
+    cfgs = load_all(base / "manifests.yaml")
+    kust = load_all(base / "kustomization.yaml")[0]
+    for p in kust.get("patches", []):
+        tgt = p["target"]
+        ops = yaml.safe_load((base / p["path"]).read_text())
+        for cfg in cfgs:
+            if cfg["kind"] == tgt["kind"] and ("name" not in tgt or cfg["metadata"]["name"] == tgt["name"]):
+                _json_patch(cfg, ops)
+    for cfg in cfgs:
+        cfg["metadata"] = {"name": cfg["metadata"]["name"]}
+    _wire_webhooks(cfgs, PORTS["trainer-webhook"], bundle)
+    return cfgs
+
+
+def kueue_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """Kueue webhook configurations (prefix ``kueue-``), trimmed to the integrations the testbed enables."""
+    base = mod / "config/components/webhook"
+    cfgs = load_all(base / "manifests.yaml")
+    kust = load_all(base / "kustomization.yaml")[0]
+    for p in kust.get("patches", []):
+        if "patch" not in p:
+            continue
+        patch = yaml.safe_load(p["patch"])
+        for cfg in cfgs:
+            if cfg["kind"] != patch["kind"] or cfg["metadata"]["name"] != patch["metadata"]["name"]:
+                continue
+            by_name = {w["name"]: w for w in cfg["webhooks"]}
+            for pw in patch.get("webhooks", []):
+                if pw["name"] in by_name:
+                    by_name[pw["name"]].update({k: v for k, v in pw.items() if k != "name"})
+    for cfg in cfgs:
+        cfg["metadata"] = {"name": "kueue-" + cfg["metadata"]["name"]}
+        cfg["webhooks"] = [w for w in cfg["webhooks"] if w["name"] in KUEUE_WEBHOOKS_KEPT]
+    _wire_webhooks(cfgs, PORTS["kueue-webhook"], bundle)
+    return cfgs
+
+
+def crds(jobset: Path, trainer: Path, kueue: Path, bundle: str) -> list[Obj]:
+    """All CRDs; Kueue's multi-version CRDs get their conversion webhook wired to the local Kueue."""
+    out: list[Obj] = []
+    out += [d for f in sorted((jobset / "config/components/crd/bases").glob("*.yaml")) for d in load_all(f)]
+    out += [d for f in sorted((trainer / "manifests/base/crds").glob("*.yaml")) for d in load_all(f)]
+    conv: set[str] = set()
+    for f in sorted((kueue / "config/components/crd/patches").glob("webhook_in_*.yaml")):
+        for d in load_all(f):
+            conv.add(d["metadata"]["name"])
+    for f in sorted((kueue / "config/components/crd/bases").glob("*.yaml")):
+        for d in load_all(f):
+            if d["metadata"]["name"] in conv:
+                d["spec"]["conversion"] = {
+                    "strategy": "Webhook",
+                    "webhook": {
+                        "conversionReviewVersions": ["v1"],
+                        "clientConfig": {
+                            "url": f"https://127.0.0.1:{PORTS['kueue-webhook']}/convert",
+                            "caBundle": bundle,
+                        },
+                    },
+                }
+            out.append(d)
+    return [d for d in out if d.get("kind") == "CustomResourceDefinition"]
+
+
+def training_runtimes(trainer: Path) -> list[Obj]:
+    """The upstream default ClusterTrainingRuntimes (plain YAML files of the runtimes kustomization)."""
+    base = trainer / "manifests/base/runtimes"
+    kust = load_all(base / "kustomization.yaml")[0]
+    out: list[Obj] = []
+    for r in kust.get("resources", []):
+        p = base / r
+        if p.is_file():
+            out += load_all(p)
+    return out
+
+
+def kwok_stages(kwok: Path) -> list[Obj]:
+    """KWOK stages: upstream node lifecycle and pod-ready; our own completion and deletion stages.
+
+    Pods go Running and stay Running (no automatic completion, unlike KWOK's "fast" set), so a training
+    pod behaves like a long job. Tests drive the rest with the ``dispatch.test/*`` annotations.
+    """
+    stage_dir = kwok / "kustomize/stage"
+    stages = load_all(stage_dir / "node/fast/node-initialize.yaml")
+    stages += load_all(stage_dir / "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml")
+    stages += load_all(stage_dir / "pod/fast/pod-ready.yaml")
+
+    def terminated(phase: str, exit_code: int, reason: str) -> str:
+        return (
+            "{{ $now := Now }}\n"
+            "containerStatuses:\n"
+            "{{ range .spec.containers }}\n"
+            "- image: {{ .image | Quote }}\n"
+            "  name: {{ .name | Quote }}\n"
+            "  ready: false\n"
+            "  restartCount: 0\n"
+            "  started: false\n"
+            "  state:\n"
+            "    terminated:\n"
+            f"      exitCode: {exit_code}\n"
+            "      finishedAt: {{ $now | Quote }}\n"
+            f"      reason: {reason}\n"
+            "      startedAt: {{ $now | Quote }}\n"
+            "{{ end }}\n"
+            "conditions:\n"
+            "- lastTransitionTime: {{ $now | Quote }}\n"
+            '  status: "False"\n'
+            "  type: Ready\n"
+            "  reason: PodCompleted\n"
+            "- lastTransitionTime: {{ $now | Quote }}\n"
+            '  status: "False"\n'
+            "  type: ContainersReady\n"
+            "  reason: PodCompleted\n"
+            f"phase: {phase}\n"
+        )
+
+    def pod_stage(name: str, exprs: list[Obj], nxt: Obj, delay: Obj | None = None) -> Obj:
+        spec: Obj = {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchExpressions": exprs},
+            "next": nxt,
+        }
+        if delay is not None:
+            spec["delay"] = delay
+        return {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "Stage",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+
+    def ann(key: str) -> str:
+        return f'.metadata.annotations["{key}"]'
+
+    alive = {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"}
+    running = {"key": ".status.phase", "operator": "In", "values": ["Running"]}
+    stages.append(
+        pod_stage(
+            "dispatch-pod-complete",
+            [alive, running, {"key": ann(ANN_COMPLETE), "operator": "Exists"}],
+            {"statusTemplate": terminated("Succeeded", 0, "Completed")},
+        )
+    )
+    stages.append(
+        pod_stage(
+            "dispatch-pod-fail",
+            [
+                alive,
+                running,
+                {"key": ann(ANN_FAIL), "operator": "Exists"},
+                {"key": ann(ANN_COMPLETE), "operator": "DoesNotExist"},
+            ],
+            {"statusTemplate": terminated("Failed", 1, "Error")},
+        )
+    )
+    deleting = {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
+    not_held = {"key": ann(ANN_HOLD_DELETE), "operator": "DoesNotExist"}
+    delay = {"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": ann(ANN_DELETE_DELAY)}}
+    # Like a kubelet: a running pod that is deleted is killed (exit 137 -> Failed), then removed. Owners'
+    # finalizers (e.g. the Job controller's) are left for their owners to remove.
+    stages.append(
+        pod_stage(
+            "dispatch-pod-delete",
+            [
+                deleting,
+                not_held,
+                {"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]},
+            ],
+            {"statusTemplate": terminated("Failed", 137, "Error"), "delete": True},
+            delay,
+        )
+    )
+    stages.append(
+        pod_stage(
+            "dispatch-pod-delete-terminal",
+            [
+                deleting,
+                not_held,
+                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+            ],
+            {"delete": True},
+            delay,
+        )
+    )
+    return stages
+
+
+def controller_configs(certdir: Path) -> dict[str, Obj]:
+    """Controller Configuration objects: cert management and leader election off, 127.0.0.1 ports."""
+    jobset: Obj = {
+        "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
+        "kind": "Configuration",
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "webhook": {"port": PORTS["jobset-webhook"], "host": "127.0.0.1", "certDir": str(certdir)},
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{PORTS['jobset-probe']}"},
+        "metrics": {"bindAddress": "0"},
+    }
+    trainer: Obj = {
+        "apiVersion": "config.trainer.kubeflow.org/v1alpha1",
+        "kind": "Configuration",
+        "health": {
+            "healthProbeBindAddress": f"127.0.0.1:{PORTS['trainer-probe']}",
+            "readinessEndpointName": "readyz",
+            "livenessEndpointName": "healthz",
+        },
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"port": PORTS["trainer-webhook"], "host": "127.0.0.1"},
+        "leaderElection": {"leaderElect": False},
+        "certManagement": {"enable": False},
+    }
+    kueue: Obj = {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+        "kind": "Configuration",
+        "namespace": "kueue-system",
+        "health": {"healthProbeBindAddress": f"127.0.0.1:{PORTS['kueue-probe']}"},
+        "metrics": {"bindAddress": "0"},
+        "webhook": {"port": PORTS["kueue-webhook"], "host": "127.0.0.1", "certDir": str(certdir)},
+        "leaderElection": {"leaderElect": False},
+        "internalCertManagement": {"enable": False},
+        "featureGates": {"VisibilityOnDemand": False},
+        "integrations": {
+            "frameworks": ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
+        },
+    }
+    return {"jobset": jobset, "trainer": trainer, "kueue": kueue}
+
+
+def nodes(regular: list[str], freezable: list[str]) -> list[Obj]:
+    """Fake nodes; freezable ones carry a different kwok annotation so the main kwok ignores them."""
+    out: list[Obj] = []
+    for i, name in enumerate(regular + freezable):
+        frozen_kind = name in freezable
+        out.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {
+                    "name": name,
+                    "annotations": {
+                        "kwok.x-k8s.io/node": "single" if frozen_kind else "fake",
+                        "node.alpha.kubernetes.io/ttl": "0",
+                    },
+                    "labels": {
+                        "kubernetes.io/arch": "amd64",
+                        "kubernetes.io/os": "linux",
+                        "kubernetes.io/hostname": name,
+                        "type": "kwok",
+                        "dispatch.test/freezable": "true" if frozen_kind else "false",
+                    },
+                },
+                "spec": {"podCIDR": f"10.244.{i}.0/24", "podCIDRs": [f"10.244.{i}.0/24"]},
+                "status": {
+                    "addresses": [{"address": f"192.0.2.{i + 10}", "type": "InternalIP"}],
+                    "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                    "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
+                    "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
+                },
+            }
+        )
+    return out
+
+
+def kueue_fixtures() -> list[Obj]:
+    """Kueue objects the tests rely on: a plain queue and one gated by the ``dispatch`` admission check."""
+    api = "kueue.x-k8s.io/v1beta2"
+
+    def cq(name: str, checks: list[str]) -> Obj:
+        spec: Obj = {
+            "namespaceSelector": {},
+            "queueingStrategy": "BestEffortFIFO",
+            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
+            "resourceGroups": [
+                {
+                    "coveredResources": ["cpu", "memory"],
+                    "flavors": [
+                        {
+                            "name": "default",
+                            "resources": [
+                                {"name": "cpu", "nominalQuota": "8"},
+                                {"name": "memory", "nominalQuota": "32Gi"},
+                            ],
+                        }
+                    ],
+                }
+            ],
+        }
+        if checks:
+            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
+        return {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+    def lq(name: str, cluster_queue: str) -> Obj:
+        return {
+            "apiVersion": api,
+            "kind": "LocalQueue",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"clusterQueue": cluster_queue},
+        }
+
+    return [
+        {"apiVersion": api, "kind": "ResourceFlavor", "metadata": {"name": "default"}, "spec": {}},
+        {
+            "apiVersion": api,
+            "kind": "AdmissionCheck",
+            "metadata": {"name": "dispatch"},
+            "spec": {"controllerName": "dispatch.phpboyscout.uk/admission"},
+        },
+        cq("cq", []),
+        cq("cq-dispatch", ["dispatch"]),
+        lq("lq", "cq"),
+        lq("lq-dispatch", "cq-dispatch"),
+    ]
+
+
+def deepcopy(objs: list[Obj]) -> list[Obj]:
+    """Deep copy helper so callers can mutate rendered objects safely."""
+    return copy.deepcopy(objs)
