@@ -1,0 +1,60 @@
+"""dispatch: run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
+
+Nothing re-admits an object while any pod of it may still run. ``Adapter`` (sync) and ``AsyncAdapter``
+open, release, hold, inspect, find, close and wait on TrainJobs; ``ceased`` proves cessation. Errors
+form one tree rooted at ``DispatchError`` (see ``dispatch.errors``). ``dispatch.testing`` holds an
+in-process fake Kubernetes API for tests.
+"""
+
+from ._adapter import Adapter, AsyncAdapter, validate_spec
+from ._names import (
+    ANNOTATION_ADMISSION,
+    CONTROLLER_NAME,
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    PATCH_MANAGER,
+)
+from ._records import Cause, Cessation, Identity, JobSpec, RemainingPod, State, Status
+from .errors import (
+    DispatchError,
+    FieldCause,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PodsRemain,
+    ReadOnly,
+    Refused,
+    Unreachable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ANNOTATION_ADMISSION",
+    "CONTROLLER_NAME",
+    "LABEL_ADMISSION",
+    "LABEL_JOB_ID",
+    "LABEL_SUBMISSION",
+    "PATCH_MANAGER",
+    "Adapter",
+    "AsyncAdapter",
+    "Cause",
+    "Cessation",
+    "DispatchError",
+    "FieldCause",
+    "Forbidden",
+    "Identity",
+    "InvalidInput",
+    "JobSpec",
+    "NotFound",
+    "PodsRemain",
+    "ReadOnly",
+    "Refused",
+    "RemainingPod",
+    "State",
+    "Status",
+    "Unreachable",
+    "__version__",
+    "validate_spec",
+]

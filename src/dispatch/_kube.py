@@ -1,0 +1,439 @@
+"""The one module that talks to the Kubernetes API.
+
+A thin JSON layer over an authenticated HTTP client (lightkube's kubeconfig loading builds it), so that
+every request dispatch makes is explicit: which resourceVersion it reads at, which precondition a write
+carries, which patch type a custom resource gets. Errors are mapped here, once, onto the tree in
+``dispatch.errors``; nothing else in the package sees HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+
+from . import _names as n
+from .errors import (
+    DispatchError,
+    FieldCause,
+    Forbidden,
+    NotFound,
+    Refused,
+    Unreachable,
+)
+
+Obj = dict[str, Any]
+
+MERGE = "application/merge-patch+json"
+APPLY = "application/apply-patch+yaml"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True)
+class Res:
+    """Where a kind lives in the API."""
+
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+        if sub:
+            base += f"/{sub}"
+        return base
+
+    def describe(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+PODS = Res("", "v1", "pods", "Pod")
+NODES = Res("", "v1", "nodes", "Node", namespaced=False)
+EVENTS = Res("", "v1", "events", "Event")
+NAMESPACES = Res("", "v1", "namespaces", "Namespace", namespaced=False)
+JOBS = Res("batch", "v1", "jobs", "Job")
+LEASES = Res("coordination.k8s.io", "v1", "leases", "Lease")
+TRAINJOBS = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainjobs", "TrainJob")
+CLUSTER_RUNTIMES = Res(
+    n.TRAINER_GROUP, n.TRAINER_VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
+)
+RUNTIMES = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainingruntimes", "TrainingRuntime")
+JOBSETS = Res(n.JOBSET_GROUP, n.JOBSET_VERSION, "jobsets", "JobSet")
+WORKLOADS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "workloads", "Workload")
+ADMISSION_CHECKS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "admissionchecks", "AdmissionCheck", namespaced=False)
+
+_VERB_WORDS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+
+
+def _decode_causes(body: Mapping[str, Any]) -> list[FieldCause]:
+    details = body.get("details") or {}
+    causes = details.get("causes") or [] if isinstance(details, Mapping) else []
+    return [
+        FieldCause(str(c.get("field", "")), str(c.get("message", "")), str(c.get("reason", "")))
+        for c in causes
+        if isinstance(c, Mapping)
+    ]
+
+
+def error_for(method: str, path: str, response: httpx2.Response, *, list_call: bool = False) -> DispatchError:
+    """Map one failed response onto the error tree, keeping the API's reason and causes."""
+    code = response.status_code
+    try:
+        body = response.json()
+    except (ValueError, json.JSONDecodeError):
+        body = {}
+    if not isinstance(body, Mapping):
+        body = {}
+    reason = str(body.get("reason") or "")
+    message = str(body.get("message") or response.text[:300] or f"HTTP {code}")
+    causes = _decode_causes(body)
+    verb = "list" if list_call else ("watch" if "watch=" in path else _VERB_WORDS.get(method, method.lower()))
+    kw: dict[str, Any] = {"reason": reason, "code": code, "causes": causes}
+    if code == 403:
+        return Forbidden(f"forbidden: cannot {verb} {_resource_words(path)}: {message}", **kw)
+    if code == 404:
+        return NotFound(f"not found: {message}", **kw)
+    if code in (409,) and reason == "AlreadyExists":
+        return Refused(f"already exists: {message}", **kw)
+    if code == 409:
+        return Unreachable(f"conflict: {message}", **kw)
+    if code == 429 or code >= 500:
+        return Unreachable(f"API server unavailable (HTTP {code}): {message}", **kw)
+    if code == 401:
+        return Forbidden(f"unauthorized: the credentials were not accepted: {message}", **kw)
+    return Refused(message, **kw)
+
+
+def _resource_words(path: str) -> str:
+    """``pods in namespace ns`` from a request path, for Forbidden messages naming what was denied."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    ns = None
+    if "namespaces" in parts:
+        i = parts.index("namespaces")
+        if i + 1 < len(parts):
+            ns = parts[i + 1]
+            parts = parts[:i] + parts[i + 2 :]
+    if parts and parts[0] == "api":
+        rest = parts[2:]
+        group = ""
+    else:
+        rest = parts[3:]
+        group = parts[1] if len(parts) > 1 else ""
+    plural = rest[0] if rest else "?"
+    what = f"{plural}.{group}" if group else plural
+    if len(rest) > 2:
+        what += f"/{rest[2]}"
+    return f"{what} in namespace {ns}" if ns else what
+
+
+@dataclass
+class ListResult:
+    items: list[Obj]
+    resource_version: str
+    requests: int
+
+
+class Kube:
+    """Async JSON access to one cluster. Used by the adapter and the controller, never elsewhere."""
+
+    def __init__(self, client: httpx2.AsyncClient, namespace: str, *, retries: int = 3) -> None:
+        self._client = client
+        self.namespace = namespace
+        self.retries = retries
+        self.requests = 0
+        self.bytes_received = 0
+
+    # ------------------------------------------------------------------ construction
+
+    @staticmethod
+    def connect(
+        *,
+        namespace: str | None = None,
+        kubeconfig: str | Path | None = None,
+        context: str | None = None,
+        transport: httpx2.AsyncBaseTransport | None = None,
+        timeout: float = 15.0,
+    ) -> Kube:
+        """Build from a kubeconfig (or in-cluster credentials), or over a test transport."""
+        if transport is not None:
+            client = httpx2.AsyncClient(
+                base_url="https://fake.invalid", transport=transport, timeout=timeout
+            )
+            return Kube(client, namespace or "default")
+        from lightkube.config import client_adapter
+        from lightkube.config.kubeconfig import KubeConfig
+        from lightkube.core.exceptions import ConfigError
+
+        try:
+            if kubeconfig is not None:
+                path = Path(kubeconfig).expanduser()
+                if not path.exists():
+                    raise Refused(
+                        f"kubeconfig {path} does not exist; pass --kubeconfig or set KUBECONFIG",
+                        reason="NoKubeconfig",
+                    )
+                config = KubeConfig.from_file(path).get(context_name=context)
+            elif context is not None:
+                config = KubeConfig.from_env().get(context_name=context)
+            else:
+                config = KubeConfig.from_env().get()
+        except ConfigError as exc:
+            raise Refused(
+                f"no usable Kubernetes configuration: {exc}; set KUBECONFIG or pass --kubeconfig",
+                reason="NoKubeconfig",
+            ) from exc
+        except FileNotFoundError as exc:
+            raise Refused(
+                f"no kubeconfig found ({exc}); set KUBECONFIG or pass --kubeconfig",
+                reason="NoKubeconfig",
+            ) from exc
+        params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
+        client = client_adapter.AsyncClient(config, params)
+        return Kube(client, namespace or config.namespace or "default")
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    # ------------------------------------------------------------------ core request
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        retry: bool = True,
+        list_call: bool = False,
+    ) -> Obj:
+        attempts = self.retries if retry else 1
+        delay = 0.05
+        last: DispatchError | None = None
+        for attempt in range(attempts):
+            try:
+                self.requests += 1
+                response = await self._client.request(
+                    method,
+                    path,
+                    params=dict(params or {}),
+                    content=json.dumps(body).encode() if body is not None else None,
+                    headers={"Content-Type": content_type, "Accept": "application/json"},
+                )
+            except httpx2.TimeoutException as exc:
+                last = Unreachable(f"timed out talking to the API server ({method} {path}): {exc}",
+                                   reason="Timeout")
+            except httpx2.TransportError as exc:
+                last = Unreachable(
+                    f"cannot reach the API server ({method} {path}): {exc}", reason="ConnectionError"
+                )
+            else:
+                self.bytes_received += len(response.content)
+                if response.status_code < 400:
+                    result = response.json() if response.content else {}
+                    return result if isinstance(result, dict) else {}
+                last = error_for(method, path, response, list_call=list_call)
+                transient = response.status_code == 429 or response.status_code >= 500
+                if not transient:
+                    raise last
+            if attempt + 1 < attempts:
+                await asyncio.sleep(delay)
+                delay *= 2
+        assert last is not None
+        raise last
+
+    # ------------------------------------------------------------------ verbs
+
+    def _ns(self, res: Res, namespace: str | None) -> str | None:
+        return (namespace or self.namespace) if res.namespaced else None
+
+    async def get(self, res: Res, name: str, namespace: str | None = None, sub: str | None = None) -> Obj:
+        return await self._send("GET", res.path(self._ns(res, namespace), name, sub))
+
+    async def get_or_none(self, res: Res, name: str, namespace: str | None = None) -> Obj | None:
+        try:
+            return await self.get(res, name, namespace)
+        except NotFound:
+            return None
+
+    async def list(
+        self,
+        res: Res,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        limit: int = 500,
+        resource_version: str | None = None,
+        exact: bool = False,
+        all_namespaces: bool = False,
+    ) -> ListResult:
+        """One consistent list, following ``continue`` pages.
+
+        With ``resource_version`` unset the first page is a quorum read at revision R and every
+        continue page belongs to that same snapshot. With ``exact`` the list is pinned to
+        ``resource_version`` (resourceVersionMatch=Exact). A continue page never resends the RV.
+        """
+        ns = None if all_namespaces else self._ns(res, namespace)
+        path = res.path(ns)
+        params: dict[str, str] = {"limit": str(limit)}
+        if labels:
+            params["labelSelector"] = labels
+        if resource_version is not None:
+            params["resourceVersion"] = resource_version
+            if exact:
+                params["resourceVersionMatch"] = "Exact"
+        items: list[Obj] = []
+        rv = ""
+        requests = 0
+        while True:
+            page = await self._send("GET", path, params=params, list_call=True)
+            requests += 1
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            if not rv:
+                rv = str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
+            if not token:
+                break
+            params = {"limit": str(limit), "continue": str(token)}
+            if labels:
+                params["labelSelector"] = labels
+        return ListResult(items, rv, requests)
+
+    async def create(self, res: Res, obj: Obj, namespace: str | None = None) -> Obj:
+        return await self._send("POST", res.path(self._ns(res, namespace)), body=obj, retry=False)
+
+    async def replace(self, res: Res, name: str, obj: Obj, namespace: str | None = None) -> Obj:
+        return await self._send("PUT", res.path(self._ns(res, namespace), name), body=obj, retry=False)
+
+    async def merge_patch(
+        self, res: Res, name: str, patch: Obj, namespace: str | None = None, sub: str | None = None
+    ) -> Obj:
+        """A JSON merge patch. Put ``metadata.resourceVersion`` in ``patch`` to make it conditional."""
+        return await self._send(
+            "PATCH", res.path(self._ns(res, namespace), name, sub), body=patch,
+            content_type=MERGE, retry=False,
+        )
+
+    async def apply(
+        self,
+        res: Res,
+        name: str,
+        obj: Obj,
+        namespace: str | None = None,
+        sub: str | None = None,
+        *,
+        field_manager: str = n.FIELD_MANAGER,
+        force: bool = True,
+    ) -> Obj:
+        """Server-side apply of our own fields; list-map entries of others are merged, not replaced."""
+        params = {"fieldManager": field_manager}
+        if force:
+            params["force"] = "true"
+        return await self._send(
+            "PATCH", res.path(self._ns(res, namespace), name, sub), body=obj, params=params,
+            content_type=APPLY, retry=False,
+        )
+
+    async def delete(
+        self,
+        res: Res,
+        name: str,
+        namespace: str | None = None,
+        *,
+        grace_seconds: int | None = None,
+        propagation: str | None = None,
+        uid: str | None = None,
+    ) -> Obj:
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
+        if propagation:
+            body["propagationPolicy"] = propagation
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        return await self._send(
+            "DELETE", res.path(self._ns(res, namespace), name), body=body, retry=False
+        )
+
+    async def watch(
+        self,
+        res: Res,
+        namespace: str | None = None,
+        *,
+        resource_version: str,
+        labels: str | None = None,
+        timeout_seconds: int = 300,
+        all_namespaces: bool = False,
+    ) -> AsyncIterator[tuple[str, Obj]]:
+        """Watch events from ``resource_version``. Ends on timeout; raises Unreachable on 410 Gone."""
+        ns = None if all_namespaces else self._ns(res, namespace)
+        params = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_seconds),
+            "allowWatchBookmarks": "true",
+        }
+        if labels:
+            params["labelSelector"] = labels
+        path = res.path(ns)
+        self.requests += 1
+        timeout = httpx2.Timeout(15.0, read=timeout_seconds + 30)
+        try:
+            async with self._client.stream(
+                "GET", path, params=params, headers={"Accept": "application/json"}, timeout=timeout
+            ) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise error_for("GET", path + "?watch=1", response, list_call=False)
+                async for line in response.aiter_lines():
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    etype = str(event.get("type"))
+                    obj = event.get("object") or {}
+                    if etype == "ERROR":
+                        code = int(obj.get("code") or 500)
+                        raise Unreachable(
+                            f"watch ended: {obj.get('message', '')}", reason=str(obj.get("reason", "")),
+                            code=code,
+                        )
+                    yield etype, obj
+        except httpx2.TimeoutException as exc:
+            raise Unreachable(f"watch timed out: {exc}", reason="Timeout") from exc
+        except httpx2.TransportError as exc:
+            raise Unreachable(f"watch connection lost: {exc}", reason="ConnectionError") from exc
+
+    async def logs(
+        self, pod: str, namespace: str | None = None, *, container: str | None = None, follow: bool = False
+    ) -> AsyncIterator[str]:
+        params = {"follow": "true" if follow else "false"}
+        if container:
+            params["container"] = container
+        path = PODS.path(namespace or self.namespace, pod, "log")
+        timeout = httpx2.Timeout(15.0, read=None if follow else 60.0)
+        try:
+            async with self._client.stream("GET", path, params=params, timeout=timeout) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise error_for("GET", path, response)
+                async for line in response.aiter_lines():
+                    yield line
+        except httpx2.TransportError as exc:
+            raise Unreachable(f"log stream lost: {exc}", reason="ConnectionError") from exc

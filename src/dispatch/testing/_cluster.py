@@ -1,0 +1,516 @@
+"""A test acting as the cluster: Trainer, JobSet, the Job controller, a scheduler, kubelets and PodGC.
+
+``FakeCluster`` drives a ``FakeApiServer`` the way the real controllers drive a real one, one explicit
+step at a time, so a test (or a hypothesis state machine) chooses the interleaving: a lagging JobSet,
+a kubelet that has not yet confirmed a pod's termination, a frozen node, an operator's taint. It also
+tracks the *processes* the pods stand for, which outlive their API objects when a node is lost, and
+keeps the history the checker reads: no two admission numbers of one object may ever run at once.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx2
+
+from .._names import (
+    JOBSET_NAME_LABEL,
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    OUT_OF_SERVICE_TAINT,
+)
+from ._server import ApiFailure, FakeApiServer
+
+Obj = dict[str, Any]
+TRAINER = "trainer.kubeflow.org"
+JOBSET = "jobset.x-k8s.io"
+
+
+def _labels(obj: Obj) -> dict[str, str]:
+    return dict((obj.get("metadata") or {}).get("labels") or {})
+
+
+def _cond(obj: Obj, ctype: str) -> bool:
+    return any(c.get("type") == ctype and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+def _set_cond(obj: Obj, ctype: str, status: bool, reason: str = "") -> None:
+    conds = obj.setdefault("status", {}).setdefault("conditions", [])
+    for c in conds:
+        if c.get("type") == ctype:
+            c["status"] = "True" if status else "False"
+            c["reason"] = reason
+            return
+    conds.append({"type": ctype, "status": "True" if status else "False", "reason": reason,
+                  "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""})
+
+
+@dataclass
+class Process:
+    """What a running pod stands for: a process that ends only when something proves it ended."""
+
+    pod: str
+    uid: str
+    namespace: str
+    node: str
+    obj_name: str
+    job_id: str
+    submission: str
+    admission: int | None
+    started: int
+    ended: int | None = None
+
+
+@dataclass
+class History:
+    """Every process start and end, in order, for the overlap checker."""
+
+    clock: int = 0
+    processes: list[Process] = field(default_factory=list)
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
+
+    def check(self) -> None:
+        """Assert no two admission numbers of one object overlap, and A rises with each execution."""
+        by_object: dict[tuple[str, str], list[Process]] = {}
+        for p in self.processes:
+            by_object.setdefault((p.namespace, p.obj_name), []).append(p)
+        for obj, procs in by_object.items():
+            for a in procs:
+                for b in procs:
+                    if a.admission == b.admission:
+                        continue
+                    a_end = a.ended if a.ended is not None else 1 << 60
+                    b_end = b.ended if b.ended is not None else 1 << 60
+                    if a.started < b_end and b.started < a_end:
+                        raise AssertionError(
+                            f"two executions of {obj[1]} overlap: A={a.admission} ({a.pod} on {a.node}, "
+                            f"{a.started}-{a.ended}) and A={b.admission} ({b.pod} on {b.node}, "
+                            f"{b.started}-{b.ended})"
+                        )
+            starts: dict[int | None, int] = {}
+            for p in procs:
+                starts[p.admission] = min(starts.get(p.admission, p.started), p.started)
+            ordered = sorted(starts.items(), key=lambda kv: kv[1])
+            numbers = [a for a, _ in ordered]
+            if None in numbers or numbers != sorted(set(n for n in numbers if n is not None)):
+                raise AssertionError(f"admission numbers of {obj[1]} did not rise with each execution: {numbers}")
+
+
+class FakeCluster:
+    """A fake API server plus the controllers and nodes a test steps by hand."""
+
+    def __init__(self, namespace: str = "default") -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+        self.server = FakeApiServer(clock=lambda: self.now)
+        self.namespace = namespace
+        self.history = History()
+        self.frozen: set[str] = set()
+        self.deleted_nodes: set[str] = set()
+        self._pod_seq = 0
+        self._processes: dict[str, Process] = {}
+        self._finish_requested: dict[str, str] = {}
+        self.server.add_admission("trainjobs", self._trainer_webhook)
+        self.server.create("", "namespaces", "", {"metadata": {"name": namespace}})
+
+    # ------------------------------------------------------------------ wiring
+
+    def transport(self) -> httpx2.MockTransport:
+        return self.server.transport()
+
+    def advance(self, seconds: float) -> None:
+        """Move the cluster's clock (grace periods are measured on it)."""
+        self.now += timedelta(seconds=seconds)
+
+    # ------------------------------------------------------------------ fixtures
+
+    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",)) -> None:
+        self.server.create(TRAINER, "clustertrainingruntimes", "", {
+            "metadata": {"name": name},
+            "spec": {"template": {"spec": {"replicatedJobs": [
+                {"name": rj, "replicas": 1, "template": {"spec": {"template": {"spec": {
+                    "containers": [{"name": rj, "image": "example.invalid/train"}]}}}}}
+                for rj in replicated
+            ]}}},
+        })
+
+    def add_node(self, name: str) -> None:
+        self.server.create("", "nodes", "", {
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+        })
+        self.deleted_nodes.discard(name)
+
+    def _node_ready(self, name: str, status: str) -> None:
+        def mutate(obj: Obj) -> None:
+            for c in obj.setdefault("status", {}).setdefault("conditions", []):
+                if c.get("type") == "Ready":
+                    c["status"] = status
+        self.server.update("", "nodes", "", name, mutate, status=True)
+
+    def freeze_node(self, name: str) -> None:
+        """The node's kubelet stops answering: Ready=Unknown, its pods' processes go on."""
+        self.frozen.add(name)
+        self._node_ready(name, "Unknown")
+
+    def thaw_node(self, name: str) -> None:
+        self.frozen.discard(name)
+        self._node_ready(name, "True")
+        for proc in list(self._processes.values()):
+            if proc.node == name and self.server.get("", "pods", proc.namespace, proc.pod) is None:
+                self._end(proc)
+
+    def taint_out_of_service(self, name: str) -> None:
+        """The operator confirms the node is down: the out-of-service taint (its processes are gone)."""
+        def mutate(obj: Obj) -> None:
+            taints = obj.setdefault("spec", {}).setdefault("taints", [])
+            taints.append({"key": OUT_OF_SERVICE_TAINT, "value": "nodeshutdown", "effect": "NoExecute"})
+        self.server.update("", "nodes", "", name, mutate, status=False)
+        for proc in list(self._processes.values()):
+            if proc.node == name:
+                self._end(proc)
+
+    def delete_node(self, name: str) -> None:
+        """The Node object is deleted (the machine is gone with it)."""
+        self.server.delete("", "nodes", "", name)
+        self.deleted_nodes.add(name)
+        self.frozen.discard(name)
+        for proc in list(self._processes.values()):
+            if proc.node == name:
+                self._end(proc)
+
+    # ------------------------------------------------------------------ processes
+
+    def _start(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        labels = meta.get("labels") or {}
+        adm = labels.get(LABEL_ADMISSION)
+        proc = Process(
+            pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
+            node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
+            job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
+            admission=int(adm) if adm and adm.isdigit() else None, started=self.history.tick(),
+        )
+        self._processes[meta["uid"]] = proc
+        self.history.processes.append(proc)
+
+    def _end(self, proc: Process) -> None:
+        if proc.ended is None:
+            proc.ended = self.history.tick()
+        self._processes.pop(proc.uid, None)
+
+    def running_processes(self, obj_name: str | None = None) -> list[Process]:
+        return [p for p in self._processes.values() if obj_name is None or p.obj_name == obj_name]
+
+    # ------------------------------------------------------------------ Trainer (with its webhook)
+
+    def _trainer_webhook(self, op: str, old: Obj | None, new: Obj) -> str | None:
+        """Trainer's rule: runtimePatches change only when suspended before or after, and no active Job."""
+        if op != "UPDATE" or old is None:
+            return None
+        if (old.get("spec") or {}).get("runtimePatches") == (new.get("spec") or {}).get("runtimePatches"):
+            return None
+        if not (old.get("spec") or {}).get("suspend") and not (new.get("spec") or {}).get("suspend"):
+            return "RuntimePatches can only be changed when the TrainJob is suspended"
+        js = self.server.get(JOBSET, "jobsets", new["metadata"]["namespace"], new["metadata"]["name"])
+        if js is not None:
+            for rj in (js.get("status") or {}).get("replicatedJobsStatus") or []:
+                if int(rj.get("active") or 0) > 0:
+                    return f"RuntimePatches cannot be modified when the JobSet's ReplicatedJob {rj['name']} " \
+                           "is still active"
+        return None
+
+    def trainer_sync(self) -> None:
+        """TrainJob → JobSet. Re-applied only when the JobSet is missing or either side is suspended."""
+        for tj in self.server.objects(TRAINER, "trainjobs"):
+            meta = tj["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            ns, name = meta["namespace"], meta["name"]
+            suspend = bool((tj.get("spec") or {}).get("suspend"))
+            js = self.server.get(JOBSET, "jobsets", ns, name)
+            desired = self._jobset_spec(tj)
+            if desired is None:
+                continue
+            if js is None:
+                self.server.create(JOBSET, "jobsets", ns, {
+                    "metadata": {"name": name, "ownerReferences": [
+                        {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
+                         "uid": meta["uid"], "controller": True}]},
+                    "spec": desired,
+                }, admit=False)
+            elif suspend or (js.get("spec") or {}).get("suspend"):
+                def mutate(obj: Obj, desired: Obj = desired) -> None:
+                    obj["spec"] = desired
+                self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
+
+            def cond(obj: Obj, suspend: bool = suspend) -> None:
+                _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
+            self.server.update(TRAINER, "trainjobs", ns, name, cond, status=True)
+
+    def _jobset_spec(self, tj: Obj) -> Obj | None:
+        ref = (tj.get("spec") or {}).get("runtimeRef") or {}
+        runtime = self.server.get(TRAINER, "clustertrainingruntimes", "", ref.get("name", ""))
+        if runtime is None:
+            return None
+        spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+        name = tj["metadata"]["name"]
+        for rj in spec["replicatedJobs"]:
+            pod_meta = rj["template"]["spec"]["template"].setdefault("metadata", {})
+            labels = pod_meta.setdefault("labels", {})
+            grace = None
+            for patch in (tj.get("spec") or {}).get("runtimePatches") or []:
+                for prj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
+                            ).get("replicatedJobs") or []:
+                    if prj.get("name") != rj["name"]:
+                        continue
+                    ptmpl = ((prj.get("template") or {}).get("spec") or {}).get("template") or {}
+                    labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
+                    grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
+            labels[JOBSET_NAME_LABEL] = name
+            if grace is not None:
+                rj["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = grace
+            num = (tj.get("spec") or {}).get("trainer", {}).get("numNodes")
+            if num and rj["name"] == "node":
+                rj["template"]["spec"]["parallelism"] = num
+        spec["suspend"] = bool((tj.get("spec") or {}).get("suspend"))
+        return spec
+
+    # ------------------------------------------------------------------ JobSet
+
+    def jobset_sync(self) -> None:
+        """JobSet → child Jobs: suspend follows the JobSet; on resume, pod-template labels are merged in."""
+        for js in self.server.objects(JOBSET, "jobsets"):
+            meta = js["metadata"]
+            if meta.get("deletionTimestamp"):
+                continue
+            ns, name = meta["namespace"], meta["name"]
+            suspend = bool(js["spec"].get("suspend"))
+            statuses = []
+            for rj in js["spec"]["replicatedJobs"]:
+                job_name = f"{name}-{rj['name']}-0"
+                template = rj["template"]["spec"]["template"]
+                job = self.server.get("batch", "jobs", ns, job_name)
+                if job is None:
+                    self.server.create("batch", "jobs", ns, {
+                        "metadata": {"name": job_name, "labels": {JOBSET_NAME_LABEL: name},
+                                     "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
+                                                          "kind": "JobSet", "name": name, "uid": meta["uid"],
+                                                          "controller": True}]},
+                        "spec": {"suspend": suspend, "parallelism": rj["template"]["spec"].get("parallelism", 1),
+                                 "template": copy.deepcopy(template)},
+                    })
+                    job = self.server.get("batch", "jobs", ns, job_name)
+                    assert job is not None
+                elif bool(job["spec"].get("suspend")) != suspend:
+                    def mutate(obj: Obj, template: Obj = template, suspend: bool = suspend) -> None:
+                        obj["spec"]["suspend"] = suspend
+                        if not suspend:
+                            tl = obj["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})
+                            tl.update((template.get("metadata") or {}).get("labels") or {})
+                    self.server.update("batch", "jobs", ns, job_name, mutate, status=False)
+                    job = self.server.get("batch", "jobs", ns, job_name)
+                    assert job is not None
+                active = 1 if int((job.get("status") or {}).get("active") or 0) > 0 else 0
+                statuses.append({"name": rj["name"], "active": active, "ready": 0, "succeeded": 0, "failed": 0,
+                                 "suspended": 1 if job["spec"].get("suspend") else 0})
+
+            def status(obj: Obj, statuses: list[Obj] = statuses, suspend: bool = suspend) -> None:
+                obj.setdefault("status", {})["replicatedJobsStatus"] = statuses
+                _set_cond(obj, "Suspended", suspend, "SuspendedJobs" if suspend else "ResumeJobs")
+            self.server.update(JOBSET, "jobsets", ns, name, status, status=True)
+
+    # ------------------------------------------------------------------ Job controller
+
+    def job_sync(self) -> None:
+        """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods
+        (TerminatingOrFailed: a replacement starts as soon as the old pod is marked for deletion)."""
+        for job in self.server.objects("batch", "jobs"):
+            meta = job["metadata"]
+            ns, name = meta["namespace"], meta["name"]
+            pods = [p for p in self.server.objects("", "pods", ns)
+                    if _labels(p).get("batch.kubernetes.io/job-name") == name]
+            active = [p for p in pods if not p["metadata"].get("deletionTimestamp")
+                      and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")
+                           and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            succeeded = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
+            suspend = bool(job["spec"].get("suspend"))
+            if meta.get("deletionTimestamp"):
+                suspend = True
+            if suspend:
+                for p in active:
+                    try:
+                        self.server.delete("", "pods", ns, p["metadata"]["name"])
+                    except ApiFailure:
+                        pass
+                active = []
+            else:
+                want = int(job["spec"].get("parallelism") or 1)
+                if not _cond(job, "Complete"):
+                    for index in range(want):
+                        if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
+                               for p in active + succeeded):
+                            continue
+                        self._create_pod(job, index)
+                        active.append({})
+
+            def status(obj: Obj, n_active: int = len(active), n_term: int = len(terminating),
+                       suspend: bool = suspend, done: bool = bool(succeeded) and
+                       len(succeeded) >= int(job["spec"].get("parallelism") or 1)) -> None:
+                st = obj.setdefault("status", {})
+                st["active"] = n_active
+                st["terminating"] = n_term
+                _set_cond(obj, "Suspended", suspend, "JobSuspended" if suspend else "JobResumed")
+                if done:
+                    _set_cond(obj, "Complete", True, "Completed")
+            try:
+                self.server.update("batch", "jobs", ns, name, status, status=True)
+            except ApiFailure:
+                pass
+
+    def _create_pod(self, job: Obj, index: int) -> None:
+        self._pod_seq += 1
+        template = job["spec"]["template"]
+        labels = dict((template.get("metadata") or {}).get("labels") or {})
+        labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
+        labels["batch.kubernetes.io/job-completion-index"] = str(index)
+        spec = copy.deepcopy(template.get("spec") or {})
+        self.server.create("", "pods", job["metadata"]["namespace"], {
+            "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
+                                              "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
+                                              "controller": True}]},
+            "spec": spec,
+            "status": {"phase": "Pending"},
+        })
+
+    # ------------------------------------------------------------------ scheduler, kubelets, PodGC
+
+    def schedule(self) -> None:
+        """Bind pending pods to Ready nodes, round robin."""
+        nodes = [n["metadata"]["name"] for n in self.server.objects("", "nodes")
+                 if n["metadata"]["name"] not in self.frozen
+                 and not any(t.get("key") == OUT_OF_SERVICE_TAINT for t in (n.get("spec") or {}).get("taints")
+                             or [])]
+        if not nodes:
+            return
+        i = 0
+        for pod in self.server.objects("", "pods"):
+            if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
+                continue
+            node = nodes[i % len(nodes)]
+            i += 1
+
+            def bind(obj: Obj, node: str = node) -> None:
+                obj["spec"]["nodeName"] = node
+            self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], bind,
+                               status=None)
+
+    def kubelet_sync(self, *, honour_grace: bool = True) -> None:
+        """Every reachable node's kubelet: start bound pods, finish requested ones, and confirm the
+        termination of deleted pods once their grace period has passed (all at once if not honoured)."""
+        for pod in self.server.objects("", "pods"):
+            meta, spec = pod["metadata"], pod["spec"]
+            node = spec.get("nodeName")
+            if not node or node in self.frozen or node in self.deleted_nodes:
+                continue
+            ns, name = meta["namespace"], meta["name"]
+            phase = (pod.get("status") or {}).get("phase")
+            if meta.get("deletionTimestamp"):
+                deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
+                if honour_grace and self.now < deadline:
+                    continue
+                self.confirm_termination(name, ns)
+                continue
+            if meta["uid"] in self._finish_requested and phase == "Running":
+                final = self._finish_requested.pop(meta["uid"])
+
+                def finish(obj: Obj, final: str = final) -> None:
+                    obj.setdefault("status", {})["phase"] = final
+                self.server.update("", "pods", ns, name, finish, status=True)
+                proc = self._processes.get(meta["uid"])
+                if proc:
+                    self._end(proc)
+                continue
+            if phase == "Pending":
+                def run(obj: Obj) -> None:
+                    obj.setdefault("status", {})["phase"] = "Running"
+                self.server.update("", "pods", ns, name, run, status=True)
+                self._start(pod)
+
+    def confirm_termination(self, pod: str, namespace: str | None = None) -> None:
+        """The kubelet confirms a deleted pod's containers stopped: the process ends, the object goes."""
+        ns = namespace or self.namespace
+        obj = self.server.get("", "pods", ns, pod)
+        if obj is None:
+            return
+        proc = self._processes.get(obj["metadata"]["uid"])
+        if proc:
+            self._end(proc)
+        try:
+            self.server.delete("", "pods", ns, pod, grace=0)
+        except ApiFailure:
+            pass
+
+    def finish_pod(self, pod: str, phase: str = "Succeeded", namespace: str | None = None) -> None:
+        """Ask the pod's kubelet to end it in ``phase`` (takes effect on its next sync)."""
+        obj = self.server.get("", "pods", namespace or self.namespace, pod)
+        if obj is not None:
+            self._finish_requested[obj["metadata"]["uid"]] = phase
+
+    def force_delete(self, pod: str, namespace: str | None = None) -> None:
+        """Delete with grace 0. On a reachable node the kubelet kills it; on a lost node it may run on."""
+        ns = namespace or self.namespace
+        obj = self.server.get("", "pods", ns, pod)
+        if obj is None:
+            return
+        self.server.delete("", "pods", ns, pod, grace=0)
+        node = obj["spec"].get("nodeName")
+        proc = self._processes.get(obj["metadata"]["uid"])
+        if proc and node not in self.frozen:
+            self._end(proc)
+
+    def pod_gc(self) -> None:
+        """PodGC: force-delete Terminating pods on not-Ready out-of-service nodes, and pods of deleted nodes."""
+        nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
+        for pod in self.server.objects("", "pods"):
+            node = pod["spec"].get("nodeName")
+            if not node:
+                continue
+            nobj = nodes.get(node)
+            ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+            if nobj is None:
+                self.server.delete("", "pods", ns, name, grace=0)
+                continue
+            oos = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in (nobj.get("spec") or {}).get("taints") or [])
+            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                        for c in (nobj.get("status") or {}).get("conditions") or [])
+            if oos and not ready and pod["metadata"].get("deletionTimestamp"):
+                self.server.delete("", "pods", ns, name, grace=0)
+
+    def step(self, *, honour_grace: bool = True) -> None:
+        """One pass of every controller, in the order a healthy cluster converges."""
+        self.trainer_sync()
+        self.jobset_sync()
+        self.job_sync()
+        self.schedule()
+        self.kubelet_sync(honour_grace=honour_grace)
+        self.pod_gc()
+        self.job_sync()
+        self.jobset_sync()
+
+    def settle(self, rounds: int = 4, *, honour_grace: bool = True) -> None:
+        for _ in range(rounds):
+            self.step(honour_grace=honour_grace)
+
+    def pods(self, obj_name: str | None = None) -> list[Obj]:
+        return [p for p in self.server.objects("", "pods", self.namespace)
+                if obj_name is None or _labels(p).get(JOBSET_NAME_LABEL) == obj_name]

@@ -1,0 +1,848 @@
+"""An in-process fake Kubernetes API server behind an ``httpx2.MockTransport``.
+
+It implements the API semantics dispatch's rule depends on, and no more: one global resourceVersion,
+409 on stale conditioned writes, equality and set-based label selectors, limit/continue paging at one
+snapshot, resourceVersionMatch=Exact, status subresource isolation, JSON merge patch, server-side apply
+that merges list-map entries by key and removes fields its manager stopped applying, graceful deletion
+(deletionTimestamp, grace periods, finalizers, background garbage collection by owner), and watch.
+The contract tests run the same assertions against this and a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import re
+import threading
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx2
+
+Obj = dict[str, Any]
+Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
+
+@dataclass(frozen=True)
+class Kind:
+    group: str
+    version: str
+    plural: str
+    kind: str
+    namespaced: bool = True
+    status: bool = True
+
+KINDS: tuple[Kind, ...] = (
+    Kind("", "v1", "pods", "Pod"),
+    Kind("", "v1", "nodes", "Node", namespaced=False),
+    Kind("", "v1", "namespaces", "Namespace", namespaced=False),
+    Kind("", "v1", "events", "Event", status=False),
+    Kind("", "v1", "configmaps", "ConfigMap", status=False),
+    Kind("batch", "v1", "jobs", "Job"),
+    Kind("coordination.k8s.io", "v1", "leases", "Lease", status=False),
+    Kind("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
+    Kind("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
+         namespaced=False),
+    Kind("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
+    Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"),
+    Kind("kueue.x-k8s.io", "v1beta2", "workloads", "Workload"),
+    Kind("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", namespaced=False),
+    Kind("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False),
+    Kind("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue"),
+    Kind("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False),
+)
+
+# Lists merged by key under server-side apply (by field name; enough for the kinds above).
+LIST_MAP_KEYS: dict[str, tuple[str, ...]] = {
+    "runtimePatches": ("manager",),
+    "replicatedJobs": ("name",),
+    "admissionChecks": ("name",),
+    "conditions": ("type",),
+    "containers": ("name",),
+    "initContainers": ("name",),
+    "env": ("name",),
+    "ownerReferences": ("uid",),
+    "podSets": ("name",),
+}
+
+Admission = Callable[[str, Obj | None, Obj], str | None]
+"""(operation, old, new) -> denial message or None; registered per plural to play a webhook."""
+
+class ApiFailure(Exception):
+    """Internal: becomes a Status response."""
+
+    def __init__(self, code: int, reason: str, message: str, causes: Iterable[Obj] = ()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.message = message
+        self.causes = list(causes)
+
+    def body(self) -> Obj:
+        out: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": self.message, "reason": self.reason, "code": self.code}
+        if self.causes:
+            out["details"] = {"causes": self.causes}
+        return out
+
+@dataclass
+class Fault:
+    """An injected failure: matching requests fail ``times`` times."""
+
+    method: str | None
+    path: re.Pattern[str] | None
+    status: int | str
+    times: int
+    after: bool = False
+    """Apply the request, then fail (a lost reply)."""
+
+    def matches(self, method: str, path: str) -> bool:
+        return (self.method is None or self.method == method) and (
+            self.path is None or bool(self.path.search(path))
+        )
+
+@dataclass
+class _Watcher:
+    kind: Kind
+    namespace: str | None
+    selector: list[tuple[str, str, tuple[str, ...]]]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[tuple[str, Obj] | None]
+
+@dataclass
+class _Requirement:
+    key: str
+    op: str  # =, !=, in, notin, exists, !
+    values: tuple[str, ...] = ()
+
+def parse_selector(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
+    """Parse a label selector: ``a=b``, ``a==b``, ``a!=b``, ``a in (x,y)``, ``a notin (x)``, ``a``, ``!a``."""
+    out: list[tuple[str, str, tuple[str, ...]]] = []
+    parts: list[str] = []
+    depth = 0
+    cur = ""
+    for ch in text:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if cur:
+        parts.append(cur)
+    for raw in parts:
+        part = raw.strip()
+        if not part:
+            continue
+        m = re.match(r"^([^\s!=]+)\s+(in|notin)\s+\((.*)\)$", part)
+        if m:
+            values = tuple(v.strip() for v in m.group(3).split(",") if v.strip())
+            out.append((m.group(1), m.group(2), values))
+        elif "!=" in part:
+            key, value = part.split("!=", 1)
+            out.append((key.strip(), "!=", (value.strip(),)))
+        elif "=" in part:
+            key, value = part.replace("==", "=").split("=", 1)
+            out.append((key.strip(), "=", (value.strip(),)))
+        elif part.startswith("!"):
+            out.append((part[1:].strip(), "!", ()))
+        else:
+            if not re.match(r"^[A-Za-z0-9./_-]+$", part):
+                raise ApiFailure(400, "BadRequest", f"unable to parse requirement: {part!r}")
+            out.append((part, "exists", ()))
+    return out
+
+def matches(labels: Mapping[str, str], selector: list[tuple[str, str, tuple[str, ...]]]) -> bool:
+    for key, op, values in selector:
+        have = key in labels
+        value = labels.get(key)
+        if op == "=" and value != values[0]:
+            return False
+        if op == "!=" and value == values[0]:
+            return False
+        if op == "in" and value not in values:
+            return False
+        if op == "notin" and have and value in values:
+            return False
+        if op == "exists" and not have:
+            return False
+        if op == "!" and have:
+            return False
+    return True
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+def _path_key(element: Mapping[str, Any], keys: tuple[str, ...]) -> str:
+    return "k:" + json.dumps({k: element.get(k) for k in keys}, sort_keys=True)
+
+def _owned_paths(config: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    """The field paths an applied configuration sets (SSA ownership)."""
+    paths: set[tuple[str, ...]] = set()
+    if isinstance(config, dict):
+        for key, value in config.items():
+            here = (*prefix, key)
+            if isinstance(value, dict) and value:
+                paths |= _owned_paths(value, here)
+            elif isinstance(value, list) and key in LIST_MAP_KEYS and all(isinstance(v, dict) for v in value):
+                paths.add(here)
+                for element in value:
+                    epath = (*here, _path_key(element, LIST_MAP_KEYS[key]))
+                    paths.add(epath)
+                    paths |= _owned_paths(element, epath)
+            else:
+                paths.add(here)
+    return paths
+
+def _apply_merge(target: Any, config: Any, field_name: str = "") -> Any:
+    if isinstance(config, dict):
+        out = dict(target) if isinstance(target, dict) else {}
+        for key, value in config.items():
+            out[key] = _apply_merge(out.get(key), value, key)
+        return out
+    if isinstance(config, list) and field_name in LIST_MAP_KEYS and all(isinstance(v, dict) for v in config):
+        keys = LIST_MAP_KEYS[field_name]
+        existing = [e for e in (target or []) if isinstance(e, dict)] if isinstance(target, list) else []
+        index = {_path_key(e, keys): i for i, e in enumerate(existing)}
+        out_list = list(existing)
+        for element in config:
+            pk = _path_key(element, keys)
+            if pk in index:
+                out_list[index[pk]] = _apply_merge(out_list[index[pk]], element)
+            else:
+                index[pk] = len(out_list)
+                out_list.append(copy.deepcopy(element))
+        return out_list
+    return copy.deepcopy(config)
+
+def _remove_path(obj: Any, path: tuple[str, ...]) -> None:
+    """Remove one owned field (or list-map element) from ``obj``."""
+    parent: Any = obj
+    for i, seg in enumerate(path):
+        last = i == len(path) - 1
+        if isinstance(parent, dict):
+            if seg not in parent:
+                return
+            if last:
+                del parent[seg]
+                return
+            parent = parent[seg]
+        elif isinstance(parent, list) and seg.startswith("k:"):
+            want = json.loads(seg[2:])
+            for j, element in enumerate(parent):
+                if isinstance(element, dict) and all(element.get(kk) == vv for kk, vv in want.items()):
+                    if last:
+                        del parent[j]
+                        return
+                    parent = element
+                    break
+            else:
+                return
+        else:
+            return
+
+def _now_text(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+class FakeApiServer:
+    """The fake API server. Thread-safe: a test may act as the cluster while a client calls it."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._rv = 100
+        self._objects: dict[Key, Obj] = {}
+        self._versions: dict[Key, list[tuple[int, Obj | None]]] = defaultdict(list)
+        self._history: list[tuple[int, str, Key, Obj]] = []
+        self._label_index: dict[tuple[str, str, str], set[Key]] = defaultdict(set)
+        self._kind_keys: dict[tuple[str, str], set[Key]] = defaultdict(set)
+        self._managed: dict[Key, dict[str, set[tuple[str, ...]]]] = defaultdict(dict)
+        self._watchers: list[_Watcher] = []
+        self._admission: dict[str, list[Admission]] = defaultdict(list)
+        self._kinds = {(kd.group, kd.plural): kd for kd in KINDS}
+        self.faults: list[Fault] = []
+        self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.bytes_sent = 0
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+        self.compacted_below = 0
+
+    # ------------------------------------------------------------------ plumbing
+
+    def transport(self) -> httpx2.MockTransport:
+        """The transport to hand to ``Adapter.connect(transport=...)``."""
+        return httpx2.MockTransport(self.handle)
+
+    def kind(self, group: str, plural: str) -> Kind:
+        try:
+            return self._kinds[(group, plural)]
+        except KeyError:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource") from None
+
+    def register_kind(self, kind: Kind) -> None:
+        self._kinds[(kind.group, kind.plural)] = kind
+
+    def remove_kind(self, group: str, plural: str) -> None:
+        """Forget a kind, as if its CRD were not installed."""
+        self._kinds.pop((group, plural), None)
+
+    def add_admission(self, plural: str, check: Admission) -> None:
+        """Register a validating check on ``plural`` (plays a webhook; a denial is a 403/422-style refusal)."""
+        self._admission[plural].append(check)
+
+    def inject(self, *, method: str | None = None, path: str | None = None, status: int | str = 500,
+               times: int = 1, after: bool = False) -> Fault:
+        """Make matching requests fail: an HTTP status, or ``"timeout"``/``"connect"``."""
+        fault = Fault(method, re.compile(path) if path else None, status, times, after)
+        with self._lock:
+            self.faults.append(fault)
+        return fault
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def _bump(self) -> int:
+        self._rv += 1
+        return self._rv
+
+    def _record(self, etype: str, key: Key, obj: Obj) -> None:
+        rv = int(obj["metadata"]["resourceVersion"])
+        snapshot = copy.deepcopy(obj)
+        self._history.append((rv, etype, key, snapshot))
+        self._versions[key].append((rv, None if etype == "DELETED" else snapshot))
+        for lk, lv in (obj["metadata"].get("labels") or {}).items():
+            self._label_index[(key[1], lk, lv)].add(key)
+            self._label_index[(key[1], lk, "")].add(key)
+        self._kind_keys[(key[0], key[1])].add(key)
+        kind = self._kinds.get((key[0], key[1]))
+        if kind is None:
+            return
+        for w in list(self._watchers):
+            if w.kind != kind:
+                continue
+            if w.namespace and w.namespace != key[2]:
+                continue
+            if not matches(obj["metadata"].get("labels") or {}, w.selector):
+                continue
+            try:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, (etype, snapshot))
+            except RuntimeError:
+                self._watchers.remove(w)
+
+    # ------------------------------------------------------------------ internal verbs (used by the sim)
+
+    def get(self, group: str, plural: str, namespace: str, name: str) -> Obj | None:
+        with self._lock:
+            obj = self._objects.get((group, plural, namespace, name))
+            return copy.deepcopy(obj) if obj else None
+
+    def objects(self, group: str, plural: str, namespace: str | None = None) -> list[Obj]:
+        with self._lock:
+            return [copy.deepcopy(o) for key, o in sorted(self._objects.items())
+                    if key[0] == group and key[1] == plural and (namespace is None or key[2] == namespace)]
+
+    def create(self, group: str, plural: str, namespace: str, obj: Obj, *, admit: bool = True) -> Obj:
+        kind = self.kind(group, plural)
+        with self._lock:
+            body = copy.deepcopy(obj)
+            meta = body.setdefault("metadata", {})
+            if not meta.get("name") and meta.get("generateName"):
+                meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+            name = meta.get("name")
+            if not name:
+                raise ApiFailure(422, "Invalid", f"{kind.kind} is invalid: metadata.name: Required value",
+                                 [{"field": "metadata.name", "message": "Required value",
+                                   "reason": "FieldValueRequired"}])
+            ns = namespace if kind.namespaced else ""
+            if kind.namespaced and meta.get("namespace") not in (None, "", ns):
+                raise ApiFailure(400, "BadRequest", "the namespace of the object does not match the request")
+            key = (group, plural, ns, name)
+            if key in self._objects:
+                raise ApiFailure(409, "AlreadyExists", f'{plural}.{group or "core"} "{name}" already exists')
+            self._validate(kind, "CREATE", None, body) if admit else None
+            body["apiVersion"] = f"{group}/{kind.version}" if group else kind.version
+            body["kind"] = kind.kind
+            if kind.namespaced:
+                meta["namespace"] = ns
+            meta["uid"] = str(uuid.uuid4())
+            meta["creationTimestamp"] = _now_text(self.clock())
+            meta["generation"] = 1
+            meta["resourceVersion"] = str(self._bump())
+            meta.pop("deletionTimestamp", None)
+            self._objects[key] = body
+            self._record("ADDED", key, body)
+            return copy.deepcopy(body)
+
+    def _validate(self, kind: Kind, op: str, old: Obj | None, new: Obj) -> None:
+        name = (new.get("metadata") or {}).get("name", "")
+        if kind.plural == "trainjobs" and not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name or "") or (
+            kind.plural == "trainjobs" and len(name) > 63
+        ):
+            raise ApiFailure(422, "Invalid", f'TrainJob.trainer.kubeflow.org "{name}" is invalid',
+                             [{"field": "metadata.name", "reason": "FieldValueInvalid",
+                               "message": "must be a valid RFC-1035 label of at most 63 characters"}])
+        for check in self._admission.get(kind.plural, []):
+            denial = check(op, old, new)
+            if denial:
+                raise ApiFailure(403, "Forbidden", f'admission webhook denied the request: {denial}')
+
+    def update(self, group: str, plural: str, namespace: str, name: str, mutate: Callable[[Obj], None], *,
+               status: bool | None = None, expect_rv: str | None = None, admit: bool = True) -> Obj:
+        """Apply ``mutate`` to a copy and store it (the sim's write path; honours subresource isolation).
+
+        ``status=True`` keeps only status changes, ``False`` keeps everything but status, ``None`` all.
+        """
+        kind = self.kind(group, plural)
+        with self._lock:
+            key = (group, plural, namespace if kind.namespaced else "", name)
+            current = self._objects.get(key)
+            if current is None:
+                raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+            if expect_rv is not None and expect_rv != current["metadata"]["resourceVersion"]:
+                raise ApiFailure(
+                    409, "Conflict",
+                    f'Operation cannot be fulfilled on {plural}.{group or "core"} "{name}": the object has been '
+                    "modified; please apply your changes to the latest version and try again",
+                )
+            new = copy.deepcopy(current)
+            mutate(new)
+            return self._store(kind, key, current, new, status=status, admit=admit)
+
+    def _store(self, kind: Kind, key: Key, current: Obj, new: Obj, *, status: bool | None,
+               admit: bool = True) -> Obj:
+        if status is True:
+            merged = copy.deepcopy(current)
+            if "status" in new:
+                merged["status"] = new["status"]
+            else:
+                merged.pop("status", None)
+            new = merged
+        elif status is False and kind.status:
+            if "status" in current:
+                new["status"] = copy.deepcopy(current["status"])
+            else:
+                new.pop("status", None)
+        meta = new.setdefault("metadata", {})
+        for fixed in ("uid", "creationTimestamp", "namespace", "name"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+        if "deletionTimestamp" in current["metadata"]:
+            meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+            if "deletionGracePeriodSeconds" in current["metadata"]:
+                meta["deletionGracePeriodSeconds"] = current["metadata"]["deletionGracePeriodSeconds"]
+        else:
+            meta.pop("deletionTimestamp", None)
+        new["apiVersion"] = current["apiVersion"]
+        new["kind"] = current["kind"]
+        meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+        if new == current:
+            return copy.deepcopy(current)
+        if admit and status is not True:
+            self._validate(kind, "UPDATE", current, new)
+        if new.get("spec") != current.get("spec"):
+            meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
+        meta["resourceVersion"] = str(self._bump())
+        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            return self._remove(key, new)
+        self._objects[key] = new
+        self._record("MODIFIED", key, new)
+        return copy.deepcopy(new)
+
+    def _remove(self, key: Key, obj: Obj) -> Obj:
+        self._objects.pop(key, None)
+        self._managed.pop(key, None)
+        obj["metadata"]["resourceVersion"] = str(self._bump())
+        self._record("DELETED", key, obj)
+        self._collect_dependents(str(obj["metadata"].get("uid")))
+        return copy.deepcopy(obj)
+
+    def _collect_dependents(self, uid: str) -> None:
+        """Background garbage collection: dependents of a removed owner are deleted (gracefully)."""
+        for key, obj in list(self._objects.items()):
+            owners = obj["metadata"].get("ownerReferences") or []
+            if any(o.get("uid") == uid for o in owners) and key in self._objects:
+                self.delete(key[0], key[1], key[2], key[3])
+
+    def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
+               uid: str | None = None) -> Obj:
+        """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others."""
+        kind = self.kind(group, plural)
+        with self._lock:
+            key = (group, plural, namespace if kind.namespaced else "", name)
+            current = self._objects.get(key)
+            if current is None:
+                raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+            if uid is not None and current["metadata"].get("uid") != uid:
+                raise ApiFailure(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+            meta = current["metadata"]
+            finalizers = meta.get("finalizers") or []
+            if plural == "pods":
+                phase = (current.get("status") or {}).get("phase")
+                node = (current.get("spec") or {}).get("nodeName")
+                if grace is None:
+                    grace = int((current.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
+                if not node or phase in ("Succeeded", "Failed"):
+                    grace = 0
+                if meta.get("deletionTimestamp"):
+                    current_grace = int(meta.get("deletionGracePeriodSeconds") or 0)
+                    if grace != 0 or current_grace == 0:
+                        return copy.deepcopy(current)
+                if grace > 0:
+                    new = copy.deepcopy(current)
+                    new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
+                    new["metadata"]["deletionGracePeriodSeconds"] = grace
+                    new["metadata"]["resourceVersion"] = str(self._bump())
+                    self._objects[key] = new
+                    self._record("MODIFIED", key, new)
+                    return copy.deepcopy(new)
+            if finalizers:
+                if meta.get("deletionTimestamp"):
+                    return copy.deepcopy(current)
+                new = copy.deepcopy(current)
+                new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
+                new["metadata"]["deletionGracePeriodSeconds"] = 0
+                new["metadata"]["resourceVersion"] = str(self._bump())
+                self._objects[key] = new
+                self._record("MODIFIED", key, new)
+                return copy.deepcopy(new)
+            return self._remove(key, copy.deepcopy(current))
+
+    # ------------------------------------------------------------------ lists
+
+    def _candidates(self, kind: Kind, namespace: str | None,
+                    selector: list[tuple[str, str, tuple[str, ...]]]) -> list[Key]:
+        keys: set[Key] | None = None
+        for key_, op, values in selector:
+            if op == "=":
+                found = self._label_index.get((kind.plural, key_, values[0]), set())
+            elif op in ("exists", "in"):
+                found = self._label_index.get((kind.plural, key_, ""), set())
+            else:
+                continue
+            keys = set(found) if keys is None else keys & found
+        if keys is None:
+            keys = set(self._kind_keys.get((kind.group, kind.plural), set()))
+        return sorted(k for k in keys if k[0] == kind.group and k[1] == kind.plural
+                      and (namespace is None or k[2] == namespace))
+
+    def _at(self, key: Key, rv: int) -> Obj | None:
+        found: Obj | None = None
+        for vrv, obj in self._versions.get(key, []):
+            if vrv > rv:
+                break
+            found = obj
+        return found
+
+    def list(self, kind: Kind, namespace: str | None, params: Mapping[str, str]) -> Obj:
+        with self._lock:
+            selector = parse_selector(params.get("labelSelector", ""))
+            limit = int(params.get("limit") or 0)
+            token = params.get("continue")
+            rv_param = params.get("resourceVersion")
+            match = params.get("resourceVersionMatch")
+            if token and (rv_param not in (None, "") or match):
+                raise ApiFailure(400, "BadRequest",
+                                 "specifying resource version is not allowed when using continue")
+            if match and match not in ("Exact", "NotOlderThan"):
+                raise ApiFailure(400, "BadRequest", f"unsupported resourceVersionMatch {match!r}")
+            if match and not rv_param:
+                raise ApiFailure(422, "Invalid", "resourceVersionMatch is forbidden unless resourceVersion is provided")
+            after = ""
+            if token:
+                try:
+                    state = json.loads(base64.urlsafe_b64decode(token.encode()).decode())
+                    snap_rv, after = int(state["rv"]), str(state["after"])
+                except (ValueError, KeyError) as exc:
+                    raise ApiFailure(400, "BadRequest", "invalid continue token") from exc
+                if snap_rv < self.compacted_below:
+                    raise ApiFailure(410, "Expired", "the provided continue parameter is too old")
+            elif rv_param and match == "Exact":
+                snap_rv = int(rv_param)
+                if snap_rv < self.compacted_below:
+                    raise ApiFailure(410, "Expired", f"too old resource version: {snap_rv}")
+                if snap_rv > self._rv:
+                    raise ApiFailure(504, "Timeout", f"Too large resource version: {snap_rv}")
+            else:
+                snap_rv = self._rv
+            items: list[Obj] = []
+            next_after = ""
+            for key in self._candidates(kind, namespace, selector):
+                sort_key = f"{key[2]}/{key[3]}"
+                if after and sort_key <= after:
+                    continue
+                obj = self._objects.get(key) if snap_rv == self._rv else self._at(key, snap_rv)
+                if obj is None or not matches(obj["metadata"].get("labels") or {}, selector):
+                    continue
+                if limit and len(items) >= limit:
+                    next_after = items[-1]["metadata"].get("namespace", "") + "/" + items[-1]["metadata"]["name"]
+                    break
+                items.append(copy.deepcopy(obj))
+            meta: Obj = {"resourceVersion": str(snap_rv)}
+            if next_after:
+                meta["continue"] = base64.urlsafe_b64encode(
+                    json.dumps({"rv": snap_rv, "after": next_after}).encode()).decode()
+            return {"kind": f"{kind.kind}List", "apiVersion": f"{kind.group}/{kind.version}" if kind.group
+                    else kind.version, "metadata": meta, "items": items}
+
+    # ------------------------------------------------------------------ apply
+
+    def apply(self, kind: Kind, namespace: str, name: str, config: Obj, manager: str, force: bool,
+              *, subresource: str | None = None) -> Obj:
+        with self._lock:
+            key = (kind.group, kind.plural, namespace if kind.namespaced else "", name)
+            expect = (config.get("metadata") or {}).get("resourceVersion")
+            body = copy.deepcopy(config)
+            body.get("metadata", {}).pop("resourceVersion", None)
+            current = self._objects.get(key)
+            if current is None:
+                if subresource:
+                    raise ApiFailure(404, "NotFound", f'{kind.plural} "{name}" not found')
+                if expect:
+                    raise ApiFailure(409, "Conflict", f'{kind.plural} "{name}" not found for precondition')
+                created = self.create(kind.group, kind.plural, namespace, body)
+                self._managed[key][manager] = _owned_paths(_strip_identity(body))
+                return created
+            if expect is not None and expect != current["metadata"]["resourceVersion"]:
+                raise ApiFailure(
+                    409, "Conflict",
+                    f'Operation cannot be fulfilled on {kind.plural} "{name}": the object has been modified; '
+                    "please apply your changes to the latest version and try again",
+                )
+            stripped = _strip_identity(body)
+            if subresource == "status":
+                stripped = {"status": stripped.get("status", {})}
+            elif kind.status:
+                stripped.pop("status", None)
+            new_paths = _owned_paths(stripped)
+            owners = self._managed[key]
+            if not force:
+                for other, paths in owners.items():
+                    if other != manager and paths & new_paths:
+                        raise ApiFailure(409, "Conflict", f"Apply failed with conflicts with {other}")
+            old_paths = owners.get(manager, set())
+            new = copy.deepcopy(current)
+            others = set().union(*[p for m, p in owners.items() if m != manager]) if owners else set()
+            for path in sorted(old_paths - new_paths, key=len, reverse=True):
+                if path in others or any(o[: len(path)] == path for o in others):
+                    continue
+                _remove_path(new, path)
+            new = _apply_merge(new, stripped)
+            result = self._store(kind, key, current, new, status=True if subresource == "status" else
+                                 (False if kind.status else None))
+            for other in list(owners):
+                if other != manager:
+                    owners[other] = owners[other] - new_paths
+            owners[manager] = new_paths
+            return result
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        method = request.method
+        path = request.url.path
+        params = {k: v[-1] for k, v in parse_qs(request.url.query.decode() if isinstance(
+            request.url.query, bytes) else str(request.url.query)).items()}
+        with self._lock:
+            self.requests.append((method, path, params))
+            fault = next((f for f in self.faults if f.times > 0 and f.matches(method, path)), None)
+            if fault is not None:
+                fault.times -= 1
+        if fault is not None and not fault.after:
+            return self._fail(fault, request)
+        try:
+            response = await self._dispatch(method, path, params, request)
+        except ApiFailure as exc:
+            response = self._json(exc.code, exc.body())
+        if fault is not None:
+            return self._fail(fault, request)
+        return response
+
+    def _fail(self, fault: Fault, request: httpx2.Request) -> httpx2.Response:
+        if fault.status == "timeout":
+            raise httpx2.ReadTimeout("injected timeout", request=request)
+        if fault.status == "connect":
+            raise httpx2.ConnectError("injected connection failure", request=request)
+        code = int(fault.status)
+        reason = {409: "Conflict", 429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable",
+                  403: "Forbidden", 404: "NotFound"}.get(code, "Unknown")
+        return self._json(code, ApiFailure(code, reason, f"injected {code}").body())
+
+    def _json(self, code: int, body: Obj) -> httpx2.Response:
+        data = json.dumps(body).encode()
+        self.bytes_sent += len(data)
+        return httpx2.Response(code, content=data, headers={"Content-Type": "application/json"})
+
+    async def _dispatch(self, method: str, path: str, params: dict[str, str],
+                        request: httpx2.Request) -> httpx2.Response:
+        segs = [s for s in path.split("/") if s]
+        if len(segs) >= 2 and segs[0] == "api":
+            group, rest = "", segs[2:]
+        elif len(segs) >= 3 and segs[0] == "apis":
+            group, rest = segs[1], segs[3:]
+        else:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if not rest:
+            raise ApiFailure(404, "NotFound", "the server could not find the requested resource")
+        kind = self.kind(group, rest[0])
+        name = rest[1] if len(rest) > 1 else None
+        sub = rest[2] if len(rest) > 2 else None
+        ns = namespace or ""
+        body: Obj = {}
+        if request.content:
+            try:
+                body = json.loads(request.content)
+            except ValueError as exc:
+                raise ApiFailure(400, "BadRequest", f"invalid body: {exc}") from exc
+        if sub not in (None, "status"):
+            raise ApiFailure(404, "NotFound", f"subresource {sub} not supported by the fake")
+        if method == "GET" and name is None:
+            if params.get("watch") in ("true", "1"):
+                return self._watch(kind, namespace, params)
+            return self._json(200, self.list(kind, namespace, params))
+        if method == "GET":
+            obj = self.get(group, kind.plural, ns, name or "")
+            if obj is None:
+                raise ApiFailure(404, "NotFound", f'{kind.plural}.{group or "core"} "{name}" not found')
+            return self._json(200, obj)
+        if method == "POST" and name is None:
+            return self._json(201, self.create(group, kind.plural, ns, body))
+        if name is None:
+            raise ApiFailure(405, "MethodNotAllowed", "method not allowed on a collection")
+        if method == "PUT":
+            expect = (body.get("metadata") or {}).get("resourceVersion")
+
+            def replace(obj: Obj) -> None:
+                obj.clear()
+                obj.update(copy.deepcopy(body))
+
+            status = True if sub == "status" else (False if kind.status else None)
+            return self._json(200, self.update(group, kind.plural, ns, name, replace, status=status,
+                                               expect_rv=expect or None))
+        if method == "PATCH":
+            ctype = request.headers.get("content-type", "").split(";")[0]
+            if ctype == "application/apply-patch+yaml":
+                manager = params.get("fieldManager")
+                if not manager:
+                    raise ApiFailure(422, "Invalid", "fieldManager is required for apply requests")
+                return self._json(200, self.apply(kind, ns, name, body, manager,
+                                                  params.get("force") == "true", subresource=sub))
+            if ctype == "application/merge-patch+json":
+                expect = (body.get("metadata") or {}).get("resourceVersion")
+
+                def patch(obj: Obj) -> None:
+                    merged = merge_patch(obj, body)
+                    obj.clear()
+                    obj.update(merged)
+
+                status = True if sub == "status" else (False if kind.status else None)
+                return self._json(200, self.update(group, kind.plural, ns, name, patch, status=status,
+                                                   expect_rv=expect or None))
+            raise ApiFailure(415, "UnsupportedMediaType",
+                             f"the body of the request was in an unknown format - accepted media types "
+                             f"include: application/merge-patch+json, application/apply-patch+yaml (got {ctype})")
+        if method == "DELETE":
+            grace = body.get("gracePeriodSeconds")
+            uid = (body.get("preconditions") or {}).get("uid")
+            return self._json(200, self.delete(group, kind.plural, ns, name,
+                                               grace=int(grace) if grace is not None else None, uid=uid))
+        raise ApiFailure(405, "MethodNotAllowed", f"method {method} not allowed")
+
+    def _watch(self, kind: Kind, namespace: str | None, params: Mapping[str, str]) -> httpx2.Response:
+        selector = parse_selector(params.get("labelSelector", ""))
+        timeout = float(params.get("timeoutSeconds") or 300)
+        rv_text = params.get("resourceVersion") or ""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[tuple[str, Obj] | None] = asyncio.Queue()
+        with self._lock:
+            if rv_text and rv_text != "0":
+                rv = int(rv_text)
+                if rv < self.compacted_below:
+                    raise ApiFailure(410, "Expired", f"too old resource version: {rv}")
+                for hrv, etype, key, obj in self._history:
+                    if hrv <= rv or key[0] != kind.group or key[1] != kind.plural:
+                        continue
+                    if namespace and key[2] != namespace:
+                        continue
+                    if matches(obj["metadata"].get("labels") or {}, selector):
+                        queue.put_nowait((etype, copy.deepcopy(obj)))
+            else:
+                for key in self._candidates(kind, namespace, selector):
+                    obj = self._objects.get(key)
+                    if obj and matches(obj["metadata"].get("labels") or {}, selector):
+                        queue.put_nowait(("ADDED", copy.deepcopy(obj)))
+            watcher = _Watcher(kind, namespace, selector, loop, queue)
+            self._watchers.append(watcher)
+
+        async def stream() -> AsyncIterator[bytes]:
+            deadline = loop.time() + timeout
+            try:
+                while True:
+                    remaining = deadline - loop.time()
+                    if remaining <= 0:
+                        return
+                    try:
+                        item = await asyncio.wait_for(queue.get(), remaining)
+                    except TimeoutError:
+                        return
+                    if item is None:
+                        return
+                    etype, obj = item
+                    yield (json.dumps({"type": etype, "object": obj}) + "\n").encode()
+            finally:
+                with self._lock:
+                    if watcher in self._watchers:
+                        self._watchers.remove(watcher)
+
+        return httpx2.Response(200, content=stream(), headers={"Content-Type": "application/json"})
+
+    def close_watches(self) -> None:
+        """End every open watch (as an API server restart would)."""
+        with self._lock:
+            for w in self._watchers:
+                w.loop.call_soon_threadsafe(w.queue.put_nowait, None)
+            self._watchers.clear()
+
+    def compact(self) -> None:
+        """Forget history up to now: older Exact reads, continue tokens and watches get 410."""
+        with self._lock:
+            self.compacted_below = self._rv
+            self._history.clear()
+            for key in list(self._versions):
+                obj = self._objects.get(key)
+                self._versions[key] = [(int(obj["metadata"]["resourceVersion"]), copy.deepcopy(obj))] if obj else []
+
+def _strip_identity(config: Obj) -> Obj:
+    out = copy.deepcopy(config)
+    out.pop("apiVersion", None)
+    out.pop("kind", None)
+    meta = out.get("metadata")
+    if isinstance(meta, dict):
+        for k in ("name", "namespace", "resourceVersion", "uid", "creationTimestamp", "generation",
+                  "managedFields"):
+            meta.pop(k, None)
+        if not meta:
+            out.pop("metadata")
+    return out
+
+__all__ = ["ApiFailure", "FakeApiServer", "Fault", "Kind", "matches", "merge_patch", "parse_selector"]
+
