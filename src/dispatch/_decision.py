@@ -237,6 +237,10 @@ class Verdict:
         return "; ".join(parts)
 
 
+def _finished(obj: Obj, complete: str) -> bool:
+    return condition_true(obj, complete) or condition_true(obj, "Failed")
+
+
 def _job_blocker(job: Obj) -> str | None:
     """A child Job that could still start pods: not suspended, or its suspension not yet acted on."""
     if condition_true(job, "Complete") or condition_true(job, "Failed"):
@@ -273,9 +277,8 @@ def decide(
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     blockers: list[str] = []
-    if jobset is not None and not is_deleting(jobset) and not is_suspended(jobset):
-        if not (condition_true(jobset, "Completed") or condition_true(jobset, "Failed")):
-            blockers.append(f"jobset {name_of(jobset)} is not suspended yet")
+    if jobset is not None and not (is_deleting(jobset) or is_suspended(jobset) or _finished(jobset, "Completed")):
+        blockers.append(f"jobset {name_of(jobset)} is not suspended yet")
     for job in sorted(jobs, key=name_of):
         if labels_of(job).get(JOBSET_NAME_LABEL) != name:
             continue
@@ -301,9 +304,9 @@ def cessation(
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     rest = remaining(views, nodes)
-    if trainjob is not None and not is_suspended(trainjob) and not is_deleting(trainjob):
-        if not (condition_true(trainjob, "Complete") or condition_true(trainjob, "Failed")):
-            return Cessation(False, f"{name} is admitted and running", rest)
+    admitted = trainjob is not None and not is_suspended(trainjob) and not is_deleting(trainjob)
+    if admitted and trainjob is not None and not _finished(trainjob, "Complete"):
+        return Cessation(False, f"{name} is admitted and running", rest)
     unproven = []
     for pod in rest:
         node = nodes.get(pod.node) if pod.node else None

@@ -203,6 +203,9 @@ class Kube:
                 f"no kubeconfig found ({exc}); set KUBECONFIG or pass --kubeconfig",
                 reason="NoKubeconfig",
             ) from exc
+        if config is None:
+            raise Refused("no usable Kubernetes configuration; set KUBECONFIG or pass --kubeconfig",
+                          reason="NoKubeconfig")
         params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
         client = client_adapter.AsyncClient(config, params)
         return Kube(client, namespace or config.namespace or "default")

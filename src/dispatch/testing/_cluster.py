@@ -260,7 +260,7 @@ class FakeCluster:
         runtime = self.server.get(TRAINER, "clustertrainingruntimes", "", ref.get("name", ""))
         if runtime is None:
             return None
-        spec = copy.deepcopy(runtime["spec"]["template"]["spec"])
+        spec: Obj = copy.deepcopy(runtime["spec"]["template"]["spec"])
         name = tj["metadata"]["name"]
         for rj in spec["replicatedJobs"]:
             pod_meta = rj["template"]["spec"]["template"].setdefault("metadata", {})

@@ -392,7 +392,7 @@ class FakeApiServer:
 
     def _validate(self, kind: Kind, op: str, old: Obj | None, new: Obj) -> None:
         name = (new.get("metadata") or {}).get("name", "")
-        if kind.plural == "trainjobs" and not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name or "") or (
+        if (kind.plural == "trainjobs" and not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?$", name or "")) or (
             kind.plural == "trainjobs" and len(name) > 63
         ):
             raise ApiFailure(422, "Invalid", f'TrainJob.trainer.kubeflow.org "{name}" is invalid',
@@ -787,9 +787,9 @@ class FakeApiServer:
                         queue.put_nowait((etype, copy.deepcopy(obj)))
             else:
                 for key in self._candidates(kind, namespace, selector):
-                    obj = self._objects.get(key)
-                    if obj and matches(obj["metadata"].get("labels") or {}, selector):
-                        queue.put_nowait(("ADDED", copy.deepcopy(obj)))
+                    live = self._objects.get(key)
+                    if live and matches(live["metadata"].get("labels") or {}, selector):
+                        queue.put_nowait(("ADDED", copy.deepcopy(live)))
             watcher = _Watcher(kind, namespace, selector, loop, queue)
             self._watchers.append(watcher)
 

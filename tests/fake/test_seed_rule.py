@@ -1,0 +1,427 @@
+"""One or more tests per sentence of the seed's "The rule", "Who enforces it" (plain mode) and "Seeing it".
+
+Each test is named after the sentence it checks and runs against the fake cluster, whose Trainer, JobSet,
+Job controller and kubelets are stepped by hand so each interleaving is chosen, not hoped for.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatch import (
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    Adapter,
+    JobSpec,
+    PodsRemain,
+    ReadOnly,
+    Refused,
+    State,
+    Unreachable,
+)
+from dispatch.testing import FakeCluster
+
+NAME = "llama-s1"
+SPEC = JobSpec(job_id="llama", submission="s1")
+
+
+def running(adapter: Adapter, cluster: FakeCluster) -> str:
+    """Open, release and settle: one pod of execution 1 Running. Returns its name."""
+    adapter.open(SPEC)
+    adapter.release(NAME)
+    cluster.settle()
+    pods = cluster.pods(NAME)
+    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running"
+    return str(pods[0]["metadata"]["name"])
+
+
+def held_with_terminating_pod(adapter: Adapter, cluster: FakeCluster) -> str:
+    pod = running(adapter, cluster)
+    adapter.hold(NAME)
+    cluster.settle()  # grace period not yet over: the pod stays Terminating
+    obj = cluster.server.get("", "pods", "default", pod)
+    assert obj is not None and obj["metadata"].get("deletionTimestamp")
+    return pod
+
+
+def writes(cluster: FakeCluster) -> list[tuple[str, str]]:
+    return [(m, p) for m, p, _ in cluster.server.requests if m in ("POST", "PUT", "PATCH", "DELETE")]
+
+
+# ---------------------------------------------------------------- The rule
+
+
+def test_nothing_readmits_an_object_while_any_pod_of_it_may_still_run(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    with pytest.raises(PodsRemain) as err:
+        adapter.release(NAME)
+    assert pod in str(err.value)
+    assert adapter.inspect(NAME).state is State.HELD
+    cluster.history.check()
+
+
+def test_terminating_pods_are_included_in_the_read(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    status = adapter.inspect(NAME)
+    assert [p.name for p in status.remaining] == [pod]
+    assert status.remaining[0].terminating
+
+
+def test_the_read_is_one_consistent_read_pinned_to_one_resource_version(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    held_with_terminating_pod(adapter, cluster)
+    cluster.server.requests.clear()
+    with pytest.raises(PodsRemain):
+        adapter.release(NAME)
+    pod_lists = [q for m, p, q in cluster.server.requests if m == "GET" and p.endswith("/pods")]
+    assert len(pod_lists) == 2
+    first, second = pod_lists
+    assert "resourceVersion" not in first  # a quorum read: most recent
+    assert second["resourceVersionMatch"] == "Exact"
+    assert second["resourceVersion"]
+
+
+def test_pods_are_selected_by_dispatch_labels(adapter: Adapter, cluster: FakeCluster) -> None:
+    """A pod carrying only dispatch's labels (no jobset-name) still blocks."""
+    adapter.open(SPEC)
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": "stray", "labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"},
+    })
+    with pytest.raises(PodsRemain, match="stray on node-1"):
+        adapter.release(NAME)
+
+
+def test_pods_are_selected_by_jobset_name_so_a_rewritten_patch_cannot_hide_them(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": "relabelled", "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
+        "spec": {"nodeName": "node-2", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": "Running"},
+    })
+    with pytest.raises(PodsRemain, match="relabelled on node-2"):
+        adapter.release(NAME)
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_succeeded_or_failed_pods_do_not_block_even_while_waiting_to_be_deleted(
+    adapter: Adapter, cluster: FakeCluster, phase: str
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": "done", "labels": {"jobset.sigs.k8s.io/jobset-name": NAME},
+                     "finalizers": ["batch.kubernetes.io/job-tracking"]},
+        "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": phase},
+    })
+    cluster.server.delete("", "pods", "default", "done")  # waits on its finalizer
+    assert cluster.server.get("", "pods", "default", "done") is not None
+    assert adapter.release(NAME).admission == 1
+
+
+@pytest.mark.parametrize("phase", ["Pending", "Running", "Unknown"])
+def test_any_other_pod_blocks(adapter: Adapter, cluster: FakeCluster, phase: str) -> None:
+    adapter.open(SPEC)
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": "other", "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
+        "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": phase},
+    })
+    with pytest.raises(PodsRemain):
+        adapter.release(NAME)
+
+
+def test_if_pods_remain_nothing_is_raised_and_nothing_is_admitted(adapter: Adapter, cluster: FakeCluster) -> None:
+    held_with_terminating_pod(adapter, cluster)
+    before = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    cluster.server.requests.clear()
+    with pytest.raises(PodsRemain):
+        adapter.release(NAME)
+    assert writes(cluster) == []
+    after = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert after == before
+    assert after is not None and after["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+
+
+def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter, cluster: FakeCluster) -> None:
+    running(adapter, cluster)
+    seen = [adapter.inspect(NAME).identity.admission]
+    for _ in range(3):
+        adapter.hold(NAME)
+        cluster.settle()
+        cluster.advance(60)
+        cluster.settle()
+        seen.append(adapter.release(NAME).admission)
+        cluster.settle()
+    assert seen == [1, 2, 3, 4]
+    labels = {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)}
+    assert labels == {"4"}
+    cluster.history.check()
+
+
+def test_admitting_writes_are_conditioned_on_the_resource_version_read(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.requests.clear()
+    adapter.release(NAME)
+    bodies = [q for m, p, q in cluster.server.requests if m == "PATCH"]
+    assert len(bodies) == 2
+    # a concurrent change between read and write turns into a retry, not a second execution
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    cluster.server.inject(method="PATCH", path="/trainjobs/", status=409)
+    assert adapter.release(NAME).admission == 2  # the conflict turned into a re-read and a retry
+    # a write based on a stale read is refused by the server, so it can never admit
+    stale = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert stale is not None
+    adapter.hold(NAME)
+    with pytest.raises(Unreachable) as err:
+        adapter._run(adapter.core.raise_admission(stale, 9))
+    assert err.value.code == 409
+
+
+def test_no_pod_can_appear_between_the_list_and_the_admission_because_the_object_stays_suspended(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.settle()
+    assert cluster.pods(NAME) == []  # suspended: Trainer/JobSet/Job start nothing
+    adapter.release(NAME)
+    cluster.settle()
+    assert len(cluster.pods(NAME)) == 1
+
+
+def test_a_lagging_jobset_blocks_admission_until_its_suspension_takes_effect(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    running(adapter, cluster)
+    adapter.hold(NAME)  # the TrainJob is suspended; Trainer has not yet told the JobSet
+    with pytest.raises(PodsRemain, match="jobset llama-s1 is not suspended yet"):
+        adapter.release(NAME)
+    cluster.trainer_sync()
+    with pytest.raises(PodsRemain, match="job llama-s1-node-0 is not suspended yet"):
+        adapter.release(NAME)
+
+
+# ---------------------------------------------------------------- Who enforces it (plain mode)
+
+
+def test_release_writes_nothing_and_raises_pods_remain_naming_the_pods(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    with pytest.raises(PodsRemain) as err:
+        adapter.release(NAME)
+    assert err.value.pods == (f"{pod} on node-0 (Ready=True)",)
+    assert "the previous execution may still run" in str(err.value)
+    assert f"remaining pods: {pod} on node-0 (Ready=True)" in str(err.value)
+
+
+def test_the_hold_stays_in_force(adapter: Adapter, cluster: FakeCluster) -> None:
+    held_with_terminating_pod(adapter, cluster)
+    with pytest.raises(PodsRemain):
+        adapter.release(NAME)
+    cluster.settle()
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None and tj["spec"]["suspend"] is True
+
+
+def test_pods_remain_is_classified_as_unreachable_not_refused() -> None:
+    assert issubclass(PodsRemain, Unreachable)
+    assert not issubclass(PodsRemain, Refused)
+
+
+def test_release_admits_once_the_pods_are_gone(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    cluster.confirm_termination(pod)
+    cluster.settle()
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"2"}
+    cluster.history.check()
+
+
+def test_release_of_an_admitted_object_returns_its_identity_without_writing(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    running(adapter, cluster)
+    cluster.server.requests.clear()
+    ident = adapter.release(NAME)
+    assert ident.admission == 1
+    assert writes(cluster) == []
+
+
+def test_a_retried_release_after_a_lost_reply_is_safe(adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(SPEC)
+    cluster.server.inject(method="PATCH", path="/trainjobs/", status="timeout", after=True, times=1)
+    with pytest.raises(Unreachable):
+        adapter.release(NAME)
+    ident = adapter.release(NAME)
+    assert ident.admission >= 1
+    cluster.settle()
+    cluster.history.check()
+
+
+def test_open_meets_the_same_check_a_same_named_earlier_objects_pods_block(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    pod = running(adapter, cluster)
+    adapter.close(NAME)
+    cluster.settle()  # the GC deletes JobSet and Jobs; the pod is Terminating
+    assert cluster.server.get("", "pods", "default", pod) is not None
+    cluster.server.requests.clear()
+    with pytest.raises(PodsRemain, match=pod):
+        adapter.open(SPEC, hold=False)
+    assert writes(cluster) == []
+
+
+def test_open_without_hold_admits_a_never_run_object_at_once(adapter: Adapter, cluster: FakeCluster) -> None:
+    status = adapter.open(JobSpec(job_id="fresh", submission="a"), hold=False)
+    assert status.state is State.RUNNING
+    assert status.identity.admission == 1
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods("fresh-a")} == {"1"}
+
+
+def test_a_read_only_adapter_refuses_writes_before_any_request(reader: Adapter, cluster: FakeCluster) -> None:
+    cluster.server.requests.clear()
+    for call in (lambda: reader.open(SPEC), lambda: reader.release(NAME), lambda: reader.hold(NAME),
+                 lambda: reader.close(NAME)):
+        with pytest.raises(ReadOnly):
+            call()
+    assert cluster.server.requests == []
+
+
+# ---------------------------------------------------------------- How it ends
+
+
+def test_on_a_lost_node_pods_stay_until_the_out_of_service_taint_and_then_admission_proceeds(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    pod = running(adapter, cluster)
+    cluster.freeze_node("node-0")
+    adapter.hold(NAME)
+    cluster.advance(3600)
+    cluster.settle()
+    assert cluster.server.get("", "pods", "default", pod) is not None  # stuck Terminating
+    with pytest.raises(PodsRemain, match=r"on node-0 \(Ready=Unknown\)"):
+        adapter.release(NAME)
+    assert not adapter.ceased(NAME)
+    cluster.taint_out_of_service("node-0")
+    assert adapter.ceased(NAME).ceased  # proven before PodGC even runs
+    cluster.settle()
+    assert cluster.server.get("", "pods", "default", pod) is None
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    cluster.history.check()
+
+
+def test_node_deletion_ends_the_wait(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = running(adapter, cluster)
+    cluster.freeze_node("node-0")
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.delete_node("node-0")
+    status = adapter.inspect(NAME)
+    assert status.cause.detail.startswith(f"remaining pods: {pod} on node-0 (gone)")
+    assert adapter.ceased(NAME).ceased
+    cluster.settle()
+    assert adapter.release(NAME).admission == 2
+
+
+# ---------------------------------------------------------------- Seeing it
+
+
+def test_inspect_puts_remaining_pods_in_the_cause_detail(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    status = adapter.inspect(NAME)
+    assert status.cause.reason == "PodsRemain"
+    assert status.cause.detail == f"remaining pods: {pod} on node-0 (Ready=True)"
+
+
+@pytest.mark.parametrize(
+    ("act", "state"),
+    [
+        ("none", "Ready=True"),
+        ("freeze", "Ready=Unknown"),
+        ("notready", "Ready=False"),
+        ("delete", "gone"),
+        ("freeze+taint", "Ready=Unknown, out-of-service"),
+    ],
+)
+def test_node_state_is_shown_for_each_remaining_pod(
+    adapter: Adapter, cluster: FakeCluster, act: str, state: str
+) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    if "freeze" in act:
+        cluster.freeze_node("node-0")
+    if act == "notready":
+        cluster.server.update("", "nodes", "", "node-0",
+                              lambda o: o["status"]["conditions"][0].update(status="False"), status=True)
+    if act == "delete":
+        cluster.delete_node("node-0")
+    if "taint" in act:
+        cluster.taint_out_of_service("node-0")
+    assert adapter.inspect(NAME).cause.detail == f"remaining pods: {pod} on node-0 ({state})"
+    found = adapter.find(job_id="llama")
+    assert found[0].cause.detail == f"remaining pods: {pod} on node-0 ({state})"
+
+
+def test_node_state_not_readable_when_nodes_are_forbidden(adapter: Adapter, cluster: FakeCluster) -> None:
+    pod = held_with_terminating_pod(adapter, cluster)
+    cluster.server.inject(method="GET", path="/api/v1/nodes/", status=403, times=10)
+    status = adapter.inspect(NAME)
+    assert status.cause.detail == f"remaining pods: {pod} on node-0 (not readable)"
+    cessation = adapter.ceased(NAME)
+    assert not cessation.ceased
+    assert "cannot prove cessation: nodes not readable" in cessation.reason
+
+
+def test_find_answers_for_many_objects_with_a_constant_number_of_calls(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    counts = []
+    for i in range(1, 9):
+        adapter.open(JobSpec(job_id="sweep", submission=f"s{i}"))
+        adapter.release(f"sweep-s{i}")
+        adapter.hold(f"sweep-s{i}")
+        cluster.settle()
+        cluster.server.requests.clear()
+        statuses = adapter.find(job_id="sweep")
+        assert len(statuses) == i
+        counts.append(len(cluster.server.requests))
+    assert len(set(counts[1:])) == 1, counts
+
+
+def test_find_filters_by_state(adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(JobSpec(job_id="f", submission="a"))
+    adapter.open(JobSpec(job_id="f", submission="b"), hold=False)
+    assert [s.name for s in adapter.find(job_id="f", state=State.HELD)] == ["f-a"]
+    assert [s.name for s in adapter.find(job_id="f", state=State.RUNNING)] == ["f-b"]
+    assert [s.name for s in adapter.find(submission="b")] == ["f-b"]
+
+
+def test_ceased_writes_nothing_and_works_read_only(reader: Adapter, adapter: Adapter, cluster: FakeCluster) -> None:
+    held_with_terminating_pod(adapter, cluster)
+    cluster.server.requests.clear()
+    result = reader.ceased(NAME)
+    assert not result.ceased and "pods may still run" in result.reason
+    assert writes(cluster) == []
+    node_calls = [p for m, p, _ in cluster.server.requests if "/nodes" in p]
+    assert node_calls == ["/api/v1/nodes/node-0"]  # get only, never list
+
+
+def test_running_object_status_names_its_execution(adapter: Adapter, cluster: FakeCluster) -> None:
+    running(adapter, cluster)
+    status = adapter.inspect(NAME)
+    assert status.state is State.RUNNING
+    assert status.identity.admission == 1
+    assert status.cause.detail == "execution 1 admitted"
