@@ -1,0 +1,238 @@
+"""The pure decision, exhaustively: every pod phase × deletion × node state × selection, and every string."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from dispatch import _decision as d
+from dispatch._records import State
+
+NAME = "llama-s1"
+PHASES = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
+NODE_STATES: dict[str, d.NodeView | None] = {
+    "ready": d.NodeView("n", ready="True"),
+    "notready": d.NodeView("n", ready="False"),
+    "unknown": d.NodeView("n", ready="Unknown"),
+    "nocondition": d.NodeView("n", ready=None),
+    "unknown+oos": d.NodeView("n", ready="Unknown", out_of_service=True),
+    "ready+oos": d.NodeView("n", ready="True", out_of_service=True),
+    "gone": d.NodeView.gone("n"),
+    "unreadable": d.NodeView.unreadable("n"),
+}
+SELECTIONS = {
+    "dispatch": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"},
+    "jobset": {"jobset.sigs.k8s.io/jobset-name": NAME},
+    "both": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1",
+             "jobset.sigs.k8s.io/jobset-name": NAME},
+    "neither": {"jobset.sigs.k8s.io/jobset-name": "other"},
+    "wrong-submission": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s2"},
+}
+
+
+def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
+        labels: dict[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"]}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    spec: dict[str, Any] = {"nodeName": node} if node else {}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+@pytest.mark.parametrize(
+    ("phase", "deleting", "node_state", "selection"),
+    list(itertools.product(PHASES, [False, True], NODE_STATES, SELECTIONS)),
+)
+def test_every_combination(phase: str, deleting: bool, node_state: str, selection: str) -> None:
+    view = NODE_STATES[node_state]
+    nodes = {"n": view} if view is not None else {}
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1",
+                       pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection])], nodes=nodes)
+    selected = selection in ("dispatch", "jobset", "both")
+    blocks = selected and phase not in ("Succeeded", "Failed")
+    assert verdict.admissible is (not blocks)
+    if blocks:
+        assert verdict.remaining[0].terminating is deleting
+        assert verdict.detail().startswith("remaining pods: p on n (")
+    # the node state never changes the admission verdict: only cessation cares where a pod sits
+    cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1",
+                            pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection])], nodes=nodes)
+    proven = node_state in ("unknown+oos", "ready+oos", "gone")
+    assert cessation.ceased is (not blocks or proven)
+
+
+@pytest.mark.parametrize(
+    ("view", "text"),
+    [
+        (d.NodeView("n", ready="True"), "Ready=True"),
+        (d.NodeView("n", ready="False"), "Ready=False"),
+        (d.NodeView("n", ready="Unknown"), "Ready=Unknown"),
+        (d.NodeView("n", ready=None), "Ready=Unknown"),
+        (d.NodeView("n", ready="Unknown", out_of_service=True), "Ready=Unknown, out-of-service"),
+        (d.NodeView("n", ready="True", out_of_service=True), "Ready=True, out-of-service"),
+        (d.NodeView.gone("n"), "gone"),
+        (d.NodeView.unreadable("n"), "not readable"),
+    ],
+)
+def test_node_state_strings(view: d.NodeView, text: str) -> None:
+    assert view.state_text() == text
+
+
+def test_node_view_from_object_reads_ready_and_taint() -> None:
+    view = d.NodeView.from_obj({
+        "metadata": {"name": "node-3"},
+        "spec": {"taints": [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]},
+        "status": {"conditions": [{"type": "MemoryPressure", "status": "False"},
+                                  {"type": "Ready", "status": "Unknown"}]},
+    })
+    assert view.state_text() == "Ready=Unknown, out-of-service"
+    assert view.proven_down
+
+
+def test_remaining_detail_lists_every_pod_in_name_order() -> None:
+    nodes = {"node-3": d.NodeView("node-3", ready="Unknown"), "node-1": d.NodeView("node-1", ready="True")}
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", nodes=nodes,
+                       pods=[pod("train-1", node="node-1", deleting=True), pod("train-0", node="node-3")])
+    assert verdict.detail() == (
+        "remaining pods: train-0 on node-3 (Ready=Unknown), train-1 on node-1 (Ready=True)"
+    )
+    assert d.waiting_message(verdict.remaining) == (
+        "waiting for pods of the previous execution to go: train-0 on node-3, train-1 on node-1"
+    )
+
+
+def test_a_pod_selected_both_ways_counts_once() -> None:
+    p = pod("x")
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[p, p], nodes={"n": NODE_STATES["ready"]})
+    assert len(verdict.remaining) == 1
+
+
+def test_unscheduled_pod_is_described_without_a_node() -> None:
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[pod("x", node=None, phase="Pending")],
+                       nodes={})
+    assert verdict.detail() == "remaining pods: x on no node (not scheduled)"
+
+
+def test_node_missing_from_the_snapshot_reads_not_readable() -> None:
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[pod("x", node="n9")], nodes={})
+    assert verdict.detail() == "remaining pods: x on n9 (not readable)"
+
+
+def job(name: str, *, suspend: bool, conds: dict[str, str] | None = None, started: bool = False) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}
+    if started:
+        status["startTime"] = "2026-01-01T00:00:00Z"
+    return {"metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
+            "spec": {"suspend": suspend}, "status": status}
+
+
+@pytest.mark.parametrize(
+    ("j", "blocker"),
+    [
+        (job("j", suspend=False), "job j is not suspended yet"),
+        (job("j", suspend=True, started=True), "job j has not confirmed its suspension yet"),
+        (job("j", suspend=True, conds={"Suspended": "False"}, started=True),
+         "job j has not confirmed its suspension yet"),
+        (job("j", suspend=True, conds={"Suspended": "True"}, started=True), None),
+        (job("j", suspend=True), None),
+        (job("j", suspend=False, conds={"Complete": "True"}), None),
+        (job("j", suspend=False, conds={"Failed": "True"}), None),
+    ],
+)
+def test_child_jobs_block_until_their_suspension_took_effect(j: dict[str, Any], blocker: str | None) -> None:
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[], nodes={}, jobs=[j])
+    assert verdict.blockers == ((blocker,) if blocker else ())
+
+
+@pytest.mark.parametrize(
+    ("spec", "conds", "blocks"),
+    [
+        ({"suspend": False}, {}, True),
+        ({"suspend": True}, {}, False),
+        ({}, {}, True),
+        ({"suspend": False}, {"Completed": "True"}, False),
+        ({"suspend": False}, {"Failed": "True"}, False),
+    ],
+)
+def test_jobset_blocks_until_suspended(spec: dict[str, Any], conds: dict[str, str], blocks: bool) -> None:
+    js = {"metadata": {"name": NAME}, "spec": spec,
+          "status": {"conditions": [{"type": t, "status": s} for t, s in conds.items()]}}
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[], nodes={}, jobset=js)
+    assert (verdict.blockers == (f"jobset {NAME} is not suspended yet",)) is blocks
+
+
+def trainjob(*, suspend: bool = True, admission: str | None = "1", queue: str | None = None,
+             conds: dict[str, str] | None = None, deleting: bool = False) -> dict[str, Any]:
+    labels = {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"}
+    if queue:
+        labels["kueue.x-k8s.io/queue-name"] = queue
+    meta: dict[str, Any] = {"name": NAME, "labels": labels, "annotations": {}}
+    if admission is not None:
+        meta["annotations"]["dispatch.phpboyscout.uk/admission"] = admission
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"suspend": suspend},
+            "status": {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}}
+
+
+@pytest.mark.parametrize(
+    ("tj", "state"),
+    [
+        (trainjob(), State.HELD),
+        (trainjob(queue="lq"), State.QUEUED),
+        (trainjob(suspend=False), State.RUNNING),
+        (trainjob(suspend=False, conds={"Complete": "True"}), State.SUCCEEDED),
+        (trainjob(suspend=False, conds={"Failed": "True"}), State.FAILED),
+        (trainjob(deleting=True), State.CLOSING),
+    ],
+)
+def test_state_of(tj: dict[str, Any], state: State) -> None:
+    assert d.state_of(tj) is state
+
+
+def test_next_admission_is_above_everything_seen() -> None:
+    tj = trainjob(admission="3")
+    assert d.next_admission(tj, []) == 4
+    high = pod(labels={**SELECTIONS["both"], "dispatch.phpboyscout.uk/admission": "7"})
+    assert d.next_admission(tj, [high]) == 8
+    assert d.next_admission(trainjob(admission="garbage"), []) == 1
+    assert d.next_admission(trainjob(admission=None), []) == 1
+
+
+def test_explain_strings() -> None:
+    blocked = d.Verdict((d.remaining([d.PodView("train-0", "u", "node-3", "Running", True, 1)],
+                                     {"node-3": d.NodeView("node-3", ready="Unknown")})), ())
+    clear = d.Verdict((), ())
+    assert d.explain(trainjob(), blocked) == d.Cause(
+        "PodsRemain", "remaining pods: train-0 on node-3 (Ready=Unknown)")
+    assert d.explain(trainjob(), clear) == d.Cause("Held", "hold in force; release admits it")
+    assert d.explain(trainjob(suspend=False), None) == d.Cause("Admitted", "execution 1 admitted")
+    check = d.CheckView("dispatch", "Pending",
+                        "waiting for pods of the previous execution to go: train-0 on node-3")
+    assert d.explain(trainjob(queue="lq"), blocked, check) == d.Cause(
+        "AdmissionCheckPending",
+        "admission check dispatch Pending: waiting for pods of the previous execution to go: train-0 on node-3; "
+        "remaining pods: train-0 on node-3 (Ready=Unknown)",
+    )
+    assert d.explain(trainjob(queue="lq"), clear).detail == "waiting for Kueue to admit it from queue lq"
+    failed = d.explain(trainjob(suspend=False, conds={"Failed": "True"}), blocked)
+    assert failed == d.Cause("Failed", "remaining pods: train-0 on node-3 (Ready=Unknown)")
+
+
+def test_cessation_of_a_running_object_is_false() -> None:
+    c = d.cessation(trainjob=trainjob(suspend=False), name=NAME, job_id="llama", submission="s1", pods=[], nodes={})
+    assert not c.ceased and c.reason == f"{NAME} is admitted and running"
+
+
+def test_cessation_with_no_pods_is_true() -> None:
+    c = d.cessation(trainjob=trainjob(), name=NAME, job_id="llama", submission="s1", pods=[], nodes={})
+    assert c.ceased and c.reason == "no pod of the object may still run"
+
+
+def test_cessation_waits_for_an_unscheduled_live_pod_but_not_a_deleted_one() -> None:
+    live = pod("a", node=None, phase="Pending")
+    dead = pod("b", node=None, phase="Pending", deleting=True)
+    assert not d.cessation(trainjob=trainjob(), name=NAME, job_id="llama", submission="s1", pods=[live], nodes={})
+    assert d.cessation(trainjob=trainjob(), name=NAME, job_id="llama", submission="s1", pods=[dead], nodes={})

@@ -1,0 +1,93 @@
+"""Bad input is refused with a message naming the field, and nothing is written."""
+
+from __future__ import annotations
+
+import pytest
+
+from dispatch import Adapter, InvalidInput, JobSpec
+from dispatch.testing import FakeCluster
+
+CASES = [
+    (JobSpec(job_id="", submission="s1"), "job_id", "must not be empty"),
+    (JobSpec(job_id="has space", submission="s1"), "job_id", "not a valid label value"),
+    (JobSpec(job_id="x" * 64, submission="s1"), "job_id", "at most 63 characters"),
+    (JobSpec(job_id="-lead", submission="s1"), "job_id", "not a valid label value"),
+    (JobSpec(job_id="llama", submission="s/1"), "submission", "not a valid label value"),
+    (JobSpec(job_id="llama", submission=""), "submission", "must not be empty"),
+    (JobSpec(job_id="Llama", submission="s1"), "name", "derived as <job_id>-<submission>"),
+    (JobSpec(job_id="9lives", submission="s1"), "name", "start with a letter"),
+    (JobSpec(job_id="a" * 40, submission="b" * 30), "name", "at most 63 characters"),
+    (JobSpec(job_id="llama", submission="s1", name="Bad_Name"), "name", "not a valid TrainJob name"),
+    (JobSpec(job_id="llama", submission="s1", runtime="Torch!"), "runtime", "lower case"),
+    (JobSpec(job_id="llama", submission="s1", runtime_kind="Runtime"), "runtime_kind", "ClusterTrainingRuntime"),
+    (JobSpec(job_id="llama", submission="s1", num_nodes=0), "num_nodes", "at least 1"),
+    (JobSpec(job_id="llama", submission="s1", queue="Q!"), "queue", "lower case"),
+    (JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=-1),
+     "termination_grace_period_seconds", "negative"),
+    (JobSpec(job_id="llama", submission="s1", labels={"dispatch.phpboyscout.uk/admission": "9"}),
+     "labels[dispatch.phpboyscout.uk/admission]", "reserved"),
+    (JobSpec(job_id="llama", submission="s1", labels={"team": "a b"}), "labels[team]", "label value"),
+]
+
+
+@pytest.fixture
+def fake() -> FakeCluster:
+    c = FakeCluster()
+    c.add_runtime()
+    return c
+
+
+@pytest.mark.parametrize(("spec", "field", "words"), CASES)
+def test_bad_spec_is_refused_naming_the_field_and_nothing_is_sent(
+    fake: FakeCluster, spec: JobSpec, field: str, words: str
+) -> None:
+    fake.server.requests.clear()
+    with Adapter.connect("default", transport=fake.transport()) as adapter, pytest.raises(InvalidInput) as err:
+        adapter.open(spec)
+    assert field in [c.field for c in err.value.causes]
+    assert words in str(err.value)
+    assert field in str(err.value)
+    assert fake.server.requests == []
+
+
+@pytest.mark.parametrize("name", ["", "Upper", "a_b", "x" * 64, "1abc", "ends-"])
+def test_bad_names_are_refused_before_any_request(fake: FakeCluster, name: str) -> None:
+    fake.server.requests.clear()
+    with Adapter.connect("default", transport=fake.transport()) as adapter:
+        for call in (adapter.release, adapter.hold, adapter.inspect, adapter.ceased, adapter.close):
+            with pytest.raises(InvalidInput, match="name"):
+                call(name)
+    assert fake.server.requests == []
+
+
+def test_bad_namespace_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="namespace"):
+        Adapter.connect("Not_A_Namespace", transport=FakeCluster().transport())
+
+
+def test_bad_find_filter_is_refused(fake: FakeCluster) -> None:
+    with Adapter.connect("default", transport=fake.transport()) as adapter, pytest.raises(InvalidInput, match="job_id"):
+        adapter.find(job_id="no spaces allowed")
+
+
+def test_every_bad_field_is_named_at_once(fake: FakeCluster) -> None:
+    with Adapter.connect("default", transport=fake.transport()) as adapter, pytest.raises(InvalidInput) as err:
+        adapter.open(JobSpec(job_id="a b", submission="c d", num_nodes=0))
+    assert {c.field for c in err.value.causes} == {"job_id", "submission", "num_nodes"}
+
+
+def test_unknown_runtime_is_refused_before_the_trainjob_is_written(fake: FakeCluster) -> None:
+    from dispatch import NotFound
+
+    with Adapter.connect("default", transport=fake.transport()) as adapter, pytest.raises(NotFound, match="nope"):
+        adapter.open(JobSpec(job_id="llama", submission="s1", runtime="nope"))
+    assert not [m for m, _, _ in fake.server.requests if m == "POST"]
+
+
+def test_duplicate_submission_is_refused(fake: FakeCluster) -> None:
+    from dispatch import Refused
+
+    with Adapter.connect("default", transport=fake.transport()) as adapter:
+        adapter.open(JobSpec(job_id="llama", submission="s1"))
+        with pytest.raises(Refused, match="already exists"):
+            adapter.open(JobSpec(job_id="llama", submission="s1", name="other-name"))
