@@ -145,9 +145,7 @@ def test_kueue_admits_trainjob(cluster: None) -> None:
             return False
 
         wait_for("Workload admitted", admitted)
-        wait_for(
-            "TrainJob un-suspended", lambda: not get("trainjob", name, "-n", "default")["spec"].get("suspend")
-        )
+        wait_for("TrainJob un-suspended", lambda: not get("trainjob", name, "-n", "default")["spec"].get("suspend"))
         sel = f"jobset.sigs.k8s.io/jobset-name={name}"
         wait_for("Running pods", lambda: len(running_pods("default", sel)) == 2)
     finally:

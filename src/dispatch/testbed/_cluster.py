@@ -245,9 +245,7 @@ def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
                 pending.remove(n)
                 _log(f"{n} is healthy")
         if pending and time.monotonic() > deadline:
-            raise RuntimeError(
-                f"timed out waiting for {', '.join(pending)} (logs in {_paths.runtime_dir()}/logs)"
-            )
+            raise RuntimeError(f"timed out waiting for {', '.join(pending)} (logs in {_paths.runtime_dir()}/logs)")
         if pending:
             time.sleep(0.25)
 
@@ -301,9 +299,7 @@ def _write_kubeconfig(rt: Path) -> None:
                 },
             }
         ],
-        "contexts": [
-            {"name": "dispatch-testbed", "context": {"cluster": "dispatch-testbed", "user": "admin"}}
-        ],
+        "contexts": [{"name": "dispatch-testbed", "context": {"cluster": "dispatch-testbed", "user": "admin"}}],
         "current-context": "dispatch-testbed",
     }
     path = _paths.kubeconfig_path()
@@ -343,11 +339,7 @@ def status(verbose: bool = False) -> list[ComponentStatus]:
     if verbose:
         print(f"runtime dir: {_paths.runtime_dir()}  kubeconfig: {_paths.kubeconfig_path()}")
         for s in out:
-            state = (
-                "frozen"
-                if s.frozen
-                else ("healthy" if s.healthy else ("running" if s.running else "stopped"))
-            )
+            state = "frozen" if s.frozen else ("healthy" if s.healthy else ("running" if s.running else "stopped"))
             print(f"  {s.name:26} pid {s.pid if s.pid is not None else '-':>8}  {state}")
     return out
 
@@ -384,9 +376,7 @@ def up() -> Path:
     try:
         _install_cert(pki, KUEUE_METRICS_CERT_DIR)
     except PermissionError as e:
-        raise RuntimeError(
-            f"Kueue needs {KUEUE_METRICS_CERT_DIR} (hard-coded); run as root or create it"
-        ) from e
+        raise RuntimeError(f"Kueue needs {KUEUE_METRICS_CERT_DIR} (hard-coded); run as root or create it") from e
 
     cfgdir = rt / "config"
     cfgdir.mkdir(exist_ok=True)
@@ -458,9 +448,7 @@ def up() -> Path:
     _log(f"{len(crds)} CRDs established")
 
     ctl_env = {"KUBECONFIG": kubeconfig}
-    _start(
-        "jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env
-    )
+    _start("jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env)
     _start(
         "trainer",
         [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
@@ -581,12 +569,9 @@ def _wait_nodes_ready(timeout: float = 60.0) -> None:
         ok = 0
         for n in data["items"]:
             ready = any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in n.get("status", {}).get("conditions", [])
+                c["type"] == "Ready" and c["status"] == "True" for c in n.get("status", {}).get("conditions", [])
             )
-            tainted = any(
-                t["key"].startswith("node.kubernetes.io/") for t in n.get("spec", {}).get("taints", []) or []
-            )
+            tainted = any(t["key"].startswith("node.kubernetes.io/") for t in n.get("spec", {}).get("taints", []) or [])
             ok += ready and not tainted
         if ok == len(REGULAR_NODES) + len(FREEZABLE_NODES):
             _log("all nodes Ready")

@@ -224,15 +224,6 @@ def kwok_stages(kwok: Path) -> list[Obj]:
             f"      reason: {reason}\n"
             "      startedAt: {{ $now | Quote }}\n"
             "{{ end }}\n"
-            "conditions:\n"
-            "- lastTransitionTime: {{ $now | Quote }}\n"
-            '  status: "False"\n'
-            "  type: Ready\n"
-            "  reason: PodCompleted\n"
-            "- lastTransitionTime: {{ $now | Quote }}\n"
-            '  status: "False"\n'
-            "  type: ContainersReady\n"
-            "  reason: PodCompleted\n"
             f"phase: {phase}\n"
         )
 
@@ -341,9 +332,7 @@ def controller_configs(certdir: Path) -> dict[str, Obj]:
         "leaderElection": {"leaderElect": False},
         "internalCertManagement": {"enable": False},
         "featureGates": {"VisibilityOnDemand": False},
-        "integrations": {
-            "frameworks": ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]
-        },
+        "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]},
     }
     return {"jobset": jobset, "trainer": trainer, "kueue": kueue}
 

@@ -119,9 +119,7 @@ def ensure_pki(pki: Path) -> None:
             ),
             critical=False,
         )
-        .add_extension(
-            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
-        )
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
@@ -132,8 +130,6 @@ def ensure_pki(pki: Path) -> None:
     _write_key(pki / "admin.key", leaf_key)
     _write_key(pki / "sa.key", sa_key)
     (pki / "sa.pub").write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     _write_cert(pki / "admin.crt", leaf)  # written last: its presence marks a complete PKI
