@@ -1,0 +1,144 @@
+"""dispatch's Kueue admission-check controller (``dispatch controller``).
+
+Under Kueue, Kueue re-admits a TrainJob as soon as JobSet reports no active Jobs, while pods of the
+previous execution may still be Terminating. This controller owns the AdmissionChecks whose
+``spec.controllerName`` is ``dispatch.phpboyscout.uk/admission`` and holds each such check ``Pending``
+until one consistent read shows no pod of the object that may still run; then it raises the admission
+number A on the TrainJob and sets the check ``Ready`` with ``podSetUpdates`` labels carrying
+(job-id, submission, A), so Kueue admits and every pod of the new execution carries its identity.
+
+Decisions made here:
+
+* **Workloads not owned by a TrainJob** (a batch Job, a JobSet, a plain Pod group, no owner): the rule
+  and A are defined for TrainJobs only, so by default (``foreign="ready"``) the check passes them at once
+  with a message saying so; a ClusterQueue shared with other kinds is not starved. ``foreign="ignore"``
+  leaves them Pending untouched (then route other kinds to a ClusterQueue without the check). A TrainJob
+  not opened by dispatch (no dispatch labels or runtime patch) still gets the rule through the
+  ``jobset-name`` selection, but no A.
+* **Retry and Rejected are never set.** Pods that remain are not a failure of the Workload: Retry would
+  evict it and release its quota (the seed wants the quota kept while it waits), and Rejected would
+  deactivate it until a person reactivates it. A check in Retry or Rejected (set by someone else) and a
+  Ready check are left alone: Kueue resets every check to Pending on eviction, and the next admission
+  comes back through this controller. A refusal to raise A (a webhook denial, say) keeps the check
+  Pending with the refusal in its message and a Warning Event, and is retried with backoff.
+
+Entry points: :func:`run` (async, for embedding and tests) and :func:`run_from_cli` (the CLI calls it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import structlog
+from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+
+from .. import _kube as k
+from ..errors import DispatchError, Refused
+from ._controller import ACTIVE_MESSAGE, ACTIVE_REASON, Config, Controller, default_identity
+from ._metrics import Metrics
+from ._reconcile import WAITING_PREFIX, Outcome, Reconciler, snapshot
+
+__all__ = [
+    "ACTIVE_MESSAGE",
+    "ACTIVE_REASON",
+    "WAITING_PREFIX",
+    "Config",
+    "Controller",
+    "Metrics",
+    "Outcome",
+    "Reconciler",
+    "configure_logging",
+    "default_identity",
+    "run",
+    "run_from_cli",
+    "snapshot",
+]
+
+
+async def run(kube: k.Kube, config: Config | None = None, *, stop: asyncio.Event | None = None,
+              metrics: Metrics | None = None) -> None:
+    """Run the controller on ``kube`` until ``stop`` is set or the task is cancelled."""
+    await Controller(kube, config, metrics=metrics).run(stop)
+
+
+def configure_logging(level: str = "info") -> None:
+    """JSON lines on stderr, one object per event, with ISO timestamps and the level."""
+    numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def run_from_cli(
+    *,
+    kubeconfig: str | None,
+    context: str | None,
+    namespace: str | None,
+    metrics_port: int,
+    leader_elect: bool,
+    lease_namespace: str = "dispatch-system",
+    lease_name: str = "dispatch-admission-controller",
+    identity: str | None = None,
+    workers: int = 4,
+    resync_seconds: float = 60.0,
+    foreign: str = "ready",
+    log_level: str = "info",
+) -> int:
+    """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
+
+    ``namespace=None`` serves Workloads in all namespaces. ``metrics_port`` serves /healthz, /readyz and
+    /metrics (0 picks a free port). In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
+    """
+    configure_logging(log_level)
+    log = structlog.get_logger("dispatch.controller")
+    if foreign not in ("ready", "ignore"):
+        log.error("invalid option", option="foreign", value=foreign, allowed=["ready", "ignore"])
+        return 1
+    config = Config(
+        namespace=namespace, workers=workers, leader_elect=leader_elect, lease_name=lease_name,
+        lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
+        metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
+    )
+
+    async def main() -> int:
+        try:
+            kube = k.Kube.connect(namespace=namespace, kubeconfig=Path(kubeconfig) if kubeconfig else None,
+                                  context=context)
+        except Refused as exc:
+            log.error("cannot connect", error=str(exc))
+            return 1
+        registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=registry)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await Controller(kube, config, metrics=Metrics.create(registry)).run(stop)
+        except DispatchError as exc:
+            log.error("controller failed", error=str(exc), reason=exc.reason)
+            return 1
+        except OSError as exc:
+            log.error("controller failed", error=str(exc))
+            return 1
+        finally:
+            await kube.aclose()
+        return 0
+
+    return asyncio.run(main())

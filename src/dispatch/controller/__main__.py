@@ -1,0 +1,35 @@
+"""``python -m dispatch.controller``: the container's entry point, independent of the CLI's options parser."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import run_from_cli
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="dispatch-controller", description=__doc__)
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
+    p.add_argument("--context", default=None)
+    p.add_argument("--namespace", default=None, help="serve one namespace (default: all)")
+    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "dispatch-system"))
+    p.add_argument("--lease-name", default="dispatch-admission-controller")
+    p.add_argument("--identity", default=os.environ.get("POD_NAME") or None)
+    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--resync-seconds", type=float, default=60.0)
+    p.add_argument("--foreign", choices=("ready", "ignore"), default="ready")
+    p.add_argument("--log-level", default="info")
+    a = p.parse_args(argv)
+    return run_from_cli(
+        kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
+        leader_elect=a.leader_elect, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
+        identity=a.identity, workers=a.workers, resync_seconds=a.resync_seconds, foreign=a.foreign,
+        log_level=a.log_level,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,65 @@
+"""Kubernetes Events on the TrainJob, so ``kubectl describe`` shows why admission waited and when it went.
+
+Events are best effort: a failure to record one is logged and counted, never allowed to fail or delay
+the admission it describes.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from .. import _kube as k
+from ..errors import DispatchError
+from ._metrics import Metrics
+
+log = structlog.get_logger("dispatch.controller.events")
+
+COMPONENT = "dispatch-admission-controller"
+
+
+class EventRecorder:
+    def __init__(self, kube: k.Kube, metrics: Metrics, *, instance: str) -> None:
+        self._kube = kube
+        self._metrics = metrics
+        self.instance = instance
+        self.enabled = True
+
+    async def emit(self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        if not self.enabled:
+            return
+        meta = obj.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        namespace = str(meta.get("namespace", ""))
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion", ""),
+                "kind": obj.get("kind", ""),
+                "name": name,
+                "namespace": namespace,
+                "uid": meta.get("uid", ""),
+                "resourceVersion": meta.get("resourceVersion", ""),
+            },
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+            "reportingInstance": self.instance[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._kube.create(k.EVENTS, event, namespace)
+            self._metrics.writes.labels("event").inc()
+        except DispatchError as exc:
+            self._metrics.errors.labels("EventFailed").inc()
+            log.warning("event not recorded", object=f"{namespace}/{name}", reason=reason, error=str(exc))

@@ -1,0 +1,104 @@
+"""A de-duplicating work queue with per-key backoff, as client-go's workqueue does it.
+
+Watch events arrive in bursts (a JobSet's pods all go within one grace period), and every one of them
+maps to the same Workload. The queue holds a key at most once while it waits, and a key re-added while
+a worker processes it runs exactly once more afterwards, so no event is lost and no Workload is
+reconciled by two workers at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+
+class WorkQueue:
+    """Keys waiting, keys being processed, and keys re-added while processed (``dirty``)."""
+
+    def __init__(self, *, base_delay: float = 0.05, max_delay: float = 30.0) -> None:
+        self._items: deque[str] = deque()
+        self._queued: set[str] = set()
+        self._processing: set[str] = set()
+        self._dirty: set[str] = set()
+        self._failures: dict[str, int] = {}
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._wakeup = asyncio.Event()
+        self._closed = False
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def processing(self) -> int:
+        return len(self._processing)
+
+    def add(self, key: str) -> None:
+        """Queue ``key`` unless it is already waiting; if a worker holds it, run it once more after."""
+        if self._closed:
+            return
+        if key in self._processing:
+            self._dirty.add(key)
+            return
+        if key in self._queued:
+            return
+        self._queued.add(key)
+        self._items.append(key)
+        self._wakeup.set()
+
+    def add_after(self, key: str, delay: float) -> None:
+        """Queue ``key`` after ``delay`` seconds; an earlier pending timer for it wins."""
+        if self._closed:
+            return
+        if delay <= 0:
+            self.add(key)
+            return
+        loop = asyncio.get_running_loop()
+        existing = self._timers.get(key)
+        if existing is not None:
+            if existing.when() <= loop.time() + delay:
+                return
+            existing.cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.add(key)
+
+        self._timers[key] = loop.call_later(delay, fire)
+
+    def backoff(self, key: str) -> float:
+        """Record a failure of ``key`` and return how long to wait before retrying it (exponential)."""
+        count = self._failures.get(key, 0)
+        self._failures[key] = count + 1
+        return float(min(self.max_delay, self.base_delay * (2**count)))
+
+    def forget(self, key: str) -> None:
+        """``key`` succeeded: its next failure starts from the base delay again."""
+        self._failures.pop(key, None)
+
+    async def get(self) -> str:
+        """The next key; the caller must call ``done`` with it."""
+        while not self._items:
+            if self._closed:
+                raise asyncio.CancelledError
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        key = self._items.popleft()
+        self._queued.discard(key)
+        self._processing.add(key)
+        return key
+
+    def done(self, key: str) -> None:
+        self._processing.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    def close(self) -> None:
+        """Stop handing out keys and cancel timers (shutdown)."""
+        self._closed = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        self._wakeup.set()
