@@ -425,3 +425,19 @@ def test_running_object_status_names_its_execution(adapter: Adapter, cluster: Fa
     assert status.state is State.RUNNING
     assert status.identity.admission == 1
     assert status.cause.detail == "execution 1 admitted"
+
+
+def test_the_seeds_broken_design_is_caught_by_the_history_checker(adapter: Adapter, cluster: FakeCluster) -> None:
+    """Admitting as soon as JobSet reports no active Job (the first design) starts A=2 beside A=1."""
+    pod = held_with_terminating_pod(adapter, cluster)
+    js = cluster.server.get("jobset.x-k8s.io", "jobsets", "default", NAME)
+    assert js is not None and all(r["active"] == 0 for r in js["status"]["replicatedJobsStatus"])
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None
+    adapter._run(adapter.core.raise_admission(tj, 2))  # Trainer's webhook accepts: active is already 0
+    cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME,
+                          lambda o: o["spec"].update(suspend=False), status=False)
+    cluster.settle()
+    assert cluster.server.get("", "pods", "default", pod) is not None
+    with pytest.raises(AssertionError, match="overlap"):
+        cluster.history.check()

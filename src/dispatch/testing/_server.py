@@ -282,6 +282,8 @@ class FakeApiServer:
         self.bytes_sent = 0
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.compacted_below = 0
+        self.before_request: Callable[[str, str], None] | None = None
+        """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -657,6 +659,10 @@ class FakeApiServer:
     async def handle(self, request: httpx2.Request) -> httpx2.Response:
         method = request.method
         path = request.url.path
+        await asyncio.sleep(0)  # a scheduling point, so concurrent clients interleave per request
+        hook = self.before_request
+        if hook is not None:
+            hook(method, path)
         params = {k: v[-1] for k, v in parse_qs(request.url.query.decode() if isinstance(
             request.url.query, bytes) else str(request.url.query)).items()}
         with self._lock:
