@@ -1,0 +1,544 @@
+"""The ``dispatch`` command: every library operation as one command."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect as pyinspect
+import shlex
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .. import __version__
+from .._records import State, Status
+from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
+from ._output import (
+    emit,
+    identity_dict,
+    pod_dict,
+    pods_table,
+    print_cessation,
+    print_status,
+    print_statuses,
+    status_table,
+)
+from ._release import release_once, release_wait
+from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, parse_pairs
+from ._state import CliState, Output, Settings
+
+HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
+
+Each command is one call of the dispatch library. Objects are TrainJobs named <job-id>-<submission>
+unless --name says otherwise.
+
+{EXIT_CODES_HELP}
+"""
+
+app = typer.Typer(
+    name="dispatch",
+    help=HELP,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+testbed_app = typer.Typer(
+    help="The local real control plane (etcd, kube-apiserver, controllers, KWOK nodes) for trying dispatch.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(testbed_app, name="testbed")
+
+OutputOpt = Annotated[
+    Output | None,
+    typer.Option("--output", "-o", case_sensitive=False, help="Output format (overrides the global -o)."),
+]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="Namespace (overrides the global -n)."),
+]
+NameArg = Annotated[str, typer.Argument(help="The TrainJob's name (<job-id>-<submission> by default).")]
+
+
+def _state(ctx: typer.Context, output: Output | None = None, namespace: str | None = None) -> CliState:
+    state = ctx.find_object(CliState)
+    if state is None:  # invoked without the root callback (never in the product)
+        state = CliState()
+        ctx.obj = state
+    if output is not None:
+        state.settings.output = output
+    if namespace is not None:
+        state.settings.namespace = namespace
+    return state
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"dispatch {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    ctx: typer.Context,
+    kubeconfig: Annotated[
+        str | None,
+        typer.Option(
+            "--kubeconfig", envvar="KUBECONFIG", show_envvar=True,
+            help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).",
+        ),
+    ] = None,
+    context: Annotated[str | None, typer.Option("--context", help="Kubeconfig context to use.")] = None,
+    namespace: Annotated[
+        str | None,
+        typer.Option(
+            "--namespace", "-n", envvar="DISPATCH_NAMESPACE", show_envvar=True,
+            help="Namespace (default: the context's, else 'default').",
+        ),
+    ] = None,
+    read_only: Annotated[
+        bool, typer.Option("--read-only", help="Refuse every write (status, ceased, wait and logs still work).")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
+    output: Annotated[
+        Output, typer.Option("--output", "-o", case_sensitive=False, help="Output format.")
+    ] = Output.TABLE,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
+    ] = False,
+) -> None:
+    state = ctx.obj if isinstance(ctx.obj, CliState) else CliState()
+    ctx.obj = state
+    state.settings = Settings(
+        kubeconfig=kubeconfig, context=context, namespace=namespace, read_only=read_only, debug=debug,
+        output=output,
+    )
+    ctx.call_on_close(state.shutdown)
+
+
+# ------------------------------------------------------------------------------------------------ open
+
+
+@app.command("open", epilog=EXIT_CODES_HELP + "\n\nSpec file example (-f):\n\n\b\n" + EXAMPLE)
+def open_(
+    ctx: typer.Context,
+    spec_file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="YAML spec file ('-' for stdin); flags override its values."),
+    ] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="The logical job (a label value).")] = None,
+    submission: Annotated[
+        str | None, typer.Option("--submission", help="This submission of the job (a label value).")
+    ] = None,
+    name: Annotated[str | None, typer.Option("--name", help="TrainJob name (default <job-id>-<submission>).")] = None,
+    runtime: Annotated[
+        str | None, typer.Option("--runtime", help="Training runtime (default torch-distributed).")
+    ] = None,
+    runtime_kind: Annotated[
+        str | None, typer.Option("--runtime-kind", help="ClusterTrainingRuntime (default) or TrainingRuntime.")
+    ] = None,
+    image: Annotated[str | None, typer.Option("--image", help="Trainer image.")] = None,
+    command: Annotated[
+        str | None, typer.Option("--command", help="Trainer command, split like a shell: 'python train.py'.")
+    ] = None,
+    args: Annotated[
+        list[str] | None, typer.Option("--arg", metavar="ARG", help="A trainer argument (repeatable).")
+    ] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Number of nodes.")] = None,
+    resource: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--resource", "-r", metavar="KEY=VALUE",
+            help="Resources per node, KEY=VALUE (repeatable): -r cpu=2 -r memory=4Gi.",
+        ),
+    ] = None,
+    env: Annotated[
+        list[str] | None,
+        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Trainer environment, KEY=VALUE (repeatable)."),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option("--label", "-l", metavar="KEY=VALUE", help="Extra TrainJob label, KEY=VALUE (repeatable)."),
+    ] = None,
+    queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue (Kueue mode).")] = None,
+    priority: Annotated[str | None, typer.Option("--priority", help="Kueue WorkloadPriorityClass.")] = None,
+    grace_period: Annotated[
+        int | None, typer.Option("--grace-period", min=0, help="Pods' termination grace period, seconds.")
+    ] = None,
+    hold: Annotated[
+        bool,
+        typer.Option("--hold/--no-hold", help="Create it held (default), or admit it at once through the check."),
+    ] = True,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Create a TrainJob for one submission, held unless --no-hold."""
+    state = _state(ctx, output, namespace)
+    try:
+        from_file = load_spec_file(spec_file) if spec_file is not None else {}
+        spec = build_spec(
+            from_file,
+            {
+                "job_id": job_id, "submission": submission, "name": name, "runtime": runtime,
+                "runtime_kind": runtime_kind, "image": image,
+                "command": shlex.split(command) if command is not None else None,
+                "args": list(args or []), "num_nodes": nodes,
+                "resources_per_node": parse_pairs("--resource", resource or []),
+                "env": parse_pairs("--env", env or []), "labels": parse_pairs("--label", label or []),
+                "queue": queue, "priority_class": priority, "termination_grace_period_seconds": grace_period,
+            },
+        )
+    except (SpecError, ValueError) as exc:
+        raise typer.BadParameter(str(exc), ctx=ctx, param_hint="spec") from None
+    with guard(state):
+        status = state.adapter().open(spec, hold=hold)
+
+    def human() -> None:
+        verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
+        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
+        state.out.print(status_table([status]))
+
+    emit(state, status.to_dict(), human)
+
+
+# --------------------------------------------------------------------------------------------- release
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def release(
+    ctx: typer.Context,
+    name: NameArg,
+    wait: Annotated[
+        bool,
+        typer.Option("--wait", help="Retry while pods of the previous execution remain (or the API is "
+                     "unreachable), showing them live, until admitted or --timeout."),
+    ] = False,
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="With --wait: give up after seconds.")] = 600.0,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0, help="With --wait: seconds between attempts.")
+    ] = 2.0,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Admit a held object if no pod of it may still run (A rises by one); else exit 3, nothing written.
+
+    Releasing an admitted object prints its identity again (safe to retry). Ctrl-C never leaves a
+    release half-written: an attempt in flight finishes first.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        adapter = state.adapter()
+        if wait:
+            identity = release_wait(state, adapter, name, timeout=timeout, interval=interval)
+        else:
+            identity = release_once(adapter, name)
+    emit(
+        state,
+        {"name": name, "admitted": True, "identity": identity_dict(identity)},
+        lambda: state.out.print(
+            f"admitted {escape(name)}: execution {escape(str(identity))} (A={identity.admission})"
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------------ hold/close
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def hold(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Suspend an object (Kueue mode: deactivate its Workload). Its pods then start to go."""
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        status = state.adapter().hold(name)
+    print_status(state, status)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Delete an object. Lists pods that remain: they still block a same-named new object."""
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        remaining = state.adapter().close(name)
+
+    def human() -> None:
+        state.out.print(f"closed {escape(name)}")
+        if remaining:
+            state.out.print("these pods may still run, and block a new object of the same name until they go:")
+            state.out.print(pods_table(remaining))
+
+    emit(state, {"name": name, "closed": True, "remaining": [pod_dict(p) for p in remaining]}, human)
+
+
+# ------------------------------------------------------------------------------------------ status etc.
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def status(
+    ctx: typer.Context,
+    name: Annotated[str | None, typer.Argument(help="One object to inspect; omit to list (find).")] = None,
+    job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
+    submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
+    state_filter: Annotated[
+        list[State] | None,
+        typer.Option("--state", case_sensitive=False, help="Only objects in this state (repeatable)."),
+    ] = None,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Inspect one object, or find many: state, identity with A, age and cause.
+
+    A not-running object's cause names what keeps it waiting, e.g. remaining pods with their nodes'
+    states, or the Kueue admission check.
+    """
+    state = _state(ctx, output, namespace)
+    if name is not None and (job_id or submission or state_filter):
+        raise typer.BadParameter(
+            "give a NAME or filters (--job-id, --submission, --state), not both", ctx=ctx, param_hint="NAME"
+        )
+    with guard(state):
+        adapter = state.adapter()
+        if name is not None:
+            one = adapter.inspect(name)
+        else:
+            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None)
+    if name is not None:
+        print_status(state, one)
+    else:
+        print_statuses(state, many)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def ceased(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Whether the object's processes are proven gone (writes nothing; needs get on Nodes).
+
+    True once every remaining pod is finished or sits on a Node that is deleted or tainted
+    node.kubernetes.io/out-of-service. The answer is printed; the exit code is 0 either way.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        result = state.adapter().ceased(name)
+    print_cessation(state, name, result)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def wait(
+    ctx: typer.Context,
+    name: NameArg,
+    for_: Annotated[
+        list[State],
+        typer.Option("--for", case_sensitive=False, help="State to wait for (repeatable: any of them)."),
+    ],
+    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Give up after seconds (exit 3).")] = 600.0,
+    interval: Annotated[float, typer.Option("--interval", min=0, help="Seconds between polls.")] = 1.0,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Wait until the object is in one of the given states; print its status."""
+    state = _state(ctx, output, namespace)
+    seen: list[tuple[str, str]] = []
+
+    def progress(s: Status) -> None:
+        key = (s.state.value, str(s.cause))
+        if not seen or seen[-1] != key:
+            seen.append(key)
+            state.err.print(f"{escape(s.name)}: {s.state.value}: {escape(str(s.cause))}", highlight=False)
+
+    with guard(state):
+        final = state.adapter().wait(name, set(for_), timeout=timeout, interval=interval, on_status=progress)
+    print_status(state, final)
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def logs(
+    ctx: typer.Context,
+    name: NameArg,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming new lines.")] = False,
+    node: Annotated[int, typer.Option("--node", min=0, help="Which node's trainer pod (0-based).")] = 0,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Print the trainer logs of one node of the object."""
+    state = _state(ctx, None, namespace)
+    with guard(state):
+        for line in state.adapter().logs(name, node=node, follow=follow):
+            state.out.file.write(line + "\n")
+            state.out.file.flush()
+
+
+# ----------------------------------------------------------------------------------------- controller
+
+
+@app.command(
+    epilog=EXIT_CODES_HELP,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def controller(ctx: typer.Context) -> None:
+    """Run the Kueue admission-check controller (long-running). Extra arguments are passed to it."""
+    state = _state(ctx)
+    try:
+        module = importlib.import_module("dispatch.controller")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("dispatch.controller",):
+            raise
+        state.err.print(
+            "[bold red]error:[/] the admission-check controller is not part of this installation "
+            "(module dispatch.controller is missing)", highlight=False,
+        )
+        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
+        raise typer.Exit(EXIT_FAILURE) from None
+    entry = getattr(module, "run_from_cli", None) or getattr(module, "main", None)
+    if entry is None or not callable(entry):
+        state.err.print(
+            "[bold red]error:[/] dispatch.controller has no entry point (run_from_cli or main)", highlight=False
+        )
+        raise typer.Exit(EXIT_FAILURE)
+    s = state.settings
+    offered: dict[str, Any] = {
+        "kubeconfig": s.kubeconfig, "context": s.context, "namespace": s.namespace,
+        "read_only": s.read_only, "debug": s.debug, "argv": list(ctx.args), "args": list(ctx.args),
+    }
+    params = pyinspect.signature(entry).parameters
+    if any(p.kind is pyinspect.Parameter.VAR_KEYWORD for p in params.values()):
+        kwargs = offered
+    else:
+        kwargs = {k: v for k, v in offered.items() if k in params}
+    with guard(state):
+        result = entry(**kwargs)
+    if isinstance(result, int) and result:
+        raise typer.Exit(result)
+
+
+# -------------------------------------------------------------------------------------------- testbed
+
+
+def _testbed(state: CliState) -> Any:
+    from .. import testbed
+
+    return testbed
+
+
+def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
+    state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+    if "root" in str(exc).lower() or isinstance(exc, PermissionError):
+        state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
+    elif "go" in str(exc).lower():
+        state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
+    return typer.Exit(EXIT_FAILURE)
+
+
+@testbed_app.command("build")
+def testbed_build(ctx: typer.Context) -> None:
+    """Build the testbed's binaries (a no-op when already built)."""
+    state = _state(ctx)
+    try:
+        path = _testbed(state).build()
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    state.out.print(f"built: {path}")
+
+
+@testbed_app.command("up")
+def testbed_up(ctx: typer.Context) -> None:
+    """Build (if needed) and start the testbed; print its kubeconfig."""
+    state = _state(ctx)
+    try:
+        kubeconfig = _testbed(state).up()
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    state.out.print(f"testbed up; kubeconfig: {kubeconfig}")
+    state.out.print(f"use it with: export KUBECONFIG={kubeconfig}")
+
+
+@testbed_app.command("down")
+def testbed_down(ctx: typer.Context) -> None:
+    """Stop the testbed and discard its data."""
+    state = _state(ctx)
+    try:
+        _testbed(state).down()
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    state.out.print("testbed down")
+
+
+@testbed_app.command("status")
+def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
+    """Each component: running, healthy or frozen."""
+    state = _state(ctx, output)
+    tb = _testbed(state)
+    try:
+        components = tb.status()
+        kubeconfig = str(tb.kubeconfig_path())
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    up = all(c.healthy or c.frozen for c in components)
+
+    def human() -> None:
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        for col in ("COMPONENT", "PID", "STATE"):
+            table.add_column(col)
+        for c in components:
+            word = "frozen" if c.frozen else "healthy" if c.healthy else "running" if c.running else "stopped"
+            style = {"healthy": "green", "frozen": "cyan", "running": "yellow", "stopped": "red"}[word]
+            table.add_row(c.name, "-" if c.pid is None else str(c.pid), f"[{style}]{word}[/]")
+        state.out.print(table)
+        state.out.print(f"testbed is {'up' if up else 'not up'}; kubeconfig: {kubeconfig}")
+
+    emit(
+        state,
+        {"up": up, "kubeconfig": kubeconfig, "components": [dataclasses.asdict(c) for c in components]},
+        human,
+    )
+
+
+@testbed_app.command("freeze")
+def testbed_freeze(ctx: typer.Context, node: Annotated[str, typer.Argument(help="A freezable node.")]) -> None:
+    """Stop a node's kubelet (its KWOK process): the node goes Ready=Unknown, its pods keep 'running'."""
+    state = _state(ctx)
+    try:
+        _testbed(state).freeze(node)
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    state.out.print(f"froze {node}: it goes Ready=Unknown within the node monitor grace period")
+
+
+@testbed_app.command("thaw")
+def testbed_thaw(ctx: typer.Context, node: Annotated[str, typer.Argument(help="A frozen node.")]) -> None:
+    """Resume a frozen node's kubelet."""
+    state = _state(ctx)
+    try:
+        _testbed(state).thaw(node)
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+    state.out.print(f"thawed {node}")
+
+
+# ----------------------------------------------------------------------------------------------- demo
+
+
+@app.command(epilog=EXIT_CODES_HELP + " The demo exits 1 if the promise was broken or a step failed.")
+def demo(
+    ctx: typer.Context,
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's namespace and objects afterwards.")] = False,
+    step_timeout: Annotated[
+        float, typer.Option("--step-timeout", min=1, help="Seconds each step may take before the demo fails.")
+    ] = 120.0,
+) -> None:
+    """Walk through the promise on the local testbed (built and started if needed).
+
+    A TrainJob runs, is held, its pods stay Terminating and release is refused naming them; they go and
+    release admits with A=2. Then a frozen node (Ready=Unknown): not ceased until the operator's
+    out-of-service taint, then release admits. Fails if two executions of one object ever ran at once.
+    """
+    from ._demo import DemoFailed, run_demo
+
+    state = _state(ctx)
+    with guard(state):
+        try:
+            run_demo(state.out, keep=keep, step_timeout=step_timeout)
+        except DemoFailed as exc:
+            state.err.print(f"[bold red]demo failed:[/] {escape(str(exc))}", highlight=False)
+            raise typer.Exit(EXIT_FAILURE) from None

@@ -1,0 +1,152 @@
+"""Exit codes, and one clear message plus a hint for every error a person can expect."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+import traceback
+from collections.abc import Iterator
+from types import FrameType
+
+import typer
+from rich.markup import escape
+
+from ..errors import (
+    DispatchError,
+    Forbidden,
+    InvalidInput,
+    NotFound,
+    PodsRemain,
+    ReadOnly,
+    Refused,
+    Unreachable,
+)
+from ._state import CliState
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_RETRY = 3
+EXIT_REFUSED = 4
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 success; 1 unexpected failure; 2 usage error; 3 retryable failure (Unreachable: "
+    "API server unreachable, timeout, conflict, or PodsRemain: pods of the previous execution may still "
+    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only); "
+    "130 interrupted."
+)
+
+_KIND_MISSING = "the server could not find the requested resource"
+OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
+
+
+def exit_code(exc: DispatchError) -> int:
+    """3 for anything worth retrying, 4 for refusals, 1 for anything else."""
+    if isinstance(exc, Unreachable):
+        return EXIT_RETRY
+    if isinstance(exc, Refused):
+        return EXIT_REFUSED
+    return EXIT_FAILURE
+
+
+def explain(exc: DispatchError) -> tuple[str, str]:
+    """(message, hint) for an expected error. The message is the library's own words."""
+    message = str(exc)
+    if isinstance(exc, PodsRemain):
+        return message, (
+            "retry once the pods have gone, or run `dispatch release --wait`; a pod on a lost node goes only "
+            f"when an operator confirms the node is down and taints it {OUT_OF_SERVICE} (see `dispatch ceased`)"
+        )
+    if exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower():
+        return message, "pass --context with a context your kubeconfig defines, or omit it for the current one"
+    if exc.reason == "NoKubeconfig":
+        return message, (
+            "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
+            "`dispatch testbed up`, which prints the kubeconfig path"
+        )
+    if isinstance(exc, Unreachable):
+        if exc.reason in ("ConnectionError", "Timeout") and "API server" in message:
+            return message, (
+                "is the cluster running? check --kubeconfig and --context point at it "
+                "(this is temporary: exit code 3, safe to retry)"
+            )
+        if exc.reason == "Timeout":
+            return message, "wait longer with --timeout, or run `dispatch status NAME` to see what it waits for"
+        return message, "this is temporary: retry the same command (exit code 3)"
+    if isinstance(exc, Forbidden):
+        if exc.code == 401:
+            return message, "your credentials were rejected: refresh them or pick another --context"
+        return message, (
+            "ask a cluster admin to grant that verb on that resource to your account (RBAC), "
+            "or use --context with an account that has it"
+        )
+    if isinstance(exc, NotFound):
+        low = message.lower()
+        if _KIND_MISSING in low or "trainer installed" in low or "kind is not served" in low:
+            return message, (
+                "a kind dispatch needs is not served: install Kubeflow Trainer v2 (with JobSet) in the "
+                "cluster, and Kueue for --queue; or pick the right cluster with --context"
+            )
+        if "runtime" in low:
+            return message, "pass --runtime with the name of an installed ClusterTrainingRuntime"
+        return message, "check the name and --namespace; `dispatch status` lists the objects in the namespace"
+    if isinstance(exc, ReadOnly):
+        return message, "drop --read-only to write"
+    if isinstance(exc, InvalidInput):
+        return message, "fix the fields named above; nothing was sent to the cluster"
+    if isinstance(exc, Refused):
+        if exc.reason == "AlreadyExists":
+            return message, "choose a new --submission"
+        if "queue" in message.lower() and "kueue" in message.lower():
+            return message, "is Kueue installed, and does the LocalQueue exist in this namespace?"
+        return message, "the cluster refused the request; retrying it unchanged will fail the same way"
+    return message, "see --debug for details"
+
+
+def report(state: CliState, exc: DispatchError) -> int:
+    """Print the error (with its traceback under --debug); return the exit code."""
+    if state.settings.debug:
+        state.err.print(escape("".join(traceback.format_exception(exc))), highlight=False)
+    message, hint = explain(exc)
+    state.err.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+    if hint:
+        state.err.print(f"[yellow]hint:[/] {escape(hint)}", highlight=False)
+    return exit_code(exc)
+
+
+@contextlib.contextmanager
+def guard(state: CliState) -> Iterator[None]:
+    """Turn expected errors into a message and an exit code; Ctrl-C into exit 130."""
+    try:
+        yield
+    except DispatchError as exc:
+        raise typer.Exit(report(state, exc)) from None
+    except KeyboardInterrupt:
+        state.err.print("interrupted; nothing was left half-written", highlight=False)
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+
+
+class Interrupts:
+    """Defer Ctrl-C while a call runs, so a write is never cut in half; re-raise it after the call."""
+
+    def __init__(self) -> None:
+        self.pending = False
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def note(signum: int, frame: FrameType | None) -> None:
+            self.pending = True
+
+        previous = signal.signal(signal.SIGINT, note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        if self.pending:
+            raise KeyboardInterrupt

@@ -1,0 +1,94 @@
+"""``release --wait``: retry until admitted, showing live which pods remain and for how long."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.markup import escape
+from rich.text import Text
+
+from .._adapter import Adapter
+from .._records import Identity, RemainingPod
+from ..errors import PodsRemain, Unreachable
+from ._errors import Interrupts
+from ._output import duration, pods_table
+from ._state import CliState
+
+
+def release_once(adapter: Adapter, name: str) -> Identity:
+    """One release; a Ctrl-C during it takes effect once it has returned (never between its writes)."""
+    with Interrupts().deferred():
+        return adapter.release(name)
+
+
+def release_wait(
+    state: CliState,
+    adapter: Adapter,
+    name: str,
+    *,
+    timeout: float,
+    interval: float,
+    clock: Callable[[], float] | None = None,
+    sleep: Callable[[float], None] | None = None,
+) -> Identity:
+    """Retry ``release`` on Unreachable (PodsRemain included) until it admits or ``timeout`` passes.
+
+    Refusals end the wait at once. Between attempts nothing is in flight, so Ctrl-C there (or, deferred,
+    during an attempt) leaves nothing half-written: each attempt is the library's conditioned write.
+    """
+    clock = clock or time.monotonic
+    sleep = sleep or time.sleep
+    start = clock()
+    deadline = start + timeout
+    first_seen: dict[str, float] = {}
+    remaining: tuple[RemainingPod, ...] = ()
+    last = ""
+    attempt = 0
+
+    def render() -> RenderableType:
+        now = clock()
+        head = Text.from_markup(
+            f"[bold]releasing {escape(name)}[/]: attempt {attempt}, waited {duration(now - start)} "
+            f"of {timeout:g}s"
+        )
+        parts: list[RenderableType] = [head]
+        if remaining:
+            parts.append(Text("not admitted: pods of the previous execution may still run", style="yellow"))
+            parts.append(pods_table(remaining, waited=lambda p: duration(now - first_seen.get(p.name, now))))
+        elif last:
+            parts.append(Text(last, style="yellow"))
+        return Group(*parts)
+
+    with Live(render(), console=state.err, refresh_per_second=4, transient=False) as live:
+        while True:
+            attempt += 1
+            try:
+                identity = release_once(adapter, name)
+            except PodsRemain as exc:
+                last = str(exc)
+                try:
+                    remaining = adapter.inspect(name).remaining
+                except Unreachable:
+                    remaining = ()
+            except Unreachable as exc:
+                last = str(exc)
+                remaining = ()
+            else:
+                live.update(render())
+                return identity
+            now = clock()
+            names = {p.name for p in remaining}
+            for gone in set(first_seen) - names:
+                del first_seen[gone]
+            for n in names:
+                first_seen.setdefault(n, now)
+            live.update(render())
+            if now >= deadline:
+                raise Unreachable(
+                    f"timed out after {timeout:g}s waiting to release {name}: {last}",
+                    reason="Timeout",
+                )
+            sleep(max(0.0, min(interval, deadline - now)))

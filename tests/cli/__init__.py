@@ -1,0 +1,1 @@
+"""CLI tests (a package, so the harness module is importable by tests and type checkers alike)."""

@@ -1,0 +1,53 @@
+"""The CLI test harness: runs ``dispatch ARGS`` against one fake cluster through the adapter factory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+from typer.testing import CliRunner, Result
+
+from dispatch import Adapter
+from dispatch.cli import CliState, Settings, app
+from dispatch.testing import FakeCluster
+
+
+@dataclass
+class Cli:
+    """Runs ``dispatch ARGS`` against one fake cluster; records the settings each run connected with."""
+
+    cluster: FakeCluster
+    connected: list[Settings] = field(default_factory=list)
+    transport: Callable[[], httpx2.AsyncBaseTransport] | None = None
+    """Replaces the fake cluster's own transport (to serve logs, say)."""
+
+    def __call__(self, *args: str, input: str | None = None) -> Result:
+        def connect(settings: Settings) -> Adapter:
+            self.connected.append(settings)
+            transport = self.transport() if self.transport else self.cluster.transport()
+            return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only)
+
+        runner = CliRunner()
+        return runner.invoke(
+            app, list(args), obj=CliState(connect=connect), input=input,
+            env={"COLUMNS": "250", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None},
+            catch_exceptions=False,
+        )
+
+    def json(self, *args: str) -> Any:
+        result = self("-o", "json", *args)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    def stepping(self, seconds: float = 1.0) -> None:
+        """From now on every API request first moves the clock and steps every controller once."""
+
+        def hook(method: str, path: str) -> None:
+            self.cluster.advance(seconds)
+            self.cluster.step()
+
+        self.cluster.server.before_request = hook
+
