@@ -29,3 +29,20 @@ def adapter(cluster: FakeCluster) -> Iterator[Adapter]:
 def reader(cluster: FakeCluster) -> Iterator[Adapter]:
     with Adapter.connect("default", transport=cluster.transport(), read_only=True) as a:
         yield a
+
+
+@pytest.fixture(scope="session")
+def testbed_kubeconfig() -> Iterator[str]:
+    """The local real control plane, up once per test run (built first if needed)."""
+    import os
+    import shutil
+
+    from dispatch import testbed
+
+    if shutil.which("go") is None and not testbed.is_up():
+        pytest.skip("the Go toolchain is needed to build the testbed")
+    was_up = testbed.is_up()
+    path = testbed.up()
+    yield str(path)
+    if not was_up and os.environ.get("DISPATCH_TESTBED_KEEP") != "1":
+        testbed.down()
