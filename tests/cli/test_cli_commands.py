@@ -637,16 +637,33 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
     calls: list[dict[str, Any]] = []
     module = types.ModuleType("dispatch.controller")
 
-    def run_from_cli(kubeconfig: str | None, context: str | None, namespace: str | None,
-                     argv: list[str]) -> int:
-        calls.append({"kubeconfig": kubeconfig, "context": context, "namespace": namespace, "argv": argv})
+    def run_from_cli(**kwargs: Any) -> int:
+        calls.append(kwargs)
         return 0
 
     module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dispatch.controller", module)
-    result = cli("--kubeconfig", "/k", "-n", "ns", "controller", "--metrics-port", "9090")
+    result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
+                 "--no-leader-elect", "--workers", "8", "--foreign", "ignore", "--log-level", "debug")
     assert result.exit_code == 0, result.output
-    assert calls == [{"kubeconfig": "/k", "context": None, "namespace": "ns", "argv": ["--metrics-port", "9090"]}]
+    assert calls == [{
+        "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
+        "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
+        "workers": 8, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
+    }]
+    cli("controller", "-n", "other")
+    assert calls[-1]["namespace"] == "other"
+    assert calls[-1]["leader_elect"] is True
+
+
+def test_controller_exit_code_is_passed_on(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+    import types
+
+    module = types.ModuleType("dispatch.controller")
+    module.run_from_cli = lambda **kwargs: 1  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    assert cli("controller").exit_code == 1
 
 
 def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -657,11 +674,23 @@ def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatc
 
     module = types.ModuleType("dispatch.controller")
 
-    def main(**kwargs: Any) -> None:
+    def run_from_cli(**kwargs: Any) -> None:
         raise Forbidden("forbidden: cannot watch workloads.kueue.x-k8s.io", reason="Forbidden", code=403)
 
-    module.main = main  # type: ignore[attr-defined]
+    module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "dispatch.controller", module)
     result = cli("controller")
     assert result.exit_code == EXIT_REFUSED
     assert "cannot watch workloads" in result.stderr
+
+
+def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
+    """The keyword arguments the CLI passes are exactly the controller's parameters."""
+    import inspect
+
+    controller = pytest.importorskip("dispatch.controller")
+    params = set(inspect.signature(controller.run_from_cli).parameters)
+    assert params == {
+        "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
+        "identity", "workers", "resync_seconds", "foreign", "log_level",
+    }

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect as pyinspect
 import shlex
 from pathlib import Path
 from typing import Annotated, Any
@@ -372,42 +371,65 @@ def logs(
 # ----------------------------------------------------------------------------------------- controller
 
 
-@app.command(
-    epilog=EXIT_CODES_HELP,
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-def controller(ctx: typer.Context) -> None:
-    """Run the Kueue admission-check controller (long-running). Extra arguments are passed to it."""
+@app.command(epilog=EXIT_CODES_HELP)
+def controller(
+    ctx: typer.Context,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", min=0, help="Port of /healthz, /readyz and /metrics (0: any free).")
+    ] = 8080,
+    leader_elect: Annotated[
+        bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
+    ] = True,
+    lease_namespace: Annotated[
+        str, typer.Option("--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the Lease.")
+    ] = "dispatch-system",
+    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = (
+        "dispatch-admission-controller"
+    ),
+    identity: Annotated[
+        str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
+    ] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
+    resync_seconds: Annotated[
+        float, typer.Option("--resync-seconds", min=1, help="Full re-list period, seconds.")
+    ] = 60.0,
+    foreign: Annotated[
+        str, typer.Option("--foreign", help="For TrainJobs not opened by dispatch: 'ready' or 'ignore'.")
+    ] = "ready",
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    namespace: Annotated[
+        str | None,
+        typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
+    ] = None,
+) -> None:
+    """Run the Kueue admission-check controller until SIGTERM or Ctrl-C (long-running).
+
+    It keeps the AdmissionCheck active, and for each pending Workload of a TrainJob either leaves the
+    check Pending naming the pods that remain, or raises A and sets it Ready.
+    """
     state = _state(ctx)
     try:
         module = importlib.import_module("dispatch.controller")
     except ModuleNotFoundError as exc:
-        if exc.name not in ("dispatch.controller",):
+        if exc.name != "dispatch.controller":
             raise
-        state.err.print(
-            "[bold red]error:[/] the admission-check controller is not part of this installation "
-            "(module dispatch.controller is missing)", highlight=False,
-        )
-        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
-        raise typer.Exit(EXIT_FAILURE) from None
-    entry = getattr(module, "run_from_cli", None) or getattr(module, "main", None)
+        module = None
+    entry = getattr(module, "run_from_cli", None)
     if entry is None or not callable(entry):
         state.err.print(
-            "[bold red]error:[/] dispatch.controller has no entry point (run_from_cli or main)", highlight=False
+            "[bold red]error:[/] the admission-check controller is not part of this installation "
+            "(dispatch.controller.run_from_cli is missing)", highlight=False,
         )
+        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
         raise typer.Exit(EXIT_FAILURE)
     s = state.settings
-    offered: dict[str, Any] = {
-        "kubeconfig": s.kubeconfig, "context": s.context, "namespace": s.namespace,
-        "read_only": s.read_only, "debug": s.debug, "argv": list(ctx.args), "args": list(ctx.args),
-    }
-    params = pyinspect.signature(entry).parameters
-    if any(p.kind is pyinspect.Parameter.VAR_KEYWORD for p in params.values()):
-        kwargs = offered
-    else:
-        kwargs = {k: v for k, v in offered.items() if k in params}
     with guard(state):
-        result = entry(**kwargs)
+        result = entry(
+            kubeconfig=s.kubeconfig, context=s.context, namespace=namespace or s.namespace,
+            metrics_port=metrics_port, leader_elect=leader_elect, lease_namespace=lease_namespace,
+            lease_name=lease_name, identity=identity, workers=workers, resync_seconds=resync_seconds,
+            foreign=foreign, log_level=log_level,
+        )
     if isinstance(result, int) and result:
         raise typer.Exit(result)
 
