@@ -250,8 +250,9 @@ def test_release_wait_retries_until_the_pods_go(cli: Cli, running: Callable[[], 
     result = cli("-o", "json", "release", name, "--wait", "--interval", "0", "--timeout", "60")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["identity"]["admission"] == 2
-    assert pod in result.stderr  # the live view named it while it remained
-    assert "WAITING" in result.stderr
+    err = " ".join(result.stderr.split())
+    assert f"not admitted, pods remain: {pod} on node-0 (Ready=True) Terminating for" in err
+    assert "admitted as llama/s1#2" in err
     cli.cluster.settle()
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cli.cluster.pods(name)} == {"2"}
 
@@ -694,3 +695,36 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
         "identity", "workers", "resync_seconds", "foreign", "log_level",
     }
+
+
+def test_release_wait_live_view_on_a_terminal(cli: Cli, running: Callable[[], str]) -> None:
+    import io
+
+    from rich.console import Console
+
+    from dispatch import Adapter
+    from dispatch.cli import CliState
+    from dispatch.cli._release import release_wait
+
+    name = running()
+    assert cli("hold", name).exit_code == 0
+    cli.cluster.settle()
+    pod = cli.cluster.pods(name)[0]["metadata"]["name"]
+    screen = io.StringIO()
+    state = CliState(err=Console(file=screen, force_terminal=True, width=200))
+    ticks = iter(range(1000))
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        cli.cluster.advance(10)
+        cli.cluster.settle()
+
+    with Adapter.connect("default", transport=cli.cluster.transport()) as adapter:
+        identity = release_wait(state, adapter, name, timeout=1000, interval=5, clock=lambda: float(next(ticks)),
+                                sleep=sleep)
+    assert identity.admission == 2
+    assert slept and all(s == 5 for s in slept)
+    text = screen.getvalue()
+    for word in ("WAITING", "NODE STATE", pod, "Ready=True", "admitted as llama/s1#2"):
+        assert word in text

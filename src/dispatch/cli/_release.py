@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -48,6 +49,8 @@ def release_wait(
     last = ""
     attempt = 0
 
+    admitted: Identity | None = None
+
     def render() -> RenderableType:
         now = clock()
         head = Text.from_markup(
@@ -55,14 +58,47 @@ def release_wait(
             f"of {timeout:g}s"
         )
         parts: list[RenderableType] = [head]
-        if remaining:
+        if admitted is not None:
+            parts.append(Text(f"admitted as {admitted}", style="green"))
+        elif remaining:
             parts.append(Text("not admitted: pods of the previous execution may still run", style="yellow"))
             parts.append(pods_table(remaining, waited=lambda p: duration(now - first_seen.get(p.name, now))))
         elif last:
             parts.append(Text(last, style="yellow"))
         return Group(*parts)
 
-    with Live(render(), console=state.err, refresh_per_second=4, transient=False) as live:
+    # On a terminal the view is redrawn in place; in a log, one line per attempt whose outcome changed.
+    interactive = state.err.is_terminal
+    printed: list[str] = []
+
+    def show(live: Live | None) -> None:
+        if live is not None:
+            live.update(render(), refresh=True)
+            return
+        now = clock()
+        if admitted is not None:
+            line = f"attempt {attempt}: admitted as {admitted}"
+        elif remaining:
+            pods = ", ".join(
+                f"{p.describe()} {'Terminating' if p.terminating else p.phase} for "
+                f"{duration(now - first_seen.get(p.name, now))}"
+                for p in remaining
+            )
+            line = f"attempt {attempt}: not admitted, pods remain: {pods}"
+        else:
+            line = f"attempt {attempt}: not admitted: {last}"
+        if admitted is not None:
+            key = "admitted"
+        elif remaining:
+            key = ", ".join(f"{p.describe()} {p.terminating}" for p in remaining)
+        else:
+            key = last
+        if not printed or printed[-1] != key:
+            printed.append(key)
+            state.err.print(f"releasing {escape(name)}: {escape(line)}", highlight=False)
+
+    live = Live(render(), console=state.err, refresh_per_second=4, transient=False) if interactive else None
+    with live if live is not None else contextlib.nullcontext():
         while True:
             attempt += 1
             try:
@@ -77,7 +113,8 @@ def release_wait(
                 last = str(exc)
                 remaining = ()
             else:
-                live.update(render())
+                admitted = identity
+                show(live)
                 return identity
             now = clock()
             names = {p.name for p in remaining}
@@ -85,7 +122,7 @@ def release_wait(
                 del first_seen[gone]
             for n in names:
                 first_seen.setdefault(n, now)
-            live.update(render())
+            show(live)
             if now >= deadline:
                 raise Unreachable(
                     f"timed out after {timeout:g}s waiting to release {name}: {last}",
