@@ -106,9 +106,11 @@ def test_every_component_is_healthy(cluster: None) -> None:
 
 def test_training_runtime_and_kueue_fixtures_exist(cluster: None) -> None:
     get("clustertrainingruntime", "torch-distributed")
-    for cq in ("cq", "cq-dispatch"):
-        conds = get("clusterqueue", cq)["status"].get("conditions", [])
-        assert any(c["type"] == "Active" and c["status"] == "True" for c in conds), cq
+    conds = get("clusterqueue", "cq")["status"].get("conditions", [])
+    assert any(c["type"] == "Active" and c["status"] == "True" for c in conds)
+    # cq-dispatch waits for the project's admission-check controller to mark AdmissionCheck `dispatch` Active.
+    checks = get("clusterqueue", "cq-dispatch")["spec"]["admissionChecksStrategy"]["admissionChecks"]
+    assert [c["name"] for c in checks] == ["dispatch"]
     get("localqueue", "-n", "default", "lq")
     get("localqueue", "-n", "default", "lq-dispatch")
     assert get("admissioncheck", "dispatch")["spec"]["controllerName"] == "dispatch.phpboyscout.uk/admission"

@@ -163,12 +163,16 @@ def crds(jobset: Path, trainer: Path, kueue: Path, bundle: str) -> list[Obj]:
     out: list[Obj] = []
     out += [d for f in sorted((jobset / "config/components/crd/bases").glob("*.yaml")) for d in load_all(f)]
     out += [d for f in sorted((trainer / "manifests/base/crds").glob("*.yaml")) for d in load_all(f)]
+    # Follow Kueue's CRD kustomization: which CRDs it installs and which get a conversion webhook.
+    kdir = kueue / "config/components/crd"
+    kust = load_all(kdir / "kustomization.yaml")[0]
     conv: set[str] = set()
-    for f in sorted((kueue / "config/components/crd/patches").glob("webhook_in_*.yaml")):
-        for d in load_all(f):
-            conv.add(d["metadata"]["name"])
-    for f in sorted((kueue / "config/components/crd/bases").glob("*.yaml")):
-        for d in load_all(f):
+    for p in kust.get("patches", []):
+        if "webhook_in_" in str(p.get("path", "")):
+            for d in load_all(kdir / p["path"]):
+                conv.add(d["metadata"]["name"])
+    for r in kust.get("resources", []):
+        for d in load_all(kdir / r):
             if d["metadata"]["name"] in conv:
                 d["spec"]["conversion"] = {
                     "strategy": "Webhook",
