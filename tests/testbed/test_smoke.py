@@ -210,3 +210,30 @@ def test_freeze_makes_node_unknown_and_thaw_recovers(ns: str) -> None:
         testbed.thaw(node)
     wait_for("node Ready again", ready("True"), timeout=60)
     wait_for("victim finalized", lambda: not pods(ns, "app=victim"), timeout=60)
+
+
+def test_trainer_webhook_refuses_runtime_patches_while_jobset_active(ns: str) -> None:
+    """The real Trainer validating webhook is live: it reads the JobSet status kept by the real controllers."""
+    apply(trainjob("rp", ns))
+    sel = "jobset.sigs.k8s.io/jobset-name=rp"
+    wait_for("2 Running pods", lambda: len(running_pods(ns, sel)) == 2)
+    wait_for(
+        "JobSet reports an active ReplicatedJob",
+        lambda: any(
+            r.get("active", 0) > 0 for r in get("jobset", "rp", "-n", ns)["status"].get("replicatedJobsStatus", [])
+        ),
+    )
+    patch = {
+        "spec": {
+            "suspend": True,
+            "runtimePatches": [
+                {
+                    "manager": "dispatch.test/smoke",
+                    "trainingRuntimeSpec": {"template": {"metadata": {"labels": {"smoke": "1"}}}},
+                }
+            ],
+        }
+    }
+    res = testbed.kubectl("patch", "trainjob", "rp", "-n", ns, "--type=merge", "-p", json.dumps(patch), check=False)
+    assert res.returncode != 0
+    assert "RuntimePatches cannot be modified when the JobSet's ReplicatedJob node is still active" in res.stderr
