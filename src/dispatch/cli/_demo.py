@@ -267,6 +267,13 @@ def _part_one(story: Story, node: str) -> None:
     story.step(f"Hold {name}: suspended, its pod is deleted but stays Terminating (up to its grace period)")
     story.show(a.hold(name))
     story.until("its pod to be Terminating", lambda: any(_deleting(p) for p in _pods(story.namespace, name)))
+    for pod in _pods(story.namespace, name):
+        if _deleting(pod):
+            story.say(
+                f"pod {pod['metadata']['name']} is Terminating (deleted at {pod['metadata']['deletionTimestamp']}, "
+                f"phase {pod['status'].get('phase')}): the testbed's kubelet keeps it {DELETE_DELAY}, as a real "
+                "one takes up to the grace period"
+            )
     status = a.inspect(name)
     story.show(status)
     if not status.remaining:
@@ -277,7 +284,7 @@ def _part_one(story: Story, node: str) -> None:
     if not exc.pods:
         raise DemoFailed("PodsRemain named no pods")
 
-    story.step("release --wait: retry until the pod has gone, then admit with A=2")
+    story.step("release --wait: retry until the pod has gone (its kubelet confirms), then admit with A=2")
     story.release_waiting(name, expect=2, timeout=story.step_timeout)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 2)

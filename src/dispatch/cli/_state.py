@@ -8,6 +8,8 @@ the factory returns an adapter over ``dispatch.testing``'s fake cluster. The pro
 from __future__ import annotations
 
 import enum
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -46,14 +48,23 @@ def connect_adapter(settings: Settings) -> Adapter:
     )
 
 
+def make_console(*, stderr: bool) -> Console:
+    """A console for people. Piped into a file or a log, lines are not cut at 80 columns (160 unless
+    COLUMNS says otherwise); errors are never wrapped, so each stays one line."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not (hasattr(stream, "isatty") and stream.isatty())
+    width = 160 if piped and "COLUMNS" not in os.environ else None
+    return Console(stderr=stderr, soft_wrap=stderr, width=width)
+
+
 @dataclass
 class CliState:
     """Per-invocation state, carried as the click context's ``obj``."""
 
     connect: Callable[[Settings], Adapter] = connect_adapter
     settings: Settings = field(default_factory=Settings)
-    out: Console = field(default_factory=lambda: Console(soft_wrap=False))
-    err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
+    out: Console = field(default_factory=lambda: make_console(stderr=False))
+    err: Console = field(default_factory=lambda: make_console(stderr=True))
     _adapter: Adapter | None = None
 
     def adapter(self) -> Adapter:
