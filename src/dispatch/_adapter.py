@@ -8,6 +8,7 @@ consistent snapshot per decision; every admitting write is conditioned on the re
 from __future__ import annotations
 
 import asyncio
+import copy
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
@@ -411,14 +412,22 @@ class AsyncAdapter:
         return names
 
     @staticmethod
-    def _patch_entry(replicated: Sequence[str], labels: Mapping[str, str], grace: int | None) -> Obj:
+    def _patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
+        """dispatch's own runtime patch entry: identity labels (and the user's pod settings) per replicatedJob."""
         pod_template: Obj = {"metadata": {"labels": dict(labels)}}
-        if grace is not None:
-            pod_template["spec"] = {"terminationGracePeriodSeconds": grace}
+        if spec.pod_annotations:
+            pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
+        pod_spec: Obj = {}
+        if spec.termination_grace_period_seconds is not None:
+            pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
+        if spec.node_selector:
+            pod_spec["nodeSelector"] = dict(spec.node_selector)
+        if pod_spec:
+            pod_template["spec"] = pod_spec
         return {
             "manager": n.PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rj, "template": {"spec": {"template": pod_template}}} for rj in replicated
+                {"name": rj, "template": {"spec": {"template": copy.deepcopy(pod_template)}}} for rj in replicated
             ]}}},
         }
 
@@ -461,9 +470,7 @@ class AsyncAdapter:
             "spec": {
                 "runtimeRef": {"name": spec.runtime, "apiGroup": n.TRAINER_GROUP, "kind": spec.runtime_kind},
                 "suspend": suspend,
-                "runtimePatches": [
-                    self._patch_entry(replicated, pod_labels, spec.termination_grace_period_seconds)
-                ],
+                "runtimePatches": [self._patch_entry(replicated, pod_labels, spec)],
             },
         }
         if trainer:
@@ -478,18 +485,19 @@ class AsyncAdapter:
         """
         meta = trainjob.get("metadata") or {}
         ident = d.identity_of(trainjob)
-        replicated = d.patched_replicated_jobs(trainjob)
-        if not replicated:
+        current = next((e for e in (trainjob.get("spec") or {}).get("runtimePatches") or []
+                        if e.get("manager") == n.PATCH_MANAGER), None)
+        if current is None or not d.patched_replicated_jobs(trainjob):
             raise Refused(f"trainjob {meta.get('name')} has no dispatch runtime patch; it was not opened "
                           "by dispatch", reason="NotDispatchObject")
-        grace = None
-        for entry in (trainjob.get("spec") or {}).get("runtimePatches") or []:
-            if entry.get("manager") == n.PATCH_MANAGER:
-                for rj in d._patch_replicated_jobs(entry):
-                    tmpl = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
-                    grace = (tmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
+        entry = copy.deepcopy(current)
+        entry.pop("time", None)  # stamped by Trainer's defaulting webhook; not ours to own
         labels = {n.LABEL_JOB_ID: ident.job_id, n.LABEL_SUBMISSION: ident.submission,
                   n.LABEL_ADMISSION: str(admission)}
+        tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
+        for rj in tmpl_spec.get("replicatedJobs") or []:
+            template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
         body: Obj = {
             "apiVersion": k.TRAINJOBS.api_version,
             "kind": "TrainJob",
@@ -499,7 +507,7 @@ class AsyncAdapter:
                 "resourceVersion": meta.get("resourceVersion"),
                 "annotations": {n.ANNOTATION_ADMISSION: str(admission)},
             },
-            "spec": {"runtimePatches": [self._patch_entry(replicated, labels, grace)]},
+            "spec": {"runtimePatches": [entry]},
         }
         return await self._kube.apply(k.TRAINJOBS, str(meta.get("name")), body)
 

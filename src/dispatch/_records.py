@@ -153,4 +153,9 @@ class JobSpec:
     priority_class: str | None = None
     name: str | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
+    """Extra labels on the TrainJob."""
+    pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    """Annotations on every pod (through dispatch's runtime patch)."""
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    """A node selector for every pod (through dispatch's runtime patch)."""
     termination_grace_period_seconds: int | None = None

@@ -441,3 +441,21 @@ def test_the_seeds_broken_design_is_caught_by_the_history_checker(adapter: Adapt
     assert cluster.server.get("", "pods", "default", pod) is not None
     with pytest.raises(AssertionError, match="overlap"):
         cluster.history.check()
+
+
+def test_pod_settings_survive_every_admission(adapter: Adapter, cluster: FakeCluster) -> None:
+    """Raising A re-applies dispatch's whole patch entry, so annotations and node selector are kept."""
+    spec = JobSpec(job_id="pinned", submission="s1", pod_annotations={"example.com/a": "1"},
+                   node_selector={"kubernetes.io/hostname": "node-2"}, termination_grace_period_seconds=5)
+    adapter.open(spec)
+    for expected in (1, 2):
+        assert adapter.release("pinned-s1").admission == expected
+        cluster.settle()
+        pods = cluster.pods("pinned-s1")
+        assert [p["spec"]["nodeName"] for p in pods] == ["node-2"]
+        assert pods[0]["metadata"]["annotations"] == {"example.com/a": "1"}
+        assert pods[0]["spec"]["terminationGracePeriodSeconds"] == 5
+        adapter.hold("pinned-s1")
+        cluster.settle()
+        cluster.advance(10)
+        cluster.settle()

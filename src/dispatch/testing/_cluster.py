@@ -273,6 +273,12 @@ class FakeCluster:
                         continue
                     ptmpl = ((prj.get("template") or {}).get("spec") or {}).get("template") or {}
                     labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
+                    annotations = (ptmpl.get("metadata") or {}).get("annotations")
+                    if annotations:
+                        pod_meta.setdefault("annotations", {}).update(annotations)
+                    selector = (ptmpl.get("spec") or {}).get("nodeSelector")
+                    if selector:
+                        rj["template"]["spec"]["template"].setdefault("spec", {})["nodeSelector"] = dict(selector)
                     grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
             labels[JOBSET_NAME_LABEL] = name
             if grace is not None:
@@ -385,6 +391,7 @@ class FakeCluster:
         spec = copy.deepcopy(template.get("spec") or {})
         self.server.create("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
+                         "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                               "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
                                               "controller": True}]},
@@ -406,7 +413,10 @@ class FakeCluster:
         for pod in self.server.objects("", "pods"):
             if pod["spec"].get("nodeName") or pod["metadata"].get("deletionTimestamp"):
                 continue
-            node = nodes[i % len(nodes)]
+            wanted = (pod["spec"].get("nodeSelector") or {}).get("kubernetes.io/hostname")
+            if wanted is not None and wanted not in nodes:
+                continue
+            node = wanted or nodes[i % len(nodes)]
             i += 1
 
             def bind(obj: Obj, node: str = node) -> None:
