@@ -68,6 +68,23 @@ class Config:
     field_manager: str = n.FIELD_MANAGER
 
 
+async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> None:
+    """Cancel and reap ``tasks``, cancelling again any that swallowed the first cancellation.
+
+    ``asyncio.wait_for`` in Python 3.11 can drop a cancellation that races with its inner future
+    completing (a watch event arriving as we stop), so one ``cancel()`` is not always enough.
+    """
+    pending = {t for t in tasks if not t.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.2)
+    for task in tasks:
+        if not task.cancelled():
+            with contextlib.suppress(Exception):
+                task.exception()
+
+
 class Informer:
     """List, then watch from the list's resourceVersion; relist on 410; back off on errors."""
 
@@ -470,11 +487,7 @@ class Controller:
         finally:
             self._stopping = True
             self.queue.close()
-            for task in [*tasks, stopper]:
-                task.cancel()
-            for task in [*tasks, stopper]:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+            await _cancel_all([*tasks, stopper])
             if self.elector is not None:
                 await self.elector.release()
             self._leadership(False)

@@ -1,0 +1,1 @@
+"""Tests of the Kueue admission-check controller."""
