@@ -9,6 +9,7 @@ infrastructure and deliberately does not use the project's Kubernetes client.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -19,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,6 +147,19 @@ def _component_names() -> list[str]:
         "kwok",
         *[f"kwok-{n}" for n in FREEZABLE_NODES],
     ]
+
+
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    """Serialise up/down/freeze/thaw across processes sharing one runtime dir."""
+    rt = _paths.runtime_dir()
+    rt.mkdir(parents=True, exist_ok=True)
+    with (rt / ".lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # --------------------------------------------------------------------------------------------- processes
@@ -350,12 +364,20 @@ def is_up() -> bool:
 
 
 def up() -> Path:
-    """Bring the testbed up (idempotent: a healthy testbed returns at once). Returns the kubeconfig path."""
-    if is_up():
-        return _paths.kubeconfig_path()
-    if any(s.running for s in status()):
-        _log("partially running testbed found; restarting it")
-        down()
+    """Bring the testbed up (idempotent: a healthy testbed returns at once). Returns the kubeconfig path.
+
+    Safe to call from several processes at once: they serialise on a lock and later ones find it up.
+    """
+    with _locked():
+        if is_up():
+            return _paths.kubeconfig_path()
+        if any(s.running for s in status()):
+            _log("partially running testbed found; restarting it")
+            _down()
+        return _up()
+
+
+def _up() -> Path:
     t0 = time.monotonic()
     bin_dir = build()
     rt = _paths.runtime_dir()
@@ -579,6 +601,11 @@ def _wait_nodes_ready(timeout: float = 60.0) -> None:
 
 def down() -> None:
     """Stop the testbed: webhook configurations first (so nothing is left pointing at dead servers)."""
+    with _locked():
+        _down()
+
+
+def _down() -> None:
     if _alive("kube-apiserver") is not None and _paths.kubeconfig_path().exists():
         kubectl(
             "delete",

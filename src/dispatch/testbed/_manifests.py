@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,9 @@ import yaml
 
 Obj = dict[str, Any]
 
-# Port plan; all listeners are on 127.0.0.1 only.
-PORTS: dict[str, int] = {
+# Port plan; all listeners are on 127.0.0.1 only. DISPATCH_TESTBED_PORT_OFFSET shifts them all, so a second
+# testbed (with its own DISPATCH_TESTBED_DIR) can run beside the first.
+_BASE_PORTS: dict[str, int] = {
     "etcd": 12379,
     "etcd-peer": 12380,
     "apiserver": 16443,
@@ -32,9 +34,11 @@ PORTS: dict[str, int] = {
     "kueue-webhook": 19445,
     "kueue-probe": 18093,
 }
+PORT_OFFSET = int(os.environ.get("DISPATCH_TESTBED_PORT_OFFSET", "0"))
+PORTS: dict[str, int] = {k: v + PORT_OFFSET for k, v in _BASE_PORTS.items()}
 
 # Annotations understood by the KWOK stages below (documented for test authors).
-ANN_DELETE_DELAY = "dispatch.test/delete-delay"  # Go duration, e.g. "5s"; default 1s
+ANN_DELETE_DELAY = "dispatch.test/delete-delay"  # seconds ("5") or a Go duration ("500ms"); default 1s
 ANN_HOLD_DELETE = "dispatch.test/hold-delete"  # while present, a deleted pod stays Terminating
 ANN_COMPLETE = "dispatch.test/complete"  # set on a Running pod: it Succeeds
 ANN_FAIL = "dispatch.test/fail"  # set on a Running pod: it Fails (exit code 1)
@@ -272,7 +276,9 @@ def kwok_stages(kwok: Path) -> list[Obj]:
     )
     deleting = {"key": ".metadata.deletionTimestamp", "operator": "Exists"}
     not_held = {"key": ann(ANN_HOLD_DELETE), "operator": "DoesNotExist"}
-    delay = {"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": ann(ANN_DELETE_DELAY)}}
+    # Bare numbers are seconds; anything else must be a Go duration ("500ms", "2m"); unset/invalid -> 1 s.
+    delay_expr = ann(ANN_DELETE_DELAY) + ' | tostring | if test("^[0-9]+([.][0-9]+)?$") then . + "s" else . end'
+    delay = {"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": delay_expr}}
     # Like a kubelet: a running pod that is deleted is killed (exit 137 -> Failed), then removed. Owners'
     # finalizers (e.g. the Job controller's) are left for their owners to remove.
     stages.append(
