@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from dispatch import _decision as d
-from dispatch._records import State
+from dispatch._records import Cause, State
 
 NAME = "llama-s1"
 PHASES = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
-NODE_STATES: dict[str, d.NodeView | None] = {
+NODE_STATES: dict[str, d.NodeView] = {
     "ready": d.NodeView("n", ready="True"),
     "notready": d.NodeView("n", ready="False"),
     "unknown": d.NodeView("n", ready="Unknown"),
@@ -47,7 +47,7 @@ def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", dele
 )
 def test_every_combination(phase: str, deleting: bool, node_state: str, selection: str) -> None:
     view = NODE_STATES[node_state]
-    nodes = {"n": view} if view is not None else {}
+    nodes = {"n": view}
     verdict = d.decide(name=NAME, job_id="llama", submission="s1",
                        pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection])], nodes=nodes)
     selected = selection in ("dispatch", "jobset", "both")
@@ -205,20 +205,20 @@ def test_explain_strings() -> None:
     blocked = d.Verdict((d.remaining([d.PodView("train-0", "u", "node-3", "Running", True, 1)],
                                      {"node-3": d.NodeView("node-3", ready="Unknown")})), ())
     clear = d.Verdict((), ())
-    assert d.explain(trainjob(), blocked) == d.Cause(
+    assert d.explain(trainjob(), blocked) == Cause(
         "PodsRemain", "remaining pods: train-0 on node-3 (Ready=Unknown)")
-    assert d.explain(trainjob(), clear) == d.Cause("Held", "hold in force; release admits it")
-    assert d.explain(trainjob(suspend=False), None) == d.Cause("Admitted", "execution 1 admitted")
+    assert d.explain(trainjob(), clear) == Cause("Held", "hold in force; release admits it")
+    assert d.explain(trainjob(suspend=False), None) == Cause("Admitted", "execution 1 admitted")
     check = d.CheckView("dispatch", "Pending",
                         "waiting for pods of the previous execution to go: train-0 on node-3")
-    assert d.explain(trainjob(queue="lq"), blocked, check) == d.Cause(
+    assert d.explain(trainjob(queue="lq"), blocked, check) == Cause(
         "AdmissionCheckPending",
         "admission check dispatch Pending: waiting for pods of the previous execution to go: train-0 on node-3; "
         "remaining pods: train-0 on node-3 (Ready=Unknown)",
     )
     assert d.explain(trainjob(queue="lq"), clear).detail == "waiting for Kueue to admit it from queue lq"
     failed = d.explain(trainjob(suspend=False, conds={"Failed": "True"}), blocked)
-    assert failed == d.Cause("Failed", "remaining pods: train-0 on node-3 (Ready=Unknown)")
+    assert failed == Cause("Failed", "remaining pods: train-0 on node-3 (Ready=Unknown)")
 
 
 def test_cessation_of_a_running_object_is_false() -> None:
