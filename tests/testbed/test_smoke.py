@@ -169,6 +169,13 @@ def test_pod_annotations_drive_completion_and_deletion(ns: str) -> None:
     testbed.kubectl("annotate", "pod", "done", "-n", ns, f"{testbed.ANN_COMPLETE}=true")
     wait_for("pod Succeeded", lambda: get("pod", "done", "-n", ns)["status"]["phase"] == "Succeeded")
 
+    apply(pod("slow", {testbed.ANN_DELETE_DELAY: "4"}))
+    wait_for("slow Running", lambda: len(running_pods(ns, "app=slow")) == 1)
+    testbed.kubectl("delete", "pod", "slow", "-n", ns, "--wait=false")
+    time.sleep(2.5)
+    assert pods(ns, "app=slow"), "delete-delay of 4 s was not honoured"
+    wait_for("slow pod finalized", lambda: not pods(ns, "app=slow"), timeout=15)
+
     testbed.kubectl("delete", "pod", "held", "-n", ns, "--wait=false")
     time.sleep(3)
     assert "deletionTimestamp" in get("pod", "held", "-n", ns)["metadata"]  # held Terminating
