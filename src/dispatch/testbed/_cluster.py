@@ -165,6 +165,9 @@ def _locked() -> Iterator[None]:
 # --------------------------------------------------------------------------------------------- processes
 
 
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def _start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) -> int:
     """Start ``argv`` detached (own session), logging to logs/<name>.log; record its pid."""
     rt = _paths.runtime_dir()
@@ -181,6 +184,7 @@ def _start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) ->
             cwd=rt,
         )
     (_pid_dir() / f"{name}.pid").write_text(f"{p.pid} {Path(argv[0]).resolve()}\n")
+    _CHILDREN[p.pid] = p  # keep a reference: no "still running" warnings, and we can reap it
     return p.pid
 
 
@@ -198,8 +202,10 @@ def _stop(name: str, timeout: float = 10.0) -> None:
         if _proc_state(pid) not in (None, "Z", "X"):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)  # reap if it is our own child
+        child = _CHILDREN.pop(pid, None)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=1)  # reap our own child
     (_pid_dir() / f"{name}.pid").unlink(missing_ok=True)
 
 
