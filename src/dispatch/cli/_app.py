@@ -61,7 +61,7 @@ NamespaceOpt = Annotated[
     str | None,
     typer.Option("--namespace", "-n", help="Namespace (overrides the global -n)."),
 ]
-NameArg = Annotated[str, typer.Argument(help="The TrainJob's name (<job-id>-<submission> by default).")]
+NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The TrainJob's name (<job-id>-<submission> by default).")]
 
 
 def _state(ctx: typer.Context, output: Output | None = None, namespace: str | None = None) -> CliState:
@@ -88,7 +88,9 @@ def root(
     kubeconfig: Annotated[
         str | None,
         typer.Option(
-            "--kubeconfig", envvar="KUBECONFIG", show_envvar=True,
+            "--kubeconfig",
+            envvar="KUBECONFIG",
+            show_envvar=True,
             help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).",
         ),
     ] = None,
@@ -96,7 +98,10 @@ def root(
     namespace: Annotated[
         str | None,
         typer.Option(
-            "--namespace", "-n", envvar="DISPATCH_NAMESPACE", show_envvar=True,
+            "--namespace",
+            "-n",
+            envvar="DISPATCH_NAMESPACE",
+            show_envvar=True,
             help="Namespace (default: the context's, else 'default').",
         ),
     ] = None,
@@ -114,7 +119,11 @@ def root(
     state = ctx.obj if isinstance(ctx.obj, CliState) else CliState()
     ctx.obj = state
     state.settings = Settings(
-        kubeconfig=kubeconfig, context=context, namespace=namespace, read_only=read_only, debug=debug,
+        kubeconfig=kubeconfig,
+        context=context,
+        namespace=namespace,
+        read_only=read_only,
+        debug=debug,
         output=output,
     )
     ctx.call_on_close(state.shutdown)
@@ -152,7 +161,9 @@ def open_(
     resource: Annotated[
         list[str] | None,
         typer.Option(
-            "--resource", "-r", metavar="KEY=VALUE",
+            "--resource",
+            "-r",
+            metavar="KEY=VALUE",
             help="Resources per node, KEY=VALUE (repeatable): -r cpu=2 -r memory=4Gi.",
         ),
     ] = None,
@@ -183,13 +194,21 @@ def open_(
         spec = build_spec(
             from_file,
             {
-                "job_id": job_id, "submission": submission, "name": name, "runtime": runtime,
-                "runtime_kind": runtime_kind, "image": image,
+                "job_id": job_id,
+                "submission": submission,
+                "name": name,
+                "runtime": runtime,
+                "runtime_kind": runtime_kind,
+                "image": image,
                 "command": shlex.split(command) if command is not None else None,
-                "args": list(args or []), "num_nodes": nodes,
+                "args": list(args or []),
+                "num_nodes": nodes,
                 "resources_per_node": parse_pairs("--resource", resource or []),
-                "env": parse_pairs("--env", env or []), "labels": parse_pairs("--label", label or []),
-                "queue": queue, "priority_class": priority, "termination_grace_period_seconds": grace_period,
+                "env": parse_pairs("--env", env or []),
+                "labels": parse_pairs("--label", label or []),
+                "queue": queue,
+                "priority_class": priority,
+                "termination_grace_period_seconds": grace_period,
             },
         )
     except (SpecError, ValueError) as exc:
@@ -214,12 +233,17 @@ def release(
     name: NameArg,
     wait: Annotated[
         bool,
-        typer.Option("--wait", help="Retry while pods of the previous execution remain (or the API is "
-                     "unreachable), showing them live, until admitted or --timeout."),
+        typer.Option(
+            "--wait",
+            help="Retry while pods of the previous execution remain (or the API is "
+            "unreachable), showing them live, until admitted or --timeout.",
+        ),
     ] = False,
-    timeout: Annotated[float, typer.Option("--timeout", min=0, help="With --wait: give up after seconds.")] = 600.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="With --wait: give up after seconds.")
+    ] = 600.0,
     interval: Annotated[
-        float, typer.Option("--interval", min=0, help="With --wait: seconds between attempts.")
+        float, typer.Option("--interval", min=0, metavar="SECONDS", help="With --wait: seconds between attempts.")
     ] = 2.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -239,9 +263,7 @@ def release(
     emit(
         state,
         {"name": name, "admitted": True, "identity": identity_dict(identity)},
-        lambda: state.out.print(
-            f"admitted {escape(name)}: execution {escape(str(identity))} (A={identity.admission})"
-        ),
+        lambda: state.out.print(f"admitted {escape(name)}: execution {escape(str(identity))} (A={identity.admission})"),
     )
 
 
@@ -279,12 +301,19 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
 @app.command(epilog=EXIT_CODES_HELP)
 def status(
     ctx: typer.Context,
-    name: Annotated[str | None, typer.Argument(help="One object to inspect; omit to list (find).")] = None,
+    name: Annotated[
+        str | None, typer.Argument(metavar="NAME", help="One object to inspect; omit to list (find).")
+    ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
     submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
     state_filter: Annotated[
         list[State] | None,
-        typer.Option("--state", case_sensitive=False, help="Only objects in this state (repeatable)."),
+        typer.Option(
+            "--state",
+            case_sensitive=False,
+            metavar="STATE",
+            help="Only objects in this state: Held, Queued, Running, ... (repeatable).",
+        ),
     ] = None,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -330,10 +359,19 @@ def wait(
     name: NameArg,
     for_: Annotated[
         list[State],
-        typer.Option("--for", case_sensitive=False, help="State to wait for (repeatable: any of them)."),
+        typer.Option(
+            "--for",
+            case_sensitive=False,
+            metavar="STATE",
+            help="State to wait for: Held, Queued, Running, Succeeded, Failed or Closing (repeatable: any).",
+        ),
     ],
-    timeout: Annotated[float, typer.Option("--timeout", min=0, help="Give up after seconds (exit 3).")] = 600.0,
-    interval: Annotated[float, typer.Option("--interval", min=0, help="Seconds between polls.")] = 1.0,
+    timeout: Annotated[
+        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="Give up after seconds (exit 3).")
+    ] = 600.0,
+    interval: Annotated[
+        float, typer.Option("--interval", min=0, metavar="SECONDS", help="Seconds between polls.")
+    ] = 1.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -357,7 +395,9 @@ def logs(
     ctx: typer.Context,
     name: NameArg,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="Keep streaming new lines.")] = False,
-    node: Annotated[int, typer.Option("--node", min=0, help="Which node's trainer pod (0-based).")] = 0,
+    node: Annotated[
+        int, typer.Option("--node", min=0, metavar="INDEX", help="Which node's trainer pod (0-based).")
+    ] = 0,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Print the trainer logs of one node of the object."""
@@ -391,7 +431,7 @@ def controller(
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
     resync_seconds: Annotated[
-        float, typer.Option("--resync-seconds", min=1, help="Full re-list period, seconds.")
+        float, typer.Option("--resync-seconds", min=1, metavar="SECONDS", help="Full re-list period, seconds.")
     ] = 60.0,
     foreign: Annotated[
         str, typer.Option("--foreign", help="For TrainJobs not opened by dispatch: 'ready' or 'ignore'.")
@@ -418,17 +458,26 @@ def controller(
     if entry is None or not callable(entry):
         state.err.print(
             "[bold red]error:[/] the admission-check controller is not part of this installation "
-            "(dispatch.controller.run_from_cli is missing)", highlight=False,
+            "(dispatch.controller.run_from_cli is missing)",
+            highlight=False,
         )
         state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
         raise typer.Exit(EXIT_FAILURE)
     s = state.settings
     with guard(state):
         result = entry(
-            kubeconfig=s.kubeconfig, context=s.context, namespace=namespace or s.namespace,
-            metrics_port=metrics_port, leader_elect=leader_elect, lease_namespace=lease_namespace,
-            lease_name=lease_name, identity=identity, workers=workers, resync_seconds=resync_seconds,
-            foreign=foreign, log_level=log_level,
+            kubeconfig=s.kubeconfig,
+            context=s.context,
+            namespace=namespace or s.namespace,
+            metrics_port=metrics_port,
+            leader_elect=leader_elect,
+            lease_namespace=lease_namespace,
+            lease_name=lease_name,
+            identity=identity,
+            workers=workers,
+            resync_seconds=resync_seconds,
+            foreign=foreign,
+            log_level=log_level,
         )
     if isinstance(result, int) and result:
         raise typer.Exit(result)
@@ -517,7 +566,9 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
 
 
 @testbed_app.command("freeze")
-def testbed_freeze(ctx: typer.Context, node: Annotated[str, typer.Argument(help="A freezable node.")]) -> None:
+def testbed_freeze(
+    ctx: typer.Context, node: Annotated[str, typer.Argument(metavar="NODE", help="A freezable node.")]
+) -> None:
     """Stop a node's kubelet (its KWOK process): the node goes Ready=Unknown, its pods keep 'running'."""
     state = _state(ctx)
     try:
@@ -528,7 +579,9 @@ def testbed_freeze(ctx: typer.Context, node: Annotated[str, typer.Argument(help=
 
 
 @testbed_app.command("thaw")
-def testbed_thaw(ctx: typer.Context, node: Annotated[str, typer.Argument(help="A frozen node.")]) -> None:
+def testbed_thaw(
+    ctx: typer.Context, node: Annotated[str, typer.Argument(metavar="NODE", help="A frozen node.")]
+) -> None:
     """Resume a frozen node's kubelet."""
     state = _state(ctx)
     try:
@@ -546,7 +599,10 @@ def demo(
     ctx: typer.Context,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's namespace and objects afterwards.")] = False,
     step_timeout: Annotated[
-        float, typer.Option("--step-timeout", min=1, help="Seconds each step may take before the demo fails.")
+        float,
+        typer.Option(
+            "--step-timeout", min=1, metavar="SECONDS", help="Seconds each step may take before the demo fails."
+        ),
     ] = 120.0,
 ) -> None:
     """Walk through the promise on the local testbed (built and started if needed).
