@@ -728,3 +728,27 @@ def test_release_wait_live_view_on_a_terminal(cli: Cli, running: Callable[[], st
     text = screen.getvalue()
     for word in ("WAITING", "NODE STATE", pod, "Ready=True", "admitted as llama/s1#2"):
         assert word in text
+
+
+def test_ctrl_c_during_a_release_call_lets_it_finish_first() -> None:
+    import os
+    import signal
+    import time
+
+    from dispatch import Identity
+    from dispatch.cli._release import release_once
+
+    class Slow:
+        finished = False
+
+        def release(self, name: str) -> Identity:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            self.finished = True
+            return Identity("llama", "s1", 3)
+
+    adapter = Slow()
+    with pytest.raises(KeyboardInterrupt):
+        release_once(adapter, "llama-s1")  # type: ignore[arg-type]
+    assert adapter.finished
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
