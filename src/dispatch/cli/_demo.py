@@ -252,8 +252,7 @@ def _part_one(story: Story, node: str) -> None:
     a = story.adapter
     story.step(f"Open a TrainJob, held; its pods will run on the reachable node {node}")
     name = story.open_on(
-        JobSpec(job_id="demo", submission="grace", num_nodes=1, termination_grace_period_seconds=20,
-                resources_per_node={"cpu": "1", "memory": "1Gi"}),
+        JobSpec(job_id="demo", submission="grace", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
         node,
         {_testbed().ANN_DELETE_DELAY: DELETE_DELAY},
     )
