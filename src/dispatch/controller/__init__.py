@@ -66,6 +66,16 @@ async def run(kube: k.Kube, config: Config | None = None, *, stop: asyncio.Event
     await Controller(kube, config, metrics=metrics).run(stop)
 
 
+class _Stderr:
+    """Whatever ``sys.stderr`` is at write time (a test's capture, a redirected stream)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(level: str = "info") -> None:
     """JSON lines on stderr, one object per event, with ISO timestamps and the level."""
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
@@ -78,7 +88,7 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
 

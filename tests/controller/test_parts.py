@@ -1,0 +1,120 @@
+"""The controller's small parts: the work queue, the probes and metrics endpoint, the entry points."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+import pytest
+import structlog
+
+from dispatch import _kube as k
+from dispatch._decision import Verdict
+from dispatch._records import RemainingPod
+from dispatch.controller import run, run_from_cli
+from dispatch.controller._queue import WorkQueue
+from dispatch.controller._reconcile import Entry, controller_owner, our_entry, waiting_text
+from dispatch.controller.testing import FakeKueue
+from dispatch.testing import FakeCluster
+
+from .conftest import BASE, running, until
+
+
+async def test_queue_holds_a_key_once_and_runs_a_key_readded_while_processed_once_more() -> None:
+    q = WorkQueue()
+    for key in ("a", "b", "a", "a"):
+        q.add(key)
+    assert len(q) == 2
+    key = await q.get()
+    assert key == "a"
+    q.add("a")
+    q.add("a")
+    assert len(q) == 1                    # only "b": "a" is being processed
+    q.done("a")
+    assert len(q) == 2                    # ... and runs once more
+    assert [await q.get(), await q.get()] == ["b", "a"]
+
+
+async def test_queue_backoff_doubles_and_forget_resets() -> None:
+    q = WorkQueue(base_delay=0.01, max_delay=0.05)
+    assert [q.backoff("k") for _ in range(5)] == [0.01, 0.02, 0.04, 0.05, 0.05]
+    q.forget("k")
+    assert q.backoff("k") == 0.01
+
+
+async def test_queue_add_after_delays_and_keeps_the_earliest_timer() -> None:
+    q = WorkQueue()
+    q.add_after("k", 0.05)
+    q.add_after("k", 10)
+    assert len(q) == 0
+    await asyncio.sleep(0.1)
+    assert len(q) == 1
+    q.close()
+
+
+def test_waiting_text_is_the_seeds_exact_form() -> None:
+    pods = (RemainingPod("p-0", "node-0", "Ready=True", "Running", True),
+            RemainingPod("p-1", None, "", "Pending", False))
+    assert waiting_text(Verdict(pods, ())) == (
+        "waiting for pods of the previous execution to go: p-0 on node-0, p-1 on no node")
+    long = tuple(RemainingPod(f"pod-{i:05d}", "node-0", "Ready=True", "Running", True) for i in range(2000))
+    text = waiting_text(Verdict(long, ()))
+    assert len(text) <= 8000 and text.endswith("... (truncated)")
+
+
+def test_entry_and_owner_readers() -> None:
+    wl = {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "x", "uid": "1"},
+                                           {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                            "name": "t", "uid": "2", "controller": True}]},
+          "status": {"admissionChecks": [{"name": "other", "state": "Ready"},
+                                         {"name": "mine", "state": "Pending", "message": "waiting for x",
+                                          "lastTransitionTime": "t0"}]}}
+    assert our_entry(wl, {"mine"}) == Entry("mine", "Pending", "waiting for x", "t0")
+    assert our_entry(wl, {"absent"}) is None
+    owner = controller_owner(wl)
+    assert owner is not None and owner.is_trainjob and owner.name == "t"
+
+
+async def test_probes_and_metrics_are_served(cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube) -> None:
+    async with running(kube, BASE, metrics_port=0) as ctl:
+        assert ctl.http_port
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{ctl.http_port}") as http:
+            assert (await http.get("/healthz")).status_code == 200
+            ready = await http.get("/readyz")
+            assert ready.status_code == 200 and ready.text.strip() == "ok (leader)"
+            metrics = (await http.get("/metrics")).text
+            for name in ("dispatch_admissions_total", "dispatch_workloads_waiting", "dispatch_leader 1.0",
+                         "dispatch_last_pod_gone_to_ready_seconds_bucket", "dispatch_workload_wait_seconds"):
+                assert name in metrics
+            assert (await http.get("/nope")).status_code == 404
+            assert (await http.post("/metrics")).status_code == 405
+
+
+async def test_readyz_fails_and_names_the_cause_until_the_lists_succeed(cluster: FakeCluster, kube: k.Kube) -> None:
+    from dispatch.controller import Controller
+
+    cluster.server.inject(path="/nodes", status=403, times=3)
+    ctl = Controller(kube, BASE)
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await until(lambda: "nodes" in ctl.readyz()[1] and "forbidden" in ctl.readyz()[1])
+    assert ctl.readyz()[0] is False
+    await until(lambda: ctl.readyz()[0], timeout=5)
+    stop.set()
+    await task
+
+
+async def test_run_returns_when_stopped(cluster: FakeCluster, kube: k.Kube) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(kube, BASE, stop=stop))
+    await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.wait_for(task, 5)
+
+
+def test_run_from_cli_reports_a_missing_kubeconfig(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    code = run_from_cli(kubeconfig="/nonexistent/kubeconfig", context=None, namespace=None, metrics_port=0,
+                        leader_elect=False)
+    structlog.reset_defaults()
+    assert code == 1
+    assert "does not exist" in capsys.readouterr().err
