@@ -294,7 +294,11 @@ class AsyncAdapter:
         selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
         if submission:
             selector.append(f"{n.LABEL_SUBMISSION}={submission}")
-        trainjobs = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector))).items
+        try:
+            trainjobs = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector))).items
+        except NotFound as exc:
+            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
+                           reason=exc.reason, code=exc.code) from exc
         wanted: set[State] | None = None
         if state is not None:
             wanted = {state} if isinstance(state, State) else set(state)
@@ -382,9 +386,12 @@ class AsyncAdapter:
             snap = await self._snapshot(name, spec.job_id, spec.submission)
             verdict = self._verdict(name, spec.job_id, spec.submission, snap)
             if not verdict.admissible:
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining])
+                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
+                                 verdict.remaining)
             admission = 1 + max([0] + [d.PodView.from_obj(p).admission or 0 for p in snap.pods])
         body = self._trainjob_body(spec, name, replicated, admission, suspend=admission == 0)
+        if spec.termination_grace_period_seconds is not None:
+            await self._check_grace_kept(body)
         try:
             created = await self._kube.create(k.TRAINJOBS, body)
         except NotFound as exc:
@@ -393,6 +400,30 @@ class AsyncAdapter:
                 reason=exc.reason, code=exc.code,
             ) from exc
         return self._status(created, d.Verdict((), ()) if admission == 0 else None, None)
+
+    async def _check_grace_kept(self, body: Obj) -> None:
+        """Trainer before v2.3 has no terminationGracePeriodSeconds in runtime patches and prunes it
+        silently; a dry-run create shows what the server would keep, so the user hears it, not nothing."""
+        try:
+            stored = await self._kube.create(k.TRAINJOBS, body, dry_run=True)
+        except NotFound:
+            return  # the create itself will explain the missing kind
+        for entry in (stored.get("spec") or {}).get("runtimePatches") or []:
+            if entry.get("manager") != n.PATCH_MANAGER:
+                continue
+            for rj in d._patch_replicated_jobs(entry):
+                tmpl = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
+                if "terminationGracePeriodSeconds" not in (tmpl.get("spec") or {}):
+                    raise InvalidInput(
+                        "invalid input: termination_grace_period_seconds",
+                        reason="Invalid",
+                        causes=[FieldCause(
+                            "termination_grace_period_seconds",
+                            "this cluster's Trainer drops terminationGracePeriodSeconds from runtime patches "
+                            "(it needs Trainer v2.3 or later); set it in the training runtime instead",
+                            "FieldValueNotSupported",
+                        )],
+                    )
 
     async def _runtime_jobs(self, spec: JobSpec) -> list[str]:
         res = k.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else k.RUNTIMES
@@ -534,7 +565,8 @@ class AsyncAdapter:
             snap = await self._snapshot(name, ident.job_id, ident.submission)
             verdict = self._verdict(name, ident.job_id, ident.submission, snap)
             if not verdict.admissible:
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining])
+                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
+                                 verdict.remaining)
             admission = d.next_admission(trainjob, snap.pods)
             try:
                 raised = await self.raise_admission(trainjob, admission)

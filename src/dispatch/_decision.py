@@ -139,6 +139,7 @@ class PodView:
     phase: str
     deleting: bool
     admission: int | None
+    deletion_timestamp: str | None = None
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -152,6 +153,7 @@ class PodView:
             phase=str((status.get("phase") if isinstance(status, Mapping) else None) or "Pending"),
             deleting=bool(meta.get("deletionTimestamp")),
             admission=_int_or_none(labels_of(obj).get(LABEL_ADMISSION)),
+            deletion_timestamp=str(meta.get("deletionTimestamp")) if meta.get("deletionTimestamp") else None,
         )
 
     @property
@@ -189,7 +191,8 @@ def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[R
             continue
         node = nodes.get(pod.node) if pod.node else None
         state = node.state_text() if node else ("not readable" if pod.node else "")
-        out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission))
+        out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
+                                pod.deletion_timestamp))
     return tuple(out)
 
 

@@ -213,6 +213,13 @@ class Kube:
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def in_namespace(self, namespace: str) -> Kube:
+        """The same connection with another default namespace (the controller serves many namespaces).
+
+        Shares the HTTP client, so only the original's ``aclose`` should be called; counters are its own.
+        """
+        return Kube(self._client, namespace, retries=self.retries)
+
     # ------------------------------------------------------------------ core request
 
     async def _send(
@@ -319,8 +326,10 @@ class Kube:
                 params["labelSelector"] = labels
         return ListResult(items, rv, requests)
 
-    async def create(self, res: Res, obj: Obj, namespace: str | None = None) -> Obj:
-        return await self._send("POST", res.path(self._ns(res, namespace)), body=obj, retry=False)
+    async def create(self, res: Res, obj: Obj, namespace: str | None = None, *, dry_run: bool = False) -> Obj:
+        """Create; with ``dry_run`` the server validates, defaults and prunes but stores nothing."""
+        params = {"dryRun": "All"} if dry_run else None
+        return await self._send("POST", res.path(self._ns(res, namespace)), body=obj, params=params, retry=False)
 
     async def replace(self, res: Res, name: str, obj: Obj, namespace: str | None = None) -> Obj:
         return await self._send("PUT", res.path(self._ns(res, namespace), name), body=obj, retry=False)

@@ -48,6 +48,8 @@ class RemainingPod:
     phase: str
     terminating: bool
     admission: int | None = None
+    deletion_timestamp: str | None = None
+    """When the pod was asked to stop by (its deletionTimestamp: the deletion time plus its grace period)."""
 
     def describe(self) -> str:
         """``<pod> on <node> (<node state>)``, the form every status string uses."""
@@ -106,6 +108,7 @@ class Status:
                     "phase": p.phase,
                     "terminating": p.terminating,
                     "admission": p.admission,
+                    "deletionTimestamp": p.deletion_timestamp,
                 }
                 for p in self.remaining
             ],

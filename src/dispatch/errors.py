@@ -21,6 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._records import RemainingPod
 
 __all__ = [
     "DispatchError",
@@ -96,10 +100,11 @@ class PodsRemain(Unreachable):
     """Pods of the object's previous execution may still run, so it was not admitted.
 
     Nothing was written and the hold stays in force. ``pods`` lists what remains, each as
-    ``"<pod> on <node> (<node state>)"``.
+    ``"<pod> on <node> (<node state>)"``; ``remaining`` has the same pods as records.
     """
 
-    def __init__(self, name: str, detail: str, pods: Sequence[str] = ()) -> None:
+    def __init__(self, name: str, detail: str, pods: Sequence[str] = (),
+                 remaining: Sequence[RemainingPod] = ()) -> None:
         super().__init__(
             f"{name} was not admitted: the previous execution may still run; {detail}",
             reason="PodsRemain",
@@ -107,3 +112,4 @@ class PodsRemain(Unreachable):
         self.name = name
         self.detail = detail
         self.pods: tuple[str, ...] = tuple(pods)
+        self.remaining: tuple[RemainingPod, ...] = tuple(remaining)

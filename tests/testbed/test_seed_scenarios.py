@@ -246,3 +246,15 @@ def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> No
         tb.thaw(node)
         wait_for("node Ready again", lambda: _ready(node) == "True", timeout=90)
         adapter.hold(name)
+
+
+def test_grace_period_in_runtime_patch_is_refused_where_trainer_would_drop_it(adapter: Adapter, ns: str) -> None:
+    """Trainer v2.2 prunes terminationGracePeriodSeconds from runtime patches: open says so, writes nothing."""
+    from dispatch import InvalidInput
+
+    version = tb.versions()["TRAINER_VERSION"]
+    if not version.startswith("v2.2"):
+        pytest.skip(f"Trainer {version} keeps the field")
+    with pytest.raises(InvalidInput, match="termination_grace_period_seconds"):
+        adapter.open(spec("grace2", termination_grace_period_seconds=5))
+    assert get("trainjobs", "-n", ns)["items"] == []

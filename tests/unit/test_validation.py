@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from dispatch import Adapter, InvalidInput, JobSpec
@@ -91,3 +93,25 @@ def test_duplicate_submission_is_refused(fake: FakeCluster) -> None:
         adapter.open(JobSpec(job_id="llama", submission="s1"))
         with pytest.raises(Refused, match="already exists"):
             adapter.open(JobSpec(job_id="llama", submission="s1", name="other-name"))
+
+
+def _drop_grace(body: dict[str, Any]) -> dict[str, Any]:
+    """Trainer v2.2's schema: runtime-patch pod specs have no terminationGracePeriodSeconds."""
+    import copy
+
+    out = copy.deepcopy(body)
+    for entry in out.get("spec", {}).get("runtimePatches", []):
+        for rj in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["template"].get("spec", {}).pop("terminationGracePeriodSeconds", None)
+    return out
+
+
+def test_a_grace_period_the_cluster_would_drop_is_refused_and_nothing_is_written(fake: FakeCluster) -> None:
+    fake.server.prune["trainjobs"] = _drop_grace
+    with Adapter.connect("default", transport=fake.transport()) as adapter:
+        with pytest.raises(InvalidInput, match="termination_grace_period_seconds") as err:
+            adapter.open(JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=5))
+        assert "Trainer v2.3" in str(err.value)
+        assert fake.server.objects("trainer.kubeflow.org", "trainjobs") == []
+        del fake.server.prune["trainjobs"]
+        adapter.open(JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=5))

@@ -282,6 +282,8 @@ class FakeApiServer:
         self.bytes_sent = 0
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.compacted_below = 0
+        self.prune: dict[str, Callable[[Obj], Obj]] = {}
+        """Per plural: how the schema prunes a body on write (plays a CRD's structural schema)."""
         self.before_request: Callable[[str, str], None] | None = None
         """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
 
@@ -379,6 +381,10 @@ class FakeApiServer:
             if key in self._objects:
                 raise ApiFailure(409, "AlreadyExists", f'{plural}.{group or "core"} "{name}" already exists')
             self._validate(kind, "CREATE", None, body) if admit else None
+            prune = self.prune.get(plural)
+            if prune is not None:
+                body = prune(body)
+                meta = body.setdefault("metadata", {})
             body["apiVersion"] = f"{group}/{kind.version}" if group else kind.version
             body["kind"] = kind.kind
             if kind.namespaced:
@@ -391,6 +397,18 @@ class FakeApiServer:
             self._objects[key] = body
             self._record("ADDED", key, body)
             return copy.deepcopy(body)
+
+    def dry_run_create(self, kind: Kind, namespace: str, obj: Obj) -> Obj:
+        """Validate and default a create without storing it (``dryRun=All``)."""
+        with self._lock:
+            name = (obj.get("metadata") or {}).get("name", "")
+            key = (kind.group, kind.plural, namespace if kind.namespaced else "", name)
+            if key in self._objects:
+                raise ApiFailure(409, "AlreadyExists", f'{kind.plural} "{name}" already exists')
+            body = copy.deepcopy(obj)
+            self._validate(kind, "CREATE", None, body)
+            prune = self.prune.get(kind.plural)
+            return prune(body) if prune else body
 
     def _validate(self, kind: Kind, op: str, old: Obj | None, new: Obj) -> None:
         name = (new.get("metadata") or {}).get("name", "")
@@ -731,6 +749,8 @@ class FakeApiServer:
                 raise ApiFailure(404, "NotFound", f'{kind.plural}.{group or "core"} "{name}" not found')
             return self._json(200, obj)
         if method == "POST" and name is None:
+            if params.get("dryRun") == "All":
+                return self._json(201, self.dry_run_create(kind, ns, body))
             return self._json(201, self.create(group, kind.plural, ns, body))
         if name is None:
             raise ApiFailure(405, "MethodNotAllowed", "method not allowed on a collection")
