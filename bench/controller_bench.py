@@ -1,0 +1,174 @@
+"""Admission-check controller benchmarks on the fake cluster.
+
+* decisions/s: N Workloads (default 1,000) pending at once, each owned by a dispatch TrainJob, the
+  controller started cold; time until every check is Ready. Also the same with every object still
+  holding a Terminating pod (each decision is "wait", written once).
+* writes per admission: API writes the controller sends per Ready check, by kind, for an admission
+  that found nothing remaining and for one that first waited for a Terminating pod.
+
+Run: ``python bench/controller_bench.py [--workloads 1000] [--workers 8]``; prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import statistics
+import time
+from collections import Counter
+from typing import Any
+
+import structlog
+
+from dispatch import _kube as k
+from dispatch import _names as n
+from dispatch.controller import Config, Controller
+from dispatch.controller.testing import FakeKueue
+from dispatch.testing import FakeCluster
+
+TRAINER = n.TRAINER_GROUP
+
+
+def trainjob(name: str, queue: str) -> dict[str, Any]:
+    """What ``open`` creates for a queued submission (written directly: setup is not what is measured)."""
+    labels = {n.LABEL_JOB_ID: name, n.LABEL_SUBMISSION: "s1"}
+    return {
+        "metadata": {"name": name, "labels": {**labels, n.KUEUE_QUEUE_LABEL: queue},
+                     "annotations": {n.ANNOTATION_ADMISSION: "0"}},
+        "spec": {
+            "runtimeRef": {"name": "torch-distributed", "apiGroup": TRAINER, "kind": "ClusterTrainingRuntime"},
+            "suspend": True,
+            "runtimePatches": [{"manager": n.PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
+                "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"metadata": {
+                    "labels": {**labels, n.LABEL_ADMISSION: "0"}}}}}}]}}}}],
+        },
+    }
+
+
+def setup(count: int, *, terminating: bool) -> tuple[FakeCluster, FakeKueue, list[str]]:
+    cluster = FakeCluster()
+    cluster.add_runtime()
+    for i in range(3):
+        cluster.add_node(f"node-{i}")
+    kueue = FakeKueue(cluster)
+    kueue.install()
+    names = [f"job{i:05d}" for i in range(count)]
+    for name in names:
+        cluster.server.create(TRAINER, "trainjobs", "default", trainjob(name, kueue.queue))
+        if terminating:
+            cluster.server.create("", "pods", "default", {
+                "metadata": {"name": f"{name}-node-0-0", "labels": {n.JOBSET_NAME_LABEL: name},
+                             "deletionTimestamp": "2026-01-01T00:00:30Z", "deletionGracePeriodSeconds": 30},
+                "spec": {"nodeName": "node-0"}, "status": {"phase": "Running"}})
+    wls = [kueue.workload_for(name) for name in names]
+    return cluster, kueue, wls
+
+
+def writes(cluster: FakeCluster, since: int) -> Counter[str]:
+    """Write requests since ``since``, as ``<verb> <plural>[/status]``."""
+    out: Counter[str] = Counter()
+    for method, path, _ in cluster.server.requests[since:]:
+        if method not in ("POST", "PUT", "PATCH", "DELETE"):
+            continue
+        parts = [p for p in path.split("/") if p]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if rest[:1] == ["namespaces"]:
+            rest = rest[2:]
+        kind = rest[0] + ("/status" if rest[-1] == "status" else "")
+        out[f"{method} {kind}"] += 1
+    return out
+
+
+async def until(pred: Any, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not pred():
+        if time.monotonic() > end:
+            raise TimeoutError
+        await asyncio.sleep(0.01)
+
+
+async def decisions_per_second(count: int, workers: int, *, terminating: bool) -> dict[str, Any]:
+    cluster, kueue, wls = setup(count, terminating=terminating)
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport())
+    ctl = Controller(kube, Config(workers=workers, resync_seconds=3600))
+    stop = asyncio.Event()
+    want = "waiting" if terminating else "admitted"
+    started = time.perf_counter()
+    task = asyncio.create_task(ctl.run(stop))
+    await until(lambda: ctl.metrics.decisions.labels(want)._value.get() >= count, timeout=600)
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await task
+    await kube.aclose()
+    if not terminating:
+        assert all(kueue.entry(w)["state"] == "Ready" for w in wls)
+    else:
+        assert all(kueue.entry(w)["message"].startswith("waiting for pods") for w in wls)
+    return {"workloads": count, "workers": workers, "outcome": want, "seconds": round(elapsed, 3),
+            "decisions_per_second": round(count / elapsed, 1)}
+
+
+async def writes_per_admission(count: int = 50) -> dict[str, Any]:
+    """Fresh admissions, then a preemption of each, a wait on its Terminating pod, and the re-admission."""
+    cluster, kueue, wls = setup(count, terminating=False)
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport())
+    ctl = Controller(kube, Config(workers=4, resync_seconds=3600))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await ctl.wait_synced()
+    await until(lambda: any(c["type"] == "Active" for c in (cluster.server.get(
+        n.KUEUE_GROUP, "admissionchecks", "", "dispatch") or {}).get("status", {}).get("conditions", [])), 10)
+    mark = len(cluster.server.requests)
+    await until(lambda: all(kueue.entry(w)["state"] == "Ready" for w in wls), 60)
+    await asyncio.sleep(0.2)
+    fresh = writes(cluster, mark)
+    kueue.sync()
+    cluster.settle()
+    mark2 = len(cluster.server.requests)   # the fake cluster's own steps write in-process, not over HTTP
+    for w in wls:
+        kueue.evict(w)
+    cluster.settle()
+    kueue.sync()
+    await until(lambda: all(kueue.entry(w)["message"].startswith("waiting for pods") for w in wls), 60)
+    cluster.advance(31)
+    cluster.settle()
+    await until(lambda: all(kueue.entry(w)["state"] == "Ready" for w in wls), 60)
+    await asyncio.sleep(0.2)
+    waited = writes(cluster, mark2)
+    stop.set()
+    await task
+    await kube.aclose()
+    kueue.sync()
+    cluster.settle()
+    cluster.history.check()
+    return {
+        "admissions": count,
+        "fresh": {"per_admission": sum(fresh.values()) / count, "by_kind": dict(fresh)},
+        "after_waiting": {"per_admission": sum(waited.values()) / count, "by_kind": dict(waited),
+                          "note": "workloads/status counts the Pending message and the Ready write"},
+    }
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workloads", type=int, default=1000)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--repeat", type=int, default=3)
+    a = p.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    admit = [await decisions_per_second(a.workloads, a.workers, terminating=False) for _ in range(a.repeat)]
+    wait = [await decisions_per_second(a.workloads, a.workers, terminating=True) for _ in range(a.repeat)]
+    result = {
+        "admit": admit,
+        "admit_median_decisions_per_second": statistics.median(r["decisions_per_second"] for r in admit),
+        "wait": wait,
+        "wait_median_decisions_per_second": statistics.median(r["decisions_per_second"] for r in wait),
+        "writes": await writes_per_admission(),
+    }
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
