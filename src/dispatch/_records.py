@@ -51,6 +51,17 @@ class RemainingPod:
     deletion_timestamp: str | None = None
     """When the pod was asked to stop by (its deletionTimestamp: the deletion time plus its grace period)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "node": self.node,
+            "nodeState": self.node_state,
+            "phase": self.phase,
+            "terminating": self.terminating,
+            "admission": self.admission,
+            "deletionTimestamp": self.deletion_timestamp,
+        }
+
     def describe(self) -> str:
         """``<pod> on <node> (<node state>)``, the form every status string uses."""
         if not self.node:
@@ -100,18 +111,7 @@ class Status:
             "mode": self.mode,
             "queue": self.queue,
             "created": self.created.isoformat() if self.created else None,
-            "remaining": [
-                {
-                    "name": p.name,
-                    "node": p.node,
-                    "nodeState": p.node_state,
-                    "phase": p.phase,
-                    "terminating": p.terminating,
-                    "admission": p.admission,
-                    "deletionTimestamp": p.deletion_timestamp,
-                }
-                for p in self.remaining
-            ],
+            "remaining": [p.to_dict() for p in self.remaining],
             "resourceVersion": self.resource_version,
         }
 

@@ -18,7 +18,7 @@ from .cli_harness import Cli
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
 }
-POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission"}
+POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp"}
 
 
 def trainjob(cli: Cli, name: str) -> dict[str, Any]:

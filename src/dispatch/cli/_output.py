@@ -50,15 +50,7 @@ def identity_dict(identity: Identity) -> dict[str, Any]:
 
 def pod_dict(pod: RemainingPod) -> dict[str, Any]:
     """A remaining pod with the same keys as in ``Status.to_dict()``, plus the library's description."""
-    return {
-        "name": pod.name,
-        "node": pod.node,
-        "nodeState": pod.node_state,
-        "phase": pod.phase,
-        "terminating": pod.terminating,
-        "admission": pod.admission,
-        "description": pod.describe(),
-    }
+    return {**pod.to_dict(), "description": pod.describe()}
 
 
 def emit(state: CliState, data: Any, human: Callable[[], None]) -> None:
