@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import shutil
 
 import pytest
 from rich.console import Console
@@ -11,12 +10,9 @@ from rich.console import Console
 pytestmark = pytest.mark.testbed
 
 
-def test_demo_keeps_the_promise() -> None:
-    from dispatch import testbed
+def test_demo_keeps_the_promise(testbed_kubeconfig: str) -> None:
     from dispatch.cli._demo import run_demo
 
-    if shutil.which("go") is None and not testbed.is_up():
-        pytest.skip("the Go toolchain is needed to build the testbed")
     buffer = io.StringIO()
     console = Console(file=buffer, width=200, force_terminal=False)
     try:
