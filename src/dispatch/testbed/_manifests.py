@@ -372,7 +372,10 @@ def nodes(regular: list[str], freezable: list[str]) -> list[Obj]:
                 },
                 "spec": {"podCIDR": f"10.244.{i}.0/24", "podCIDRs": [f"10.244.{i}.0/24"]},
                 "status": {
-                    "addresses": [{"address": f"192.0.2.{i + 10}", "type": "InternalIP"}],
+                    "addresses": [
+                        {"address": f"192.0.2.{i + 10}", "type": "InternalIP"},
+                        {"address": name, "type": "Hostname"},
+                    ],
                     "allocatable": {"cpu": "16", "memory": "64Gi", "pods": "110"},
                     "capacity": {"cpu": "16", "memory": "64Gi", "pods": "110"},
                     "nodeInfo": {"architecture": "amd64", "operatingSystem": "linux"},
