@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -380,7 +381,30 @@ def up() -> Path:
         if any(s.running for s in status()):
             _log("partially running testbed found; restarting it")
             _down()
-        return _up()
+        _check_ports_free()
+        try:
+            return _up()
+        except BaseException:
+            _log(f"start-up failed; stopping what was started (logs kept in {_paths.runtime_dir()}/logs)")
+            _down()
+            raise
+
+
+def _check_ports_free() -> None:
+    """Fail early and clearly if something else (e.g. another testbed) holds one of our ports."""
+    busy = []
+    for name, port in mf.PORTS.items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                busy.append(f"{name}={port}")
+    if busy:
+        raise RuntimeError(
+            f"ports in use: {', '.join(busy)}; another testbed may be running "
+            "(use its DISPATCH_TESTBED_DIR, or set DISPATCH_TESTBED_PORT_OFFSET)"
+        )
 
 
 def _up() -> Path:
