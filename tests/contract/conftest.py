@@ -28,6 +28,6 @@ async def api(request: pytest.FixtureRequest) -> AsyncIterator[k.Kube]:
         if request.param == "real":
             try:
                 await kube.delete(k.NAMESPACES, namespace)
-            except Exception:  # noqa: BLE001 - best-effort cleanup of a test namespace
+            except Exception:
                 pass
         await kube.aclose()
