@@ -355,7 +355,11 @@ async def test_controller_killed_between_raising_a_and_ready_only_skips_a_number
     assert check_of(await workload_of(kube, "crash-s1"))["state"] == "Pending"
     assert await pods_of(kube, "crash-s1") == []
     async with subprocess_controller(ns, log=Path(os.environ.get("DISPATCH_CONTROLLER_LOG", os.devnull))):
-        await until(lambda: _running(kube, "crash-s1"), what="running after restart")
+        try:
+            await until(lambda: _running(kube, "crash-s1"), timeout=120, what="running after restart")
+        except AssertionError as exc:
+            wl = await workload_of(kube, "crash-s1")
+            raise AssertionError(f"{exc}; workload status: {json.dumps((wl or {}).get('status'))}") from None
     pods = running_pods(await pods_of(kube, "crash-s1"))
     assert [p["metadata"]["labels"][A] for p in pods] == ["2"]
 

@@ -1,0 +1,128 @@
+"""Decisions/s of the admission-check controller against the testbed's real Kueue and API server.
+
+N TrainJobs (default 200) are opened under a ClusterQueue of the benchmark's own, with quota for all of
+them, while no controller runs: Kueue reserves quota for every Workload and leaves our check Pending.
+Then ``python -m dispatch.controller`` starts, and the benchmark times how long until every check is
+Ready (from the process start, and from the first Ready to the last). Everything is deleted afterwards.
+
+Run with the testbed up: ``python bench/controller_testbed_bench.py [--workloads 200]``.
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: ASYNC210, ASYNC220, ASYNC230  (a benchmark harness: one subprocess, one file, one scrape)
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from typing import Any
+
+from dispatch import AsyncAdapter, JobSpec, testbed
+from dispatch import _kube as k
+
+LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
+
+
+def state(workload: dict[str, Any]) -> str:
+    for c in (workload.get("status") or {}).get("admissionChecks") or []:
+        if c.get("name") == "dispatch":
+            return str(c.get("state"))
+    return ""
+
+
+def reserved(workload: dict[str, Any]) -> bool:
+    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+async def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workloads", type=int, default=200)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--log", default="")
+    p.add_argument("--log-level", default="warning")
+    a = p.parse_args()
+    if not testbed.is_up():
+        raise SystemExit("the testbed is not up")
+    path = testbed.kubeconfig_path()
+    ns = cq = f"ctl-bench-{uuid.uuid4().hex[:6]}"
+    kube = k.Kube.connect(namespace=ns, kubeconfig=path)
+    await kube.create(k.NAMESPACES, {"metadata": {"name": ns}})
+    await kube.create(CLUSTERQUEUES, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default",
+                     "resources": [{"name": "cpu", "nominalQuota": "1000"},
+                                   {"name": "memory", "nominalQuota": "1000Gi"}]}]}],
+                 "admissionChecksStrategy": {"admissionChecks": [{"name": "dispatch"}]}}})
+    await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                                    "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
+    adapter = AsyncAdapter(kube)
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        sem = asyncio.Semaphore(16)
+
+        async def open_one(i: int) -> None:
+            async with sem:
+                await adapter.open(JobSpec(job_id="bench", submission=f"s{i}", queue="lq",
+                                           resources_per_node={"cpu": "10m"}))
+        await asyncio.gather(*(open_one(i) for i in range(a.workloads)))
+        deadline = time.monotonic() + 300
+        while True:
+            wls = (await kube.list(k.WORKLOADS)).items
+            if len(wls) == a.workloads and all(reserved(w) and state(w) == "Pending" for w in wls):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit("Kueue did not reserve quota for every Workload in time")
+            await asyncio.sleep(0.5)
+        started = time.monotonic()
+        proc = subprocess.Popen([sys.executable, "-m", "dispatch.controller", "--kubeconfig", str(path),
+                                 "--namespace", ns, "--no-leader-elect", "--metrics-port", str(a.metrics_port),
+                                 "--workers", str(a.workers), "--log-level", a.log_level],
+                                stderr=open(a.log, "wb") if a.log else None)  # noqa: SIM115
+        first: float | None = None
+        while True:
+            wls = (await kube.list(k.WORKLOADS)).items
+            ready = sum(state(w) == "Ready" for w in wls)
+            now = time.monotonic()
+            if ready and first is None:
+                first = now
+            if ready == a.workloads:
+                break
+            if now - started > 600:
+                raise SystemExit(f"only {ready} of {a.workloads} Ready after 600 s")
+            await asyncio.sleep(0.1)
+        total = now - started
+        if a.metrics_port:
+            import urllib.request
+
+            text = urllib.request.urlopen(f"http://127.0.0.1:{a.metrics_port}/metrics").read().decode()
+            print("\n".join(line for line in text.splitlines() if line.startswith(
+                ("dispatch_reconcile_seconds_sum", "dispatch_reconcile_seconds_count", "dispatch_reconcile_errors",
+                 "dispatch_decisions_total", "dispatch_api_writes"))))
+        span = now - (first or started)
+        print(json.dumps({
+            "workloads": a.workloads, "workers": a.workers,
+            "seconds_from_process_start": round(total, 2),
+            "decisions_per_second_from_process_start": round(a.workloads / total, 1),
+            "seconds_first_to_last_ready": round(span, 2),
+            "decisions_per_second_first_to_last": round((a.workloads - 1) / span, 1) if span else None,
+        }, indent=2))
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(10)
+        for tj in (await kube.list(k.TRAINJOBS)).items:
+            await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
+        await kube.delete(k.NAMESPACES, ns)
+        await kube.delete(CLUSTERQUEUES, cq)
+        await kube.aclose()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
