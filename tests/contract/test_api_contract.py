@@ -125,11 +125,28 @@ async def test_status_subresource_is_isolated(api: k.Kube) -> None:
     main = await api.get(k.PODS, "iso")
     assert main["metadata"]["labels"]["touched"] == "yes"
     assert (main.get("status") or {}).get("phase") != "Running"
-    await api.merge_patch(k.PODS, "iso", {"status": {"phase": "Running"},
+    await api.merge_patch(k.PODS, "iso", {"status": {"phase": "Running"}, "spec": {"activeDeadlineSeconds": 5},
                                           "metadata": {"labels": {"via": "status"}}}, sub="status")
     after = await api.get(k.PODS, "iso")
     assert after["status"]["phase"] == "Running"
-    assert "via" not in after["metadata"]["labels"]
+    assert "activeDeadlineSeconds" not in after["spec"]
+    assert after["metadata"]["labels"]["via"] == "status"  # pods take metadata through /status (measured)
+
+
+async def test_custom_resource_status_subresource_ignores_spec_and_metadata(api: k.Kube) -> None:
+    await api.create(k.TRAINJOBS, {
+        "apiVersion": k.TRAINJOBS.api_version, "kind": "TrainJob", "metadata": {"name": "st"},
+        "spec": {"suspend": True, "runtimeRef": {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
+                                                 "kind": "ClusterTrainingRuntime"}},
+    })
+    cond = {"type": "example.com/X", "status": "True", "reason": "R", "message": "m",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}
+    out = await api.merge_patch(k.TRAINJOBS, "st", {"metadata": {"labels": {"via": "status"}},
+                                                    "spec": {"suspend": False},
+                                                    "status": {"conditions": [cond]}}, sub="status")
+    assert "via" not in (out["metadata"].get("labels") or {})
+    assert out["spec"]["suspend"] is True
+    assert "example.com/X" in [c["type"] for c in out["status"]["conditions"]]
 
 
 async def test_graceful_pod_deletion_keeps_the_pod_terminating(api: k.Kube) -> None:

@@ -453,6 +453,11 @@ class FakeApiServer:
                 merged["status"] = new["status"]
             else:
                 merged.pop("status", None)
+            if not kind.group:
+                # built-in kinds (pods, nodes) take labels and annotations through /status; CRDs do not
+                for field_name in ("labels", "annotations"):
+                    if field_name in new.get("metadata", {}):
+                        merged["metadata"][field_name] = new["metadata"][field_name]
             new = merged
         elif status is False and kind.status:
             if "status" in current:
