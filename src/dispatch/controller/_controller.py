@@ -488,6 +488,7 @@ class Controller:
             self._stopping = True
             self.queue.close()
             await _cancel_all([*tasks, stopper])
+            await self.events.drain()
             if self.elector is not None:
                 await self.elector.release()
             self._leadership(False)

@@ -1,11 +1,12 @@
 """Kubernetes Events on the TrainJob, so ``kubectl describe`` shows why admission waited and when it went.
 
 Events are best effort: a failure to record one is logged and counted, never allowed to fail or delay
-the admission it describes.
+the admission it describes, so they are sent from a background task and the worker moves on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from datetime import UTC, datetime
 from typing import Any
@@ -27,10 +28,22 @@ class EventRecorder:
         self._metrics = metrics
         self.instance = instance
         self.enabled = True
+        self._pending: set[asyncio.Task[None]] = set()
 
     async def emit(self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
+        """Queue the Event and return at once."""
         if not self.enabled:
             return
+        task = asyncio.create_task(self._send(obj, reason, message, warning))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def drain(self, timeout: float = 5.0) -> None:
+        """Wait for Events still being sent (at shutdown)."""
+        if self._pending:
+            await asyncio.wait(set(self._pending), timeout=timeout)
+
+    async def _send(self, obj: dict[str, Any], reason: str, message: str, warning: bool) -> None:
         meta = obj.get("metadata") or {}
         name = str(meta.get("name", ""))
         namespace = str(meta.get("namespace", ""))
