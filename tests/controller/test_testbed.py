@@ -530,3 +530,53 @@ def _kubectl() -> str:
 
     return str(Path(testbed.env()["PATH"].split(os.pathsep)[0]) / "kubectl")
 
+
+
+# ---------------------------------------------------------------- a lost node
+
+
+@pytest.mark.skipif(os.environ.get("DISPATCH_TESTBED_EXCLUSIVE") != "1",
+                    reason="freezes and taints node-2 out-of-service, which force-deletes every pod on it: "
+                           "run only on a testbed no one else is using (DISPATCH_TESTBED_EXCLUSIVE=1)")
+async def test_a_frozen_node_holds_the_check_until_the_out_of_service_taint(env: tuple[k.Kube, str, str]) -> None:
+    from dispatch import testbed
+
+    kube, ns, _ = env
+    node = "node-2"
+    runtime = await kube.get(k.CLUSTER_RUNTIMES, "torch-distributed")
+    spec = runtime["spec"]
+    for rj in spec["template"]["spec"]["replicatedJobs"]:
+        pod_spec = rj["template"]["spec"]["template"].setdefault("spec", {})
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    await kube.create(k.RUNTIMES, {"apiVersion": k.RUNTIMES.api_version, "kind": "TrainingRuntime",
+                                   "metadata": {"name": "pinned", "labels": runtime["metadata"].get("labels", {})},
+                                   "spec": spec})
+    adapter = AsyncAdapter(kube)
+    taint = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
+    try:
+        async with subprocess_controller(ns):
+            await adapter.open(JobSpec(job_id="frozen", submission="s1", queue="lq", runtime="pinned",
+                                       runtime_kind="TrainingRuntime"))
+            await until(lambda: _running(kube, "frozen-s1"), what="running on the freezable node")
+            [old] = [p["metadata"]["name"] for p in await pods_of(kube, "frozen-s1")]
+            testbed.freeze(node)
+            await adapter.hold("frozen-s1")
+            await until(functools.partial(_terminating, kube, [old]), what="pod Terminating on the frozen node")
+            await adapter.release("frozen-s1")
+
+            async def waiting() -> bool:
+                msg = check_of(await workload_of(kube, "frozen-s1")).get("message", "")
+                return bool(msg == f"waiting for pods of the previous execution to go: {old} on {node}")
+            await until(waiting, what="waiting for the pod on the frozen node")
+            await asyncio.sleep(15)              # the node goes Ready=Unknown; nothing proves the process gone
+            assert check_of(await workload_of(kube, "frozen-s1"))["state"] == "Pending"
+            testbed.kubectl("taint", "nodes", node, taint)
+
+            async def ready() -> bool:
+                return bool(check_of(await workload_of(kube, "frozen-s1")).get("state") == "Ready")
+            await until(ready, timeout=120, what="Ready once the operator tainted the node out-of-service")
+            tj = await kube.get(k.TRAINJOBS, "frozen-s1")
+            assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "2"
+    finally:
+        testbed.kubectl("taint", "nodes", node, f"{taint}-", check=False)
+        testbed.thaw(node)
