@@ -123,6 +123,11 @@ class LeaderElector:
             while True:
                 try:
                     leading = await self.try_once()
+                except NotFound as exc:
+                    log.error("cannot lead: the lease namespace does not exist; create it, or pass another "
+                              "lease namespace, or run without leader election", namespace=self.namespace,
+                              error=str(exc))
+                    leading = False
                 except DispatchError as exc:
                     log.warning("lease update failed", error=str(exc), lease=self.name)
                     leading = self.is_leader and time.monotonic() - self._last_renew < self.renew_deadline
