@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -34,6 +35,13 @@ def state(workload: dict[str, Any]) -> str:
     return ""
 
 
+def message(workload: dict[str, Any]) -> str:
+    for c in (workload.get("status") or {}).get("admissionChecks") or []:
+        if c.get("name") == "dispatch":
+            return str(c.get("message") or "")
+    return ""
+
+
 def reserved(workload: dict[str, Any]) -> bool:
     return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
                for c in (workload.get("status") or {}).get("conditions") or [])
@@ -44,6 +52,9 @@ async def main() -> None:
     p.add_argument("--workloads", type=int, default=200)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--blocked", action="store_true",
+                   help="give every object a pod that may still run, so each decision is 'wait' (one write) and "
+                        "no admission cascades into Kueue, Trainer and JobSet work on the same machine")
     p.add_argument("--log", default="")
     p.add_argument("--log-level", default="warning")
     a = p.parse_args()
@@ -72,6 +83,13 @@ async def main() -> None:
                 await adapter.open(JobSpec(job_id="bench", submission=f"s{i}", queue="lq",
                                            resources_per_node={"cpu": "10m"}))
         await asyncio.gather(*(open_one(i) for i in range(a.workloads)))
+        if a.blocked:
+            async def decoy(i: int) -> None:
+                async with sem:
+                    await kube.create(k.PODS, {"metadata": {"name": f"decoy-{i}", "labels": {
+                        "jobset.sigs.k8s.io/jobset-name": f"bench-s{i}"}}, "spec": {
+                        "nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
+            await asyncio.gather(*(decoy(i) for i in range(a.workloads)))
         deadline = time.monotonic() + 300
         while True:
             wls = (await kube.list(k.WORKLOADS)).items
@@ -88,7 +106,8 @@ async def main() -> None:
         first: float | None = None
         while True:
             wls = (await kube.list(k.WORKLOADS)).items
-            ready = sum(state(w) == "Ready" for w in wls)
+            ready = sum((state(w) == "Pending" and message(w).startswith("waiting for pods")) if a.blocked
+                        else state(w) == "Ready" for w in wls)
             now = time.monotonic()
             if ready and first is None:
                 first = now
@@ -98,6 +117,9 @@ async def main() -> None:
                 raise SystemExit(f"only {ready} of {a.workloads} Ready after 600 s")
             await asyncio.sleep(0.1)
         total = now - started
+        with open(f"/proc/{proc.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         if a.metrics_port:
             import urllib.request
 
@@ -107,8 +129,10 @@ async def main() -> None:
                  "dispatch_decisions_total", "dispatch_api_writes"))))
         span = now - (first or started)
         print(json.dumps({
-            "workloads": a.workloads, "workers": a.workers,
+            "workloads": a.workloads, "workers": a.workers, "outcome": "waiting" if a.blocked else "admitted",
             "seconds_from_process_start": round(total, 2),
+            "controller_cpu_seconds": round(cpu, 2),
+            "controller_cpu_ms_per_decision": round(1000 * cpu / a.workloads, 1),
             "decisions_per_second_from_process_start": round(a.workloads / total, 1),
             "seconds_first_to_last_ready": round(span, 2),
             "decisions_per_second_first_to_last": round((a.workloads - 1) / span, 1) if span else None,
@@ -119,6 +143,9 @@ async def main() -> None:
             proc.wait(10)
         for tj in (await kube.list(k.TRAINJOBS)).items:
             await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
+        for pod in (await kube.list(k.PODS, labels="jobset.sigs.k8s.io/jobset-name")).items:
+            if pod["metadata"]["name"].startswith("decoy-"):
+                await kube.delete(k.PODS, pod["metadata"]["name"], grace_seconds=0)
         await kube.delete(k.NAMESPACES, ns)
         await kube.delete(CLUSTERQUEUES, cq)
         await kube.aclose()
