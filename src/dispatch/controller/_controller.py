@@ -28,12 +28,22 @@ from ._http import serve
 from ._leader import LeaderElector
 from ._metrics import Metrics
 from ._queue import WorkQueue
-from ._reconcile import ForeignPolicy, Outcome, Reconciler, controller_owner, error_reason, now_text, pending_ours
+from ._reconcile import (
+    ForeignPolicy,
+    Outcome,
+    Reconciler,
+    controller_owner,
+    error_reason,
+    now_text,
+    our_entry,
+    pending_ours,
+)
 
 log = structlog.get_logger("dispatch.controller")
 
 Obj = dict[str, Any]
 
+OURS = object()
 ACTIVE_REASON = "ControllerRunning"
 ACTIVE_MESSAGE = ("dispatch admission controller is running: a check stays Pending while pods of the "
                   "previous execution may still run")
@@ -164,6 +174,8 @@ class Controller:
         self.node_waiters: dict[str, set[str]] = {}
         self.waiting: dict[str, tuple[float, frozenset[str]]] = {}
         self.last_gone: dict[tuple[str, str], float] = {}
+        self.signatures: dict[str, tuple[object, ...]] = {}
+        self.pod_signatures: dict[str, tuple[str, bool]] = {}
         self.leading = asyncio.Event()
         self._checks_dirty = asyncio.Event()
         self.http_port: int | None = None
@@ -174,6 +186,7 @@ class Controller:
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.last_gone.get((ns, name)),
         )
+        self.reconciler.on_written = self._written
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         self.informers = {
@@ -186,6 +199,12 @@ class Controller:
                              on_event=self._on_pod, timeout_seconds=timeout, metrics=self.metrics),
             "nodes": Informer(kube, k.NODES, namespace=None, labels=None, on_list=self._list_nodes,
                               on_event=self._on_node, timeout_seconds=timeout, metrics=self.metrics),
+            # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
+            # confirmation event-driven too.
+            "jobsets": Informer(kube, k.JOBSETS, namespace=ns, labels=None, on_list=self._list_lower,
+                                on_event=self._on_lower, timeout_seconds=timeout, metrics=self.metrics),
+            "jobs": Informer(kube, k.JOBS, namespace=ns, labels=n.JOBSET_NAME_LABEL, on_list=self._list_lower,
+                             on_event=self._on_lower, timeout_seconds=timeout, metrics=self.metrics),
         }
         self._stopping = False
         self.elector: LeaderElector | None = None
@@ -266,7 +285,7 @@ class Controller:
                     del self.by_owner[owner]
                     self.last_gone.pop(owner, None)
 
-    def _index_workload(self, obj: Obj) -> None:
+    def _index_workload(self, obj: Obj, *, force: bool = False) -> None:
         key = self._key(obj)
         owner = controller_owner(obj)
         ns = str((obj.get("metadata") or {}).get("namespace", ""))
@@ -278,10 +297,34 @@ class Controller:
                 self.by_owner.setdefault(pair, set()).add(key)
         if pending_ours(obj, self.check_names):
             self.pending.add(key)
-            self.queue.add(key)
+            signature = self._signature(key, obj)
+            if force or self.signatures.get(key) != signature:
+                self.queue.add(key)
+            self.signatures[key] = signature
         else:
             self.pending.discard(key)
+            self.signatures.pop(key, None)
+            self.reconciler.written.pop(key, None)
             self._drop_waiting(key)
+
+    def _written(self, key: str) -> None:
+        """Our write's echo (same state, our message) must not look like a change."""
+        stored = self.signatures.get(key)
+        written = self.reconciler.written.get(key)
+        if stored is not None and written is not None and stored[0] == written[0]:
+            self.signatures[key] = (*stored[:-1], OURS)
+
+    def _signature(self, key: str, obj: Obj) -> tuple[object, ...]:
+        """What of a Workload the decision reads. Kueue rewrites Workloads often (conditions' times,
+        requeue state), and our own write echoes back: neither needs a reconcile. Our own message is
+        folded to a marker so its echo matches what was stored before the write."""
+        entry = our_entry(obj, self.check_names)
+        state, text = (entry.state, entry.message) if entry else ("", "")
+        message: object = OURS if self.reconciler.written.get(key) == (state, text) else text
+        conds = tuple(d.condition_true(obj, c) for c in ("QuotaReserved", "Evicted", "Finished", "Admitted"))
+        owner = controller_owner(obj)
+        return (state, conds, (obj.get("spec") or {}).get("active"), d.is_deleting(obj),
+                owner.uid if owner else "", message)
 
     def _list_workloads(self, items: list[Obj]) -> None:
         keys = {self._key(o) for o in items}
@@ -289,12 +332,14 @@ class Controller:
             if stale not in keys:
                 self._remove_workload(stale)
         for obj in items:
-            self._index_workload(obj)
+            self._index_workload(obj, force=True)
         self._gauges()
 
     def _remove_workload(self, key: str) -> None:
         self._forget_owner(key)
         self.pending.discard(key)
+        self.signatures.pop(key, None)
+        self.reconciler.written.pop(key, None)
         self._drop_waiting(key)
 
     def _on_workload(self, etype: str, obj: Obj) -> None:
@@ -310,21 +355,46 @@ class Controller:
 
     # ------------------------------------------------------------------ pods and nodes
 
+    @staticmethod
+    def _pod_signature(obj: Obj) -> tuple[str, bool]:
+        """What of a pod the decision and its message read: where it runs and whether it may run."""
+        phase = str((obj.get("status") or {}).get("phase") or "")
+        return str((obj.get("spec") or {}).get("nodeName") or ""), phase not in d.TERMINAL_PHASES
+
     def _list_pods(self, items: list[Obj]) -> None:
+        self.pod_signatures = {str((o.get("metadata") or {}).get("uid")): self._pod_signature(o) for o in items}
         # Pods may have gone while the watch was down: re-check every Workload that waits.
         self._requeue_all()
 
     def _on_pod(self, etype: str, obj: Obj) -> None:
         meta = obj.get("metadata") or {}
+        uid = str(meta.get("uid"))
+        if etype == "DELETED":
+            self.pod_signatures.pop(uid, None)
+        else:
+            signature = self._pod_signature(obj)
+            if etype == "MODIFIED" and self.pod_signatures.get(uid) == signature:
+                return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
+            self.pod_signatures[uid] = signature
         owner = (str(meta.get("namespace", "")), str(d.labels_of(obj).get(n.JOBSET_NAME_LABEL, "")))
         keys = self.by_owner.get(owner)
         if not keys:
             return
-        phase = str((obj.get("status") or {}).get("phase") or "")
-        if etype == "DELETED" or phase in d.TERMINAL_PHASES:
+        if etype == "DELETED" or not self._pod_signature(obj)[1]:
             self.last_gone[owner] = time.monotonic()
         for key in keys:
             if key in self.pending:
+                self.queue.add(key)
+
+    def _list_lower(self, items: list[Obj]) -> None:
+        self._requeue_all()
+
+    def _on_lower(self, etype: str, obj: Obj) -> None:
+        """A JobSet (named as its TrainJob) or a Job (labelled with it) changed: re-check the waiters."""
+        meta = obj.get("metadata") or {}
+        name = d.labels_of(obj).get(n.JOBSET_NAME_LABEL) if obj.get("kind") == "Job" else meta.get("name")
+        for key in self.by_owner.get((str(meta.get("namespace", "")), str(name or "")), ()):
+            if key in self.waiting:
                 self.queue.add(key)
 
     def _list_nodes(self, items: list[Obj]) -> None:

@@ -167,6 +167,9 @@ class Reconciler:
         self.field_manager = field_manager
         self._last_gone = last_gone
         self._adapters: dict[str, AsyncAdapter] = {}
+        self.on_written: Callable[[str], None] = lambda _key: None
+        self.written: dict[str, tuple[str, str]] = {}
+        """Per Workload key, the (state, message) of our entry as last written: its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
         """Test hook: runs between raising A and setting Ready (a crash point)."""
 
@@ -197,6 +200,9 @@ class Reconciler:
             field_manager=self.field_manager, force=True,
         )
         self._metrics.writes.labels("workload").inc()
+        key = f"{meta.get('namespace')}/{meta.get('name')}"
+        self.written[key] = (str(entry["state"]), str(entry["message"]))
+        self.on_written(key)
         return result
 
     async def _pending(self, workload: Obj, entry: Entry, message: str) -> None:
