@@ -126,6 +126,16 @@ def test_open_from_spec_file_with_flags_overriding(cli: Cli, tmp_path: Path) -> 
     assert trainer["resourcesPerNode"]["requests"] == {"cpu": "1", "memory": "1Gi"}
 
 
+def test_open_with_node_selector_and_pod_annotations(cli: Cli, tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("jobId: pin\nsubmission: s1\nnodeSelector: {kubernetes.io/hostname: node-1}\n")
+    cli.json("open", "-f", str(spec), "--pod-annotation", "example.com/a=1", "--no-hold")
+    cli.cluster.settle()
+    pods = cli.cluster.pods("pin-s1")
+    assert [p["spec"]["nodeName"] for p in pods] == ["node-1"]
+    assert pods[0]["metadata"]["annotations"] == {"example.com/a": "1"}
+
+
 def test_open_from_stdin(cli: Cli) -> None:
     result = cli("-o", "json", "open", "-f", "-", input="job_id: llama\nsubmission: s9\n")
     assert result.exit_code == 0, result.output

@@ -175,6 +175,14 @@ def open_(
         list[str] | None,
         typer.Option("--label", "-l", metavar="KEY=VALUE", help="Extra TrainJob label, KEY=VALUE (repeatable)."),
     ] = None,
+    node_selector: Annotated[
+        list[str] | None,
+        typer.Option("--node-selector", metavar="KEY=VALUE", help="Pods' node selector, KEY=VALUE (repeatable)."),
+    ] = None,
+    pod_annotation: Annotated[
+        list[str] | None,
+        typer.Option("--pod-annotation", metavar="KEY=VALUE", help="Annotation on every pod, KEY=VALUE (repeatable)."),
+    ] = None,
     queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue (Kueue mode).")] = None,
     priority: Annotated[str | None, typer.Option("--priority", help="Kueue WorkloadPriorityClass.")] = None,
     grace_period: Annotated[
@@ -206,6 +214,8 @@ def open_(
                 "resources_per_node": parse_pairs("--resource", resource or []),
                 "env": parse_pairs("--env", env or []),
                 "labels": parse_pairs("--label", label or []),
+                "node_selector": parse_pairs("--node-selector", node_selector or []),
+                "pod_annotations": parse_pairs("--pod-annotation", pod_annotation or []),
                 "queue": queue,
                 "priority_class": priority,
                 "termination_grace_period_seconds": grace_period,

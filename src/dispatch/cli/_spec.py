@@ -28,9 +28,12 @@ SPEC_KEYS: dict[str, str] = {
     "queue": "queue",
     "priorityClass": "priority_class",
     "labels": "labels",
+    "podAnnotations": "pod_annotations",
+    "nodeSelector": "node_selector",
     "terminationGracePeriodSeconds": "termination_grace_period_seconds",
 }
 _FIELDS = set(SPEC_KEYS.values())
+_MAPS = ("resources_per_node", "env", "labels", "pod_annotations", "node_selector")
 
 EXAMPLE = """\
 jobId: llama
@@ -92,7 +95,7 @@ def load_spec_file(path: Path) -> dict[str, Any]:
             continue
         if field in ("command", "args"):
             out[field] = _str_list(key, value)
-        elif field in ("resources_per_node", "env", "labels"):
+        elif field in _MAPS:
             out[field] = _str_map(key, value)
         elif field in ("num_nodes", "termination_grace_period_seconds"):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -129,7 +132,7 @@ def build_spec(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -
     for key, value in flag_values.items():
         if value is None:
             continue
-        if key in ("resources_per_node", "env", "labels"):
+        if key in _MAPS:
             if value:
                 merged[key] = {**merged.get(key, {}), **value}
             continue
