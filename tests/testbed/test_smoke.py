@@ -7,8 +7,6 @@ controllers and webhooks, KWOK pods that stay Running, suspension, Kueue admissi
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -24,15 +22,8 @@ Obj = dict[str, Any]
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[None]:
-    """Bring the testbed up once for this module; leave it running if DISPATCH_TESTBED_KEEP=1."""
-    if shutil.which("go") is None:
-        pytest.skip("the Go toolchain is needed to build the testbed")
-    was_up = testbed.is_up()
-    testbed.up()
-    yield
-    if not was_up and os.environ.get("DISPATCH_TESTBED_KEEP") != "1":
-        testbed.down()
+def cluster(testbed_kubeconfig: str) -> None:
+    """The testbed, brought up once per test run by the session fixture in tests/conftest.py."""
 
 
 @pytest.fixture
