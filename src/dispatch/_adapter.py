@@ -223,15 +223,28 @@ class AsyncAdapter:
             return None
         return found.items[0] if found.items else None
 
+    async def _our_checks(self) -> set[str] | None:
+        """Names of the AdmissionChecks dispatch's controller owns; None if they cannot be listed."""
+        try:
+            checks = (await self._kube.list(k.ADMISSION_CHECKS)).items
+        except (NotFound, Forbidden):
+            return None
+        return {d.name_of(c) for c in checks
+                if (c.get("spec") or {}).get("controllerName") == n.CONTROLLER_NAME}
+
     @staticmethod
-    def _check_of(workload: Obj | None) -> d.CheckView | None:
+    def _check_of(workload: Obj | None, ours: set[str] | None) -> d.CheckView | None:
+        """dispatch's check on the Workload; without the list of ours, the first check not yet Ready."""
         if workload is None:
             return None
         checks = (workload.get("status") or {}).get("admissionChecks") or []
-        ours = [c for c in checks if str(c.get("name", "")).startswith("dispatch")]
-        if not ours:
+        if ours is not None:
+            mine = [c for c in checks if c.get("name") in ours]
+        else:
+            mine = [c for c in checks if c.get("state") != "Ready"]
+        if not mine:
             return None
-        c = ours[0]
+        c = mine[0]
         return d.CheckView(str(c.get("name")), str(c.get("state", "")), str(c.get("message", "")))
 
     def _status(self, trainjob: Obj, verdict: d.Verdict | None, check: d.CheckView | None,
@@ -274,7 +287,7 @@ class AsyncAdapter:
         note = ""
         if d.queue_of(trainjob):
             workload = await self._workload(trainjob)
-            check = self._check_of(workload)
+            check = self._check_of(workload, await self._our_checks() if workload is not None else None)
             note = self._workload_note(workload)
         return self._status(trainjob, verdict, check, note)
 
@@ -317,7 +330,9 @@ class AsyncAdapter:
         jobs = await self._list_or_empty(k.JOBS, labels=n.JOBSET_NAME_LABEL)
         nodes = await self._all_nodes(pods)
         workloads: dict[str, Obj] = {}
+        ours: set[str] | None = None
         if any(d.queue_of(t) for t in idle):
+            ours = await self._our_checks()
             for w in await self._list_or_empty(k.WORKLOADS):
                 uid = d.labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
                 if uid:
@@ -333,7 +348,7 @@ class AsyncAdapter:
                 jobset=jobsets.get(name), jobs=jobs,
             )
             wl = workloads.get(str((t.get("metadata") or {}).get("uid")))
-            check = self._check_of(wl) if d.queue_of(t) else None
+            check = self._check_of(wl, ours) if d.queue_of(t) else None
             note = self._workload_note(wl) if d.queue_of(t) else ""
             out.append(self._status(t, verdict, check, note))
         return sorted(out, key=lambda s: s.name)
