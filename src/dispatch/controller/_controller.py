@@ -148,7 +148,7 @@ class Informer:
             except Refused as exc:
                 self._failed(exc, "error")
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            delay = min(delay * 2, 10.0)
 
     def _failed(self, exc: DispatchError, level: str) -> None:
         self.last_error = str(exc)
