@@ -310,6 +310,10 @@ async def test_check_turns_ready_within_a_second_of_the_last_pod_going(env: tupl
                 assert gone is not None and ready is not None and ready >= gone
                 latencies.append(ready - gone)
                 await until(lambda: _running(kube, "lat-s1"), what="running again")
+                # no overlap: the first pod of the new execution appeared only after the old one went
+                born = min(t for t, label, etype, obj in rec.events if label == "pod" and etype == "ADDED"
+                           and obj["metadata"]["labels"].get(A) == str(i + 2))
+                assert born > gone
                 pods = running_pods(await pods_of(kube, "lat-s1"))
                 assert [p["metadata"]["labels"][A] for p in pods] == [str(i + 2)]
     finally:
