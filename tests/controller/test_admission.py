@@ -301,7 +301,7 @@ async def test_a_stale_trainjob_write_gets_409_and_is_requeued(
     async with running(kube) as ctl:
         await until(lambda: kueue.entry(wl)["state"] == "Ready")
         assert ctl.metrics.errors.labels("TrainJobConflict")._value.get() == 1
-    assert admission_of(cluster) == 1
+    assert admission_of(cluster) == 2  # the ledger handed out 1 before the conflict: skipped, never reused
 
 
 async def test_transient_api_errors_are_retried_with_backoff(
@@ -432,6 +432,19 @@ async def test_a_trainjob_not_opened_by_dispatch_gets_the_rule_but_no_admission_
     assert admission_of(cluster, "byhand") == 0
     first, second = sorted(cluster.history.processes, key=lambda p: p.started)   # no A to check, but no overlap
     assert first.ended is not None and first.ended < second.started
+
+
+async def test_an_admission_check_created_after_its_workloads_still_gets_them_decided(
+    adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube
+) -> None:
+    kueue = FakeKueue(cluster)
+    await adapter.open(SPEC)
+    async with running(kube) as ctl:
+        wl = kueue.workload_for(NAME)            # its check names an AdmissionCheck nobody owns yet
+        await quiet()
+        assert ctl.check_names == frozenset() and kueue.entry(wl)["state"] == "Pending"
+        kueue.install()                          # now the check is ours; the Workload does not change
+        await until(lambda: kueue.entry(wl)["state"] == "Ready")
 
 
 async def test_checks_of_another_controller_are_not_ours(

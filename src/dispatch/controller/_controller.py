@@ -175,6 +175,8 @@ class Controller:
         self.waiting: dict[str, tuple[float, frozenset[str]]] = {}
         self.last_gone: dict[tuple[str, str], float] = {}
         self.signatures: dict[str, tuple[object, ...]] = {}
+        self.workloads: dict[str, Obj] = {}
+        """Last seen Workloads: kept so a change of our check names can re-sort them without a relist."""
         self.pod_signatures: dict[str, tuple[str, bool]] = {}
         self.leading = asyncio.Event()
         self._checks_dirty = asyncio.Event()
@@ -221,7 +223,10 @@ class Controller:
         self._checks_dirty.set()
         if self.check_names != before:
             log.info("admission checks of ours", checks=sorted(self.check_names))
-            self._requeue_all()
+            # Which Workloads are ours depends on the check names: index every known Workload again.
+            for obj in list(self.workloads.values()):
+                self._index_workload(obj, force=True)
+            self._gauges()
 
     def _list_checks(self, items: list[Obj]) -> None:
         self._set_checks({d.name_of(c): c for c in items if self._ours(c)})
@@ -287,6 +292,7 @@ class Controller:
 
     def _index_workload(self, obj: Obj, *, force: bool = False) -> None:
         key = self._key(obj)
+        self.workloads[key] = obj
         owner = controller_owner(obj)
         ns = str((obj.get("metadata") or {}).get("namespace", ""))
         pair = (ns, owner.name) if owner is not None and owner.is_trainjob else None
@@ -328,7 +334,7 @@ class Controller:
 
     def _list_workloads(self, items: list[Obj]) -> None:
         keys = {self._key(o) for o in items}
-        for stale in set(self.owner_of) | self.pending:
+        for stale in set(self.owner_of) | self.pending | set(self.workloads):
             if stale not in keys:
                 self._remove_workload(stale)
         for obj in items:
@@ -336,6 +342,7 @@ class Controller:
         self._gauges()
 
     def _remove_workload(self, key: str) -> None:
+        self.workloads.pop(key, None)
         self._forget_owner(key)
         self.pending.discard(key)
         self.signatures.pop(key, None)

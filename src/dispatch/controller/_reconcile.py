@@ -299,6 +299,7 @@ class Reconciler:
             admission = d.next_admission(trainjob, snap.pods)
             try:
                 raised = await self.adapter(ns).raise_admission(trainjob, admission)
+                admission = d.admission_of(raised)  # the ledger may have lifted it
             except Unreachable as exc:
                 if exc.code == 409:
                     return Outcome("conflict", retry=True, error="TrainJobConflict")
