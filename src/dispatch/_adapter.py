@@ -407,6 +407,9 @@ class AsyncAdapter:
         body = self._trainjob_body(spec, name, replicated, admission, suspend=admission == 0)
         if spec.termination_grace_period_seconds is not None:
             await self._check_grace_kept(body)
+        if admission:
+            admission = max(admission, await self.ledger_floor(spec.job_id, spec.submission) + 1)
+            body = self._trainjob_body(spec, name, replicated, admission, suspend=False)
         try:
             created = await self._kube.create(k.TRAINJOBS, body)
         except NotFound as exc:
@@ -414,6 +417,8 @@ class AsyncAdapter:
                 "the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                 reason=exc.reason, code=exc.code,
             ) from exc
+        if admission:
+            await self.record_admission(spec.job_id, spec.submission, admission)
         return self._status(created, d.Verdict((), ()) if admission == 0 else None, None)
 
     async def _check_grace_kept(self, body: Obj) -> None:
@@ -523,14 +528,58 @@ class AsyncAdapter:
             body["spec"]["trainer"] = trainer
         return body
 
+    async def ledger_floor(self, job_id: str, submission: str) -> int:
+        """The highest A the namespace's ledger remembers for a submission (0 if none)."""
+        ledger = await self._kube.get_or_none(k.CONFIGMAPS, n.LEDGER_NAME)
+        value = ((ledger or {}).get("data") or {}).get(n.ledger_key(job_id, submission))
+        return d._int_or_none(value) or 0
+
+    async def record_admission(self, job_id: str, submission: str, admission: int) -> None:
+        """Remember A in the ledger (never lowering it), so a closed and re-opened submission goes on
+        from there. Conditioned on the ledger's resourceVersion; retried on conflict."""
+        key = n.ledger_key(job_id, submission)
+        for _ in range(self.conflict_retries * 2):
+            ledger = await self._kube.get_or_none(k.CONFIGMAPS, n.LEDGER_NAME)
+            if ledger is None:
+                try:
+                    await self._kube.create(k.CONFIGMAPS, {
+                        "apiVersion": "v1", "kind": "ConfigMap",
+                        "metadata": {"name": n.LEDGER_NAME, "labels": {"app.kubernetes.io/managed-by": "dispatch"}},
+                        "data": {key: str(admission)},
+                    })
+                except Refused as exc:
+                    if exc.reason == "AlreadyExists":
+                        continue
+                    raise
+                return
+            if (d._int_or_none((ledger.get("data") or {}).get(key)) or 0) >= admission:
+                return
+            try:
+                await self._kube.merge_patch(k.CONFIGMAPS, n.LEDGER_NAME, {
+                    "metadata": {"resourceVersion": (ledger.get("metadata") or {}).get("resourceVersion")},
+                    "data": {key: str(admission)},
+                })
+            except Unreachable as exc:
+                if exc.code == 409:
+                    continue
+                raise
+            return
+        raise Unreachable(f"the admission ledger {n.LEDGER_NAME} kept changing; retry", reason="Conflict", code=409)
+
     async def raise_admission(self, trainjob: Obj, admission: int) -> Obj:
         """Write A on the TrainJob and into dispatch's runtime patch, conditioned on the RV read.
 
+        ``admission`` is a floor: the ledger may lift it (an earlier, closed object of the same submission
+        went higher). The A written is the returned TrainJob's annotation (``_decision.admission_of``); it is
+        recorded in the ledger after the TrainJob, so a conflict retries the same number instead of skipping
+        one. ``close`` records the object's A too, which covers a crash between the two writes.
         Server-side apply of our own fields only: Kueue's runtime patch entry (same list, another key)
         is left alone, where a merge patch would replace the whole list.
         """
         meta = trainjob.get("metadata") or {}
         ident = d.identity_of(trainjob)
+        if ident.job_id and ident.submission:
+            admission = max(admission, await self.ledger_floor(ident.job_id, ident.submission) + 1)
         current = next((e for e in (trainjob.get("spec") or {}).get("runtimePatches") or []
                         if e.get("manager") == n.PATCH_MANAGER), None)
         if current is None or not d.patched_replicated_jobs(trainjob):
@@ -555,7 +604,10 @@ class AsyncAdapter:
             },
             "spec": {"runtimePatches": [entry]},
         }
-        return await self._kube.apply(k.TRAINJOBS, str(meta.get("name")), body)
+        raised = await self._kube.apply(k.TRAINJOBS, str(meta.get("name")), body)
+        if ident.job_id and ident.submission:
+            await self.record_admission(ident.job_id, ident.submission, admission)
+        return raised
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -585,6 +637,7 @@ class AsyncAdapter:
             admission = d.next_admission(trainjob, snap.pods)
             try:
                 raised = await self.raise_admission(trainjob, admission)
+                admission = d.admission_of(raised)
                 rv = (raised.get("metadata") or {}).get("resourceVersion")
                 await self._kube.merge_patch(
                     k.TRAINJOBS, name, {"metadata": {"resourceVersion": rv}, "spec": {"suspend": False}}
@@ -635,6 +688,9 @@ class AsyncAdapter:
         self._writer("close")
         trainjob = await self._get_trainjob(name)
         ident = d.identity_of(trainjob)
+        highest = max(ident.admission, d.patch_admission_of(trainjob))
+        if ident.job_id and ident.submission and highest:
+            await self.record_admission(ident.job_id, ident.submission, highest)  # outlives the object
         try:
             await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
         except NotFound:

@@ -69,6 +69,7 @@ EVENTS = Res("", "v1", "events", "Event")
 NAMESPACES = Res("", "v1", "namespaces", "Namespace", namespaced=False)
 JOBS = Res("batch", "v1", "jobs", "Job")
 LEASES = Res("coordination.k8s.io", "v1", "leases", "Lease")
+CONFIGMAPS = Res("", "v1", "configmaps", "ConfigMap")
 TRAINJOBS = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainjobs", "TrainJob")
 CLUSTER_RUNTIMES = Res(
     n.TRAINER_GROUP, n.TRAINER_VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False

@@ -459,3 +459,43 @@ def test_pod_settings_survive_every_admission(adapter: Adapter, cluster: FakeClu
         cluster.settle()
         cluster.advance(10)
         cluster.settle()
+
+
+def test_a_closed_and_reopened_submission_never_reuses_an_admission_number(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """Found by the state machine: without a ledger, a re-opened submission started again at A=1."""
+    running(adapter, cluster)
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    adapter.close(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    assert cluster.pods(NAME) == []
+    assert adapter.open(SPEC, hold=False).identity.admission == 3
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"3"}
+    adapter.close(NAME)
+    adapter.open(SPEC)
+    cluster.advance(60)
+    cluster.settle()
+    assert adapter.release(NAME).admission == 4
+    cluster.history.check()
+
+
+def test_a_crash_between_raising_a_and_recording_it_is_covered_by_close(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.inject(method="POST", path="/configmaps$", status=500, times=1)
+    with pytest.raises(Unreachable):
+        adapter.release(NAME)  # A=1 is on the TrainJob; the ledger write failed
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+    adapter.close(NAME)
+    assert adapter.open(SPEC, hold=False).identity.admission == 2
