@@ -757,8 +757,13 @@ def test_ctrl_c_during_a_release_call_lets_it_finish_first() -> None:
             self.finished = True
             return Identity("llama", "s1", 3)
 
-    adapter = Slow()
-    with pytest.raises(KeyboardInterrupt):
-        release_once(adapter, "llama-s1")  # type: ignore[arg-type]
-    assert adapter.finished
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # a CI runner may start the suite with SIGINT ignored (a background job); act as a terminal would
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        adapter = Slow()
+        with pytest.raises(KeyboardInterrupt):
+            release_once(adapter, "llama-s1")  # type: ignore[arg-type]
+        assert adapter.finished
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, inherited)
