@@ -38,6 +38,7 @@ import structlog
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .. import _kube as k
+from .._names import CONTROLLER_NAME
 from ..errors import DispatchError, Refused
 from ._controller import ACTIVE_MESSAGE, ACTIVE_REASON, Config, Controller, default_identity
 from ._metrics import Metrics
@@ -107,6 +108,7 @@ def run_from_cli(
     resync_seconds: float = 60.0,
     foreign: str = "ready",
     log_level: str = "info",
+    controller_name: str = CONTROLLER_NAME,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
@@ -122,6 +124,7 @@ def run_from_cli(
         namespace=namespace, workers=workers, leader_elect=leader_elect, lease_name=lease_name,
         lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
+        controller_name=controller_name,
     )
 
     async def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from .._names import CONTROLLER_NAME
 from . import run_from_cli
 
 
@@ -22,12 +23,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resync-seconds", type=float, default=60.0)
     p.add_argument("--foreign", choices=("ready", "ignore"), default="ready")
     p.add_argument("--log-level", default="info")
+    p.add_argument("--controller-name", default=CONTROLLER_NAME,
+                   help="own the AdmissionChecks with this spec.controllerName (default: dispatch's)")
     a = p.parse_args(argv)
     return run_from_cli(
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
         leader_elect=a.leader_elect, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
         identity=a.identity, workers=a.workers, resync_seconds=a.resync_seconds, foreign=a.foreign,
-        log_level=a.log_level,
+        log_level=a.log_level, controller_name=a.controller_name,
     )
 
 

@@ -76,6 +76,8 @@ class Config:
     foreign: ForeignPolicy = "ready"
     events: bool = True
     field_manager: str = n.FIELD_MANAGER
+    controller_name: str = n.CONTROLLER_NAME
+    """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> None:
@@ -214,7 +216,7 @@ class Controller:
     # ------------------------------------------------------------------ AdmissionChecks
 
     def _ours(self, check: Obj) -> bool:
-        return (check.get("spec") or {}).get("controllerName") == n.CONTROLLER_NAME
+        return (check.get("spec") or {}).get("controllerName") == self.config.controller_name
 
     def _set_checks(self, checks: dict[str, Obj]) -> None:
         before = self.check_names
