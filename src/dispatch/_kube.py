@@ -208,7 +208,12 @@ class Kube:
             raise Refused("no usable Kubernetes configuration; set KUBECONFIG or pass --kubeconfig",
                           reason="NoKubeconfig")
         params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
-        client = client_adapter.AsyncClient(config, params)
+        # lightkube builds the authenticated client; keep more connections alive than httpx's default so a
+        # busy controller reuses TLS connections instead of handshaking for most requests
+        client = httpx2.AsyncClient(
+            **params.httpx_params(config),
+            limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=120.0),
+        )
         return Kube(client, namespace or config.namespace or "default")
 
     async def aclose(self) -> None:
