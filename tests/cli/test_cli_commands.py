@@ -703,7 +703,7 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
     params = set(inspect.signature(controller.run_from_cli).parameters)
     assert params == {
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
-        "identity", "workers", "resync_seconds", "foreign", "log_level",
+        "identity", "workers", "resync_seconds", "foreign", "log_level", "controller_name",
     }
 
 

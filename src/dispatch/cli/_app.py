@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
+from .._names import CONTROLLER_NAME
 from .._records import State, Status
 from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
 from ._output import (
@@ -441,11 +442,16 @@ def controller(
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
     resync_seconds: Annotated[
-        float, typer.Option("--resync-seconds", min=1, metavar="SECONDS", help="Full re-list period, seconds.")
+        float,
+        typer.Option("--resync-seconds", min=1, metavar="SECONDS",
+                     help="Re-check waiting Workloads this often even without an event (a safety net), seconds."),
     ] = 60.0,
     foreign: Annotated[
-        str, typer.Option("--foreign", help="For TrainJobs not opened by dispatch: 'ready' or 'ignore'.")
+        str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
     ] = "ready",
+    controller_name: Annotated[
+        str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
+    ] = CONTROLLER_NAME,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
     namespace: Annotated[
         str | None,
@@ -488,6 +494,7 @@ def controller(
             resync_seconds=resync_seconds,
             foreign=foreign,
             log_level=log_level,
+            controller_name=controller_name,
         )
     if isinstance(result, int) and result:
         raise typer.Exit(result)
