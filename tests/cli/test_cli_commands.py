@@ -661,6 +661,7 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
         "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
         "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
         "workers": 8, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
+        "controller_name": "dispatch.phpboyscout.uk/admission",
     }]
     cli("controller", "-n", "other")
     assert calls[-1]["namespace"] == "other"
