@@ -61,7 +61,7 @@ def kubeconfig() -> Path:
 
 
 @pytest.fixture
-async def env() -> AsyncIterator[tuple[k.Kube, str, str]]:
+async def env(testbed_kubeconfig: str) -> AsyncIterator[tuple[k.Kube, str, str]]:
     """(admin Kube in a fresh namespace, namespace, ClusterQueue name); both removed afterwards."""
     path = kubeconfig()
     suffix = uuid.uuid4().hex[:6]
