@@ -207,6 +207,58 @@ class AsyncAdapter:
         nodes = await self._node_views(pods)
         return Snapshot(jobset, jobs, pods, nodes, rv)
 
+    async def _snapshots(
+        self, objects: Sequence[tuple[str, str, str]], *, list_jobsets: bool = False
+    ) -> dict[str, Snapshot]:
+        """One consistent read for many objects of the namespace, keyed by object name.
+
+        The same reads in the same order as ``_snapshot`` (JobSets, Jobs, then the two pod selections
+        pinned to one revision, then Nodes), with set-based selectors, so k objects cost about as many
+        requests as one and no more than their own pods. ``list_jobsets`` lists the namespace's JobSets
+        in one call instead of one get per object (cheaper when the objects are most of the namespace).
+        Each object's snapshot holds only its own pods and Jobs, as ``_snapshot`` would have read them.
+        """
+        names = sorted({name for name, _, _ in objects})
+        if not names:
+            return {}
+        jobsets: dict[str, Obj | None]
+        if list_jobsets:
+            listed = {d.name_of(j): j for j in (await self._kube.list(k.JOBSETS)).items}
+            jobsets = {name: listed.get(name) for name in names}
+        else:
+            jobsets = {name: await self._kube.get_or_none(k.JOBSETS, name) for name in names}
+        in_names = f"{n.JOBSET_NAME_LABEL} in ({','.join(names)})"
+        jobs = (await self._kube.list(k.JOBS, labels=in_names)).items
+        idents = {(job_id, sub) for _, job_id, sub in objects if job_id}
+        pods: list[Obj]
+        if idents:
+            ids = ",".join(sorted({i for i, _ in idents}))
+            subs = ",".join(sorted({s for _, s in idents}))
+            pod_selector = f"{n.LABEL_JOB_ID} in ({ids}),{n.LABEL_SUBMISSION} in ({subs})"
+            first = await self._kube.list(k.PODS, labels=pod_selector)
+            second = await self._kube.list(k.PODS, labels=in_names, resource_version=first.resource_version,
+                                           exact=True)
+            pods, rv = first.items + second.items, first.resource_version
+        else:
+            only = await self._kube.list(k.PODS, labels=in_names)
+            pods, rv = only.items, only.resource_version
+        nodes = await self._node_views(pods)
+        by_name: dict[str, list[Obj]] = {}
+        by_ident: dict[tuple[str, str], list[Obj]] = {}
+        for pod in pods:  # index once: each object then takes its own pods in O(its pods)
+            labels = d.labels_of(pod)
+            by_name.setdefault(str(labels.get(n.JOBSET_NAME_LABEL, "")), []).append(pod)
+            by_ident.setdefault((str(labels.get(n.LABEL_JOB_ID, "")), str(labels.get(n.LABEL_SUBMISSION, ""))),
+                                []).append(pod)
+        jobs_of: dict[str, list[Obj]] = {}
+        for job in jobs:
+            jobs_of.setdefault(str(d.labels_of(job).get(n.JOBSET_NAME_LABEL, "")), []).append(job)
+        out: dict[str, Snapshot] = {}
+        for name, job_id, sub in objects:
+            mine = by_name.get(name, []) + (by_ident.get((job_id, sub), []) if job_id else [])
+            out[name] = Snapshot(jobsets.get(name), jobs_of.get(name, []), mine, nodes, rv)
+        return out
+
     def _verdict(self, name: str, job_id: str, submission: str, snap: Snapshot) -> d.Verdict:
         return d.decide(
             name=name, job_id=job_id, submission=submission, pods=snap.pods, nodes=snap.nodes,
@@ -534,10 +586,18 @@ class AsyncAdapter:
         value = ((ledger or {}).get("data") or {}).get(n.ledger_key(job_id, submission))
         return d._int_or_none(value) or 0
 
+    async def ledger_floors(self) -> dict[str, int]:
+        """The whole ledger in one read: ledger key → highest A (for deciding many objects at once)."""
+        ledger = await self._kube.get_or_none(k.CONFIGMAPS, n.LEDGER_NAME)
+        return {key: d._int_or_none(value) or 0 for key, value in ((ledger or {}).get("data") or {}).items()}
+
     async def record_admission(self, job_id: str, submission: str, admission: int) -> None:
         """Remember A in the ledger (never lowering it), so a closed and re-opened submission goes on
         from there. Conditioned on the ledger's resourceVersion; retried on conflict."""
-        key = n.ledger_key(job_id, submission)
+        await self.record_admissions({n.ledger_key(job_id, submission): admission})
+
+    async def record_admissions(self, admissions: Mapping[str, int]) -> None:
+        """``record_admission`` for many ledger keys in one write (a controller admitting a batch)."""
         for _ in range(self.conflict_retries * 2):
             ledger = await self._kube.get_or_none(k.CONFIGMAPS, n.LEDGER_NAME)
             if ledger is None:
@@ -545,19 +605,21 @@ class AsyncAdapter:
                     await self._kube.create(k.CONFIGMAPS, {
                         "apiVersion": "v1", "kind": "ConfigMap",
                         "metadata": {"name": n.LEDGER_NAME, "labels": {"app.kubernetes.io/managed-by": "dispatch"}},
-                        "data": {key: str(admission)},
+                        "data": {key: str(a) for key, a in admissions.items()},
                     })
                 except Refused as exc:
                     if exc.reason == "AlreadyExists":
                         continue
                     raise
                 return
-            if (d._int_or_none((ledger.get("data") or {}).get(key)) or 0) >= admission:
+            data = ledger.get("data") or {}
+            higher = {key: str(a) for key, a in admissions.items() if (d._int_or_none(data.get(key)) or 0) < a}
+            if not higher:
                 return
             try:
                 await self._kube.merge_patch(k.CONFIGMAPS, n.LEDGER_NAME, {
                     "metadata": {"resourceVersion": (ledger.get("metadata") or {}).get("resourceVersion")},
-                    "data": {key: str(admission)},
+                    "data": higher,
                 })
             except Unreachable as exc:
                 if exc.code == 409:
@@ -566,20 +628,25 @@ class AsyncAdapter:
             return
         raise Unreachable(f"the admission ledger {n.LEDGER_NAME} kept changing; retry", reason="Conflict", code=409)
 
-    async def raise_admission(self, trainjob: Obj, admission: int) -> Obj:
+    async def raise_admission(self, trainjob: Obj, admission: int, *, floor: int | None = None,
+                              record: bool = True) -> Obj:
         """Write A on the TrainJob and into dispatch's runtime patch, conditioned on the RV read.
 
         ``admission`` is a floor: the ledger may lift it (an earlier, closed object of the same submission
         went higher). The A written is the returned TrainJob's annotation (``_decision.admission_of``); it is
         recorded in the ledger after the TrainJob, so a conflict retries the same number instead of skipping
         one. ``close`` records the object's A too, which covers a crash between the two writes.
+        A caller deciding many objects passes ``floor`` (the ledger it read once) and ``record=False``,
+        and records them all with one ``record_admissions`` before it lets any of them start.
         Server-side apply of our own fields only: Kueue's runtime patch entry (same list, another key)
         is left alone, where a merge patch would replace the whole list.
         """
         meta = trainjob.get("metadata") or {}
         ident = d.identity_of(trainjob)
         if ident.job_id and ident.submission:
-            admission = max(admission, await self.ledger_floor(ident.job_id, ident.submission) + 1)
+            if floor is None:
+                floor = await self.ledger_floor(ident.job_id, ident.submission)
+            admission = max(admission, floor + 1)
         current = next((e for e in (trainjob.get("spec") or {}).get("runtimePatches") or []
                         if e.get("manager") == n.PATCH_MANAGER), None)
         if current is None or not d.patched_replicated_jobs(trainjob):
@@ -605,7 +672,7 @@ class AsyncAdapter:
             "spec": {"runtimePatches": [entry]},
         }
         raised = await self._kube.apply(k.TRAINJOBS, str(meta.get("name")), body)
-        if ident.job_id and ident.submission:
+        if record and ident.job_id and ident.submission:
             await self.record_admission(ident.job_id, ident.submission, admission)
         return raised
 

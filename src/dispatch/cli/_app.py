@@ -441,6 +441,10 @@ def controller(
         str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
     ] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
+    batch: Annotated[
+        int, typer.Option("--batch", min=1,
+                          help="Decide up to this many queued Workloads of one namespace from one shared read.")
+    ] = 64,
     resync_seconds: Annotated[
         float,
         typer.Option("--resync-seconds", min=1, metavar="SECONDS",
@@ -491,6 +495,7 @@ def controller(
             lease_name=lease_name,
             identity=identity,
             workers=workers,
+            batch=batch,
             resync_seconds=resync_seconds,
             foreign=foreign,
             log_level=log_level,

@@ -105,6 +105,7 @@ def run_from_cli(
     lease_name: str = "dispatch-admission-controller",
     identity: str | None = None,
     workers: int = 4,
+    batch: int = 64,
     resync_seconds: float = 60.0,
     foreign: str = "ready",
     log_level: str = "info",
@@ -121,7 +122,7 @@ def run_from_cli(
         log.error("invalid option", option="foreign", value=foreign, allowed=["ready", "ignore"])
         return 1
     config = Config(
-        namespace=namespace, workers=workers, leader_elect=leader_elect, lease_name=lease_name,
+        namespace=namespace, workers=workers, batch=max(1, batch), leader_elect=leader_elect, lease_name=lease_name,
         lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
         controller_name=controller_name,

@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lease-name", default="dispatch-admission-controller")
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or None)
     p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=64,
+                   help="decide up to this many queued Workloads of one namespace from one shared read")
     p.add_argument("--resync-seconds", type=float, default=60.0)
     p.add_argument("--foreign", choices=("ready", "ignore"), default="ready")
     p.add_argument("--log-level", default="info")
@@ -29,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_from_cli(
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
         leader_elect=a.leader_elect, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
-        identity=a.identity, workers=a.workers, resync_seconds=a.resync_seconds, foreign=a.foreign,
+        identity=a.identity, workers=a.workers, batch=a.batch, resync_seconds=a.resync_seconds, foreign=a.foreign,
         log_level=a.log_level, controller_name=a.controller_name,
     )
 

@@ -60,6 +60,8 @@ class Config:
 
     namespace: str | None = None
     workers: int = 4
+    batch: int = 64
+    """Up to this many queued Workloads of one namespace are decided from one shared read (1: one each)."""
     leader_elect: bool = False
     lease_name: str = "dispatch-admission-controller"
     lease_namespace: str = "dispatch-system"
@@ -462,29 +464,41 @@ class Controller:
     async def _worker(self) -> None:
         while True:
             await self.leading.wait()
-            key = await self.queue.get()
+            keys = await self.queue.get_batch(self.config.batch)
             try:
-                await self._process(key)
+                await self._process_many(keys)
             finally:
-                self.queue.done(key)
+                for key in keys:
+                    self.queue.done(key)
                 self._gauges()
 
     async def _process(self, key: str) -> None:
-        namespace, name = key.split("/", 1)
-        try:
-            outcome = await self.reconciler.reconcile(namespace, name)
-        except DispatchError as exc:
-            reason = error_reason(exc)
+        await self._process_many([key])
+
+    async def _process_many(self, keys: list[str]) -> None:
+        namespace = keys[0].split("/", 1)[0]
+        prefix = namespace + "/"
+        known = sum(1 for key in self.workloads if key.startswith(prefix)) if len(keys) > 1 else 0
+        results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
+                                                       known=known)
+        for key in keys:
+            self._settled(key, results[key.split("/", 1)[1]])
+
+    def _settled(self, key: str, result: Outcome | Exception) -> None:
+        if isinstance(result, DispatchError):
+            reason = error_reason(result)
             self.metrics.errors.labels(reason).inc()
-            level = "error" if isinstance(exc, Forbidden) else "warning"
-            getattr(log, level)("reconcile failed", workload=key, reason=reason, error=str(exc))
+            level = "error" if isinstance(result, Forbidden) else "warning"
+            getattr(log, level)("reconcile failed", workload=key, reason=reason, error=str(result))
             self.queue.add_after(key, self.queue.backoff(key))
             return
-        except Exception as exc:
+        if isinstance(result, Exception):
             self.metrics.errors.labels("Unexpected").inc()
-            log.exception("reconcile crashed", workload=key, error=repr(exc))
+            log.error("reconcile crashed", workload=key, error=repr(result),
+                      exc_info=(type(result), result, result.__traceback__))
             self.queue.add_after(key, self.queue.backoff(key))
             return
+        outcome = result
         self.metrics.decisions.labels(outcome.outcome).inc()
         if outcome.error:
             self.metrics.errors.labels(outcome.error).inc()

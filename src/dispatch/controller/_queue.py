@@ -89,6 +89,25 @@ class WorkQueue:
         self._processing.add(key)
         return key
 
+    async def get_batch(self, limit: int) -> list[str]:
+        """The next key and up to ``limit - 1`` more waiting keys of the same namespace (``ns/name``),
+        in queue order, so one read can serve them all; the caller calls ``done`` for each."""
+        first = await self.get()
+        if limit <= 1 or not self._items:
+            return [first]
+        prefix = first.split("/", 1)[0] + "/"
+        batch = [first]
+        rest: deque[str] = deque()
+        for key in self._items:
+            if len(batch) < limit and key.startswith(prefix):
+                batch.append(key)
+                self._queued.discard(key)
+                self._processing.add(key)
+            else:
+                rest.append(key)
+        self._items = rest
+        return batch
+
     def done(self, key: str) -> None:
         self._processing.discard(key)
         if key in self._dirty:

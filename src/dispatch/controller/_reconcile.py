@@ -18,11 +18,12 @@ next reconcile raises A again, so a number is skipped, never reused.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import structlog
 
@@ -44,6 +45,11 @@ WAITING_PREFIX = "waiting for "
 MESSAGE_LIMIT = 8000
 """Kueue allows 32768 characters; a few thousand name the pods and keep Workloads small."""
 READY_RETRIES = 3
+LIST_FACTOR = 16
+"""A batch lists the namespace's Workloads/TrainJobs/JobSets when it is at least 1/16 of them: one list
+item costs far less than one request, so below that, gets are cheaper."""
+
+T = TypeVar("T")
 
 
 def now_text() -> str:
@@ -84,6 +90,15 @@ class Owner:
     @property
     def is_trainjob(self) -> bool:
         return self.kind == "TrainJob" and self.api_version.split("/")[0] == n.TRAINER_GROUP
+
+
+@dataclass(frozen=True)
+class Raised:
+    """A TrainJob after the first admitting write, and the A it now carries."""
+
+    trainjob: Obj
+    admission: int
+    dispatch_object: bool
 
 
 @dataclass(frozen=True)
@@ -223,6 +238,27 @@ class Reconciler:
     async def _reconcile(self, namespace: str, name: str) -> Outcome:
         names = self._check_names()
         workload = await self._kube.get_or_none(k.WORKLOADS, name, namespace)
+        screened = self._screen(workload, names)
+        if isinstance(screened, Outcome):
+            return screened
+        assert workload is not None
+        entry, owner = screened
+        if owner is None:
+            return await self._foreign(workload, entry, controller_owner(workload))
+        trainjob = await self._kube.get_or_none(k.TRAINJOBS, owner.name, namespace)
+        refused = self._screen_owner(workload, owner, trainjob)
+        if refused is not None:
+            return refused
+        assert trainjob is not None
+        ident = d.identity_of(trainjob)
+        snap = await snapshot(self.adapter(namespace), owner.name, ident.job_id, ident.submission)
+        verdict = self._decide(owner, trainjob, snap)
+        if not verdict.admissible:
+            return await self._wait(workload, entry, trainjob, verdict)
+        return await self._admit(workload, entry, trainjob, snap)
+
+    def _screen(self, workload: Obj | None, names: Collection[str]) -> Outcome | tuple[Entry, Owner | None]:
+        """Whether a Workload is ours to decide now; its owner when that is a TrainJob (None: foreign)."""
         if workload is None:
             return Outcome("gone")
         entry = our_entry(workload, names)
@@ -235,26 +271,136 @@ class Reconciler:
             return Outcome(skip)
         owner = controller_owner(workload)
         if owner is None or not owner.is_trainjob:
-            return await self._foreign(workload, entry, owner)
-        adapter = self.adapter(namespace)
-        trainjob = await self._kube.get_or_none(k.TRAINJOBS, owner.name, namespace)
+            if self.foreign == "ignore":
+                return Outcome("foreign-ignored")
+            return entry, None
+        return entry, owner
+
+    @staticmethod
+    def _screen_owner(workload: Obj, owner: Owner, trainjob: Obj | None) -> Outcome | None:
         if trainjob is None or (owner.uid and (trainjob.get("metadata") or {}).get("uid") != owner.uid):
             return Outcome("owner-missing")
         if d.is_deleting(trainjob):
             return Outcome("owner-deleting")
         if not d.is_suspended(trainjob):
+            meta = workload.get("metadata") or {}
             log.warning("check pending but trainjob not suspended; not admitting",
-                        workload=f"{namespace}/{name}", trainjob=owner.name)
+                        workload=f"{meta.get('namespace')}/{meta.get('name')}", trainjob=owner.name)
             return Outcome("owner-running")
+        return None
+
+    @staticmethod
+    def _decide(owner: Owner, trainjob: Obj, snap: Snapshot) -> d.Verdict:
         ident = d.identity_of(trainjob)
-        snap = await snapshot(adapter, owner.name, ident.job_id, ident.submission)
-        verdict = d.decide(
+        return d.decide(
             name=owner.name, job_id=ident.job_id, submission=ident.submission, pods=snap.pods,
             nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
         )
-        if not verdict.admissible:
-            return await self._wait(workload, entry, trainjob, verdict)
-        return await self._admit(workload, entry, trainjob, snap)
+
+    # ------------------------------------------------------------------ many at once
+
+    async def reconcile_many(
+        self, namespace: str, names: Sequence[str], *, known: int = 0
+    ) -> dict[str, Outcome | Exception]:
+        """Decide several Workloads of one namespace from one shared consistent read.
+
+        A queue that holds many Workloads at once (a controller start, a node coming back, a burst of
+        preemptions) would otherwise pay the whole read per Workload. Here the Workloads, their
+        TrainJobs and the lower layers are read once for the batch, with the same reads in the same
+        order as a single reconcile, each Workload is decided by the same pure rule on its own part of
+        that read, and every write is still per Workload and conditioned on its own resourceVersion.
+        ``known`` is how many Workloads the caller knows in the namespace: whole-namespace lists are
+        used only when the batch is a large enough part of it (a cost choice, never a correctness one).
+        Errors are per Workload: the value is the exception its reconcile would have raised.
+        """
+        unique = list(dict.fromkeys(names))
+        if len(unique) == 1:
+            try:
+                return {unique[0]: await self.reconcile(namespace, unique[0])}
+            except Exception as exc:
+                return {unique[0]: exc}
+        started = time.perf_counter()
+        out: dict[str, Outcome | Exception] = {}
+        try:
+            await self._reconcile_many(namespace, unique, known, out)
+        except Exception as exc:  # the shared read failed: every Workload not yet decided shares the error
+            for name in unique:
+                out.setdefault(name, exc)
+        finally:
+            share = (time.perf_counter() - started) / len(unique)
+            for _ in unique:
+                self._metrics.reconcile_seconds.observe(share)
+        return out
+
+    async def _reconcile_many(self, ns: str, names: list[str], known: int, out: dict[str, Outcome | Exception],
+                              ) -> None:
+        checks = self._check_names()
+        by_list = len(names) * LIST_FACTOR >= known
+        workloads: dict[str, Obj | None]
+        if by_list:
+            listed = {d.name_of(w): w for w in (await self._kube.list(k.WORKLOADS, ns)).items}
+            workloads = {name: listed.get(name) for name in names}
+        else:
+            workloads = {name: await self._kube.get_or_none(k.WORKLOADS, name, ns) for name in names}
+        jobs: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
+        owned: list[tuple[str, Obj, Entry, Owner]] = []
+        for name in names:
+            workload = workloads[name]
+            screened = self._screen(workload, checks)
+            if isinstance(screened, Outcome):
+                out[name] = screened
+                continue
+            assert workload is not None
+            entry, owner = screened
+            if owner is None:
+                jobs.append((name, self._foreign(workload, entry, controller_owner(workload))))
+            else:
+                owned.append((name, workload, entry, owner))
+        trainjobs: dict[str, Obj | None] = {}
+        if by_list and owned:
+            trainjobs = {d.name_of(t): t for t in (await self._kube.list(
+                k.TRAINJOBS, ns, labels=n.KUEUE_QUEUE_LABEL)).items}
+        for _, _, _, owner in owned:
+            if owner.name not in trainjobs:  # not listed (no queue label) or not listing: get it
+                trainjobs[owner.name] = await self._kube.get_or_none(k.TRAINJOBS, owner.name, ns)
+        deciding: list[tuple[str, Obj, Entry, Owner, Obj]] = []
+        for name, workload, entry, owner in owned:
+            trainjob = trainjobs.get(owner.name)
+            refused = self._screen_owner(workload, owner, trainjob)
+            if refused is not None:
+                out[name] = refused
+            else:
+                assert trainjob is not None
+                deciding.append((name, workload, entry, owner, trainjob))
+        snaps = await self.adapter(ns)._snapshots(
+            [(owner.name, *_ident(tj)) for _, _, _, owner, tj in deciding], list_jobsets=by_list)
+        admits: list[tuple[str, Obj, Entry, Obj, Snapshot]] = []
+        for name, workload, entry, owner, trainjob in deciding:
+            snap = snaps[owner.name]
+            verdict = self._decide(owner, trainjob, snap)
+            if verdict.admissible:
+                admits.append((name, workload, entry, trainjob, snap))
+            else:
+                jobs.append((name, self._wait(workload, entry, trainjob, verdict)))
+        await _settle(jobs, out)
+        if not admits:
+            return
+        floors = await self.adapter(ns).ledger_floors()
+        raising = [(name, self._raise(wl, entry, tj, snap, floors=floors)) for name, wl, entry, tj, snap in admits]
+        raised: dict[str, Raised | Outcome | Exception] = {}
+        await _settle(raising, raised)
+        record = {n.ledger_key(*_ident(r.trainjob)): r.admission for r in raised.values()
+                  if isinstance(r, Raised) and r.dispatch_object}
+        if record:
+            await self.adapter(ns).record_admissions(record)  # before any of them can start
+        readying: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
+        for name, workload, entry, _, _ in admits:
+            r = raised[name]
+            if isinstance(r, Raised):
+                readying.append((name, self._ready(workload, entry, r)))
+            else:
+                out[name] = r
+        await _settle(readying, out)
 
     @staticmethod
     def _not_now(workload: Obj) -> str:
@@ -287,31 +433,55 @@ class Reconciler:
         return Outcome("waiting", waiting_nodes=nodes, waiting=True)
 
     async def _admit(self, workload: Obj, entry: Entry, trainjob: Obj, snap: Snapshot) -> Outcome:
-        meta = workload.get("metadata") or {}
-        ns, wl_name = str(meta.get("namespace")), str(meta.get("name"))
+        raised = await self._raise(workload, entry, trainjob, snap)
+        if isinstance(raised, Outcome):
+            return raised
+        return await self._ready(workload, entry, raised)
+
+    async def _raise(self, workload: Obj, entry: Entry, trainjob: Obj, snap: Snapshot, *,
+                     floors: Mapping[str, int] | None = None) -> Raised | Outcome:
+        """The first admitting write: A raised on the TrainJob (nothing to raise for a foreign object).
+
+        With ``floors`` (the ledger read once for a batch) the ledger is not written here: the batch
+        records every raised A in one write before any check turns Ready.
+        """
+        ns = str((workload.get("metadata") or {}).get("namespace"))
         tj_name = d.name_of(trainjob)
         ident = d.identity_of(trainjob)
         dispatch_object = bool(ident.job_id and ident.submission and d.patched_replicated_jobs(trainjob))
-        admission = 0
-        raised: Obj = trainjob
+        if not dispatch_object:
+            return Raised(trainjob, 0, False)
+        admission = d.next_admission(trainjob, snap.pods)
+        try:
+            if floors is None:
+                raised = await self.adapter(ns).raise_admission(trainjob, admission)
+            else:
+                raised = await self.adapter(ns).raise_admission(
+                    trainjob, admission, floor=floors.get(n.ledger_key(ident.job_id, ident.submission), 0),
+                    record=False)
+        except Unreachable as exc:
+            if exc.code == 409:
+                return Outcome("conflict", retry=True, error="TrainJobConflict")
+            raise
+        except Refused as exc:
+            message = _truncate(f"{WAITING_PREFIX}a writable admission number: raising A on trainjob "
+                                f"{tj_name} was refused: {exc}")
+            if message != entry.message:
+                await self._pending(workload, entry, message)
+                await self._events.emit(trainjob, "AdmissionRefused", message, warning=True)
+            return Outcome("refused", retry=True, error=exc.reason or "Refused")
+        self._metrics.writes.labels("trainjob").inc()
+        return Raised(raised, d.admission_of(raised), True)  # the ledger may have lifted A
+
+    async def _ready(self, workload: Obj, entry: Entry, r: Raised) -> Outcome:
+        """The second write: our check Ready, labels for the new execution's pods, if nothing moved."""
+        meta = workload.get("metadata") or {}
+        ns, wl_name = str(meta.get("namespace")), str(meta.get("name"))
+        raised, admission, dispatch_object = r.trainjob, r.admission, r.dispatch_object
+        tj_name = d.name_of(raised)
+        ident = d.identity_of(raised)
         updates: list[Obj] | None = None
         if dispatch_object:
-            admission = d.next_admission(trainjob, snap.pods)
-            try:
-                raised = await self.adapter(ns).raise_admission(trainjob, admission)
-                admission = d.admission_of(raised)  # the ledger may have lifted it
-            except Unreachable as exc:
-                if exc.code == 409:
-                    return Outcome("conflict", retry=True, error="TrainJobConflict")
-                raise
-            except Refused as exc:
-                message = _truncate(f"{WAITING_PREFIX}a writable admission number: raising A on trainjob "
-                                    f"{tj_name} was refused: {exc}")
-                if message != entry.message:
-                    await self._pending(workload, entry, message)
-                    await self._events.emit(trainjob, "AdmissionRefused", message, warning=True)
-                return Outcome("refused", retry=True, error=exc.reason or "Refused")
-            self._metrics.writes.labels("trainjob").inc()
             labels = {n.LABEL_JOB_ID: ident.job_id, n.LABEL_SUBMISSION: ident.submission,
                       n.LABEL_ADMISSION: str(admission)}
             updates = [{"name": ps, "labels": dict(labels)} for ps in pod_set_names(workload)]
@@ -374,8 +544,6 @@ class Reconciler:
         is not starved by a check that can never decide for them; with ``"ignore"`` it is left Pending
         untouched (route such kinds to a ClusterQueue without the check).
         """
-        if self.foreign == "ignore":
-            return Outcome("foreign-ignored")
         what = f"{owner.kind} {owner.name}" if owner else "a Workload without a controller owner"
         message = f"{what} is not a TrainJob: dispatch's rule covers TrainJobs only, so this check passes it"
         try:
@@ -386,6 +554,20 @@ class Reconciler:
                 return Outcome("conflict", retry=True, error="WorkloadConflict")
             raise
         return Outcome("foreign-ready")
+
+
+def _ident(trainjob: Obj) -> tuple[str, str]:
+    ident = d.identity_of(trainjob)
+    return ident.job_id, ident.submission
+
+
+async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:
+    """Run per-Workload writes concurrently; each Workload gets its result or its own exception."""
+    results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
+    for (name, _), result in zip(jobs, results, strict=True):
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+        out[name] = result
 
 
 def error_reason(exc: DispatchError) -> str:

@@ -58,13 +58,20 @@ def _log(msg: str) -> None:
 def build(quiet: bool = False) -> Path:
     """Build (or reuse) all binaries; returns their directory. Cached by versions and Go version."""
     script = _paths.source_dir() / "build.sh"
-    proc = subprocess.run(
-        ["bash", str(script)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL if quiet else None,
-        text=True,
-        check=False,
-    )
+    cache = Path(os.environ.get("DISPATCH_TESTBED_CACHE")
+                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dispatch-testbed")
+    cache.mkdir(parents=True, exist_ok=True)
+    # Two builds at once (a test run starting while `build` runs) would compile everything twice on
+    # two cores and race on the same output files: the second waits, then finds the first's stamp.
+    with (cache / ".build.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            ["bash", str(script)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL if quiet else None,
+            text=True,
+            check=False,
+        )
     if proc.returncode != 0:
         raise RuntimeError(f"testbed build failed (exit {proc.returncode}); run {script} to see why")
     lines = proc.stdout.strip().splitlines()

@@ -1,0 +1,265 @@
+"""Deciding many Workloads from one shared read gives exactly what deciding each alone gives.
+
+The batch path exists for speed only (a controller start or a burst of preemptions queues hundreds of
+Workloads at once). These tests build the same cluster twice, decide it once Workload by Workload and
+once as batches, and require the same outcomes, the same checks written and the same A on every
+TrainJob; then they count what the batch saves and check that its errors stay per Workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import _kube as k
+from dispatch.controller._events import EventRecorder
+from dispatch.controller._metrics import Metrics
+from dispatch.controller._reconcile import Outcome, Reconciler
+from dispatch.controller.testing import KUEUE, T0, FakeKueue
+from dispatch.testing import FakeCluster
+
+NS = "default"
+KINDS = ("free", "blocked", "by-jobset-name", "by-dispatch-labels", "lost", "reopened", "foreign", "no-quota",
+         "not-ours", "ready", "unlabelled")
+
+
+@dataclass
+class World:
+    cluster: FakeCluster
+    kueue: FakeKueue
+    kube: k.Kube
+    reconciler: Reconciler
+    workloads: list[str]
+
+
+def reconciler_for(kube: k.Kube) -> Reconciler:
+    metrics = Metrics.create()
+    return Reconciler(kube, check_names=lambda: {"dispatch"}, events=EventRecorder(kube, metrics, instance="t"),
+                      metrics=metrics)
+
+
+async def build(kinds: Sequence[str]) -> World:
+    """One Workload per entry of ``kinds``, each in the state its name says, all with our check Pending."""
+    cluster = FakeCluster()
+    cluster.add_runtime()
+    for node in ("node-0", "node-1", "node-2"):
+        cluster.add_node(node)
+    kueue = FakeKueue(cluster)
+    kueue.install()
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
+    adapter = AsyncAdapter(kube)
+    rec = reconciler_for(kube)
+    names: list[str] = []
+    for i, kind in enumerate(kinds):
+        node = "node-2" if kind == "lost" else "node-0"
+        spec = JobSpec(job_id="batch", submission=f"s{i}", queue="lq-dispatch",
+                       node_selector={"kubernetes.io/hostname": node})
+        obj = f"batch-s{i}"
+        if kind == "foreign":
+            names.append(foreign_workload(cluster, f"other-{i}"))
+            continue
+        if kind == "unlabelled":  # a TrainJob under the queue but without the queue label: found by get
+            await adapter.open(spec)
+            strip_queue_label(cluster, obj)
+            names.append(kueue.workload_for(obj))
+            continue
+        if kind == "reopened":  # closed at A=3 earlier: the ledger lifts the next A above it
+            await adapter.record_admission("batch", f"s{i}", 3)
+        await adapter.open(spec)
+        wl = kueue.workload_for(obj, reserve=kind != "no-quota",
+                                other_checks=["other"] if kind == "not-ours" else ())
+        if kind == "not-ours":
+            drop_our_check(cluster, wl)
+        if kind == "ready":
+            kueue.set_check(wl, "dispatch", "Ready", "decided before")
+        if kind in ("blocked", "lost"):
+            await rec.reconcile(NS, wl)          # first admission, one at a time
+            kueue.sync()
+            cluster.settle()
+            if kind == "lost":
+                cluster.freeze_node(node)
+            kueue.evict(wl)
+            cluster.settle()
+            kueue.sync()                          # re-reserved while the pod is Terminating
+        if kind == "by-jobset-name":              # a leftover pod only JobSet's label selects
+            stray_pod(cluster, f"stray-{i}", "node-1", {"jobset.sigs.k8s.io/jobset-name": obj})
+        if kind == "by-dispatch-labels":          # a leftover pod only dispatch's labels select
+            stray_pod(cluster, f"stray-{i}", "node-1", {"dispatch.phpboyscout.uk/job-id": "batch",
+                                                        "dispatch.phpboyscout.uk/submission": f"s{i}"})
+        names.append(wl)
+    return World(cluster, kueue, kube, rec, names)
+
+
+def foreign_workload(cluster: FakeCluster, name: str) -> str:
+    cluster.server.create(KUEUE, "workloads", NS, {
+        "metadata": {"name": name, "ownerReferences": [
+            {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": "u-" + name, "controller": True}]},
+        "spec": {"queueName": "lq-dispatch", "active": True, "podSets": [{"name": "main", "count": 1}]},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved",
+                                   "message": "", "lastTransitionTime": T0}],
+                   "admissionChecks": [{"name": "dispatch", "state": "Pending", "message": "",
+                                        "lastTransitionTime": T0}]},
+    })
+    return name
+
+
+def strip_queue_label(cluster: FakeCluster, trainjob: str) -> None:
+    def mutate(obj: dict[str, Any]) -> None:
+        obj["metadata"]["labels"].pop("kueue.x-k8s.io/queue-name", None)
+    cluster.server.update("trainer.kubeflow.org", "trainjobs", NS, trainjob, mutate, status=False)
+
+
+def stray_pod(cluster: FakeCluster, name: str, node: str, labels: dict[str, str]) -> None:
+    cluster.server.create("", "pods", NS, {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "example.invalid/x"}]},
+        "status": {"phase": "Running"},
+    })
+
+
+def drop_our_check(cluster: FakeCluster, wl: str) -> None:
+    def mutate(obj: dict[str, Any]) -> None:
+        obj["status"]["admissionChecks"] = [c for c in obj["status"]["admissionChecks"] if c["name"] != "dispatch"]
+    cluster.server.update(KUEUE, "workloads", NS, wl, mutate, status=True)
+
+
+def result(world: World) -> dict[str, tuple[Any, ...]]:
+    """What deciding left behind: each check's state, message (pod suffixes folded), pod-set labels, and A."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for wl in world.workloads:
+        obj = world.kueue.workload(wl)
+        entry = next((c for c in obj["status"]["admissionChecks"] if c["name"] == "dispatch"), {})
+        owner = obj["metadata"]["ownerReferences"][0]["name"]
+        tj = world.cluster.server.get("trainer.kubeflow.org", "trainjobs", NS, owner)
+        a = (tj or {}).get("metadata", {}).get("annotations", {}).get(ANNOTATION_ADMISSION)
+        out[wl] = (entry.get("state"), re.sub(r"-[0-9a-z]{5}\b", "-*", str(entry.get("message", ""))),
+                   entry.get("podSetUpdates"), a)
+    return out
+
+
+def outcomes(values: dict[str, Outcome | Exception]) -> dict[str, str]:
+    return {name: v.outcome if isinstance(v, Outcome) else repr(v) for name, v in values.items()}
+
+
+async def decide_one_by_one(world: World) -> dict[str, str]:
+    return {wl: (await world.reconciler.reconcile(NS, wl)).outcome for wl in world.workloads}
+
+
+async def decide_in_batches(world: World, size: int, known: int) -> dict[str, str]:
+    got: dict[str, str] = {}
+    for start in range(0, len(world.workloads), size):
+        chunk = world.workloads[start:start + size]
+        got.update(outcomes(await world.reconciler.reconcile_many(NS, chunk, known=known)))
+    return got
+
+
+async def both(kinds: Sequence[str], size: int, known: int) -> tuple[World, World, dict[str, str], dict[str, str]]:
+    single, batched = await build(kinds), await build(kinds)
+    one = await decide_one_by_one(single)
+    many = await decide_in_batches(batched, size, known)
+    return single, batched, one, many
+
+
+async def test_a_batch_decides_every_kind_of_workload_as_one_by_one_does() -> None:
+    kinds = list(KINDS) * 2
+    for known in (0, 10_000):                     # whole-namespace lists, then gets
+        single, batched, one, many = await both(kinds, size=len(kinds), known=known)
+        assert many == one
+        assert result(batched) == result(single)
+        assert sorted(set(one.values())) == sorted(
+            {"admitted", "waiting", "foreign-ready", "no-quota", "not-ours", "not-pending"})
+        by_kind: dict[str, tuple[Any, ...]] = {}
+        for kind, wl in zip(kinds, batched.workloads, strict=True):
+            by_kind.setdefault(kind, result(batched)[wl])   # the first of each kind
+        assert by_kind["reopened"][3] == "4"      # above the ledger's 3
+        assert by_kind["blocked"][0] == "Pending" and "on node-0" in by_kind["blocked"][1]
+        for kind in ("by-jobset-name", "by-dispatch-labels"):
+            assert by_kind[kind][:2] == ("Pending", "waiting for pods of the previous execution to go: "
+                                                    f"stray-{kinds.index(kind)} on node-1"), kind
+        assert "on node-2" in by_kind["lost"][1]
+        assert by_kind["free"][3] == "1" and by_kind["unlabelled"][3] == "1"
+        for world in (single, batched):
+            await world.kube.aclose()
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=10), size=st.integers(1, 6),
+       known=st.sampled_from([0, 1_000]))
+def test_any_mix_and_any_batch_size_decide_as_one_by_one(kinds: list[str], size: int, known: int) -> None:
+    async def run() -> None:
+        single, batched, one, many = await both(kinds, size, known)
+        assert many == one
+        assert result(batched) == result(single)
+        for world in (single, batched):
+            await world.kube.aclose()
+    asyncio.run(run())
+
+
+async def test_a_batch_of_waiting_workloads_reads_a_constant_number_of_times() -> None:
+    world = await build(["blocked"] * 12)
+    before = len(world.cluster.server.requests)
+    got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=len(world.workloads)))
+    assert set(got.values()) == {"waiting"}
+    reads = [(m, p) for m, p, _ in world.cluster.server.requests[before:] if m == "GET" and "/events" not in p]
+    # Workloads, TrainJobs, JobSets, Jobs, two pod lists, one Node: not one read per Workload.
+    assert len(reads) == 7, reads
+    await world.kube.aclose()
+
+
+async def test_a_batch_of_admissions_writes_the_ledger_once() -> None:
+    world = await build(["free"] * 8)
+    before = len(world.cluster.server.requests)
+    got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=8))
+    assert set(got.values()) == {"admitted"}
+    writes = [p for m, p, _ in world.cluster.server.requests[before:] if m in ("POST", "PATCH", "PUT")]
+    assert sum("/configmaps" in p for p in writes) == 1
+    assert sum("/trainjobs/" in p for p in writes) == 8
+    assert sum(p.endswith("/status") and "/workloads/" in p for p in writes) == 8
+    ledger = world.cluster.server.get("", "configmaps", NS, "dispatch-admissions")
+    assert ledger is not None and sorted(ledger["data"].values()) == ["1"] * 8
+    await world.kube.aclose()
+
+
+async def test_a_conflict_on_one_workload_fails_only_that_one() -> None:
+    world = await build(["free"] * 4)
+    victim = world.workloads[2]
+    world.cluster.server.inject(method="PATCH", path=rf"/workloads/{victim}/status$", status=409, times=10)
+    got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=4))
+    assert got.pop(victim) == "conflict"
+    assert set(got.values()) == {"admitted"}
+    assert world.kueue.entry(victim)["state"] == "Pending"
+    await world.kube.aclose()
+
+
+async def test_a_failed_shared_read_fails_every_workload_of_the_batch_and_writes_nothing() -> None:
+    world = await build(["free"] * 3)
+    world.cluster.server.inject(method="GET", path=r"/pods$", status=403, times=1)
+    before = len(world.cluster.server.requests)
+    got = await world.reconciler.reconcile_many(NS, world.workloads, known=3)
+    assert all(isinstance(v, Exception) for v in got.values()), got
+    assert [m for m, _, _ in world.cluster.server.requests[before:] if m != "GET"] == []
+    await world.kube.aclose()
+
+
+@pytest.mark.parametrize("size", [1, 3])
+async def test_the_queue_hands_out_a_batch_of_one_namespace_in_order(size: int) -> None:
+    from dispatch.controller._queue import WorkQueue
+
+    q = WorkQueue()
+    for key in ("a/1", "b/1", "a/2", "a/3", "b/2", "a/4"):
+        q.add(key)
+    first = await q.get_batch(size)
+    assert first == ["a/1", "a/2", "a/3"][:size]
+    q.add("a/2")                                  # being processed: runs once more afterwards
+    rest: Callable[[], int] = lambda: len(q)      # noqa: E731
+    for key in first:
+        q.done(key)
+    assert rest() == 6 - size + (1 if size > 1 else 0)
