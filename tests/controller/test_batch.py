@@ -136,7 +136,7 @@ def result(world: World) -> dict[str, tuple[Any, ...]]:
     out: dict[str, tuple[Any, ...]] = {}
     for wl in world.workloads:
         obj = world.kueue.workload(wl)
-        entry = next((c for c in obj["status"]["admissionChecks"] if c["name"] == "dispatch"), {})
+        entry: dict[str, Any] = next((c for c in obj["status"]["admissionChecks"] if c["name"] == "dispatch"), {})
         owner = obj["metadata"]["ownerReferences"][0]["name"]
         tj = world.cluster.server.get("trainer.kubeflow.org", "trainjobs", NS, owner)
         a = (tj or {}).get("metadata", {}).get("annotations", {}).get(ANNOTATION_ADMISSION)
