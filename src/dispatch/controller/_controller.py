@@ -72,6 +72,8 @@ class Config:
     resync_seconds: float = 60.0
     """Safety net only: every Pending Workload is re-checked this often even without an event."""
     watch_timeout_seconds: int = 300
+    sync_wait_seconds: float = 30.0
+    """Workers start once every informer has listed, or after this long regardless."""
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     """None serves no HTTP; 0 picks a free port (tests)."""
@@ -462,6 +464,12 @@ class Controller:
     # ------------------------------------------------------------------ workers
 
     async def _worker(self) -> None:
+        # Every informer's first list requeues all pending Workloads (pods may have gone while no watch
+        # ran); deciding before they all synced would decide each Workload once per list. Decisions do
+        # not read these caches, so an informer that cannot list (readyz names it) delays them only so long.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(inf.synced.wait() for inf in self.informers.values())),
+                                   self.config.sync_wait_seconds)
         while True:
             await self.leading.wait()
             keys = await self.queue.get_batch(self.config.batch)
