@@ -1,0 +1,306 @@
+"""The testbed harness of the controller's tests and benchmarks.
+
+A namespace with a ClusterQueue and an AdmissionCheck of its own (under a controllerName of its own, so
+another dispatch controller running on the shared testbed never decides these Workloads), the
+controller as a subprocess as the Deployment runs it, a recorder of pod and Workload events, and the
+hold/release re-admission round whose last-pod-gone -> Ready time the latency benchmark reports.
+"""
+
+from __future__ import annotations
+
+# ruff: noqa: ASYNC220, ASYNC230  (harness: subprocesses and files, off the hot path)
+import asyncio
+import functools
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from dispatch import AsyncAdapter, JobSpec
+from dispatch import _kube as k
+from dispatch.testbed import ANN_HOLD_DELETE
+
+Obj = dict[str, Any]
+A = "dispatch.phpboyscout.uk/admission"
+LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
+CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
+PRIORITIES = k.Res("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass",
+                   namespaced=False)
+
+
+def testbed_kubeconfig_path() -> Path | None:
+    """The running testbed's kubeconfig, or None when it is not up."""
+    from dispatch import testbed
+
+    return testbed.kubeconfig_path() if testbed.is_up() else None
+
+
+@asynccontextmanager
+async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
+    """(admin Kube in a fresh namespace, namespace, ClusterQueue name); all removed afterwards."""
+    suffix = uuid.uuid4().hex[:6]
+    ns, cq = f"ctl-{suffix}", f"ctl-{suffix}"
+    kube = k.Kube.connect(namespace=ns, kubeconfig=path)
+    await kube.create(k.NAMESPACES, {"metadata": {"name": ns}})
+    await kube.create(k.ADMISSION_CHECKS, {"apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck",
+                                           "metadata": {"name": cq}, "spec": {"controllerName": f"{CTL}-{suffix}"}})
+    await kube.create(CLUSTERQUEUES, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                 "preemption": {"withinClusterQueue": "LowerPriority"},
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default",
+                     "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "8Gi"}]}]}],
+                 "admissionChecksStrategy": {"admissionChecks": [{"name": cq}]}}})
+    await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                                    "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
+    for name, value in (("ctl-low", 100), ("ctl-high", 1000)):
+        try:
+            await kube.create(PRIORITIES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+                                           "metadata": {"name": name}, "value": value})
+        except Exception:
+            pass
+    try:
+        yield kube, ns, cq
+    finally:
+        for tj in (await kube.list(k.TRAINJOBS)).items:
+            await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
+        for pod in (await kube.list(k.PODS)).items:
+            await kube.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"annotations": {
+                ANN_HOLD_DELETE: None}}})
+        await kube.delete(k.NAMESPACES, ns)
+        await kube.delete(CLUSTERQUEUES, cq)
+        await kube.delete(k.ADMISSION_CHECKS, cq)
+        await kube.aclose()
+
+
+CTL = "dispatch.phpboyscout.uk/admission-test"
+
+
+def controller_name(ns: str) -> str:
+    """The controllerName of the test's own AdmissionCheck (named like its namespace and ClusterQueue)."""
+    return f"{CTL}-{ns.split('-', 1)[1]}"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@asynccontextmanager
+async def subprocess_controller(ns: str, *extra: str, kubeconfig_path: Path | None = None,
+                                log: Path | None = None) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """``python -m dispatch.controller`` for one namespace, as the Deployment runs it."""
+    logfile = open(log or os.devnull, "wb")  # noqa: SIM115
+    argv = [sys.executable, "-m", "dispatch.controller",
+            "--kubeconfig", str(kubeconfig_path or testbed_kubeconfig_path()),
+            "--namespace", ns, "--metrics-port", str(free_port()), "--controller-name", controller_name(ns), *extra]
+    if "--leader-elect" not in extra:
+        argv.append("--no-leader-elect")
+    proc = subprocess.Popen(argv, stderr=logfile)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        logfile.close()
+
+
+async def until(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition",
+                poll: float = 0.1) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        result = pred()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        await asyncio.sleep(poll)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def workload_of(kube: k.Kube, trainjob: str) -> Obj | None:
+    tj = await kube.get(k.TRAINJOBS, trainjob)
+    found = (await kube.list(k.WORKLOADS, labels=f"kueue.x-k8s.io/job-uid={tj['metadata']['uid']}")).items
+    return found[0] if found else None
+
+
+def check_of(workload: Obj | None) -> Obj:
+    """The test's own check entry (named ``ctl-<suffix>``, like the namespace)."""
+    ns = str(((workload or {}).get("metadata") or {}).get("namespace", ""))
+    for c in ((workload or {}).get("status") or {}).get("admissionChecks") or []:
+        if c.get("name") == ns:
+            return dict(c)
+    return {}
+
+
+def cond(obj: Obj, ctype: str) -> bool:
+    return any(c.get("type") == ctype and c.get("status") == "True"
+               for c in (obj.get("status") or {}).get("conditions") or [])
+
+
+async def pods_of(kube: k.Kube, name: str) -> list[Obj]:
+    return (await kube.list(k.PODS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items
+
+
+async def hold_pods(kube: k.Kube, name: str) -> list[str]:
+    """Keep the object's pods Terminating once deleted, until ``release_pods``."""
+    names = []
+    for pod in await pods_of(kube, name):
+        await kube.merge_patch(k.PODS, pod["metadata"]["name"],
+                               {"metadata": {"annotations": {ANN_HOLD_DELETE: "true"}}})
+        names.append(pod["metadata"]["name"])
+    return names
+
+
+async def release_pods(kube: k.Kube, names: list[str]) -> None:
+    for pod in names:
+        try:
+            await kube.merge_patch(k.PODS, pod, {"metadata": {"annotations": {ANN_HOLD_DELETE: None}}})
+        except Exception:
+            pass
+
+
+def running_pods(pods: list[Obj]) -> list[Obj]:
+    return [p for p in pods if (p.get("status") or {}).get("phase") == "Running"
+            and not p["metadata"].get("deletionTimestamp")]
+
+
+class Recorder:
+    """A test-side watch of pods and Workloads: when the last blocking pod went, when the check turned Ready."""
+
+    def __init__(self, kube: k.Kube) -> None:
+        self.kube = kube
+        self.events: list[tuple[float, str, str, Obj]] = []
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def _watch(self, res: k.Res, label: str) -> None:
+        listed = await self.kube.list(res)
+        rv = listed.resource_version
+        while True:
+            try:
+                async for etype, obj in self.kube.watch(res, resource_version=rv, timeout_seconds=60):
+                    rv = str(obj.get("metadata", {}).get("resourceVersion") or rv)
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self.events.append((time.monotonic(), label, etype, obj))
+            except Exception:
+                listed = await self.kube.list(res)
+                rv = listed.resource_version
+
+    def start(self) -> None:
+        self.tasks = [asyncio.create_task(self._watch(k.PODS, "pod")),
+                      asyncio.create_task(self._watch(k.WORKLOADS, "workload"))]
+
+    async def stop(self) -> None:
+        for t in self.tasks:
+            t.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+    def gone_at(self, pods: list[str], after: float) -> float | None:
+        """When the last of ``pods`` stopped blocking (terminal phase or deleted), seen after ``after``."""
+        last: dict[str, float] = {}
+        for t, label, etype, obj in self.events:
+            if label != "pod" or t < after or obj["metadata"]["name"] not in pods:
+                continue
+            if etype == "DELETED" or (obj.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                last.setdefault(obj["metadata"]["name"], t)
+        return max(last.values()) if len(last) == len(pods) else None
+
+    def ready_at(self, workload: str, after: float) -> float | None:
+        for t, label, _, obj in self.events:
+            if label == "workload" and t >= after and obj["metadata"]["name"] == workload \
+                    and check_of(obj).get("state") == "Ready":
+                return t
+        return None
+
+
+async def is_running(kube: k.Kube, name: str) -> bool:
+    return bool(running_pods(await pods_of(kube, name)))
+
+
+async def all_terminating(kube: k.Kube, pods: list[str]) -> bool:
+    got = {p["metadata"]["name"]: p for p in (await kube.list(k.PODS)).items}
+    return all(name in got and got[name]["metadata"].get("deletionTimestamp") for name in pods)
+
+
+async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path | None = None,
+                                name: str = "lat-s1") -> list[float]:
+    """Seconds from the last old pod going to the check turning Ready, over ``rounds`` re-admissions.
+
+    Each round holds the object (its Workload deactivated, so Kueue evicts it and its pod stays
+    Terminating under the testbed's hold-delete annotation), releases it (Kueue re-reserves quota at
+    once; the check must wait), then lets the pod go. Every round also checks the promise: the first
+    pod of the new execution appeared only after the old one went, and carries the next A.
+    """
+    adapter = AsyncAdapter(kube)
+    job_id, submission = name.rsplit("-", 1)
+    rec = Recorder(kube)
+    rec.start()
+    latencies: list[float] = []
+    try:
+        async with subprocess_controller(ns, log=log or Path(os.devnull)):
+            await adapter.open(JobSpec(job_id=job_id, submission=submission, queue="lq"))
+            await until(lambda: is_running(kube, name), what="running")
+            for i in range(rounds):
+                held = await hold_pods(kube, name)
+                await adapter.hold(name)                     # Workload deactivated: evicted, pod Terminating
+                await until(functools.partial(all_terminating, kube, held), what="old pod terminating")
+                await adapter.release(name)                  # re-queued: the check must wait for the pod
+
+                async def waits() -> bool:
+                    return bool(check_of(await workload_of(kube, name)).get("message", "").startswith(
+                        "waiting for pods of the previous execution"))
+                await until(waits, what=f"round {i}: waiting")
+                mark = time.monotonic()
+                await release_pods(kube, held)
+                wl = await workload_of(kube, name)
+                assert wl is not None
+                wl_name = str(wl["metadata"]["name"])
+                await until(functools.partial(rec.ready_at, wl_name, mark), what="Ready")
+                gone = rec.gone_at(held, mark)
+                ready = rec.ready_at(wl_name, mark)
+                assert gone is not None and ready is not None and ready >= gone
+                latencies.append(ready - gone)
+                await until(lambda: is_running(kube, name), what="running again")
+                born = min(t for t, label, etype, obj in rec.events if label == "pod" and etype == "ADDED"
+                           and obj["metadata"]["labels"].get(A) == str(i + 2))
+                assert born > gone, "a pod of the new execution appeared before the old one went"
+                pods = running_pods(await pods_of(kube, name))
+                assert [p["metadata"]["labels"][A] for p in pods] == [str(i + 2)]
+    finally:
+        await rec.stop()
+    return latencies
+
+
+async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
+    """The API's own notification floor: seconds from a write's reply to its watch event.
+
+    The latency benchmark's baseline, measured in the same run: the controller's figure includes one
+    such hop (the pod's deletion reaching its watch) plus its read, decision and write.
+    """
+    rec = Recorder(kube)
+    rec.start()
+    out: list[float] = []
+    try:
+        await asyncio.sleep(0.5)
+        await kube.create(k.PODS, {"metadata": {"name": "rtt", "annotations": {"n": "0"}}, "spec": {
+            "nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
+        for i in range(rounds):
+            await kube.merge_patch(k.PODS, "rtt", {"metadata": {"annotations": {"n": str(i + 1)}}})
+            mark = time.monotonic()
+
+            def seen(want: str = str(i + 1)) -> float | None:
+                return next((t for t, label, _, obj in rec.events if label == "pod"
+                             and (obj["metadata"].get("annotations") or {}).get("n") == want), None)
+            await until(lambda: seen() is not None, what="watch event", poll=0.001)
+            out.append(max(0.0, (seen() or mark) - mark))
+    finally:
+        await rec.stop()
+        await kube.delete(k.PODS, "rtt", grace_seconds=0)
+    return out
