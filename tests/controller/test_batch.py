@@ -153,25 +153,33 @@ async def decide_one_by_one(world: World) -> dict[str, str]:
     return {wl: (await world.reconciler.reconcile(NS, wl)).outcome for wl in world.workloads}
 
 
-async def decide_in_batches(world: World, size: int, known: int) -> dict[str, str]:
+def cache_of(world: World) -> dict[str, dict[str, Any]]:
+    """The Workloads as a controller's informer would hold them: hints for the batch's reads."""
+    return {wl["metadata"]["name"]: wl for wl in world.cluster.server.objects(KUEUE, "workloads")}
+
+
+async def decide_in_batches(world: World, size: int, known: int, hinted: bool = True) -> dict[str, str]:
     got: dict[str, str] = {}
+    hints = cache_of(world) if hinted else None     # taken once: stale for every batch after the first
     for start in range(0, len(world.workloads), size):
         chunk = world.workloads[start:start + size]
-        got.update(outcomes(await world.reconciler.reconcile_many(NS, chunk, known=known)))
+        got.update(outcomes(await world.reconciler.reconcile_many(NS, chunk, known=known, hints=hints)))
     return got
 
 
-async def both(kinds: Sequence[str], size: int, known: int) -> tuple[World, World, dict[str, str], dict[str, str]]:
+async def both(kinds: Sequence[str], size: int, known: int, hinted: bool = True
+               ) -> tuple[World, World, dict[str, str], dict[str, str]]:
     single, batched = await build(kinds), await build(kinds)
     one = await decide_one_by_one(single)
-    many = await decide_in_batches(batched, size, known)
+    many = await decide_in_batches(batched, size, known, hinted)
     return single, batched, one, many
 
 
 async def test_a_batch_decides_every_kind_of_workload_as_one_by_one_does() -> None:
     kinds = list(KINDS) * 2
-    for known in (0, 10_000):                     # whole-namespace lists, then gets
-        single, batched, one, many = await both(kinds, size=len(kinds), known=known)
+    # JobSets listed or got; reads narrowed by hints or every Workload and TrainJob got
+    for known, hinted in ((0, True), (10_000, True), (0, False)):
+        single, batched, one, many = await both(kinds, size=len(kinds), known=known, hinted=hinted)
         assert many == one
         assert result(batched) == result(single)
         assert sorted(set(one.values())) == sorted(
@@ -192,10 +200,11 @@ async def test_a_batch_decides_every_kind_of_workload_as_one_by_one_does() -> No
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kinds=st.lists(st.sampled_from(KINDS), min_size=1, max_size=10), size=st.integers(1, 6),
-       known=st.sampled_from([0, 1_000]))
-def test_any_mix_and_any_batch_size_decide_as_one_by_one(kinds: list[str], size: int, known: int) -> None:
+       known=st.sampled_from([0, 1_000]), hinted=st.booleans())
+def test_any_mix_and_any_batch_size_decide_as_one_by_one(kinds: list[str], size: int, known: int,
+                                                         hinted: bool) -> None:
     async def run() -> None:
-        single, batched, one, many = await both(kinds, size, known)
+        single, batched, one, many = await both(kinds, size, known, hinted)
         assert many == one
         assert result(batched) == result(single)
         for world in (single, batched):
@@ -206,11 +215,15 @@ def test_any_mix_and_any_batch_size_decide_as_one_by_one(kinds: list[str], size:
 async def test_a_batch_of_waiting_workloads_reads_a_constant_number_of_times() -> None:
     world = await build(["blocked"] * 12)
     before = len(world.cluster.server.requests)
-    got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=len(world.workloads)))
+    got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=len(world.workloads),
+                                                         hints=cache_of(world)))
     assert set(got.values()) == {"waiting"}
-    reads = [(m, p) for m, p, _ in world.cluster.server.requests[before:] if m == "GET" and "/events" not in p]
+    reads = [(m, p, q) for m, p, q in world.cluster.server.requests[before:] if m == "GET" and "/events" not in p]
     # Workloads, TrainJobs, JobSets, Jobs, two pod lists, one Node: not one read per Workload.
-    assert len(reads) == 7, reads
+    assert [p.rsplit("/", 1)[-1] for _, p, _ in reads] == [
+        "workloads", "trainjobs", "jobsets", "jobs", "pods", "pods", "node-0"], reads
+    assert "kueue.x-k8s.io/job-uid in (" in reads[0][2]["labelSelector"]
+    assert "dispatch.phpboyscout.uk/job-id in (batch)" in reads[1][2]["labelSelector"]
     await world.kube.aclose()
 
 

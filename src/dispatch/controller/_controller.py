@@ -487,8 +487,9 @@ class Controller:
         namespace = keys[0].split("/", 1)[0]
         prefix = namespace + "/"
         known = sum(1 for key in self.workloads if key.startswith(prefix)) if len(keys) > 1 else 0
+        hints = {key.split("/", 1)[1]: self.workloads[key] for key in keys if key in self.workloads}
         results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
-                                                       known=known)
+                                                       known=known, hints=hints)
         for key in keys:
             self._settled(key, results[key.split("/", 1)[1]])
 

@@ -46,8 +46,8 @@ MESSAGE_LIMIT = 8000
 """Kueue allows 32768 characters; a few thousand name the pods and keep Workloads small."""
 READY_RETRIES = 3
 LIST_FACTOR = 16
-"""A batch lists the namespace's Workloads/TrainJobs/JobSets when it is at least 1/16 of them: one list
-item costs far less than one request, so below that, gets are cheaper."""
+"""A batch lists the namespace's JobSets when it is at least 1/16 of its Workloads: one list item costs
+far less than one request, so below that, gets are cheaper."""
 
 T = TypeVar("T")
 
@@ -300,18 +300,23 @@ class Reconciler:
     # ------------------------------------------------------------------ many at once
 
     async def reconcile_many(
-        self, namespace: str, names: Sequence[str], *, known: int = 0
+        self, namespace: str, names: Sequence[str], *, known: int = 0, hints: Mapping[str, Obj] | None = None,
     ) -> dict[str, Outcome | Exception]:
-        """Decide several Workloads of one namespace from one shared consistent read.
+        """Decide several Workloads of one namespace from one shared read.
 
         A queue that holds many Workloads at once (a controller start, a node coming back, a burst of
         preemptions) would otherwise pay the whole read per Workload. Here the Workloads, their
-        TrainJobs and the lower layers are read once for the batch, with the same reads in the same
-        order as a single reconcile, each Workload is decided by the same pure rule on its own part of
-        that read, and every write is still per Workload and conditioned on its own resourceVersion.
-        ``known`` is how many Workloads the caller knows in the namespace: whole-namespace lists are
-        used only when the batch is a large enough part of it (a cost choice, never a correctness one).
-        Errors are per Workload: the value is the exception its reconcile would have raised.
+        TrainJobs and the lower layers are read fresh once for the batch, with the same reads in the
+        same order as a single reconcile; each Workload is decided by the same pure rule on its own part
+        of that read, and every write is still per Workload and conditioned on its own resourceVersion.
+
+        ``hints`` (the caller's cached Workloads, by name) only narrow the reads: Workloads are listed by
+        their owners' uids and TrainJobs by the identity labels Kueue copied into the pod sets, so a
+        batch reads about its own objects, not the namespace; whatever a hint misses is read by a get.
+        ``known`` is how many Workloads the caller knows in the namespace: the JobSets (which carry no
+        label to select them by) are listed only when the batch is a large part of it, else got one by
+        one (a cost choice, never a correctness one). Errors are per Workload: the value is the
+        exception its reconcile would have raised.
         """
         unique = list(dict.fromkeys(names))
         if len(unique) == 1:
@@ -322,7 +327,7 @@ class Reconciler:
         started = time.perf_counter()
         out: dict[str, Outcome | Exception] = {}
         try:
-            await self._reconcile_many(namespace, unique, known, out)
+            await self._reconcile_many(namespace, unique, known, hints or {}, out)
         except Exception as exc:  # the shared read failed: every Workload not yet decided shares the error
             for name in unique:
                 out.setdefault(name, exc)
@@ -332,16 +337,20 @@ class Reconciler:
                 self._metrics.reconcile_seconds.observe(share)
         return out
 
-    async def _reconcile_many(self, ns: str, names: list[str], known: int, out: dict[str, Outcome | Exception],
-                              ) -> None:
+    async def _reconcile_many(self, ns: str, names: list[str], known: int, hints: Mapping[str, Obj],
+                              out: dict[str, Outcome | Exception]) -> None:
         checks = self._check_names()
-        by_list = len(names) * LIST_FACTOR >= known
-        workloads: dict[str, Obj | None]
-        if by_list:
-            listed = {d.name_of(w): w for w in (await self._kube.list(k.WORKLOADS, ns)).items}
-            workloads = {name: listed.get(name) for name in names}
-        else:
-            workloads = {name: await self._kube.get_or_none(k.WORKLOADS, name, ns) for name in names}
+        uids = sorted({o.uid for o in (controller_owner(hints[name]) for name in names if name in hints)
+                       if o is not None and o.uid and n.label_value_problem(o.uid) is None})
+        workloads: dict[str, Obj | None] = {}
+        if uids:
+            for w in (await self._kube.list(k.WORKLOADS, ns, labels=f"{n.KUEUE_JOB_UID_LABEL} in ({','.join(uids)})")
+                      ).items:
+                if d.name_of(w) in names:
+                    workloads[d.name_of(w)] = w
+        for name in names:
+            if name not in workloads:
+                workloads[name] = await self._kube.get_or_none(k.WORKLOADS, name, ns)
         jobs: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
         owned: list[tuple[str, Obj, Entry, Owner]] = []
         for name in names:
@@ -357,11 +366,16 @@ class Reconciler:
             else:
                 owned.append((name, workload, entry, owner))
         trainjobs: dict[str, Obj | None] = {}
-        if by_list and owned:
-            trainjobs = {d.name_of(t): t for t in (await self._kube.list(
-                k.TRAINJOBS, ns, labels=n.KUEUE_QUEUE_LABEL)).items}
+        idents = {i for i in (pod_set_identity(w) for _, w, _, _ in owned) if i is not None}
+        if idents:
+            selector = (f"{n.LABEL_JOB_ID} in ({','.join(sorted({i for i, _ in idents}))}),"
+                        f"{n.LABEL_SUBMISSION} in ({','.join(sorted({s for _, s in idents}))})")
+            wanted = {owner.name for _, _, _, owner in owned}
+            for t in (await self._kube.list(k.TRAINJOBS, ns, labels=selector)).items:
+                if d.name_of(t) in wanted:
+                    trainjobs[d.name_of(t)] = t
         for _, _, _, owner in owned:
-            if owner.name not in trainjobs:  # not listed (no queue label) or not listing: get it
+            if owner.name not in trainjobs:  # no hint, or the hint did not find it: get it
                 trainjobs[owner.name] = await self._kube.get_or_none(k.TRAINJOBS, owner.name, ns)
         deciding: list[tuple[str, Obj, Entry, Owner, Obj]] = []
         for name, workload, entry, owner in owned:
@@ -373,7 +387,8 @@ class Reconciler:
                 assert trainjob is not None
                 deciding.append((name, workload, entry, owner, trainjob))
         snaps = await self.adapter(ns)._snapshots(
-            [(owner.name, *_ident(tj)) for _, _, _, owner, tj in deciding], list_jobsets=by_list)
+            [(owner.name, *_ident(tj)) for _, _, _, owner, tj in deciding],
+            list_jobsets=len(names) * LIST_FACTOR >= known)
         admits: list[tuple[str, Obj, Entry, Obj, Snapshot]] = []
         for name, workload, entry, owner, trainjob in deciding:
             snap = snaps[owner.name]
@@ -554,6 +569,18 @@ class Reconciler:
                 return Outcome("conflict", retry=True, error="WorkloadConflict")
             raise
         return Outcome("foreign-ready")
+
+
+def pod_set_identity(workload: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(job-id, submission) as Kueue copied them from dispatch's pod template into the Workload's pod
+    sets: a hint to select the TrainJobs of a batch by label, never trusted beyond that."""
+    for ps in (workload.get("spec") or {}).get("podSets") or []:
+        labels = (((ps or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
+        job_id, sub = labels.get(n.LABEL_JOB_ID), labels.get(n.LABEL_SUBMISSION)
+        if (isinstance(job_id, str) and isinstance(sub, str) and job_id and sub
+                and n.label_value_problem(job_id) is None and n.label_value_problem(sub) is None):
+            return job_id, sub
+    return None
 
 
 def _ident(trainjob: Obj) -> tuple[str, str]:

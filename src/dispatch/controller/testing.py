@@ -94,10 +94,24 @@ class FakeKueue:
                 "finalizers": ["kueue.x-k8s.io/resource-in-use"],
             },
             "spec": {"queueName": self.queue, "active": True,
-                     "podSets": [{"name": ps, "count": 1} for ps in pod_sets]},
+                     "podSets": [{"name": ps, "count": 1, "template": {"metadata": {"labels": self._template_labels(
+                         tj, ps)}}} for ps in pod_sets]},
             "status": {"conditions": conds, "admissionChecks": checks},
         })
         return name
+
+    @staticmethod
+    def _template_labels(trainjob: Obj, pod_set: str) -> dict[str, str]:
+        """The pod-template labels Kueue copies into a pod set: here, those of dispatch's runtime patch."""
+        for patch in (trainjob.get("spec") or {}).get("runtimePatches") or []:
+            if patch.get("manager") != n.PATCH_MANAGER:
+                continue
+            for rj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
+                    "replicatedJobs") or []:
+                if rj.get("name") == pod_set:
+                    tmpl = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
+                    return dict((tmpl.get("metadata") or {}).get("labels") or {})
+        return {}
 
     def workload(self, name: str, namespace: str | None = None) -> Obj:
         wl = self.server.get(KUEUE, "workloads", namespace or self.cluster.namespace, name)
