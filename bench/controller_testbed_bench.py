@@ -97,7 +97,8 @@ async def run_controller(a: argparse.Namespace, path: Any, ns: str, controller_n
     """Start the controller with ``batch``, time until it has decided every Workload, stop it."""
     port = free_port()
     started = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "dispatch.controller", "--kubeconfig", str(path),
+    profile = ["-m", "cProfile", "-o", f"{a.profile}.batch{batch}"] if a.profile else []
+    proc = subprocess.Popen([sys.executable, *profile, "-m", "dispatch.controller", "--kubeconfig", str(path),
                              "--namespace", ns, "--no-leader-elect", "--metrics-port", str(port),
                              "--workers", str(a.workers), "--batch", str(batch), "--log-level", a.log_level,
                              "--controller-name", controller_name],
@@ -157,6 +158,7 @@ async def main() -> None:
                    help="give every object a pod that may still run, so each decision is 'wait' (one write) and "
                         "no admission cascades into Kueue, Trainer and JobSet work on the same machine")
     p.add_argument("--log", default="")
+    p.add_argument("--profile", default="", help="write the controller's cProfile data to PROFILE.batchN")
     p.add_argument("--log-level", default="warning")
     a = p.parse_args()
     if not testbed.is_up():
