@@ -2,7 +2,8 @@
 
 * decisions/s: N Workloads (default 1,000) pending at once, each owned by a dispatch TrainJob, the
   controller started cold; time until every check is Ready. Also the same with every object still
-  holding a Terminating pod (each decision is "wait", written once).
+  holding a Terminating pod (each decision is "wait", written once). Each is measured batched
+  (``--batch``, default 64) and one by one (batch 1, the baseline of the same run), with the ratio.
 * writes per admission: API writes the controller sends per Ready check, by kind, for an admission
   that found nothing remaining and for one that first waited for a Terminating pod.
 
@@ -89,10 +90,10 @@ async def until(pred: Any, timeout: float) -> None:
         await asyncio.sleep(0.01)
 
 
-async def decisions_per_second(count: int, workers: int, *, terminating: bool) -> dict[str, Any]:
+async def decisions_per_second(count: int, workers: int, *, terminating: bool, batch: int) -> dict[str, Any]:
     cluster, kueue, wls = setup(count, terminating=terminating)
     kube = k.Kube.connect(namespace="default", transport=cluster.transport())
-    ctl = Controller(kube, Config(workers=workers, resync_seconds=3600))
+    ctl = Controller(kube, Config(workers=workers, resync_seconds=3600, batch=batch))
     stop = asyncio.Event()
     want = "waiting" if terminating else "admitted"
     started = time.perf_counter()
@@ -106,7 +107,7 @@ async def decisions_per_second(count: int, workers: int, *, terminating: bool) -
         assert all(kueue.entry(w)["state"] == "Ready" for w in wls)
     else:
         assert all(kueue.entry(w)["message"].startswith("waiting for pods") for w in wls)
-    return {"workloads": count, "workers": workers, "outcome": want, "seconds": round(elapsed, 3),
+    return {"workloads": count, "workers": workers, "batch": batch, "outcome": want, "seconds": round(elapsed, 3),
             "decisions_per_second": round(count / elapsed, 1)}
 
 
@@ -156,17 +157,20 @@ async def main() -> None:
     p.add_argument("--workloads", type=int, default=1000)
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--batch", type=int, default=64)
     a = p.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    admit = [await decisions_per_second(a.workloads, a.workers, terminating=False) for _ in range(a.repeat)]
-    wait = [await decisions_per_second(a.workloads, a.workers, terminating=True) for _ in range(a.repeat)]
-    result = {
-        "admit": admit,
-        "admit_median_decisions_per_second": statistics.median(r["decisions_per_second"] for r in admit),
-        "wait": wait,
-        "wait_median_decisions_per_second": statistics.median(r["decisions_per_second"] for r in wait),
-        "writes": await writes_per_admission(),
-    }
+    result: dict[str, Any] = {}
+    for outcome, terminating in (("admit", False), ("wait", True)):
+        medians = {}
+        for batch in (a.batch, 1):   # the one-by-one baseline, measured in the same run
+            runs = [await decisions_per_second(a.workloads, a.workers, terminating=terminating, batch=batch)
+                    for _ in range(a.repeat)]
+            medians[batch] = statistics.median(r["decisions_per_second"] for r in runs)
+            result[f"{outcome}_batch{batch}"] = runs
+            result[f"{outcome}_batch{batch}_median_decisions_per_second"] = medians[batch]
+        result[f"{outcome}_ratio_batched_vs_one_by_one"] = round(medians[a.batch] / medians[1], 2)
+    result["writes"] = await writes_per_admission()
     print(json.dumps(result, indent=2))
 
 
