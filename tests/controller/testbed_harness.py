@@ -279,7 +279,7 @@ async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path
 
 
 async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
-    """The API's own notification floor: seconds from a write's reply to its watch event.
+    """The API's own floor: seconds from sending a write to its watch event reaching the same process.
 
     The latency benchmark's baseline, measured in the same run: the controller's figure includes one
     such hop (the pod's deletion reaching its watch) plus its read, decision and write.
@@ -292,8 +292,8 @@ async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
         await kube.create(k.PODS, {"metadata": {"name": "rtt", "annotations": {"n": "0"}}, "spec": {
             "nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
         for i in range(rounds):
-            await kube.merge_patch(k.PODS, "rtt", {"metadata": {"annotations": {"n": str(i + 1)}}})
             mark = time.monotonic()
+            await kube.merge_patch(k.PODS, "rtt", {"metadata": {"annotations": {"n": str(i + 1)}}})
 
             def seen(want: str = str(i + 1)) -> float | None:
                 return next((t for t, label, _, obj in rec.events if label == "pod"
