@@ -25,7 +25,7 @@ from pathlib import Path
 from tests.controller.testbed_harness import (
     controller_env,
     readmission_latencies,
-    testbed_kubeconfig_path,
+    running_testbed_kubeconfig,
     watch_round_trips,
 )
 
@@ -42,7 +42,7 @@ async def main() -> None:
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--log", default="", help="the controller's JSON log goes here")
     a = p.parse_args()
-    path = testbed_kubeconfig_path()
+    path = running_testbed_kubeconfig()
     if path is None:
         raise SystemExit("the testbed is not up (python -m dispatch.testbed up)")
     async with controller_env(path) as (kube, ns, _):

@@ -705,17 +705,44 @@ class AsyncAdapter:
             admission = d.next_admission(trainjob, snap.pods)
             try:
                 raised = await self.raise_admission(trainjob, admission)
-                admission = d.admission_of(raised)
-                rv = (raised.get("metadata") or {}).get("resourceVersion")
-                await self._kube.merge_patch(
-                    k.TRAINJOBS, name, {"metadata": {"resourceVersion": rv}, "spec": {"suspend": False}}
-                )
             except Unreachable as exc:
                 if exc.code == 409:
                     continue
                 raise
-            return Identity(ident.job_id, ident.submission, admission)
+            admission = d.admission_of(raised)
+            if await self._unsuspend(name, raised, admission):
+                return Identity(ident.job_id, ident.submission, admission)
         raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
+
+    async def _unsuspend(self, name: str, raised: Obj, admission: int) -> bool:
+        """The second admitting write, conditioned on the TrainJob as our raise left it.
+
+        Trainer writes the TrainJob's status right after it is created, so this write often meets a
+        409. Raising A again would skip a number for nothing: if the TrainJob is still suspended, with
+        our A and the same generation (no spec change since our raise, so it stayed suspended and no
+        pod can have started since the consistent read), only the resourceVersion moved, and the
+        unsuspend is retried on the fresh one. Anything else: False, and release decides afresh.
+        """
+        generation = (raised.get("metadata") or {}).get("generation")
+        current = raised
+        for _ in range(self.conflict_retries):
+            rv = (current.get("metadata") or {}).get("resourceVersion")
+            try:
+                await self._kube.merge_patch(
+                    k.TRAINJOBS, name, {"metadata": {"resourceVersion": rv}, "spec": {"suspend": False}}
+                )
+                return True
+            except Unreachable as exc:
+                if exc.code != 409:
+                    raise
+            fresh = await self._kube.get_or_none(k.TRAINJOBS, name)
+            if (fresh is None or d.is_deleting(fresh) or not d.is_suspended(fresh)
+                    or (fresh.get("metadata") or {}).get("generation") != generation
+                    or d.admission_of(fresh) != admission):
+                return False
+            current = fresh
+        return False
+
 
     @staticmethod
     def _require_dispatch(trainjob: Obj, name: str) -> Identity:

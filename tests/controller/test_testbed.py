@@ -39,8 +39,8 @@ from .testbed_harness import (
     readmission_latencies,
     release_pods,
     running_pods,
+    running_testbed_kubeconfig,
     subprocess_controller,
-    testbed_kubeconfig_path,
     until,
     workload_of,
 )
@@ -60,7 +60,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
 def kubeconfig() -> Path:
-    path = testbed_kubeconfig_path()
+    path = running_testbed_kubeconfig()
     if path is None:
         pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
     return path

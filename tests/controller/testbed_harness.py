@@ -34,7 +34,7 @@ PRIORITIES = k.Res("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "Work
                    namespaced=False)
 
 
-def testbed_kubeconfig_path() -> Path | None:
+def running_testbed_kubeconfig() -> Path | None:
     """The running testbed's kubeconfig, or None when it is not up."""
     from dispatch import testbed
 
@@ -99,7 +99,7 @@ async def subprocess_controller(ns: str, *extra: str, kubeconfig_path: Path | No
     """``python -m dispatch.controller`` for one namespace, as the Deployment runs it."""
     logfile = open(log or os.devnull, "wb")  # noqa: SIM115
     argv = [sys.executable, "-m", "dispatch.controller",
-            "--kubeconfig", str(kubeconfig_path or testbed_kubeconfig_path()),
+            "--kubeconfig", str(kubeconfig_path or running_testbed_kubeconfig()),
             "--namespace", ns, "--metrics-port", str(free_port()), "--controller-name", controller_name(ns), *extra]
     if "--leader-elect" not in extra:
         argv.append("--no-leader-elect")

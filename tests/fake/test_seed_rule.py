@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 from dispatch import (
+    ANNOTATION_ADMISSION,
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
@@ -499,3 +500,53 @@ def test_a_crash_between_raising_a_and_recording_it_is_covered_by_close(
     assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
     adapter.close(NAME)
     assert adapter.open(SPEC, hold=False).identity.admission == 2
+
+
+def test_a_status_write_between_raise_and_unsuspend_does_not_skip_a_number(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """Trainer writes a new TrainJob's status right after it is created; found on the testbed, where
+    the unsuspend then met a 409 and release raised A again, so a fresh object started at A=2.
+    Only the resourceVersion moved (still suspended, same generation, our A): the unsuspend is retried."""
+    adapter.open(SPEC)
+    patches = {"n": 0}
+
+    def trainer_writes_status(method: str, path: str) -> None:
+        if method == "PATCH" and path.endswith(f"/trainjobs/{NAME}"):
+            patches["n"] += 1
+            if patches["n"] == 2:  # the unsuspend, after our raise
+                cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME,
+                                      lambda o: o.setdefault("status", {}).update(conditions=[]), status=True)
+
+    cluster.server.before_request = trainer_writes_status
+    try:
+        identity = adapter.release(NAME)
+    finally:
+        cluster.server.before_request = None
+    assert identity.admission == 1
+    assert patches["n"] == 3               # raise, the unsuspend that met the 409, its retry
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"1"}
+
+
+def test_a_spec_change_between_raise_and_unsuspend_decides_afresh(adapter: Adapter, cluster: FakeCluster) -> None:
+    """If the spec moved (another writer raised A), the unsuspend is not retried blindly: release decides
+    again from a new consistent read, and the number it writes is above every one seen."""
+    adapter.open(SPEC)
+    patches = {"n": 0}
+
+    def another_writer(method: str, path: str) -> None:
+        if method == "PATCH" and path.endswith(f"/trainjobs/{NAME}"):
+            patches["n"] += 1
+            if patches["n"] == 2:
+                def bump(o: dict[str, object]) -> None:
+                    o["metadata"]["annotations"][ANNOTATION_ADMISSION] = "5"  # type: ignore[index]
+                    o["spec"]["trainer"] = {"numNodes": 1}  # type: ignore[index]
+                cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME, bump, status=False)
+
+    cluster.server.before_request = another_writer
+    try:
+        identity = adapter.release(NAME)
+    finally:
+        cluster.server.before_request = None
+    assert identity.admission == 6
