@@ -182,6 +182,58 @@ async def test_two_replicas_with_leader_election_admit_once(env: tuple[k.Kube, s
         assert [p["metadata"]["labels"][A] for p in pods] == ["1"]
 
 
+async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_real_kueue(
+    env: tuple[k.Kube, str, str],
+) -> None:
+    """Twelve Workloads pending at once, each with a pod that may still run: the controller decides them
+    in batches (set-based selectors and Kueue's pod-set labels on the real API server), names each one's
+    pod, and admits each with A=1 once its pod goes."""
+    kube, ns, cq = env
+    adapter = AsyncAdapter(kube)
+    # Active before any controller runs (as the controller would write it), so Kueue reserves quota for
+    # all twelve first and the controller finds them queued together.
+    await kube.apply(k.ADMISSION_CHECKS, cq, {
+        "apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck", "metadata": {"name": cq},
+        "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Test", "message": "test",
+                                   "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]}},
+        sub="status", field_manager="dispatch-test")
+    names = [f"many-s{i}" for i in range(12)]
+    for i, name in enumerate(names):
+        await adapter.open(JobSpec(job_id="many", submission=f"s{i}", queue="lq", resources_per_node={"cpu": "10m"}))
+        await kube.create(k.PODS, {  # a pod of an earlier execution that may still run
+            "metadata": {"name": f"left-{i}", "labels": {"jobset.sigs.k8s.io/jobset-name": name}},
+            "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
+
+    async def all_reserved() -> bool:
+        wls = (await kube.list(k.WORKLOADS)).items
+        return len(wls) == len(names) and all(cond(w, "QuotaReserved") for w in wls)
+    await until(all_reserved, timeout=120, what="quota reserved for every Workload")
+    ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns), batch=64))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    try:
+        async def all_waiting() -> bool:
+            for i, name in enumerate(names):
+                message = check_of(await workload_of(kube, name)).get("message", "")
+                if message != f"waiting for pods of the previous execution to go: left-{i} on node-0":
+                    return False
+            return True
+        await until(all_waiting, timeout=60, what="every check Pending naming its own pod")
+        decided = ctl.metrics.registry.get_sample_value("dispatch_batch_size_sum") or 0.0
+        reads = ctl.metrics.registry.get_sample_value("dispatch_batch_size_count") or 0.0
+        assert decided > reads, (decided, reads)  # fewer shared reads than Workloads: batches held several
+        for i in range(len(names)):
+            await kube.delete(k.PODS, f"left-{i}", grace_seconds=0)
+        for name in names:
+            await until(functools.partial(is_running, kube, name), timeout=120, what=f"{name} running")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+    for name in names:
+        pods = running_pods(await pods_of(kube, name))
+        assert [p["metadata"]["labels"][A] for p in pods] == ["1"], name
+
+
 # ---------------------------------------------------------------- RBAC: each role exactly what it needs
 
 

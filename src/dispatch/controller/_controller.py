@@ -484,6 +484,7 @@ class Controller:
         await self._process_many([key])
 
     async def _process_many(self, keys: list[str]) -> None:
+        self.metrics.batch_size.observe(len(keys))
         namespace = keys[0].split("/", 1)[0]
         prefix = namespace + "/"
         known = sum(1 for key in self.workloads if key.startswith(prefix)) if len(keys) > 1 else 0

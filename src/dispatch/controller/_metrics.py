@@ -24,6 +24,7 @@ class Metrics:
     writes: Counter
     leader: Gauge
     queue_depth: Gauge
+    batch_size: Histogram
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -67,4 +68,8 @@ class Metrics:
             ),
             leader=Gauge("dispatch_leader", "1 while this replica leads, else 0.", registry=reg),
             queue_depth=Gauge("dispatch_queue_depth", "Workloads waiting in the work queue.", registry=reg),
+            batch_size=Histogram(
+                "dispatch_batch_size", "Workloads decided from one shared read.",
+                buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=reg,
+            ),
         )
