@@ -19,6 +19,26 @@ import httpx2
 import msgspec
 
 from . import _names as n
+from ._api import (  # re-exported: callers name kinds k.PODS, k.TRAINJOBS, ...
+    ADMISSION_CHECKS,
+    ALL,
+    CLUSTER_QUEUES,
+    CLUSTER_RUNTIMES,
+    CONFIGMAPS,
+    EVENTS,
+    JOBS,
+    JOBSETS,
+    LEASES,
+    LOCAL_QUEUES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCE_FLAVORS,
+    RUNTIMES,
+    TRAINJOBS,
+    WORKLOADS,
+    Res,
+)
 from .errors import (
     DispatchError,
     FieldCause,
@@ -49,50 +69,12 @@ APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
 
 
-@dataclass(frozen=True)
-class Res:
-    """Where a kind lives in the API."""
 
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-    def describe(self) -> str:
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-
-PODS = Res("", "v1", "pods", "Pod")
-NODES = Res("", "v1", "nodes", "Node", namespaced=False)
-EVENTS = Res("", "v1", "events", "Event")
-NAMESPACES = Res("", "v1", "namespaces", "Namespace", namespaced=False)
-JOBS = Res("batch", "v1", "jobs", "Job")
-LEASES = Res("coordination.k8s.io", "v1", "leases", "Lease")
-CONFIGMAPS = Res("", "v1", "configmaps", "ConfigMap")
-TRAINJOBS = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainjobs", "TrainJob")
-CLUSTER_RUNTIMES = Res(
-    n.TRAINER_GROUP, n.TRAINER_VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
-)
-RUNTIMES = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainingruntimes", "TrainingRuntime")
-JOBSETS = Res(n.JOBSET_GROUP, n.JOBSET_VERSION, "jobsets", "JobSet")
-WORKLOADS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "workloads", "Workload")
-ADMISSION_CHECKS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "admissionchecks", "AdmissionCheck", namespaced=False)
+__all__ = [
+    "ADMISSION_CHECKS", "ALL", "CLUSTER_QUEUES", "CLUSTER_RUNTIMES", "CONFIGMAPS", "EVENTS", "JOBS", "JOBSETS",
+    "LEASES", "LOCAL_QUEUES", "NAMESPACES", "NODES", "PODS", "RESOURCE_FLAVORS", "RUNTIMES", "TRAINJOBS",
+    "WORKLOADS", "Kube", "ListResult", "Res", "error_for",
+]
 
 _VERB_WORDS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 

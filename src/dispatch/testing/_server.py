@@ -26,37 +26,15 @@ from urllib.parse import parse_qs
 
 import httpx2
 
+from .._api import ALL, Res
+
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
 
-@dataclass(frozen=True)
-class Kind:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-    status: bool = True
+Kind = Res
+"""A kind the fake serves: the same registry the client uses (``dispatch._api``)."""
 
-KINDS: tuple[Kind, ...] = (
-    Kind("", "v1", "pods", "Pod"),
-    Kind("", "v1", "nodes", "Node", namespaced=False),
-    Kind("", "v1", "namespaces", "Namespace", namespaced=False),
-    Kind("", "v1", "events", "Event", status=False),
-    Kind("", "v1", "configmaps", "ConfigMap", status=False),
-    Kind("batch", "v1", "jobs", "Job"),
-    Kind("coordination.k8s.io", "v1", "leases", "Lease", status=False),
-    Kind("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
-    Kind("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
-         namespaced=False),
-    Kind("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
-    Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"),
-    Kind("kueue.x-k8s.io", "v1beta2", "workloads", "Workload"),
-    Kind("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", namespaced=False),
-    Kind("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False),
-    Kind("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue"),
-    Kind("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False),
-)
+KINDS: tuple[Kind, ...] = ALL
 
 # Lists merged by key under server-side apply (by field name; enough for the kinds above).
 LIST_MAP_KEYS: dict[str, tuple[str, ...]] = {
