@@ -60,8 +60,11 @@ CLUSTER_QUEUES = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "clusterqueues", "ClusterQu
 LOCAL_QUEUES = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "localqueues", "LocalQueue")
 RESOURCE_FLAVORS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "resourceflavors", "ResourceFlavor", namespaced=False)
 
+SUBMISSION_RECORDS = Res(n.DOMAIN, "v1alpha1", "submissionrecords", "SubmissionRecord", status=False)
+"""dispatch's own kind: one identity record per submission (``_identity``)."""
+
 ALL: tuple[Res, ...] = (
     PODS, NODES, NAMESPACES, EVENTS, CONFIGMAPS, JOBS, LEASES, TRAINJOBS, CLUSTER_RUNTIMES, RUNTIMES,
-    JOBSETS, WORKLOADS, ADMISSION_CHECKS, CLUSTER_QUEUES, LOCAL_QUEUES, RESOURCE_FLAVORS,
+    JOBSETS, WORKLOADS, ADMISSION_CHECKS, CLUSTER_QUEUES, LOCAL_QUEUES, RESOURCE_FLAVORS, SUBMISSION_RECORDS,
 )
 """Every kind the library, the controller and the fake API server know."""

@@ -20,6 +20,10 @@ from ._views import Ref, condition_true, conditions, is_deleting, items, labels_
 Obj = dict[str, Any]
 
 
+WAITING_PREFIX = "waiting for "
+"""Every message dispatch writes while it holds a check Pending starts so (restart-safe episode marker)."""
+
+
 @dataclass(frozen=True)
 class CheckEntry:
     """One entry of a Workload's ``status.admissionChecks``."""
@@ -28,6 +32,11 @@ class CheckEntry:
     state: str
     message: str
     last_transition: str
+
+    @property
+    def waiting_episode(self) -> bool:
+        """Whether dispatch itself wrote the current Pending message (a waiting episode is under way)."""
+        return self.state == "Pending" and self.message.startswith(WAITING_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,6 @@ class WorkloadView:
     admitted: bool
     quota_message: str
     """Why quota is not reserved yet (Kueue's QuotaReserved condition), for status."""
-    reservation: str
-    """When the current quota reservation was made: one admission cycle of the Workload."""
     pod_sets: tuple[str, ...]
     pod_set_identity: tuple[str, str] | None
     """(job-id, submission) as Kueue copied them from dispatch's pod template into the pod sets: a hint
@@ -111,7 +118,6 @@ class WorkloadView:
             finished=condition_true(obj, "Finished"),
             admitted=condition_true(obj, "Admitted"),
             quota_message=quota_message,
-            reservation=text(quota.get("lastTransitionTime")) if text(quota.get("status")) == "True" else "",
             pod_sets=tuple(pod_sets),
             pod_set_identity=ident,
             job_uid=labels_of(obj).get(KUEUE_JOB_UID_LABEL, ""),
@@ -129,13 +135,6 @@ class WorkloadView:
     def pending_ours(self, names: Collection[str]) -> bool:
         entry = self.entry(names)
         return entry is not None and entry.state == "Pending"
-
-    def admission_token(self) -> str:
-        """The token of this Workload's current admission cycle (its uid and quota reservation time).
-
-        Two controller replicas deciding the same reservation compute the same token, so the second finds
-        the first's raise of A and reuses it; an eviction and a new reservation give a new token."""
-        return f"{self.ref.uid}/{self.reservation}"
 
 
 def checks_owned(checks: Iterable[Mapping[str, Any]], controller_name: str) -> set[str]:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from dispatch import LABEL_ADMISSION, Status
+from dispatch._trainer import identity_env
 from dispatch.cli import EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
 
 from .cli_harness import Cli
@@ -99,7 +100,7 @@ def test_open_from_flags(cli: Cli) -> None:
     assert trainer["args"] == ["--epochs", "3"]
     assert trainer["numNodes"] == 1
     assert trainer["resourcesPerNode"]["requests"] == {"cpu": "2", "memory": "4Gi"}
-    assert trainer["env"] == [{"name": "A", "value": "1"}]
+    assert trainer["env"] == [{"name": "A", "value": "1"}, *identity_env()]  # then the identity, from the labels
     assert tj["metadata"]["labels"]["team"] == "ml"
 
 

@@ -40,9 +40,10 @@ from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector,
 from .. import _kube as k
 from .._names import CONTROLLER_NAME
 from ..errors import DispatchError, Refused
-from ._controller import ACTIVE_MESSAGE, ACTIVE_REASON, Config, Controller, default_identity
+from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON
+from ._controller import Config, Controller, default_identity
 from ._metrics import Metrics
-from ._reconcile import WAITING_PREFIX, Outcome, Reconciler, snapshot
+from ._reconcile import WAITING_PREFIX, Outcome, Reconciler
 
 __all__ = [
     "ACTIVE_MESSAGE",
@@ -57,7 +58,6 @@ __all__ = [
     "default_identity",
     "run",
     "run_from_cli",
-    "snapshot",
 ]
 
 
