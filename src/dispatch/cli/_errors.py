@@ -59,8 +59,35 @@ def explain(exc: DispatchError) -> tuple[str, str]:
             "retry once the pods have gone, or run `dispatch release --wait`; a pod on a lost node goes only "
             f"when an operator confirms the node is down and taints it {OUT_OF_SERVICE} (see `dispatch ceased`)"
         )
-    if exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower():
+    if exc.reason == "NoContext" or (
+        exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower()
+    ):
         return message, "pass --context with a context your kubeconfig defines, or omit it for the current one"
+    if exc.reason == "BadKubeconfig":
+        return message, (
+            "fix the kubeconfig entry named above (`kubectl config view` shows how it reads), or point "
+            "--kubeconfig or KUBECONFIG at a working one"
+        )
+    if exc.reason == "BadCertificate":
+        return message, (
+            "certificate data must be base64 of PEM (as `kubectl config view --raw` prints it), and files must "
+            "exist and hold PEM; fetch a fresh kubeconfig from your cluster's provider"
+        )
+    if exc.reason == "ExecCredential":
+        return message, (
+            "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it needs "
+            "that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same plugin"
+        )
+    if exc.reason == "NotKubernetesAPI" and isinstance(exc, Unreachable):
+        return message, (
+            "something in front of the API server (a proxy or load balancer) answered instead of it; this may be "
+            "temporary (exit code 3): retry, and check the kubeconfig's server URL if it persists"
+        )
+    if exc.reason == "NotKubernetesAPI":
+        return message, (
+            "the kubeconfig's server URL does not reach a Kubernetes API server (a proxy, portal or web server "
+            "answered): check the cluster's server in the kubeconfig, --context, and HTTPS_PROXY"
+        )
     if exc.reason == "NoKubeconfig":
         return message, (
             "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
