@@ -138,7 +138,7 @@ def error_for(method: str, path: str, response: httpx2.Response, *, list_call: b
     if not isinstance(body, Mapping):
         body = {}
     reason = str(body.get("reason") or "")
-    message = str(body.get("message") or response.text[:300] or f"HTTP {code}")
+    message = str(body.get("message") or " ".join(response.text[:300].split()) or f"HTTP {code}")
     causes = _decode_causes(body)
     verb = "list" if list_call else ("watch" if "watch=" in path else _VERB_WORDS.get(method, method.lower()))
     kw: dict[str, Any] = {"reason": reason, "code": code, "causes": causes}

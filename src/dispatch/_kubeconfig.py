@@ -90,7 +90,7 @@ class _Merged:
 # ------------------------------------------------------------------------------------------------ files
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
+def yaml_problem(exc: yaml.YAMLError) -> str:
     """A YAML error on one line (PyYAML's own message spans several)."""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     context = getattr(exc, "context", None)
@@ -111,7 +111,7 @@ def _read_file(path: Path, merged: _Merged) -> None:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise _bad(f"kubeconfig {path} is not valid YAML: {_yaml_problem(exc)}") from None
+        raise _bad(f"kubeconfig {path} is not valid YAML: {yaml_problem(exc)}") from None
     merged.files.append(path)
     if data is None:
         return  # an empty file is an empty config, as for kubectl

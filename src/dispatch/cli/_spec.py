@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from .._kubeconfig import yaml_problem
 from .._records import JobSpec
 
 # Spec file keys (camelCase, as in Kubernetes; snake_case is accepted too) -> JobSpec fields.
@@ -135,14 +136,6 @@ class _File:
         return {key: self.text(value, f"{field}.{key}") for key, value in self.mapping(node, field)}
 
 
-def _yaml_problem(exc: yaml.YAMLError) -> str:
-    """A YAML error on one line: what and where (PyYAML's own message spans several lines)."""
-    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or str(exc).splitlines()[0]
-    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-    return f"{problem}{where}"
-
-
 def load_spec_file(path: Path) -> dict[str, Any]:
     """Read a spec file into JobSpec keyword arguments; unknown keys are an error naming them.
 
@@ -160,7 +153,7 @@ def load_spec_file(path: Path) -> dict[str, Any]:
     try:
         root = loader.get_single_node()
     except yaml.YAMLError as exc:
-        raise SpecError(f"spec file {path} is not valid YAML: {_yaml_problem(exc)}") from exc
+        raise SpecError(f"spec file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     finally:
         loader.dispose()
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
