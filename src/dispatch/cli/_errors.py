@@ -34,7 +34,8 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 unexpected failure; 2 usage error; 3 retryable failure (Unreachable: "
     "API server unreachable, timeout, conflict, or PodsRemain: pods of the previous execution may still "
-    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only); "
+    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only, "
+    "an unusable kubeconfig, a server that is not the Kubernetes API); "
     "130 interrupted."
 )
 
