@@ -252,6 +252,8 @@ def _select(merged: _Merged, context: str | None) -> Connection:
     verify, has_tls = _ssl_context(cluster, user, kwhere, uwhere)
     server = _server(cluster.body, kwhere, default_tls=has_tls)
     proxy = _str(cluster.body, "proxy-url", kwhere)
+    if proxy is not None and urlsplit(proxy).scheme not in ("http", "https"):
+        raise _bad(f"{kwhere}.proxy-url {proxy!r}: dispatch supports http and https proxies only")
     auth = _auth(user, uwhere, cluster, server) if user is not None else None
     return Connection(server, verify, auth, namespace, proxy, f"{src}, context {name}")
 

@@ -144,11 +144,13 @@ def test_a_spec_file_that_is_not_utf8(cli: Cli, tmp_path: Path) -> None:
 
 def test_library_refusals_of_spec_file_values_exit_4_and_write_nothing(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
-    path.write_text(HEAD + "resourcesPerNode: {cpu: abc}\nenv: {MY VAR: x}\nlabels: {bad key: x}\n")
+    path.write_text(HEAD + "resourcesPerNode: {cpu: abc}\nenv: {MY VAR: x}\nlabels: {bad key: x}\n"
+                    "terminationGracePeriodSeconds: -1\n")
     result = cli("open", "-f", str(path))
     assert result.exit_code == EXIT_REFUSED
     err = one_line(result.stderr)
-    for field in ("resources_per_node[cpu]", "env[MY VAR]", "labels[bad key]"):
+    for field in ("resources_per_node[cpu]", "env[MY VAR]", "labels[bad key]",
+                  "termination_grace_period_seconds: must not be negative (got -1)"):
         assert field in err
     assert cli.cluster.server.requests == []
 

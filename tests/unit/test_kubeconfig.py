@@ -136,6 +136,8 @@ CORPUS: list[tuple[str, str | Callable[[Path], str], str, str]] = [
     ("impersonation", config(user={"token": "t", "as": "bob"}), "BadKubeconfig", "as (impersonation) is not supported"),
     ("tls-server-name", config({"server": SERVER, "tls-server-name": "api.internal"}), "BadKubeconfig",
      "tls-server-name is not supported"),
+    ("socks-proxy", config({"server": SERVER, "proxy-url": "socks5://127.0.0.1:1080"}), "BadKubeconfig",
+     "supports http and https proxies only"),
 ]
 
 
@@ -279,7 +281,9 @@ def test_relative_paths_resolve_against_the_file_and_a_bare_host_gets_https(tmp_
                            {"client-certificate": "c.crt", "client-key": "c.key"}))
     conn = kc.load(path)
     assert conn.server == "https://127.0.0.1:6443"
-    assert conn.auth is None
+    assert conn.auth is None and conn.proxy is None
+    path.write_text(config({"server": "http://api:8080", "proxy-url": "http://proxy:3128"}))
+    assert (kc.load(path).server, kc.load(path).proxy) == ("http://api:8080", "http://proxy:3128")
     data = tmp_path / "data-config"
     data.write_text(config({"server": "https://127.0.0.1:6443", "certificate-authority-data": b64(
         (pki / "ca.crt").read_bytes())}, {"client-certificate-data": b64((pki / "admin.crt").read_bytes()),

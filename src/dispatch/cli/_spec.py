@@ -60,7 +60,8 @@ class SpecError(ValueError):
 _NULL = "tag:yaml.org,2002:null"
 _MERGE = "tag:yaml.org,2002:merge"
 _INT_FIELDS = ("num_nodes", "termination_grace_period_seconds")
-_DECIMAL = re.compile(r"^(0|[1-9][0-9]*)$")
+_DECIMAL = re.compile(r"^-?(0|[1-9][0-9]*)$")
+"""A plain decimal integer; the library says why a negative one is refused."""
 
 
 class _File:
@@ -113,7 +114,7 @@ class _File:
     def integer(self, node: yaml.Node, field: str) -> int:
         if (isinstance(node, yaml.ScalarNode) and node.style is None and _DECIMAL.match(node.value)):
             return int(node.value)
-        if isinstance(node, yaml.ScalarNode) and node.style is None and re.match(r"^0[0-9]+$", node.value):
+        if isinstance(node, yaml.ScalarNode) and node.style is None and re.match(r"^-?0[0-9]+$", node.value):
             raise SpecError(
                 f"{self.where(node, field)} must be an integer: {node.value} has a leading zero, which YAML 1.1 "
                 f"reads as octal ({int(node.value, 8)}); write it without the zero"
