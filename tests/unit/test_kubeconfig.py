@@ -301,6 +301,7 @@ class Served:
     url: str
     seen: list[tuple[str, str]] = field(default_factory=list)
     reply_401: int = 0
+    reply_404: bool = False
 
 
 def _serve(tls: ssl.SSLContext | None) -> Iterator[Served]:
@@ -312,6 +313,10 @@ def _serve(tls: ssl.SSLContext | None) -> Iterator[Served]:
             if served.reply_401 > 0:
                 served.reply_401 -= 1
                 code, body = 401, {"kind": "Status", "code": 401, "reason": "Unauthorized", "message": "no"}
+            elif served.reply_404:
+                name = self.path.rsplit("/", 1)[-1]
+                code, body = 404, {"kind": "Status", "code": 404, "reason": "NotFound",
+                                   "message": f"trainjobs.trainer.kubeflow.org {name!r} not found"}
             else:
                 code, body = 200, {"kind": "Pod", "metadata": {"name": "x"}}
             data = json.dumps(body).encode()
@@ -457,3 +462,20 @@ def test_a_missing_exec_plugin_is_one_line_with_its_install_hint_and_exit_4(tmp_
     assert "was not found; its install hint: Install it with: pip install something" in lines[0]
     assert lines[1].startswith("hint: install the credential plugin")
     assert plain_server.seen == []
+
+
+def test_the_cli_uses_a_kubeconfig_list(tmp_path: Path, plain_server: Served) -> None:
+    """``KUBECONFIG=a:b`` once gave "does not exist"; now the merged context reaches its server."""
+    plain_server.reply_404 = True
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_text(yaml.safe_dump({"clusters": [{"name": "c", "cluster": {"server": plain_server.url}}],
+                                     "users": [{"name": "u", "user": {"token": "from-first"}}]}))
+    second.write_text(config({"server": "http://127.0.0.1:1"}, {"token": "from-second"},
+                             top={"contexts": [{"name": "a", "context": {"cluster": "c", "user": "u",
+                                                                          "namespace": "team"}}]}))
+    result = CliRunner().invoke(app, ["status", "llama-s1"], env={
+        "COLUMNS": "250", "KUBECONFIG": f"{tmp_path / 'missing'}{os.pathsep}{first}{os.pathsep}{second}"})
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert "trainjob llama-s1 not found in namespace team" in result.stderr
+    assert plain_server.seen == [("/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/llama-s1",
+                                  "Bearer from-first")]
