@@ -26,6 +26,7 @@ from . import _names as n
 from . import _trainer as tr
 from ._core import Core, Target
 from ._records import Cessation, Identity, JobSpec, RemainingPod, State, Status
+from ._validate import validate_spec as validate_spec
 from ._views import JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
 from .errors import (
     FieldCause,
@@ -39,56 +40,6 @@ from .errors import (
 )
 
 T = TypeVar("T")
-
-
-def validate_spec(spec: JobSpec) -> str:
-    """Check every field of ``spec``; return the TrainJob name. Raises InvalidInput naming each bad field."""
-    problems: list[FieldCause] = []
-    for field, value in (("job_id", spec.job_id), ("submission", spec.submission)):
-        if not value:
-            problems.append(FieldCause(field, "must not be empty", "FieldValueRequired"))
-            continue
-        problem = n.label_value_problem(value)
-        if problem:
-            problems.append(FieldCause(field, f"{value!r} is not a valid label value: {problem}",
-                                       "FieldValueInvalid"))
-    name = spec.name or n.derive_name(spec.job_id, spec.submission)
-    problem = n.dns1035_problem(name)
-    if problem and not any(p.field in ("job_id", "submission") for p in problems):
-        hint = "" if spec.name else " (derived as <job_id>-<submission>; pass name= to choose another)"
-        problems.append(FieldCause("name", f"{name!r} is not a valid TrainJob name: {problem}{hint}",
-                                   "FieldValueInvalid"))
-    rproblem = n.dns1123_subdomain_problem(spec.runtime)
-    if rproblem:
-        problems.append(FieldCause("runtime", f"{spec.runtime!r} {rproblem}", "FieldValueInvalid"))
-    if spec.runtime_kind not in ("ClusterTrainingRuntime", "TrainingRuntime"):
-        problems.append(FieldCause("runtime_kind", "must be ClusterTrainingRuntime or TrainingRuntime",
-                                   "FieldValueNotSupported"))
-    if spec.num_nodes is not None and spec.num_nodes < 1:
-        problems.append(FieldCause("num_nodes", f"must be at least 1 (got {spec.num_nodes})",
-                                   "FieldValueInvalid"))
-    if spec.queue is not None:
-        qproblem = n.dns1123_subdomain_problem(spec.queue)
-        if qproblem:
-            problems.append(FieldCause("queue", f"{spec.queue!r} {qproblem}", "FieldValueInvalid"))
-    if spec.priority_class is not None and n.dns1123_subdomain_problem(spec.priority_class):
-        problems.append(FieldCause("priority_class", f"{spec.priority_class!r} is not a valid name",
-                                   "FieldValueInvalid"))
-    if spec.termination_grace_period_seconds is not None and spec.termination_grace_period_seconds < 0:
-        problems.append(FieldCause("termination_grace_period_seconds", "must not be negative",
-                                   "FieldValueInvalid"))
-    for key, value in spec.labels.items():
-        if key.startswith(n.DOMAIN + "/"):
-            problems.append(FieldCause(f"labels[{key}]", "is reserved for dispatch", "FieldValueForbidden"))
-        elif n.label_value_problem(value):
-            problems.append(FieldCause(f"labels[{key}]", f"{value!r} is not a valid label value",
-                                       "FieldValueInvalid"))
-    for key in spec.resources_per_node:
-        if not key:
-            problems.append(FieldCause("resources_per_node", "resource names must not be empty",
-                                       "FieldValueInvalid"))
-    n.check(problems)
-    return name
 
 
 class AsyncAdapter:

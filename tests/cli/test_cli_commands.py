@@ -258,7 +258,7 @@ def test_release_wait_retries_until_the_pods_go(cli: Cli, running: Callable[[], 
     cli.cluster.settle()
     pod = cli.cluster.pods(name)[0]["metadata"]["name"]
     cli.stepping(2.0)  # the grace period (30s) passes as the CLI polls
-    result = cli("-o", "json", "release", name, "--wait", "--interval", "0", "--timeout", "60")
+    result = cli("-o", "json", "release", name, "--wait", "--interval", "0.1", "--timeout", "60")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["identity"]["admission"] == 2
     err = " ".join(result.stderr.split())
@@ -274,7 +274,7 @@ def test_release_wait_times_out_with_exit_3(cli: Cli, running: Callable[[], str]
     cli.cluster.freeze_node(node)
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
-    result = cli("release", name, "--wait", "--interval", "0.05", "--timeout", "0.3")
+    result = cli("release", name, "--wait", "--interval", "0.1", "--timeout", "0.3")
     assert result.exit_code == EXIT_RETRY
     err = " ".join(result.stderr.split())
     assert "timed out after 0.3s" in err
@@ -286,13 +286,13 @@ def test_release_wait_times_out_with_exit_3(cli: Cli, running: Callable[[], str]
 def test_release_wait_retries_connection_failures(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     cli.cluster.server.inject(status="connect", times=4)
-    result = cli("release", "llama-s1", "--wait", "--interval", "0", "--timeout", "30")
+    result = cli("release", "llama-s1", "--wait", "--interval", "0.1", "--timeout", "30")
     assert result.exit_code == 0, result.output
     assert "A=1" in result.stdout
 
 
 def test_release_wait_stops_at_a_refusal(cli: Cli) -> None:
-    result = cli("release", "nothere", "--wait", "--interval", "0", "--timeout", "30")
+    result = cli("release", "nothere", "--wait", "--interval", "0.1", "--timeout", "30")
     assert result.exit_code == EXIT_REFUSED
     assert "not found" in result.stderr
 
@@ -472,14 +472,14 @@ def test_ceased_works_read_only(cli: Cli, running: Callable[[], str]) -> None:
 def test_wait_for_running(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     assert cli("release", "llama-s1").exit_code == 0
-    data = cli.json("wait", "llama-s1", "--for", "Running", "--timeout", "5", "--interval", "0")
+    data = cli.json("wait", "llama-s1", "--for", "Running", "--timeout", "5", "--interval", "0.1")
     assert data["state"] == "Running"
 
 
 def test_wait_times_out_with_exit_3(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     result = cli("wait", "llama-s1", "--for", "running", "--for", "succeeded", "--timeout", "0.2",
-                 "--interval", "0.05")
+                 "--interval", "0.1")
     assert result.exit_code == EXIT_RETRY
     assert "timed out" in result.stderr
     assert "llama-s1: Held: Held: hold in force" in result.stderr  # progress line

@@ -29,6 +29,7 @@ from ._output import (
 from ._release import release_once, release_wait
 from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, parse_pairs
 from ._state import CliState, Output, Settings
+from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT
 
 HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
 
@@ -90,9 +91,8 @@ def root(
         str | None,
         typer.Option(
             "--kubeconfig",
-            envvar="KUBECONFIG",
-            show_envvar=True,
-            help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).",
+            help="Kubeconfig file (default: the KUBECONFIG list, merged as kubectl merges it; then "
+            "~/.kube/config; then in-cluster).",
         ),
     ] = None,
     context: Annotated[str | None, typer.Option("--context", help="Kubeconfig context to use.")] = None,
@@ -165,24 +165,38 @@ def open_(
             "--resource",
             "-r",
             metavar="KEY=VALUE",
-            help="Resources per node, KEY=VALUE (repeatable): -r cpu=2 -r memory=4Gi.",
+            help="Resources per node, KEY=VALUE, comma-separated or repeated: -r cpu=2,memory=4Gi.",
         ),
     ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Trainer environment, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--env", "-e", metavar="KEY=VALUE",
+            help="Trainer environment variable, one KEY=VALUE per flag (repeatable); the value is taken whole, "
+            "commas and '=' included: -e CUDA_VISIBLE_DEVICES=0,1.",
+        ),
     ] = None,
     label: Annotated[
         list[str] | None,
-        typer.Option("--label", "-l", metavar="KEY=VALUE", help="Extra TrainJob label, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--label", "-l", metavar="KEY=VALUE",
+            help="Extra TrainJob label, KEY=VALUE, comma-separated or repeated: -l team=ml,tier=gold.",
+        ),
     ] = None,
     node_selector: Annotated[
         list[str] | None,
-        typer.Option("--node-selector", metavar="KEY=VALUE", help="Pods' node selector, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--node-selector", metavar="KEY=VALUE",
+            help="Pods' node selector, KEY=VALUE, comma-separated or repeated: --node-selector zone=a,gpu=a100.",
+        ),
     ] = None,
     pod_annotation: Annotated[
         list[str] | None,
-        typer.Option("--pod-annotation", metavar="KEY=VALUE", help="Annotation on every pod, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--pod-annotation", metavar="KEY=VALUE",
+            help="Annotation on every pod, one KEY=VALUE per flag (repeatable); the value is taken whole, commas "
+            "included.",
+        ),
     ] = None,
     queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue (Kueue mode).")] = None,
     priority: Annotated[str | None, typer.Option("--priority", help="Kueue WorkloadPriorityClass.")] = None,
@@ -251,10 +265,12 @@ def release(
         ),
     ] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="With --wait: give up after seconds.")
+        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
+                            help=f"With --wait: give up after seconds ({TIMEOUT.range}).")
     ] = 600.0,
     interval: Annotated[
-        float, typer.Option("--interval", min=0, metavar="SECONDS", help="With --wait: seconds between attempts.")
+        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
+                            help=f"With --wait: seconds between attempts ({INTERVAL.range}).")
     ] = 2.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -378,10 +394,12 @@ def wait(
         ),
     ],
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="Give up after seconds (exit 3).")
+        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
+                            help=f"Give up after seconds, then exit 3 ({TIMEOUT.range}).")
     ] = 600.0,
     interval: Annotated[
-        float, typer.Option("--interval", min=0, metavar="SECONDS", help="Seconds between polls.")
+        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
+                            help=f"Seconds between polls ({INTERVAL.range}).")
     ] = 1.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -426,7 +444,8 @@ def logs(
 def controller(
     ctx: typer.Context,
     metrics_port: Annotated[
-        int, typer.Option("--metrics-port", min=0, help="Port of /healthz, /readyz and /metrics (0: any free).")
+        int, typer.Option("--metrics-port", min=0, max=65535,
+                          help="Port of /healthz, /readyz and /metrics (0: any free).")
     ] = 8080,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
@@ -447,8 +466,9 @@ def controller(
     ] = 64,
     resync_seconds: Annotated[
         float,
-        typer.Option("--resync-seconds", min=1, metavar="SECONDS",
-                     help="Re-check waiting Workloads this often even without an event (a safety net), seconds."),
+        typer.Option("--resync-seconds", metavar="SECONDS", callback=RESYNC,
+                     help="Re-check waiting Workloads this often even without an event (a safety net), "
+                     f"seconds ({RESYNC.range})."),
     ] = 60.0,
     foreign: Annotated[
         str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
@@ -623,7 +643,8 @@ def demo(
     step_timeout: Annotated[
         float,
         typer.Option(
-            "--step-timeout", min=1, metavar="SECONDS", help="Seconds each step may take before the demo fails."
+            "--step-timeout", metavar="SECONDS", callback=STEP_TIMEOUT,
+            help=f"Seconds each step may take before the demo fails ({STEP_TIMEOUT.range})."
         ),
     ] = 120.0,
 ) -> None:
