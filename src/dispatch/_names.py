@@ -11,12 +11,18 @@ from .errors import FieldCause, InvalidInput
 
 DOMAIN = "dispatch.phpboyscout.uk"
 LABEL_JOB_ID = f"{DOMAIN}/job-id"
+"""On the TrainJob and every pod: the logical job. With the submission, one of the rule's two selections."""
 LABEL_SUBMISSION = f"{DOMAIN}/submission"
+"""On the TrainJob and every pod: the submission, so each submission's pods are found by label."""
 LABEL_ADMISSION = f"{DOMAIN}/admission"
+"""On every pod: the A of the execution it belongs to, so a process (and the next A) can tell."""
 ANNOTATION_ADMISSION = f"{DOMAIN}/admission"
+"""On the TrainJob: its current A (0 before the first admission)."""
 PATCH_MANAGER = f"{DOMAIN}/dispatch"
+"""The ``manager`` of dispatch's own entry in a TrainJob's ``spec.runtimePatches``."""
 FIELD_MANAGER = "dispatch"
 CONTROLLER_NAME = f"{DOMAIN}/admission"
+"""The ``spec.controllerName`` of the Kueue AdmissionChecks dispatch's controller owns."""
 LEDGER_NAME = "dispatch-admissions"
 """The namespace's ConfigMap remembering each submission's highest A, so a closed and re-opened
 submission never reuses an execution identity."""
