@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import doctest
+import functools
 import importlib
 import re
 import shlex
@@ -151,9 +152,18 @@ def alternatives(line: str) -> list[list[str]]:
     return [words[1:]]
 
 
+@functools.cache
+def root_command() -> Any:
+    """The click command typer builds from the app (typer's own copy of click: typed loosely)."""
+    return typer.main.get_command(app)
+
+
 def parse_command(argv: list[str], where: str) -> None:
-    """Resolve the command path and parse every option with the real parser; nothing is invoked."""
-    cmd: Any = typer.main.get_command(app)  # typer's own copy of click: a group has resolve_command
+    """Resolve the command path and parse every option with the real parser; nothing is invoked.
+
+    A group is whatever has ``resolve_command``.
+    """
+    cmd = root_command()
     ctx = cmd.make_context("dispatch", list(argv))
     while hasattr(cmd, "resolve_command"):
         rest = [*ctx._protected_args, *ctx.args]
