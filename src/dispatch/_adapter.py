@@ -269,6 +269,9 @@ class AsyncAdapter:
         try:
             runtime = await self._kube.get(res, spec.runtime)
         except NotFound as exc:
+            if any(t in exc.message for t in ("could not find the requested resource", "404 page not found")):
+                raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
+                               reason=exc.reason, code=exc.code) from exc
             raise NotFound(
                 f"{spec.runtime_kind} {spec.runtime} not found"
                 + (" in namespace " + self.namespace if res.namespaced else ""),

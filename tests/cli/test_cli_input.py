@@ -44,13 +44,13 @@ HEAD = "jobId: llama\nsubmission: s1\n"
 # (spec file body after jobId/submission, where to look in the TrainJob, the value expected there)
 AS_WRITTEN: list[tuple[str, Callable[[dict[str, Any]], Any], Any]] = [
     ("env: {A: true, B: 1.10, C: 010, D: on, E: no, F: 0x1F, G: 1e3, H: 2001-12-14, I: .inf, J: 1_000}\n",
-     lambda tj: {e["name"]: e["value"] for e in tj["spec"]["trainer"]["env"]},
+     lambda tj: {e["name"]: e["value"] for e in tj["spec"]["trainer"]["env"] if "value" in e},
      {"A": "true", "B": "1.10", "C": "010", "D": "on", "E": "no", "F": "0x1F", "G": "1e3", "H": "2001-12-14",
       "I": ".inf", "J": "1_000"}),
     ("env:\n  on: 1\n  yes: 2\n  'true': 3\n",
-     lambda tj: [e["name"] for e in tj["spec"]["trainer"]["env"]], ["on", "yes", "true"]),
+     lambda tj: [e["name"] for e in tj["spec"]["trainer"]["env"] if "value" in e], ["on", "yes", "true"]),
     ("env: {Q: \"quoted \\\"x\\\"\", S: 'single', E: \"\", T: text   # a comment\n}\n",
-     lambda tj: {e["name"]: e["value"] for e in tj["spec"]["trainer"]["env"]},
+     lambda tj: {e["name"]: e["value"] for e in tj["spec"]["trainer"]["env"] if "value" in e},
      {"Q": 'quoted "x"', "S": "single", "E": "", "T": "text"}),
     ("env:\n  SCRIPT: |\n    line one\n    line two\n",
      lambda tj: tj["spec"]["trainer"]["env"][0]["value"], "line one\nline two\n"),
@@ -68,7 +68,7 @@ AS_WRITTEN: list[tuple[str, Callable[[dict[str, Any]], Any], Any]] = [
      lambda tj: (template(tj)["spec"]["nodeSelector"], template(tj)["metadata"]["annotations"]),
      ({"gpu": "true"}, {"example.com/n": "1.10"})),
     ("numNodes: 2\nterminationGracePeriodSeconds: 0\n", lambda tj: tj["spec"]["trainer"]["numNodes"], 2),
-    ("image:\nqueue: ~\n", lambda tj: "trainer" in tj["spec"], False),  # empty top-level values: not given
+    ("image:\nqueue: ~\n", lambda tj: set(tj["spec"]["trainer"]), {"env"}),  # empty top-level values: not given
     ("env: &e {A: '1', B: x}\npodAnnotations:\n  <<: *e\n  B: y\n",  # a merge key; the mapping's own B wins
      lambda tj: template(tj)["metadata"]["annotations"], {"A": "1", "B": "y"}),
 ]
@@ -164,7 +164,7 @@ def test_env_and_pod_annotation_take_one_pair_per_flag_and_keep_commas(cli: Cli)
                  "--pod-annotation", "example.com/hosts=a,b", "--pod-annotation", "example.com/eq=x=y")
     assert result.exit_code == 0, result.output
     tj = trainjob(cli)
-    assert tj["spec"]["trainer"]["env"] == [
+    assert [e for e in tj["spec"]["trainer"]["env"] if "value" in e] == [
         {"name": "CUDA_VISIBLE_DEVICES", "value": "0,1"}, {"name": "URLS", "value": "http://a,B=c"},
         {"name": "EMPTY", "value": ""}, {"name": "SPACED", "value": " x "},
     ]
