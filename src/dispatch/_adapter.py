@@ -366,6 +366,11 @@ class AsyncAdapter:
         self._writer("close")
         tj = await self.core.trainjob_or_none(name)
         if tj is None:
+            claims = [r for r in await self.core.claims_of(name) if not r.trainjob_uid]
+            for claim in claims:  # an open that claimed its submission and never created the TrainJob
+                await self.core.unclaim(claim)
+            if claims:
+                return ()
             raise NotFound(f"trainjob {name} not found in namespace {self.namespace}", reason="NotFound", code=404)
         target = Target.of(tj)
         snap = await self.core.read_one(target, lower=False)
@@ -374,16 +379,32 @@ class AsyncAdapter:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:
                 await self.core.unclaim(record, admission=d.carried(tj, mine))
-            elif record is None and d.carried(tj, mine) > 0:
-                await self.core.issue(None, tj, d.carried(tj, mine), "")
-                held = await self.core.record(tj.job_id, tj.submission)
-                if held is not None:
-                    await self.core.unclaim(held)
+            elif record is None and d.carried(tj, mine) > 0:  # opened before records: keep its A
+                await self.core.unclaim(await self.core.issue(None, tj, d.carried(tj, mine), ""))
         try:
             await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
         except NotFound:
             pass
         return d.remaining(mine, snap.nodes)
+
+    # ------------------------------------------------------------------ admin
+
+    async def forget(self, job_id: str, submission: str) -> bool:
+        """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
+
+        Only for a submission no process of which can still run and whose old A nothing fences on any
+        more: after it, a re-opened submission may reuse numbers. Refused while a TrainJob holds it."""
+        self._writer("forget")
+        n.check([FieldCause(f, f"{v!r} is not a valid label value", "FieldValueInvalid")
+                 for f, v in (("job_id", job_id), ("submission", submission))
+                 if not v or n.label_value_problem(v)])
+        return await self.core.forget(job_id, submission) is not None
+
+    async def migrate(self) -> tuple[int, int]:
+        """Fold the old ``dispatch-admissions`` ledger and every dispatch TrainJob's A into identity
+        records, then delete the ledger (needs ``dispatch-admin``). Returns (created, raised)."""
+        self._writer("migrate")
+        return await self.core.migrate()
 
     # ------------------------------------------------------------------ waiting and logs
 
@@ -511,6 +532,12 @@ class Adapter:
              interval: float = 1.0, on_status: Callable[[Status], None] | None = None) -> Status:
         return self._run(self._core.wait(name, states, timeout=timeout, interval=interval,
                                          on_status=on_status))
+
+    def forget(self, job_id: str, submission: str) -> bool:
+        return self._run(self._core.forget(job_id, submission))
+
+    def migrate(self) -> tuple[int, int]:
+        return self._run(self._core.migrate())
 
     def logs(self, name: str, *, node: int = 0, follow: bool = False) -> Iterator[str]:
         agen = self._core.logs(name, node=node, follow=follow)

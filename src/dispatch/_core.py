@@ -295,6 +295,61 @@ class Core:
                 return  # someone else holds it now
         raise Unreachable(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
 
+    async def claims_of(self, trainjob: str) -> list[ident.RecordView]:
+        """Records held by ``trainjob`` (by their holder label): a claim whose TrainJob may not exist."""
+        try:
+            found = await self.kube.list(api.SUBMISSION_RECORDS, labels=f"{ident.LABEL_HOLDER}={trainjob}")
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+        return [r for r in map(ident.RecordView.from_obj, found.items) if r.trainjob == trainjob]
+
+    async def forget(self, job_id: str, submission: str) -> ident.RecordView | None:
+        """Delete a submission's record (an admin's decision: the submission then counts from 1 again).
+        Refused while a TrainJob holds it."""
+        record = await self.record(job_id, submission)
+        if record is None:
+            return None
+        holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
+        if holder is not None:
+            raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
+                          reason="InUse")
+        await self.kube.delete(api.SUBMISSION_RECORDS, record.name, uid=record.ref.uid or None)
+        return record
+
+    async def migrate(self) -> tuple[int, int]:
+        """Fold the old namespace ledger and every dispatch TrainJob's A into identity records, then delete
+        the ledger. Returns (records created, records raised). Safe to run again; never lowers a record."""
+        wanted: dict[tuple[str, str], tuple[int, str]] = {}
+        ledger = await self.kube.get_or_none(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        data = ledger.get("data") if ledger is not None else None
+        for key, value in (data.items() if isinstance(data, dict) else []):
+            pair = ident.parse_legacy_key(str(key))
+            count = parse_count(value)
+            if pair is None or count is None:
+                raise Refused(f"the old ledger {ident.LEGACY_LEDGER} has an entry {str(key)[:60]!r}="
+                              f"{str(value)[:20]!r} that does not parse; fix or remove it, then migrate again",
+                              reason="RecordInvalid")
+            wanted[pair] = (max(count, wanted.get(pair, (0, ""))[0]), "")
+        for obj in (await self.kube.list(api.TRAINJOBS, labels=n.LABEL_JOB_ID)).items:
+            tj = tr.TrainJobView.from_obj(obj)
+            if tj.labelled:
+                best = max(tj.admission, tj.patch_admission, wanted.get((tj.job_id, tj.submission), (0, ""))[0])
+                wanted[(tj.job_id, tj.submission)] = (best, tj.name)
+        created = raised = 0
+        for (job_id, submission), (admission, holder) in sorted(wanted.items()):
+            record = await self.record(job_id, submission)
+            if record is None:
+                await self._create_record(ident.new_record(job_id, submission, holder, admission=admission))
+                created += 1
+            elif record.admission < admission:
+                await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
+                                            {"metadata": {"resourceVersion": record.ref.resource_version},
+                                             "spec": {"admission": admission}})
+                raised += 1
+        if ledger is not None:
+            await self.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        return created, raised
+
     async def issue(self, record: ident.RecordView | None, tj: tr.TrainJobView, admission: int,
                     token: str) -> ident.RecordView:
         """Issue A in the record (creating it for an object that has none and never ran), bound to the

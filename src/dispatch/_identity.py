@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _api as api
-from ._names import LABEL_JOB_ID, LABEL_SUBMISSION
+from ._names import DOMAIN, LABEL_JOB_ID, LABEL_SUBMISSION
 from ._views import Ref, mapping, parse_count, text
 
 Obj = dict[str, Any]
@@ -31,6 +31,9 @@ RECORDS = api.SUBMISSION_RECORDS
 LEGACY_LEDGER = "dispatch-admissions"
 """The namespace ConfigMap that recorded A before records existed; ``dispatch admin migrate`` folds it in."""
 TOKEN_LIMIT = 128
+LABEL_HOLDER = f"{DOMAIN}/trainjob"
+"""On a record: the TrainJob that holds the submission, so ``close NAME`` finds a claim whose TrainJob was
+never created."""
 
 
 def record_name(job_id: str, submission: str) -> str:
@@ -42,6 +45,15 @@ def record_name(job_id: str, submission: str) -> str:
 def legacy_key(job_id: str, submission: str) -> str:
     """The old ledger's key of a submission (kept to migrate it)."""
     return f"{len(job_id)}.{job_id}.{submission}"
+
+
+def parse_legacy_key(key: str) -> tuple[str, str] | None:
+    """(job-id, submission) of an old ledger key ``<len>.<job-id>.<submission>``, or None."""
+    head, _, rest = key.partition(".")
+    size = parse_count(head)
+    if size is None or len(rest) < size + 2 or rest[size] != ".":
+        return None
+    return rest[:size], rest[size + 1:]
 
 
 @dataclass(frozen=True)
@@ -92,7 +104,7 @@ def new_record(job_id: str, submission: str, trainjob: str, *, admission: int = 
         "kind": RECORDS.kind,
         "metadata": {
             "name": record_name(job_id, submission),
-            "labels": {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission,
+            "labels": {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission, LABEL_HOLDER: trainjob,
                        "app.kubernetes.io/managed-by": "dispatch"},
         },
         "spec": {"jobId": job_id, "submission": submission, "admission": admission, "token": "",
@@ -102,7 +114,7 @@ def new_record(job_id: str, submission: str, trainjob: str, *, admission: int = 
 
 def raise_patch(record: RecordView, admission: int, token: str, trainjob: str, uid: str) -> Obj:
     """A issued to ``trainjob``, conditioned on the record's resourceVersion (a concurrent issue is a 409)."""
-    return {"metadata": {"resourceVersion": record.ref.resource_version},
+    return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
             "spec": {"admission": admission, "token": token[:TOKEN_LIMIT], "trainJob": {"name": trainjob, "uid": uid}}}
 
 
@@ -111,4 +123,5 @@ def holder_patch(record: RecordView, trainjob: str, *, admission: int | None = N
     spec: Obj = {"trainJob": {"name": trainjob, "uid": ""}}
     if admission is not None and admission > record.admission:
         spec["admission"] = admission
-    return {"metadata": {"resourceVersion": record.ref.resource_version}, "spec": spec}
+    return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
+            "spec": spec}

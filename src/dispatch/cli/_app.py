@@ -322,6 +322,57 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
     emit(state, {"name": name, "closed": True, "remaining": [pod_dict(p) for p in remaining]}, human)
 
 
+# ------------------------------------------------------------------------------------------ admin
+
+admin_app = typer.Typer(
+    help="Identity-record administration (needs the dispatch-admin role).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(admin_app, name="admin")
+
+
+@admin_app.command("forget", epilog=EXIT_CODES_HELP)
+def admin_forget(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID")],
+    submission: Annotated[str, typer.Argument(metavar="SUBMISSION")],
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the submission counts from A=1 again.")] = False,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Delete a submission's identity record, so a re-opened submission counts from A=1 again.
+
+    Only once no process of it can run and nothing fences on its old admission numbers. Refused while a
+    TrainJob holds the submission.
+    """
+    state = _state(ctx, output, namespace)
+    if not yes:
+        raise typer.BadParameter("forgetting a submission lets it reuse admission numbers; pass --yes to confirm",
+                                 param_hint="--yes")
+    with guard(state):
+        forgotten = state.adapter().forget(job_id, submission)
+
+    def human() -> None:
+        state.out.print(f"forgot {escape(job_id)}/{escape(submission)}" if forgotten
+                        else f"{escape(job_id)}/{escape(submission)} has no identity record")
+
+    emit(state, {"jobId": job_id, "submission": submission, "forgotten": forgotten}, human)
+
+
+@admin_app.command("migrate", epilog=EXIT_CODES_HELP)
+def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Fold the old dispatch-admissions ConfigMap and every dispatch TrainJob's A into identity records.
+
+    Run it once per namespace after upgrading from a version without records; safe to run again.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        created, raised = state.adapter().migrate()
+    emit(state, {"created": created, "raised": raised},
+         lambda: state.out.print(f"identity records: {created} created, {raised} raised"))
+
+
 # ------------------------------------------------------------------------------------------ status etc.
 
 
