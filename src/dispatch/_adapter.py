@@ -117,11 +117,12 @@ class AsyncAdapter:
             return self._status(tj, None)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
-        workload = await self.core.workload_of(tj) if tj.queue else None
+        workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
         check = None
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
-        return self._status(tj, verdict, check, d.workload_note(workload))
+        return self._status(tj, verdict, check, d.workload_note(workload),
+                            kueue=workload is not None or bool(tj.queue))
 
     async def find(
         self,

@@ -99,16 +99,19 @@ class Verdict:
 
 
 def _job_blocker(job: JobView) -> str | None:
-    """A child Job that could still start pods: not suspended, or its suspension not yet acted on."""
+    """A child Job that could still start pods: not suspended, or its suspension not yet acted on.
+
+    ``spec.suspend: true`` alone proves nothing: a Job unsuspended and suspended again before the Job
+    controller synced it looks exactly like that, and the controller may still create pods from its
+    cached copy after dispatch's read. Only the Job controller's own ``Suspended`` condition does.
+    """
     if job.finished:
         return None
     if not job.suspended:
         return f"job {job.name} is not suspended yet"
     if job.suspended_confirmed:
         return None
-    if job.started:
-        return f"job {job.name} has not confirmed its suspension yet"
-    return None
+    return f"job {job.name} has not confirmed its suspension yet"
 
 
 def decide(
