@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import shlex
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -589,7 +590,7 @@ def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
     state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     if "root" in str(exc).lower() or isinstance(exc, PermissionError):
         state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
-    elif "go" in str(exc).lower():
+    elif shutil.which("go") is None:
         state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
     return typer.Exit(EXIT_FAILURE)
 
