@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import shlex
 import shutil
 from pathlib import Path
@@ -14,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from .._names import CONTROLLER_NAME
 from .._records import State, Status
+from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
 from ._output import (
     emit,
@@ -498,37 +497,36 @@ def controller(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", min=0, max=65535,
                           help="Port of /healthz, /readyz and /metrics (0: any free).")
-    ] = 8080,
+    ] = METRICS_PORT,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
     ] = True,
     lease_namespace: Annotated[
         str, typer.Option("--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the Lease.")
-    ] = "dispatch-system",
-    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = (
-        "dispatch-admission-controller"
-    ),
+    ] = DEFAULTS.lease_namespace,
+    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = DEFAULTS.lease_name,
     identity: Annotated[
         str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = (
+        DEFAULTS.workers),
     batch: Annotated[
         int, typer.Option("--batch", min=1,
                           help="Decide up to this many queued Workloads of one namespace from one shared read.")
-    ] = 64,
+    ] = DEFAULTS.batch,
     resync_seconds: Annotated[
         float,
         typer.Option("--resync-seconds", metavar="SECONDS", callback=RESYNC,
                      help="Re-check waiting Workloads this often even without an event (a safety net), "
                      f"seconds ({RESYNC.range})."),
-    ] = 60.0,
+    ] = DEFAULTS.resync_seconds,
     foreign: Annotated[
         str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
-    ] = "ready",
+    ] = DEFAULTS.foreign,
     controller_name: Annotated[
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
-    ] = CONTROLLER_NAME,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    ] = DEFAULTS.controller_name,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -540,24 +538,9 @@ def controller(
     check Pending naming the pods that remain, or raises A and sets it Ready.
     """
     state = _state(ctx)
-    try:
-        module = importlib.import_module("dispatch.controller")
-    except ModuleNotFoundError as exc:
-        if exc.name != "dispatch.controller":
-            raise
-        module = None
-    entry = getattr(module, "run_from_cli", None)
-    if entry is None or not callable(entry):
-        state.err.print(
-            "[bold red]error:[/] the admission-check controller is not part of this installation "
-            "(dispatch.controller.run_from_cli is missing)",
-            highlight=False,
-        )
-        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
-        raise typer.Exit(EXIT_FAILURE)
     s = state.settings
     with guard(state):
-        result = entry(
+        result = run_from_cli(
             kubeconfig=s.kubeconfig,
             context=s.context,
             namespace=namespace or s.namespace,
