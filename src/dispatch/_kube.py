@@ -293,11 +293,39 @@ class Kube:
         exact: bool = False,
         all_namespaces: bool = False,
     ) -> ListResult:
-        """One consistent list, following ``continue`` pages.
+        """One consistent list, following ``continue`` pages, every item kept (see ``pages`` for a
+        caller that reduces each page as it arrives).
 
         With ``resource_version`` unset the first page is a quorum read at revision R and every
         continue page belongs to that same snapshot. With ``exact`` the list is pinned to
         ``resource_version`` (resourceVersionMatch=Exact). A continue page never resends the RV.
+        """
+        items: list[Obj] = []
+        rv = ""
+        requests = 0
+        async for page in self.pages(res, namespace, labels=labels, limit=limit, resource_version=resource_version,
+                                     exact=exact, all_namespaces=all_namespaces):
+            items.extend(page.items)
+            rv = rv or page.resource_version
+            requests += 1
+        return ListResult(items, rv, requests)
+
+    async def pages(
+        self,
+        res: Res,
+        namespace: str | None = None,
+        *,
+        labels: str | None = None,
+        limit: int = 500,
+        resource_version: str | None = None,
+        exact: bool = False,
+        all_namespaces: bool = False,
+    ) -> AsyncIterator[ListResult]:
+        """The pages of one consistent list, one at a time, each with the snapshot's resourceVersion.
+
+        A caller that keeps only a few fields of each item (the controller's informers) holds one page
+        of decoded objects at a time, never a whole cluster's. An expired continue token raises
+        Unreachable (410): the caller starts the list again.
         """
         ns = None if all_namespaces else self._ns(res, namespace)
         path = res.path(ns)
@@ -308,23 +336,22 @@ class Kube:
             params["resourceVersion"] = resource_version
             if exact:
                 params["resourceVersionMatch"] = "Exact"
-        items: list[Obj] = []
         rv = ""
-        requests = 0
         while True:
             page = await self._send("GET", path, params=params, list_call=True)
-            requests += 1
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             if not rv:
                 rv = str(meta.get("resourceVersion") or "")
             token = meta.get("continue")
+            items = page.get("items") or []
+            del page
+            yield ListResult(items, rv, 1)
+            del items
             if not token:
                 break
             params = {"limit": str(limit), "continue": str(token)}
             if labels:
                 params["labelSelector"] = labels
-        return ListResult(items, rv, requests)
 
     async def create(self, res: Res, obj: Obj, namespace: str | None = None, *, dry_run: bool = False) -> Obj:
         """Create; with ``dry_run`` the server validates, defaults and prunes but stores nothing."""

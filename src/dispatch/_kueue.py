@@ -137,6 +137,24 @@ class WorkloadView:
         return entry is not None and entry.state == "Pending"
 
 
+@dataclass(frozen=True, slots=True)
+class WorkloadHint:
+    """What a batch's reads may be narrowed by, as a cache last saw it: the owner's uid (Workloads are
+    listed by it) and the pod sets' identity (TrainJobs are listed by it). Never trusted beyond that:
+    whatever a hint misses is read by a get."""
+
+    owner_uid: str
+    pod_set_identity: tuple[str, str] | None
+
+    @staticmethod
+    def of(view: WorkloadView) -> WorkloadHint:
+        return WorkloadHint(view.owner.uid if view.owner is not None else "", view.pod_set_identity)
+
+    @staticmethod
+    def from_obj(obj: Mapping[str, Any]) -> WorkloadHint:
+        return WorkloadHint.of(WorkloadView.from_obj(obj))
+
+
 def checks_owned(checks: Iterable[Mapping[str, Any]], controller_name: str) -> set[str]:
     """Names of the AdmissionChecks whose ``spec.controllerName`` is ``controller_name``."""
     return {text(mapping(c.get("metadata")).get("name")) for c in checks

@@ -22,6 +22,7 @@ from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch._identity import new_record
+from dispatch._kueue import WorkloadHint
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Outcome, Reconciler
@@ -155,9 +156,10 @@ async def decide_one_by_one(world: World) -> dict[str, str]:
     return {wl: (await world.reconciler.reconcile(NS, wl)).outcome for wl in world.workloads}
 
 
-def cache_of(world: World) -> dict[str, dict[str, Any]]:
+def cache_of(world: World) -> dict[str, WorkloadHint]:
     """The Workloads as a controller's informer would hold them: hints for the batch's reads."""
-    return {wl["metadata"]["name"]: wl for wl in world.cluster.server.objects(KUEUE, "workloads")}
+    return {wl["metadata"]["name"]: WorkloadHint.from_obj(wl)
+            for wl in world.cluster.server.objects(KUEUE, "workloads")}
 
 
 async def decide_in_batches(world: World, size: int, known: int, hinted: bool = True) -> dict[str, str]:

@@ -17,7 +17,6 @@ import os
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -25,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from dispatch import AsyncAdapter, DispatchError, JobSpec
 from dispatch import _kube as k
+from dispatch._kueue import WorkloadHint
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
@@ -64,7 +64,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         self.kueue.install()
         self.tainted: set[str] = set()
         self.workloads: dict[str, str] = {}
-        self.stale: dict[str, dict[str, Any]] = {}
+        self.stale: dict[str, WorkloadHint] = {}
 
         async def open_all() -> None:
             kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
@@ -78,8 +78,9 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
             self.workloads[name] = self.kueue.workload_for(name)
         self.stale = self._cache()
 
-    def _cache(self) -> dict[str, dict[str, Any]]:
-        return {w["metadata"]["name"]: w for w in self.cluster.server.objects(KUEUE, "workloads")}
+    def _cache(self) -> dict[str, WorkloadHint]:
+        return {w["metadata"]["name"]: WorkloadHint.from_obj(w)
+                for w in self.cluster.server.objects(KUEUE, "workloads")}
 
     async def _decide(self, plans: list[tuple[list[str], str, bool]]) -> None:
         """Run one reconciler per plan at once (replicas): (Workload names, hints, dies mid-admission)."""

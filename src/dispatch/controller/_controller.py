@@ -26,12 +26,12 @@ from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._http import serve
-from ._informer import Informer, error_reason
+from ._informer import Informer, Sink, error_reason
 from ._leader import LeaderElector
 from ._metrics import Metrics
 from ._queue import WorkQueue
 from ._reconcile import ForeignPolicy, Outcome, Reconciler, now_text
-from ._routing import Router
+from ._routing import RoutedWorkload, Router
 
 log = structlog.get_logger("dispatch.controller")
 
@@ -134,21 +134,22 @@ class Controller:
         r = self.router
 
         def informer(res: k.Res, namespace: str | None, labels: str | None,
-                     on_list: Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
+                     on_list: Sink | Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
             return Informer(kube, res, namespace=namespace, labels=labels, on_list=on_list, on_event=on_event,
                             timeout_seconds=timeout, metrics=self.metrics)
 
         self.informers = {
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
-            "workloads": informer(api.WORKLOADS, ns, None, r.list_workloads, r.on_workload),
+            "workloads": informer(api.WORKLOADS, ns, None, r.workload_sink, r.on_workload),
             # Both selections of the rule: a pod found only by dispatch's labels wakes its Workload too.
-            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, r.list_pods, r.on_pod),
-            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, r.list_pods, r.on_pod),
-            "nodes": informer(api.NODES, None, None, r.list_nodes, r.on_node),
+            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, r.pod_index("pods"), r.pod_index("pods").on_event),
+            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, r.pod_index("dispatch-pods"),
+                                      r.pod_index("dispatch-pods").on_event),
+            "nodes": informer(api.NODES, None, None, r.node_sink, r.on_node),
             # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
             # confirmation event-driven too.
-            "jobsets": informer(api.JOBSETS, ns, None, r.list_lower, r.on_lower),
-            "jobs": informer(api.JOBS, ns, n.JOBSET_NAME_LABEL, r.list_lower, r.on_lower),
+            "jobsets": informer(api.JOBSETS, ns, None, r.lower_sink("jobsets"), r.on_lower),
+            "jobs": informer(api.JOBS, ns, n.JOBSET_NAME_LABEL, r.lower_sink("jobs"), r.on_lower),
         }
         self._stopping = False
         self.elector: LeaderElector | None = None
@@ -168,7 +169,7 @@ class Controller:
         return self.router.waiting
 
     @property
-    def workloads(self) -> dict[str, dict[str, object]]:
+    def workloads(self) -> dict[str, RoutedWorkload]:
         return self.router.workloads
 
     def _gauges(self) -> None:
@@ -200,7 +201,7 @@ class Controller:
         self.metrics.batch_size.observe(len(keys))
         namespace = keys[0].split("/", 1)[0]
         known = self.router.known_in(namespace) if len(keys) > 1 else 0
-        hints = {key.split("/", 1)[1]: self.router.workloads[key] for key in keys if key in self.router.workloads}
+        hints = {key.split("/", 1)[1]: self.router.workloads[key].hint for key in keys if key in self.router.workloads}
         results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
                                                        known=known, hints=hints)
         for key in keys:

@@ -1,6 +1,9 @@
 """List, then watch: the controller's only view of the cluster between decisions.
 
 An informer's events only route work (which Workload to re-check); no decision reads its cache.
+Lists are read page by page and each page is handed to the informer's sink as it arrives, so the
+controller holds one page of decoded objects at a time, whatever the cluster's size; a sink keeps only
+the few fields routing needs.
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import structlog
 
@@ -25,6 +28,40 @@ HEALTHY_SECONDS = 30.0
 """A watch that lasted this long resets the backoff; one that fails sooner does not."""
 
 
+@runtime_checkable
+class Sink(Protocol):
+    """Where an informer's list goes, one page at a time.
+
+    ``begin`` starts a list (it may follow an aborted one: forget what it left), ``page`` takes each
+    page's items (which the sink must not keep), ``end`` closes a complete list: whatever was known
+    and not listed is gone.
+    """
+
+    def begin(self) -> None: ...
+
+    def page(self, items: list[Obj]) -> None: ...
+
+    def end(self) -> None: ...
+
+
+class Collect:
+    """A sink for a kind that is always small (AdmissionChecks): the whole list to one callback."""
+
+    def __init__(self, on_list: Callable[[list[Obj]], None]) -> None:
+        self._on_list = on_list
+        self._items: list[Obj] = []
+
+    def begin(self) -> None:
+        self._items = []
+
+    def page(self, items: list[Obj]) -> None:
+        self._items.extend(items)
+
+    def end(self) -> None:
+        items, self._items = self._items, []
+        self._on_list(items)
+
+
 def error_reason(exc: DispatchError) -> str:
     if exc.code == 409:
         return "Conflict"
@@ -32,7 +69,7 @@ def error_reason(exc: DispatchError) -> str:
 
 
 class Informer:
-    """List, then watch from the list's resourceVersion; relist on 410; back off on errors."""
+    """List (paged), then watch from the list's resourceVersion; relist on 410; back off on errors."""
 
     def __init__(
         self,
@@ -41,21 +78,37 @@ class Informer:
         *,
         namespace: str | None,
         labels: str | None,
-        on_list: Callable[[list[Obj]], None],
+        on_list: Sink | Callable[[list[Obj]], None],
         on_event: Callable[[str, Obj], None],
         timeout_seconds: int,
         metrics: Metrics,
+        page_size: int = 500,
     ) -> None:
         self._kube = kube
         self.res = res
         self.namespace = namespace
         self.labels = labels
-        self._on_list = on_list
+        self._sink: Sink = on_list if isinstance(on_list, Sink) else Collect(on_list)
+        self.page_size = page_size
+        self.lists = 0
+        """Lists started (a flapping watch must not turn into a list every 0.2 s)."""
         self._on_event = on_event
         self.timeout_seconds = timeout_seconds
         self._metrics = metrics
         self.synced = asyncio.Event()
         self.last_error = ""
+
+    async def _list(self, every: bool) -> str:
+        self.lists += 1
+        self._sink.begin()
+        rv = ""
+        async for page in self._kube.pages(self.res, self.namespace, labels=self.labels, limit=self.page_size,
+                                           all_namespaces=every):
+            rv = rv or page.resource_version
+            self._sink.page(page.items)
+            del page
+        self._sink.end()
+        return rv
 
     async def run(self) -> None:
         every = self.namespace is None and self.res.namespaced
@@ -63,9 +116,7 @@ class Informer:
         listed_at: float | None = None
         while True:
             try:
-                listed = await self._kube.list(self.res, self.namespace, labels=self.labels, all_namespaces=every)
-                self._on_list(listed.items)
-                rv = listed.resource_version
+                rv = await self._list(every)
                 self.synced.set()
                 self.last_error = ""
                 listed_at = time.monotonic()
@@ -80,8 +131,12 @@ class Informer:
             except Unreachable as exc:
                 if exc.code == 410:
                     log.info("watch expired; relisting", resource=self.res.describe())
-                    continue
-                self._failed(exc, "warning")
+                    if listed_at is None or time.monotonic() - listed_at > HEALTHY_SECONDS:
+                        listed_at = None
+                        continue  # an old watch expired: relist at once
+                    # expired right after a list: a server that keeps answering 410 is backed off too
+                else:
+                    self._failed(exc, "warning")
             except Refused as exc:
                 self._failed(exc, "error")
             # A list whose watch then ran a while was healthy: this failure starts the backoff afresh.

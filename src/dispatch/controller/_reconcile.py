@@ -150,13 +150,15 @@ class Reconciler:
         return result
 
     async def reconcile_many(
-        self, namespace: str, names: Sequence[str], *, known: int = 0, hints: Mapping[str, Obj] | None = None,
+        self, namespace: str, names: Sequence[str], *, known: int = 0,
+        hints: Mapping[str, kq.WorkloadHint] | None = None,
     ) -> dict[str, Outcome | Exception]:
         """Decide Workloads of one namespace from one shared read; errors are per Workload.
 
-        ``hints`` (the caller's cached Workloads, by name) only narrow the reads: Workloads are listed by
-        their owners' uids and TrainJobs by the identity labels Kueue copied into the pod sets, so a
-        batch reads about its own objects, not the namespace; whatever a hint misses is read by a get.
+        ``hints`` (what the caller's cache knows of each Workload, by name) only narrow the reads:
+        Workloads are listed by their owners' uids and TrainJobs by the identity labels Kueue copied
+        into the pod sets, so a batch reads about its own objects, not the namespace; whatever a hint
+        misses is read by a get.
         ``known`` is how many Workloads the caller knows in the namespace: the JobSets (which carry no
         label to select them by) are listed only when the batch is a large part of it, else got one by
         one (a cost choice, never a correctness one). If a shared read fails, every Workload not yet
@@ -176,10 +178,11 @@ class Reconciler:
                 self._metrics.reconcile_seconds.observe(share)
         return out
 
-    async def _workloads(self, ns: str, names: list[str], hints: Mapping[str, Obj]) -> dict[str, Obj | None]:
+    async def _workloads(self, ns: str, names: list[str],
+                         hints: Mapping[str, kq.WorkloadHint]) -> dict[str, Obj | None]:
         core = self.core(ns)
-        owners = (kq.controller_owner(hints[name]) for name in names if name in hints)
-        uids = sorted({o.uid for o in owners if o is not None and o.uid and n.label_value_problem(o.uid) is None})
+        owners = (hints[name].owner_uid for name in names if name in hints)
+        uids = sorted({uid for uid in owners if uid and n.label_value_problem(uid) is None})
         found: dict[str, Obj | None] = {}
         if uids and len(names) > 1:
             for w in (await core.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
@@ -209,7 +212,7 @@ class Reconciler:
         for c in cases:
             c.trainjob = found.get(c.owner.name)
 
-    async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, Obj],
+    async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
                         out: dict[str, Outcome | Exception]) -> None:
         checks = self._check_names()
         raw = await self._workloads(ns, names, hints)

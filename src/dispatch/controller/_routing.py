@@ -5,12 +5,20 @@ exactly the Workloads whose decision it can change. Pods are routed by JobSet's 
 the Workloads owned by that TrainJob) and by dispatch's job-id/submission labels (to the Workloads
 whose pod sets carry that identity), so a pod that only one selection finds still wakes its Workload.
 Nothing here decides: decisions re-read the API.
+
+Memory follows what routing needs, not the cluster: a pod is kept as its routing signature (node,
+may-run, namespace, jobset-name, job-id, submission; strings shared), a Workload as a slim view (owner,
+pod-set identity, check entries, the conditions the decision screens on), a Node as its view. Lists
+arrive a page at a time (``_informer.Sink``); a relist compares what it found with what was known and
+routes only the pods that changed or went while no watch ran.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _kueue as kq
@@ -22,6 +30,108 @@ Obj = dict[str, Any]
 OURS = object()
 Pair = tuple[str, str]
 Ident = tuple[str, str, str]
+PodSig = tuple[str, bool, str, str, str, str]
+"""A pod as routing needs it: (node, may-run, namespace, jobset-name, job-id, submission)."""
+
+_intern = sys.intern
+
+
+def pod_signature(obj: Obj) -> tuple[str, PodSig]:
+    """(uid, signature) of a pod; the strings are interned, so the pods of one JobSet or node share them."""
+    pod = PodView.from_obj(obj)
+    return _intern(pod.uid), (_intern(pod.node or ""), pod.may_run, _intern(pod.namespace),
+                              _intern(pod.jobset_name), _intern(pod.job_id), _intern(pod.submission))
+
+
+@dataclass(frozen=True, slots=True)
+class RoutedWorkload:
+    """What routing keeps of a Workload: enough to index it, tell whether it is ours and Pending, and
+    notice a change the decision reads. Never the whole object (a Workload is ~27 KiB decoded)."""
+
+    key: str
+    namespace: str
+    owner: kq.Owner | None
+    pod_set_identity: tuple[str, str] | None
+    checks: tuple[kq.CheckEntry, ...]
+    active: bool
+    deleting: bool
+    conds: tuple[bool, bool, bool, bool]
+    """QuotaReserved, Evicted, Finished, Admitted."""
+
+    @staticmethod
+    def of(view: kq.WorkloadView) -> RoutedWorkload:
+        return RoutedWorkload(
+            view.key, _intern(view.ref.namespace), view.owner, view.pod_set_identity, view.checks,
+            view.active, view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
+
+    @property
+    def hint(self) -> kq.WorkloadHint:
+        return kq.WorkloadHint(self.owner.uid if self.owner is not None else "", self.pod_set_identity)
+
+    def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
+        return next((c for c in self.checks if c.name in names), None)
+
+
+class PodIndex:
+    """One pod selection's informer sink: every pod it lists or watches, as its routing signature."""
+
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self.live: dict[str, PodSig] = {}
+        self._next: dict[str, PodSig] | None = None
+        self.listed = False
+
+    def begin(self) -> None:
+        self._next = {}
+
+    def page(self, items: list[Obj]) -> None:
+        assert self._next is not None
+        for obj in items:
+            uid, sig = pod_signature(obj)
+            self._next[uid] = sig
+
+    def end(self) -> None:
+        old, self.live = self.live, self._next or {}
+        self._next = None
+        if not self.listed:
+            self.listed = True
+            # The first list: pods may have gone while no watch ran; re-check every Workload that waits.
+            self._router.requeue_all()
+            return
+        # A relist: exactly the pods that went, came or changed while the watch was down.
+        for uid, sig in old.items():
+            if self.live.get(uid) != sig:
+                self._router.route_pod(sig, gone=uid not in self.live)
+        for uid, sig in self.live.items():
+            if uid not in old:
+                self._router.route_pod(sig, gone=False)
+
+    def on_event(self, etype: str, obj: Obj) -> None:
+        uid, sig = pod_signature(obj)
+        if etype == "DELETED":
+            self.live.pop(uid, None)
+        else:
+            if etype == "MODIFIED" and self.live.get(uid) == sig:
+                return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
+            self.live[uid] = sig
+        self._router.route_pod(sig, gone=etype == "DELETED")
+
+
+class _Sink:
+    """An informer sink over three router methods."""
+
+    def __init__(self, begin: Callable[[], None], page: Callable[[list[Obj]], None],
+                 end: Callable[[], None]) -> None:
+        self._begin, self._page, self._end = begin, page, end
+
+    def begin(self) -> None:
+        self._begin()
+
+    def page(self, items: list[Obj]) -> None:
+        self._page(items)
+
+    def end(self) -> None:
+        self._end()
 
 
 class Router:
@@ -33,19 +143,25 @@ class Router:
         self._written = written
         self._on_change = on_change
         self.check_names: frozenset[str] = frozenset()
-        self.workloads: dict[str, Obj] = {}
-        """Last seen Workloads: kept so a change of our check names can re-sort them without a relist."""
+        self.workloads: dict[str, RoutedWorkload] = {}
+        """Last seen Workloads (slim): kept so a change of our check names can re-sort them without a relist."""
         self.pending: set[str] = set()
         self.owner_of: dict[str, Pair] = {}
         self.by_owner: dict[Pair, set[str]] = {}
         self.ident_of: dict[str, Ident] = {}
         self.by_ident: dict[Ident, set[str]] = {}
         self.signatures: dict[str, tuple[object, ...]] = {}
-        self.pod_signatures: dict[str, tuple[str, bool]] = {}
+        self.pod_indexes: dict[str, PodIndex] = {}
         self.nodes: dict[str, NodeView] = {}
         self.node_waiters: dict[str, set[str]] = {}
         self.waiting: dict[str, tuple[float, frozenset[str]]] = {}
         self.last_gone: dict[Pair, float] = {}
+        self._listing: set[str] | None = None
+        self._workloads_listed = False
+        self._lower_listed: set[str] = set()
+        self._nodes_next: dict[str, NodeView] | None = None
+        self.workload_sink = _Sink(self._workloads_begin, self._workloads_page, self._workloads_end)
+        self.node_sink = _Sink(self._nodes_begin, self._nodes_page, self._nodes_end)
 
     # ------------------------------------------------------------------ Workloads
 
@@ -57,8 +173,8 @@ class Router:
     def set_check_names(self, names: frozenset[str]) -> None:
         """Which Workloads are ours depends on the check names: index every known Workload again."""
         self.check_names = names
-        for obj in list(self.workloads.values()):
-            self.index_workload(obj, force=True)
+        for slim in list(self.workloads.values()):
+            self._index(slim, force=True)
         self._on_change()
 
     def _forget(self, key: str) -> None:
@@ -79,10 +195,12 @@ class Router:
                     del self.by_ident[ident]
 
     def index_workload(self, obj: Obj, *, force: bool = False) -> None:
-        key = self.key(obj)
-        self.workloads[key] = obj
-        view = kq.WorkloadView.from_obj(obj)
-        ns = view.ref.namespace
+        self._index(RoutedWorkload.of(kq.WorkloadView.from_obj(obj)), force=force)
+
+    def _index(self, view: RoutedWorkload, *, force: bool = False) -> None:
+        key = view.key
+        self.workloads[key] = view
+        ns = view.namespace
         pair = (ns, view.owner.name) if view.owner is not None and view.owner.is_trainjob else None
         ident = (ns, *view.pod_set_identity) if pair is not None and view.pod_set_identity else None
         if self.owner_of.get(key) != pair or self.ident_of.get(key) != ident:
@@ -93,9 +211,10 @@ class Router:
             if ident is not None:
                 self.ident_of[key] = ident
                 self.by_ident.setdefault(ident, set()).add(key)
-        if view.pending_ours(self.check_names):
+        entry = view.entry(self.check_names)
+        if entry is not None and entry.state == "Pending":
             self.pending.add(key)
-            signature = self._signature(key, view)
+            signature = self._signature(key, view, entry)
             if force or self.signatures.get(key) != signature:
                 self.queue.add(key)
             self.signatures[key] = signature
@@ -112,23 +231,39 @@ class Router:
         if stored is not None and written is not None and stored[0] == written[0]:
             self.signatures[key] = (*stored[:-1], OURS)
 
-    def _signature(self, key: str, view: kq.WorkloadView) -> tuple[object, ...]:
+    def _signature(self, key: str, view: RoutedWorkload, entry: kq.CheckEntry) -> tuple[object, ...]:
         """What of a Workload the decision reads. Kueue rewrites Workloads often (conditions' times,
         requeue state), and our own write echoes back: neither needs a reconcile. Our own message is
         folded to a marker so its echo matches what was stored before the write."""
-        entry = view.entry(self.check_names)
-        state, message_text = (entry.state, entry.message) if entry else ("", "")
+        state, message_text = entry.state, entry.message
         message: object = OURS if self._written().get(key) == (state, message_text) else message_text
-        conds = (view.quota_reserved, view.evicted, view.finished, view.admitted)
-        return (state, conds, view.active, view.deleting, view.owner.uid if view.owner else "", message)
+        return (state, view.conds, view.active, view.deleting, view.owner.uid if view.owner else "", message)
 
     def list_workloads(self, items: list[Obj]) -> None:
-        keys = {self.key(o) for o in items}
+        """A whole list at once (tests; the informer hands pages to ``workload_sink``)."""
+        self._workloads_begin()
+        self._workloads_page(items)
+        self._workloads_end()
+
+    def _workloads_begin(self) -> None:
+        self._listing = set()
+
+    def _workloads_page(self, items: list[Obj]) -> None:
+        assert self._listing is not None
+        # The first list queues every pending Workload; a relist only those whose signature changed
+        # while no watch ran (Kueue rewrites Workloads often; a flapping watch must not re-decide all).
+        force = not self._workloads_listed
+        for obj in items:
+            slim = RoutedWorkload.of(kq.WorkloadView.from_obj(obj))
+            self._listing.add(slim.key)
+            self._index(slim, force=force)
+
+    def _workloads_end(self) -> None:
+        keys, self._listing = self._listing or set(), None
         for stale in set(self.owner_of) | self.pending | set(self.workloads):
             if stale not in keys:
                 self.remove_workload(stale)
-        for obj in items:
-            self.index_workload(obj, force=True)
+        self._workloads_listed = True
         self._on_change()
 
     def remove_workload(self, key: str) -> None:
@@ -156,28 +291,22 @@ class Router:
 
     # ------------------------------------------------------------------ pods, JobSets, Jobs, Nodes
 
-    def list_pods(self, items: list[Obj]) -> None:
-        for o in items:
-            pod = PodView.from_obj(o)
-            self.pod_signatures[pod.uid] = (pod.node or "", pod.may_run)
-        # Pods may have gone while the watch was down: re-check every Workload that waits.
-        self.requeue_all()
+    def pod_index(self, selection: str) -> PodIndex:
+        """The sink of one pod selection's informer (each keeps its own pods: relists are per selection)."""
+        found = self.pod_indexes.get(selection)
+        if found is None:
+            found = self.pod_indexes[selection] = PodIndex(self)
+        return found
 
-    def on_pod(self, etype: str, obj: Obj) -> None:
-        pod = PodView.from_obj(obj)
-        signature = (pod.node or "", pod.may_run)
-        if etype == "DELETED":
-            self.pod_signatures.pop(pod.uid, None)
-        else:
-            if etype == "MODIFIED" and self.pod_signatures.get(pod.uid) == signature:
-                return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
-            self.pod_signatures[pod.uid] = signature
-        keys = set(self.by_owner.get((pod.namespace, pod.jobset_name), ()))
-        if pod.job_id:
-            keys |= self.by_ident.get((pod.namespace, pod.job_id, pod.submission), set())
+    def route_pod(self, sig: PodSig, *, gone: bool) -> None:
+        """Queue the pending Workloads a pod's change may concern, by both selections."""
+        _node, may_run, ns, jobset_name, job_id, submission = sig
+        keys = set(self.by_owner.get((ns, jobset_name), ()))
+        if job_id:
+            keys |= self.by_ident.get((ns, job_id, submission), set())
         if not keys:
             return
-        if etype == "DELETED" or not pod.may_run:
+        if gone or not may_run:
             now = time.monotonic()
             for key in keys:
                 owner = self.owner_of.get(key)
@@ -186,6 +315,19 @@ class Router:
         for key in keys:
             if key in self.pending:
                 self.queue.add(key)
+
+    def lower_sink(self, kind: str) -> _Sink:
+        """JobSets and Jobs route by event only; a list keeps nothing of them."""
+        return _Sink(lambda: None, lambda items: None, lambda: self._lower_end(kind))
+
+    def _lower_end(self, kind: str) -> None:
+        if kind not in self._lower_listed:
+            self._lower_listed.add(kind)
+            self.requeue_all()
+            return
+        # A relist: a JobSet or Job may have confirmed its suspension unseen; only waiters can care.
+        for key in sorted(self.waiting):
+            self.queue.add(key)
 
     def list_lower(self, items: list[Obj]) -> None:
         self.requeue_all()
@@ -198,7 +340,20 @@ class Router:
                 self.queue.add(key)
 
     def list_nodes(self, items: list[Obj]) -> None:
-        seen = {name_of(o): NodeView.from_obj(o) for o in items}
+        self._nodes_begin()
+        self._nodes_page(items)
+        self._nodes_end()
+
+    def _nodes_begin(self) -> None:
+        self._nodes_next = {}
+
+    def _nodes_page(self, items: list[Obj]) -> None:
+        assert self._nodes_next is not None
+        for o in items:
+            self._nodes_next[_intern(name_of(o))] = NodeView.from_obj(o)
+
+    def _nodes_end(self) -> None:
+        seen, self._nodes_next = self._nodes_next or {}, None
         changed = {name for name in set(seen) | set(self.nodes) if seen.get(name) != self.nodes.get(name)}
         self.nodes = seen
         self._nodes_changed(changed)
