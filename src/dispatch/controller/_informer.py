@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 import structlog
@@ -97,6 +97,9 @@ class Informer:
         self._metrics = metrics
         self.synced = asyncio.Event()
         self.last_error = ""
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self.clock: Callable[[], float] = time.monotonic
+        """How the backoff waits and tells a healthy watch from a flapping one (tests step them)."""
 
     async def _list(self, every: bool) -> str:
         self.lists += 1
@@ -119,7 +122,7 @@ class Informer:
                 rv = await self._list(every)
                 self.synced.set()
                 self.last_error = ""
-                listed_at = time.monotonic()
+                listed_at = self.clock()
                 while True:
                     async for etype, obj in self._kube.watch(
                         self.res, self.namespace, resource_version=rv, labels=self.labels,
@@ -131,7 +134,7 @@ class Informer:
             except Unreachable as exc:
                 if exc.code == 410:
                     log.info("watch expired; relisting", resource=self.res.describe())
-                    if listed_at is None or time.monotonic() - listed_at > HEALTHY_SECONDS:
+                    if listed_at is None or self.clock() - listed_at > HEALTHY_SECONDS:
                         listed_at = None
                         continue  # an old watch expired: relist at once
                     # expired right after a list: a server that keeps answering 410 is backed off too
@@ -142,10 +145,10 @@ class Informer:
             # A list whose watch then ran a while was healthy: this failure starts the backoff afresh.
             # One whose watch failed at once keeps the backoff growing, so a flapping watch does not
             # relist the whole kind every 0.2 s.
-            if listed_at is not None and time.monotonic() - listed_at > HEALTHY_SECONDS:
+            if listed_at is not None and self.clock() - listed_at > HEALTHY_SECONDS:
                 delay = INITIAL_BACKOFF
             listed_at = None
-            await asyncio.sleep(delay)
+            await self.sleep(delay)
             delay = min(delay * 2, MAX_BACKOFF)
 
     def _failed(self, exc: DispatchError, level: str) -> None:

@@ -1,0 +1,223 @@
+"""The informers' memory and backoff: paged lists into sinks, pods kept as routing signatures, slim
+Workloads, and a relist backoff that a list followed at once by a failing watch does not reset."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dispatch import _kube as k
+from dispatch import _names as n
+from dispatch.controller._informer import INITIAL_BACKOFF, MAX_BACKOFF, Informer
+from dispatch.controller._metrics import Metrics
+from dispatch.controller._queue import WorkQueue
+from dispatch.controller._routing import RoutedWorkload, Router
+from dispatch.testing import FakeCluster
+
+NS = "default"
+
+
+class Stop(Exception):
+    """Ends an informer's run from inside its backoff."""
+
+
+class Recorder:
+    """A sink that records how lists arrive, and can act once a list completed."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.after_list: list[Any] = []
+
+    def begin(self) -> None:
+        self.calls.append(("begin", 0))
+
+    def page(self, items: list[dict[str, Any]]) -> None:
+        self.calls.append(("page", len(items)))
+
+    def end(self) -> None:
+        self.calls.append(("end", 0))
+        for hook in self.after_list:
+            hook()
+
+
+def pod(name: str, jobset: str, *, node: str = "node-0", phase: str = "Running", job_id: str = "") -> dict[str, Any]:
+    labels = {n.JOBSET_NAME_LABEL: jobset}
+    if job_id:
+        labels |= {n.LABEL_JOB_ID: job_id, n.LABEL_SUBMISSION: "s1"}
+    return {"metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "labels": labels},
+            "spec": {"nodeName": node}, "status": {"phase": phase}}
+
+
+def workload(name: str, owner: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": NS, "uid": f"wl-{name}", "resourceVersion": "1",
+                     "ownerReferences": [{"apiVersion": f"{n.TRAINER_GROUP}/v1alpha1", "kind": "TrainJob",
+                                          "name": owner, "uid": f"tj-{owner}", "controller": True}]},
+        "spec": {"podSets": [{"name": "node", "template": {"metadata": {"labels": {
+            n.LABEL_JOB_ID: owner, n.LABEL_SUBMISSION: "s1"}}}}]},
+        "status": {"admissionChecks": [{"name": "dispatch", "state": "Pending", "message": ""}],
+                   "conditions": [{"type": "QuotaReserved", "status": "True"}]},
+    }
+
+
+def drain(queue: WorkQueue) -> set[str]:
+    keys = set()
+    while len(queue):
+        keys.add(queue._items.popleft())
+    queue._queued.clear()
+    return keys
+
+
+def informer(cluster: FakeCluster, kube: k.Kube, sink: Recorder, *, page_size: int = 500) -> Informer:
+    return Informer(kube, k.PODS, namespace=NS, labels=n.JOBSET_NAME_LABEL, on_list=sink,
+                    on_event=lambda etype, obj: None, timeout_seconds=30, metrics=Metrics.create(),
+                    page_size=page_size)
+
+
+def list_calls(cluster: FakeCluster) -> list[dict[str, str]]:
+    return [q for m, p, q in cluster.server.requests if m == "GET" and p.endswith("/pods") and "watch" not in q]
+
+
+async def test_a_list_reaches_the_sink_one_page_at_a_time() -> None:
+    cluster = FakeCluster()
+    for i in range(23):
+        cluster.server.create("", "pods", NS, pod(f"p{i:02d}", "llama-s1"))
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
+    sink = Recorder()
+    inf = informer(cluster, kube, sink, page_size=5)
+    sink.after_list.append(lambda: inf.synced.set())
+    task = asyncio.create_task(inf.run())
+    await asyncio.wait_for(inf.synced.wait(), 5)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await kube.aclose()
+    assert sink.calls == [("begin", 0), *[("page", 5)] * 4, ("page", 3), ("end", 0)]
+    calls = list_calls(cluster)
+    assert [q["limit"] for q in calls] == ["5"] * 5
+    assert sum("continue" in q for q in calls) == 4
+
+
+async def run_flapping(cluster: FakeCluster, *, failures: int, status: int, long_after: set[int] = frozenset()
+                       ) -> tuple[list[float], Informer]:
+    """Every list is followed by a watch that fails at once (``status``), ``failures`` times; the lists
+    numbered in ``long_after`` are followed by a watch that ran past the healthy period first."""
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
+    sink = Recorder()
+    inf = informer(cluster, kube, sink)
+    now = [1000.0]
+    inf.clock = lambda: now[0]
+    delays: list[float] = []
+
+    advance = [False]
+
+    def fail_the_watch() -> None:
+        cluster.server.inject(method="GET", path=r"/pods$", status=status, times=1)   # the request after the list
+        advance[0] = inf.lists in long_after
+
+    def watch_runs_long(method: str, path: str) -> None:
+        if advance[0]:   # the watch (the request after the list) "ran" a minute before it failed
+            advance[0] = False
+            now[0] += 60.0
+
+    sink.after_list.append(fail_the_watch)
+    cluster.server.before_request = watch_runs_long
+
+    async def sleep(seconds: float) -> None:
+        delays.append(seconds)
+        if len(delays) >= failures:
+            raise Stop
+
+    inf.sleep = sleep
+    with pytest.raises(Stop):
+        await asyncio.wait_for(inf.run(), 10)
+    await kube.aclose()
+    return delays, inf
+
+
+async def test_a_list_followed_at_once_by_a_failing_watch_does_not_reset_the_backoff() -> None:
+    cluster = FakeCluster()
+    cluster.server.create("", "pods", NS, pod("p0", "llama-s1"))
+    delays, inf = await run_flapping(cluster, failures=8, status=500)
+    expected = [min(INITIAL_BACKOFF * 2 ** i, MAX_BACKOFF) for i in range(8)]
+    assert delays == pytest.approx(expected)
+    assert inf.lists == 8 == len(list_calls(cluster))
+    watches = [q for m, p, q in cluster.server.requests if m == "GET" and "watch" in q]
+    assert len(watches) == 8
+
+
+async def test_a_watch_that_ran_past_the_healthy_period_starts_the_backoff_afresh() -> None:
+    cluster = FakeCluster()
+    cluster.server.create("", "pods", NS, pod("p0", "llama-s1"))
+    delays, _ = await run_flapping(cluster, failures=6, status=500, long_after={4})
+    assert delays == pytest.approx([0.2, 0.4, 0.8, 0.2, 0.4, 0.8])
+
+
+async def test_a_watch_expiring_right_after_each_list_is_backed_off_too() -> None:
+    cluster = FakeCluster()
+    cluster.server.create("", "pods", NS, pod("p0", "llama-s1"))
+    delays, inf = await run_flapping(cluster, failures=5, status=410)
+    assert delays == pytest.approx([0.2, 0.4, 0.8, 1.6, 3.2])
+    assert inf.lists == 5
+
+
+def router_with(*workloads: dict[str, Any]) -> tuple[Router, WorkQueue]:
+    queue = WorkQueue()
+    router = Router(queue, written=dict, on_change=lambda: None)
+    router.set_check_names(frozenset({"dispatch"}))
+    router.list_workloads(list(workloads))
+    drain(queue)
+    return router, queue
+
+
+def relist(router: Router, selection: str, *pages: list[dict[str, Any]]) -> None:
+    index = router.pod_index(selection)
+    index.begin()
+    for page in pages:
+        index.page(page)
+    index.end()
+
+
+def test_pods_are_kept_as_routing_signatures_and_workloads_as_slim_views() -> None:
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    assert isinstance(router.workloads[f"{NS}/wl-a"], RoutedWorkload)
+    assert router.workloads[f"{NS}/wl-a"].hint.owner_uid == "tj-a-s1"
+    assert router.workloads[f"{NS}/wl-a"].hint.pod_set_identity == ("a-s1", "s1")
+    relist(router, "pods", [pod("a0", "a-s1", job_id="a-s1")], [pod("b0", "b-s1")])
+    assert router.pod_index("pods").live["uid-a0"] == ("node-0", True, NS, "a-s1", "a-s1", "s1")
+    assert drain(queue) == {f"{NS}/wl-a"}   # the first list re-checks every pending Workload
+
+
+def test_a_relist_routes_exactly_the_pods_that_went_or_changed_while_no_watch_ran() -> None:
+    router, queue = router_with(workload("wl-a", "a-s1"), workload("wl-b", "b-s1"), workload("wl-c", "c-s1"))
+    first = [pod("a0", "a-s1"), pod("b0", "b-s1"), pod("c0", "c-s1")]
+    relist(router, "pods", first[:2], first[2:])
+    drain(queue)
+    relist(router, "pods", first)                       # nothing changed: nothing to re-check
+    assert drain(queue) == set()
+    relist(router, "pods", [pod("b0", "b-s1", phase="Failed"), pod("c0", "c-s1")])   # a0 went, b0 ended
+    assert drain(queue) == {f"{NS}/wl-a", f"{NS}/wl-b"}
+    assert set(router.pod_index("pods").live) == {"uid-b0", "uid-c0"}    # the gone pod is forgotten
+    assert ("default", "a-s1") in router.last_gone
+
+
+def test_each_selection_relists_its_own_pods() -> None:
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    relist(router, "pods", [pod("a0", "a-s1", job_id="a-s1")])
+    relist(router, "dispatch-pods", [pod("a0", "a-s1", job_id="a-s1"), pod("a1", "x", job_id="a-s1")])
+    drain(queue)
+    relist(router, "dispatch-pods", [pod("a0", "a-s1", job_id="a-s1")])   # a1 (only dispatch's labels) went
+    assert drain(queue) == {f"{NS}/wl-a"}
+    assert set(router.pod_index("pods").live) == {"uid-a0"}
+
+
+def test_a_workload_relist_requeues_only_changed_workloads_and_drops_the_gone() -> None:
+    a, b = workload("wl-a", "a-s1"), workload("wl-b", "b-s1")
+    router, queue = router_with(a, b)
+    router.list_workloads([a, b])
+    assert drain(queue) == set()
+    b["status"]["conditions"].append({"type": "Evicted", "status": "True"})
+    router.list_workloads([b])
+    assert drain(queue) == {f"{NS}/wl-b"}
+    assert set(router.workloads) == {f"{NS}/wl-b"} and router.pending == {f"{NS}/wl-b"}
