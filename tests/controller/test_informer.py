@@ -99,7 +99,7 @@ async def test_a_list_reaches_the_sink_one_page_at_a_time() -> None:
     assert sum("continue" in q for q in calls) == 4
 
 
-async def run_flapping(cluster: FakeCluster, *, failures: int, status: int, long_after: set[int] = frozenset()
+async def run_flapping(cluster: FakeCluster, *, failures: int, status: int, long_after: frozenset[int] = frozenset()
                        ) -> tuple[list[float], Informer]:
     """Every list is followed by a watch that fails at once (``status``), ``failures`` times; the lists
     numbered in ``long_after`` are followed by a watch that ran past the healthy period first."""
@@ -150,7 +150,7 @@ async def test_a_list_followed_at_once_by_a_failing_watch_does_not_reset_the_bac
 async def test_a_watch_that_ran_past_the_healthy_period_starts_the_backoff_afresh() -> None:
     cluster = FakeCluster()
     cluster.server.create("", "pods", NS, pod("p0", "llama-s1"))
-    delays, _ = await run_flapping(cluster, failures=6, status=500, long_after={4})
+    delays, _ = await run_flapping(cluster, failures=6, status=500, long_after=frozenset({4}))
     assert delays == pytest.approx([0.2, 0.4, 0.8, 0.2, 0.4, 0.8])
 
 
