@@ -72,15 +72,16 @@ class Sampler(threading.Thread):
 
 
 def managed(manager: str, operation: str, fields: dict[str, Any], sub: str = "") -> dict[str, Any]:
-    entry = {"manager": manager, "operation": operation, "apiVersion": "v1", "time": "2026-01-01T00:00:00Z",
-             "fieldsType": "FieldsV1", "fieldsV1": fields}
+    entry: dict[str, Any] = {"manager": manager, "operation": operation, "apiVersion": "v1",
+                             "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": fields}
     if sub:
         entry["subresource"] = sub
     return entry
 
 
 def container(name: str, i: int) -> dict[str, Any]:
-    env = [{"name": f"PET_{k_}", "value": str(i)} for k_ in ("NNODES", "NPROC_PER_NODE", "MASTER_PORT")]
+    env: list[dict[str, Any]] = [{"name": f"PET_{k_}", "value": str(i)}
+                                 for k_ in ("NNODES", "NPROC_PER_NODE", "MASTER_PORT")]
     env += [{"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
         "apiVersion": "v1", "fieldPath": "metadata.labels['batch.kubernetes.io/job-completion-index']"}}},
         {"name": "PET_MASTER_ADDR", "value": f"obj{i}-node-0-0.obj{i}"},
@@ -147,7 +148,7 @@ def pod(i: int, j: int, node: str) -> dict[str, Any]:
                   "command", "env", "image", "imagePullPolicy", "name", "ports", "resources", "volumeMounts")}},
                   **{f"f:{s}": {} for s in ("dnsPolicy", "restartPolicy", "schedulerName", "subdomain",
                                              "tolerations", "volumes")}}}
-    status_fields = {"f:status": {f"f:{s}": {} for s in (
+    status_fields: dict[str, Any] = {"f:status": {f"f:{s}": {} for s in (
         "conditions", "containerStatuses", "hostIP", "hostIPs", "phase", "podIP", "podIPs", "startTime")}}
     spec = pod_spec(i)
     spec["nodeName"] = node
@@ -265,8 +266,8 @@ class _FastCopy:
 
 
 def accelerate_fake() -> None:
-    _server.copy = _FastCopy  # type: ignore[assignment]
-    _server.json = _FastCopy  # type: ignore[assignment]
+    setattr(_server, "copy", _FastCopy)  # noqa: B010
+    setattr(_server, "json", _FastCopy)  # noqa: B010
 
 
 def build(pods: int, workloads: int, nodes: int) -> FakeApiServer:
@@ -372,7 +373,8 @@ def run_child(mode: str, pods: int, workloads: int, nodes: int) -> dict[str, Any
 
 def slope(a: dict[str, Any], b: dict[str, Any], key: str) -> float:
     """Bytes per extra pod between two runs of one mode."""
-    return round((b[key] - a[key]) * 1024 * 1024 / (b["pods"] - a["pods"]), 1)
+    grown = float(b[key]) - float(a[key])
+    return round(grown * 1024 * 1024 / (int(b["pods"]) - int(a["pods"])), 1)
 
 
 def main() -> None:

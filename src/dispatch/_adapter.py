@@ -25,6 +25,7 @@ from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._core import Core, Target
+from ._follow import Follower, selections
 from ._records import Cessation, Identity, JobSpec, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
 from ._views import JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
@@ -409,6 +410,16 @@ class AsyncAdapter:
 
     # ------------------------------------------------------------------ waiting and logs
 
+    async def follow(self, name: str, *, interval: float = 1.0) -> Follower:
+        """Start following the object's pods (both selections) and its TrainJob; ``changed`` on the
+        result waits for the next change. Close it (``aclose`` or ``async with``) when done."""
+        n.validate_ref(name)
+        tj = await self.core.trainjob(name)
+        follower = Follower(self._kube, selections(name, tj.job_id, tj.submission), interval=interval,
+                            complete=bool(tj.job_id and tj.submission))
+        await follower.start()
+        return follower
+
     async def wait(
         self,
         name: str,
@@ -418,22 +429,27 @@ class AsyncAdapter:
         interval: float = 1.0,
         on_status: Callable[[Status], None] | None = None,
     ) -> Status:
-        """Poll until the object reaches one of ``states``; Unreachable(reason=Timeout) after ``timeout``."""
+        """Until the object reaches one of ``states``; Unreachable(reason=Timeout) after ``timeout``.
+
+        Re-inspects on each change of the object's pods or TrainJob (watched), and polls every
+        ``interval`` (doubling) only while a watch is down; each answer is ``inspect``'s consistent read.
+        """
         wanted = {states} if isinstance(states, State) else set(states)
         deadline = time.monotonic() + timeout
-        while True:
-            status = await self.inspect(name)
-            if on_status is not None:
-                on_status(status)
-            if status.state in wanted:
-                return status
-            if time.monotonic() >= deadline:
-                raise Unreachable(
-                    f"timed out after {timeout:g}s waiting for {name} to be "
-                    f"{'/'.join(sorted(s.value for s in wanted))}; it is {status.state.value}: {status.cause}",
-                    reason="Timeout",
-                )
-            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+        async with await self.follow(name, interval=interval) as follower:
+            while True:
+                status = await self.inspect(name)
+                if on_status is not None:
+                    on_status(status)
+                if status.state in wanted:
+                    return status
+                if time.monotonic() >= deadline:
+                    raise Unreachable(
+                        f"timed out after {timeout:g}s waiting for {name} to be "
+                        f"{'/'.join(sorted(s.value for s in wanted))}; it is {status.state.value}: {status.cause}",
+                        reason="Timeout",
+                    )
+                await follower.changed(max(0.0, deadline - time.monotonic()))
 
     async def logs(self, name: str, *, node: int = 0, follow: bool = False) -> AsyncIterator[str]:
         """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs."""
@@ -534,6 +550,10 @@ class Adapter:
         return self._run(self._core.wait(name, states, timeout=timeout, interval=interval,
                                          on_status=on_status))
 
+    def follow(self, name: str, *, interval: float = 1.0) -> Following:
+        """The object's pods and TrainJob, followed by watches (see ``AsyncAdapter.follow``)."""
+        return Following(self, self._run(self._core.follow(name, interval=interval)))
+
     def forget(self, job_id: str, submission: str) -> bool:
         return self._run(self._core.forget(job_id, submission))
 
@@ -563,3 +583,24 @@ class Adapter:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+class Following:
+    """A started ``Follower`` driven from the synchronous facade."""
+
+    def __init__(self, adapter: Adapter, follower: Follower) -> None:
+        self._adapter = adapter
+        self.follower = follower
+
+    def changed(self, timeout: float) -> bool:
+        """Block until something followed changed (True) or the wait ran out (False)."""
+        return self._adapter._run(self.follower.changed(timeout))
+
+    def close(self) -> None:
+        self._adapter._run(self.follower.aclose())
+
+    def __enter__(self) -> Following:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

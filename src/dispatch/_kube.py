@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -320,7 +320,7 @@ class Kube:
         resource_version: str | None = None,
         exact: bool = False,
         all_namespaces: bool = False,
-    ) -> AsyncIterator[ListResult]:
+    ) -> AsyncGenerator[ListResult, None]:
         """The pages of one consistent list, one at a time, each with the snapshot's resourceVersion.
 
         A caller that keeps only a few fields of each item (the controller's informers) holds one page

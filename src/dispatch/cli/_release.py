@@ -1,4 +1,8 @@
-"""``release --wait``: retry until admitted, showing live which pods remain and for how long."""
+"""``release --wait``: retry until admitted, showing live which pods remain and for how long.
+
+Between attempts it follows watches of the object's pods and TrainJob, so the next attempt comes within
+one watch event of the last pod going; it polls every ``interval`` (doubling) only while a watch is down.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from .._adapter import Adapter
+from .._adapter import Adapter, Following
 from .._records import Identity, RemainingPod
-from ..errors import PodsRemain, Unreachable
+from ..errors import DispatchError, PodsRemain, Unreachable
 from ._errors import Interrupts
 from ._output import duration, pods_table
 from ._state import CliState
@@ -39,9 +43,30 @@ def release_wait(
 
     Refusals end the wait at once. Between attempts nothing is in flight, so Ctrl-C there (or, deferred,
     during an attempt) leaves nothing half-written: each attempt is the library's conditioned write.
+    With ``sleep`` given (tests) attempts are paced by it alone; else by the object's watched changes.
     """
     clock = clock or time.monotonic
-    sleep = sleep or time.sleep
+    following: Following | None = None
+    if sleep is None:
+        try:
+            following = adapter.follow(name, interval=interval)
+        except DispatchError:
+            following = None   # the first attempt reports a refusal; an unreachable API is polled
+    try:
+        if following is not None:
+            # a follower waits for the next change, up to the deadline (it polls only while a watch is down)
+            return _attempts(state, adapter, name, timeout=timeout, clock=clock, pause=following.changed,
+                             interval=None)
+        return _attempts(state, adapter, name, timeout=timeout, clock=clock, pause=sleep or time.sleep,
+                         interval=interval)
+    finally:
+        if following is not None:
+            with contextlib.suppress(DispatchError):
+                following.close()
+
+
+def _attempts(state: CliState, adapter: Adapter, name: str, *, timeout: float, interval: float | None,
+              clock: Callable[[], float], pause: Callable[[float], object]) -> Identity:
     start = clock()
     deadline = start + timeout
     first_seen: dict[str, float] = {}
@@ -128,4 +153,5 @@ def release_wait(
                     f"timed out after {timeout:g}s waiting to release {name}: {last}",
                     reason="Timeout",
                 )
-            sleep(max(0.0, min(interval, deadline - now)))
+            left = max(0.0, deadline - now)
+            pause(left if interval is None else min(interval, left))
