@@ -136,8 +136,12 @@ class Follower:
         return woke
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+        # Cancel until done: Python 3.11's ``wait_for`` can swallow a cancellation racing an event.
+        pending = {t for t in self._tasks if not t.done()}
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.2)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import pytest
 import yaml
 
 from dispatch import LABEL_ADMISSION, Status
+from dispatch._adapter import Following
 from dispatch._trainer import identity_env
 from dispatch.cli import EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
 
@@ -252,13 +255,36 @@ def test_release_with_pods_remaining_exits_3_naming_them(cli: Cli, running: Call
     assert trainjob(cli, name)["spec"]["suspend"] is True
 
 
-def test_release_wait_retries_until_the_pods_go(cli: Cli, running: Callable[[], str]) -> None:
+def test_release_wait_retries_until_the_pods_go(cli: Cli, running: Callable[[], str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
     name = running()
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
     pod = cli.cluster.pods(name)[0]["metadata"]["name"]
-    cli.stepping(2.0)  # the grace period (30s) passes as the CLI polls
-    result = cli("-o", "json", "release", name, "--wait", "--interval", "0.1", "--timeout", "60")
+    # the grace period (30s) passes while the CLI waits: the kubelet's progress wakes it through its watches
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.is_set():
+            cli.cluster.advance(2.0)
+            cli.cluster.step()
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    original = Following.changed
+
+    def changed(self: Following, timeout: float) -> bool:
+        if not ticker.is_alive() and not stop.is_set():
+            ticker.start()
+        return original(self, timeout)
+
+    monkeypatch.setattr(Following, "changed", changed)
+    try:
+        result = cli("-o", "json", "release", name, "--wait", "--interval", "0.1", "--timeout", "60")
+    finally:
+        stop.set()
+        if ticker.is_alive():
+            ticker.join()
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["identity"]["admission"] == 2
     err = " ".join(result.stderr.split())
@@ -305,10 +331,10 @@ def test_ctrl_c_during_release_wait_leaves_nothing_half_written(
     cli.cluster.settle()
     before = trainjob(cli, name)
 
-    def interrupt(seconds: float) -> None:
+    def interrupt(self: object, seconds: float) -> bool:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("dispatch.cli._release.time.sleep", interrupt)
+    monkeypatch.setattr("dispatch._adapter.Following.changed", interrupt)   # between attempts
     result = cli("release", name, "--wait", "--interval", "1", "--timeout", "60")
     assert result.exit_code == 130
     assert "nothing was left half-written" in result.stderr
