@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from dispatch import Adapter, JobSpec, PodsRemain, State
+from dispatch import Adapter, Identity, JobSpec, PodsRemain, State
 from dispatch._adapter import Following
 from dispatch.cli import CliState
 from dispatch.cli._release import release_wait
@@ -67,7 +67,7 @@ def test_wait_returns_on_the_trainjob_event(adapter: Adapter, cluster: FakeClust
     pod = held_with_terminating_pod(adapter, cluster)
     cluster.advance(31)
     cluster.confirm_termination(pod)
-    releases = []
+    releases: list[Identity] = []
 
     from dispatch._follow import Follower
     original = Follower.changed
