@@ -169,13 +169,25 @@ class AsyncAdapter:
                 uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
                 if uid:
                     workloads[uid] = kq.WorkloadView.from_obj(w)
+        # Each object is decided on its own candidates (both selections; decide filters them again), so
+        # the cost follows the objects, not objects x pods of the namespace.
+        by_name: dict[str, list[PodView]] = {}
+        by_ident: dict[tuple[str, str], list[PodView]] = {}
+        for p in pods:
+            by_name.setdefault(p.jobset_name, []).append(p)
+            if p.job_id:
+                by_ident.setdefault((p.job_id, p.submission), []).append(p)
+        jobs_of: dict[str, list[JobView]] = {}
+        for j in jobs:
+            jobs_of.setdefault(j.jobset_name, []).append(j)
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
                 out.append(self._status(t, None))
                 continue
-            verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=pods, nodes=nodes,
-                               jobset=jobsets.get(t.name), jobs=jobs)
+            mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
+            verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=mine, nodes=nodes,
+                               jobset=jobsets.get(t.name), jobs=jobs_of.get(t.name, []))
             wl = workloads.get(t.ref.uid) if t.queue else None
             out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl)))
         return sorted(out, key=lambda s: s.name)
