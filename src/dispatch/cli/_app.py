@@ -15,7 +15,7 @@ from rich.table import Table
 from .. import __version__
 from .._names import CONTROLLER_NAME
 from .._records import State, Status
-from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
+from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, EXIT_USAGE, guard
 from ._output import (
     emit,
     identity_dict,
@@ -514,6 +514,50 @@ def _testbed(state: CliState) -> Any:
     return testbed
 
 
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        envvar="DISPATCH_TESTBED_STACK",
+        show_envvar=True,
+        metavar="NAME",
+        help="Testbed stack of versions (see `dispatch testbed stacks`; default: testbed/stacks/default).",
+    ),
+]
+
+
+def _select_stack(ctx: typer.Context, stack: str | None) -> None:
+    """Select the stack for this command and the build/start processes it runs; refuse unknown names."""
+    if stack is None:
+        return
+    from .. import testbed
+
+    try:
+        testbed.select_stack(stack)
+    except ValueError as exc:
+        _state(ctx).err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+@testbed_app.callback()
+def testbed_root(ctx: typer.Context, stack: StackOpt = None) -> None:
+    _select_stack(ctx, stack)
+
+
+@testbed_app.command("stacks")
+def testbed_stacks(ctx: typer.Context) -> None:
+    """The stacks of versions the testbed can build (the selected one marked *)."""
+    state = _state(ctx)
+    tb = _testbed(state)
+    try:
+        selected = tb.stack()
+        for name in tb.stacks():
+            pins = " ".join(f"{k.removesuffix('_VERSION').lower()}={v}" for k, v in tb.versions(name).items())
+            state.out.print(f"{'*' if name == selected else ' '} {name:10} {pins}", highlight=False)
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
+
+
 def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
     state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     if "root" in str(exc).lower() or isinstance(exc, PermissionError):
@@ -626,6 +670,7 @@ def demo(
             "--step-timeout", min=1, metavar="SECONDS", help="Seconds each step may take before the demo fails."
         ),
     ] = 120.0,
+    stack: StackOpt = None,
 ) -> None:
     """Walk through the promise on the local testbed (built and started if needed).
 
@@ -635,6 +680,7 @@ def demo(
     """
     from ._demo import DemoFailed, run_demo
 
+    _select_stack(ctx, stack)
     state = _state(ctx)
     with guard(state):
         try:
