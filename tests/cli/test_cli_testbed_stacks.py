@@ -33,7 +33,12 @@ def test_unknown_stack_is_refused_naming_the_known_ones(cli: Cli, monkeypatch: p
 
 def test_stack_option_selects_the_stack_for_the_command(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[str] = []
-    monkeypatch.setattr(testbed, "build", lambda: seen.append(testbed.stack()) or "/bin/x")
+
+    def build() -> str:
+        seen.append(testbed.stack())
+        return "/bin/x"
+
+    monkeypatch.setattr(testbed, "build", build)
     assert cli("testbed", "--stack", "k8s-1.37", "build").exit_code == 0
     assert seen == ["k8s-1.37"]
     assert os.environ[_paths.STACK_ENV] == "k8s-1.37"  # the build script and test workers inherit it

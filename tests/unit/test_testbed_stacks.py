@@ -88,7 +88,9 @@ def test_build_progress_lines_from_a_stand_in_build(fake_src: Path, tmp_path: Pa
         "testbed: first build of stack old (Kubernetes v1.35.4, etcd v3.6.5, KWOK v0.8.0, JobSet v0.11.1, "
         "Trainer v2.2.0, Kueue v0.17.0) from Go modules"
     )
-    assert lines[1] == "testbed: 3 components, about 15 min on 2 cores; later runs reuse the binaries and start in seconds"
+    assert lines[1] == (
+        "testbed: 3 components, about 15 min on 2 cores; later runs reuse the binaries and start in seconds"
+    )
     assert lines[2] == f"testbed: the Go tool's output goes to {log}"
     assert lines[3] == "  [1/3] kube-apiserver           building  0s (usually ~10m00s)"
     assert re.fullmatch(
