@@ -13,6 +13,9 @@
 # goes to the log file named by the `log` line (DISPATCH_TESTBED_BUILD_LOG overrides it).
 # Prints the bin dir on the last line of stdout.
 set -euo pipefail
+# The whole script is one function, so bash has parsed all of it before running any of it: editing (or
+# checking out another version of) this file during a 25-minute build cannot derail the running build.
+main() {
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=testbed/stack.sh
 . "$here/stack.sh"
@@ -102,3 +105,6 @@ fi
 echo "== done in $(( $(date +%s) - t0 ))s" >> "$logf"
 df -h "$cache" >> "$logf" 2>&1 || true
 echo "$bin"
+}
+main "$@"
+exit
