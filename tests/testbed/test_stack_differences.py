@@ -95,15 +95,23 @@ def test_grace_period_in_a_runtime_patch(ns: str) -> None:
     """Trainer v2.3 keeps terminationGracePeriodSeconds in a pod-spec patch and puts it on the pods;
     earlier versions prune it silently (the field is unknown to their CRD schema)."""
     body = json.dumps(trainjob("grace", ns, suspend=False))
-    dry: Obj = json.loads(testbed.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=body).stdout)
-    kept = probe_pod_spec(dry).get("terminationGracePeriodSeconds")
-    assert kept == (GRACE if trainer_at_least(2, 3) else None)
-    testbed.kubectl("create", "-f", "-", input=body)
-    wait_for("JobSet", lambda: bool(get("jobsets", "-n", ns)["items"]))
-    js = get("jobset", "grace", "-n", ns)
-    node = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == "node")
-    pod_grace = node["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds")
-    assert pod_grace == (GRACE if trainer_at_least(2, 3) else 30)  # 30: the API's default
+    strict = testbed.kubectl("create", "--dry-run=server", "-f", "-", input=body, check=False)
+    unknown = "unknown field \"spec.runtimePatches[0].trainingRuntimeSpec.template.spec.replicatedJobs[0]" \
+              ".template.spec.template.spec.terminationGracePeriodSeconds\""
+    # kubectl asks for strict field validation: refused where the schema lacks the field.
+    assert (strict.returncode == 0) == trainer_at_least(2, 3), strict.stderr
+    if not trainer_at_least(2, 3):
+        assert unknown in strict.stderr
+    # A client that does not ask (the server default, "Warn") gets it pruned, with only a warning.
+    warn = testbed.kubectl("create", "--dry-run=server", "--validate=warn", "-o", "json", "-f", "-", input=body)
+    assert probe_pod_spec(json.loads(warn.stdout)).get("terminationGracePeriodSeconds") == (
+        GRACE if trainer_at_least(2, 3) else None)
+    assert (unknown in warn.stderr) == (not trainer_at_least(2, 3))
+    testbed.kubectl("create", "--validate=warn", "-f", "-", input=body)
+    sel = "jobset.sigs.k8s.io/jobset-name=grace"
+    wait_for("2 pods", lambda: len(get("pods", "-n", ns, "-l", sel)["items"]) == 2)
+    graces = {p["spec"].get("terminationGracePeriodSeconds") for p in get("pods", "-n", ns, "-l", sel)["items"]}
+    assert graces == {GRACE if trainer_at_least(2, 3) else 30}  # 30: the Pod API's default
     if trainer_at_least(2, 3):
         # Immutable once set (a CEL transition rule), even while suspended.
         testbed.kubectl("patch", "trainjob", "grace", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
@@ -139,7 +147,7 @@ def test_kueue_admission_and_fields_it_does_not_know(testbed_kubeconfig: str) ->
     runtime patch, not only Kueue's own. v0.19 also marks the Workload PodsReady (WaitForPodsReady is on)."""
     name = f"kq-{uuid.uuid4().hex[:5]}"
     body = trainjob(name, "default", suspend=False, labels={"kueue.x-k8s.io/queue-name": "lq"})
-    testbed.kubectl("create", "-f", "-", input=json.dumps(body))
+    testbed.kubectl("create", "--validate=warn", "-f", "-", input=json.dumps(body))
     try:
         before = probe_pod_spec(get("trainjob", name, "-n", "default"))
         assert before.get("terminationGracePeriodSeconds") == (GRACE if trainer_at_least(2, 3) else None)
@@ -161,10 +169,11 @@ def test_kueue_admission_and_fields_it_does_not_know(testbed_kubeconfig: str) ->
         spec = probe_pod_spec(after)
         assert spec.get("nodeSelector") == {"kubernetes.io/os": "linux"}  # a field Kueue's types know: kept
         assert "terminationGracePeriodSeconds" not in spec  # dropped by Kueue's update (or never accepted)
-        wait_for("JobSet", lambda: testbed.kubectl("get", "jobset", name, "-n", "default", check=False).returncode == 0)
-        js = get("jobset", name, "-n", "default")
-        node = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == "node")
-        assert node["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds") == 30
+        sel = f"jobset.sigs.k8s.io/jobset-name={name}"
+        wait_for("2 pods", lambda: len(get("pods", "-n", "default", "-l", sel)["items"]) == 2)
+        graces = {p["spec"].get("terminationGracePeriodSeconds")
+                  for p in get("pods", "-n", "default", "-l", sel)["items"]}
+        assert graces == {30}  # the Pod API's default: the patch's grace period never reached the pods
         if kueue_at_least(0, 19):
             wait_for("Workload PodsReady", lambda: cond(workload(), "PodsReady"), timeout=90)
         else:
