@@ -182,7 +182,13 @@ class BuildProgress:
         return f"~{fmt_duration(e)}" if e else "no estimate"
 
     def _left(self) -> float:
-        return sum(self.estimates.get(c, 0.0) for c in self.plan if c not in self.done)
+        """Usual time of what is left, scaled by how this build compares so far (a warm Go build cache
+        makes every step several times faster than a cold one, a busy machine slower)."""
+        left = sum(self.estimates.get(c, 0.0) for c in self.plan if c not in self.done)
+        took = sum(t for c, t in self.done.items() if self.estimates.get(c))
+        usual = sum(self.estimates[c] for c in self.done if self.estimates.get(c))
+        pace = min(max(took / usual, 0.05), 3.0) if usual and took else 1.0
+        return left * pace
 
     def _starting_line(self, name: str, elapsed: float) -> str:
         return f"  {self._counter(name)} {name:<24} building  {fmt_duration(elapsed)} (usually {self._est(name)})"
