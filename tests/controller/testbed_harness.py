@@ -54,8 +54,11 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                  "preemption": {"withinClusterQueue": "LowerPriority"},
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default",
-                     "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "8Gi"}]}]}],
+                 # `pods` covered: Kueue v0.19 skips the checks of a Workload that gets no flavor (one whose
+                 # pods request none of the covered resources), so a check-gated queue must cover `pods`.
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
+                     "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "8Gi"},
+                                   {"name": "pods", "nominalQuota": "1000"}]}]}],
                  "admissionChecksStrategy": {"admissionChecks": [{"name": cq}]}}})
     await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                                     "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})

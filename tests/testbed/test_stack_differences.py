@@ -115,10 +115,10 @@ def test_grace_period_in_a_runtime_patch(ns: str) -> None:
     if trainer_at_least(2, 3):
         # Immutable once set (a CEL transition rule), even while suspended.
         testbed.kubectl("patch", "trainjob", "grace", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
-        tj = get("trainjob", "grace", "-n", ns)
-        tj["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0][
-            "template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = GRACE + 1
-        refused = testbed.kubectl("replace", "-f", "-", input=json.dumps(tj), check=False)
+        path = ("/spec/runtimePatches/0/trainingRuntimeSpec/template/spec/replicatedJobs/0/template/spec/template"
+                "/spec/terminationGracePeriodSeconds")
+        refused = testbed.kubectl("patch", "trainjob", "grace", "-n", ns, "--type=json", "-p",
+                                  json.dumps([{"op": "replace", "path": path, "value": GRACE + 1}]), check=False)
         assert refused.returncode != 0
         assert "field is immutable" in refused.stderr
 
@@ -141,48 +141,81 @@ def test_runtime_snapshot_configmap(ns: str) -> None:
         assert "snap-runtime-snapshot" not in names
 
 
-def test_kueue_admission_and_fields_it_does_not_know(testbed_kubeconfig: str) -> None:
+def _workload_of(name: str, ns: str) -> Obj | None:
+    items: list[Obj] = get("workloads", "-n", ns)["items"]
+    return next((wl for wl in items if any(o["name"] == name for o in wl["metadata"].get("ownerReferences", []))),
+                None)
+
+
+def _cond(obj: Obj | None, kind: str) -> bool:
+    return obj is not None and any(
+        c["type"] == kind and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
+
+
+def test_kueue_admission_drops_fields_its_trainer_api_lacks(ns: str) -> None:
     """Kueue admits a queued TrainJob by a full update of it, typed with the Trainer API it was compiled
-    against (v2.2.x for Kueue v0.17 and v0.19): a field that Trainer API lacks is dropped from every
-    runtime patch, not only Kueue's own. v0.19 also marks the Workload PodsReady (WaitForPodsReady is on)."""
-    name = f"kq-{uuid.uuid4().hex[:5]}"
-    body = trainjob(name, "default", suspend=False, labels={"kueue.x-k8s.io/queue-name": "lq"})
+    against (v2.2.x for Kueue v0.17 and v0.19): a field that API lacks is dropped from every runtime patch,
+    not only Kueue's own. With Trainer v2.3 the suspended JobSet already carries the grace period, Trainer's
+    update removing it is refused (a JobSet's pod template is immutable there), and the TrainJob never starts."""
+    testbed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+        "spec": {"clusterQueue": "cq"}}))
+    name = "kq"
+    body = trainjob(name, ns, suspend=False, labels={"kueue.x-k8s.io/queue-name": "lq"})
     testbed.kubectl("create", "--validate=warn", "-f", "-", input=json.dumps(body))
-    try:
-        before = probe_pod_spec(get("trainjob", name, "-n", "default"))
-        assert before.get("terminationGracePeriodSeconds") == (GRACE if trainer_at_least(2, 3) else None)
+    before = probe_pod_spec(get("trainjob", name, "-n", ns))
+    assert before.get("terminationGracePeriodSeconds") == (GRACE if trainer_at_least(2, 3) else None)
+    wait_for("Workload admitted", lambda: _cond(_workload_of(name, ns), "Admitted"))
+    wait_for("unsuspended", lambda: get("trainjob", name, "-n", ns)["spec"].get("suspend") is False)
+    after = get("trainjob", name, "-n", ns)
+    managers = [e["manager"] for e in after["spec"]["runtimePatches"]]
+    assert "dispatch.test/probe" in managers and "kueue.x-k8s.io/manager" in managers
+    spec = probe_pod_spec(after)
+    assert spec.get("nodeSelector") == {"kubernetes.io/os": "linux"}  # a field Kueue's types know: kept
+    assert "terminationGracePeriodSeconds" not in spec  # dropped by Kueue's update (or never accepted)
+    sel = f"jobset.sigs.k8s.io/jobset-name={name}"
+    if trainer_at_least(2, 3):
+        def refused() -> bool:
+            # (the event's message is cut short before the webhook's reason, "field is immutable")
+            return any(e["reason"] == "TrainJobResourcesCreationFailed" and "denied the request" in e["message"]
+                       for e in get("events", "-n", ns, "--field-selector", f"involvedObject.name={name}")["items"])
 
-        def workload() -> Obj | None:
-            items: list[Obj] = get("workloads", "-n", "default")["items"]
-            return next((wl for wl in items
-                         if any(o["name"] == name for o in wl["metadata"].get("ownerReferences", []))), None)
-
-        def cond(wl: Obj | None, kind: str) -> bool:
-            return wl is not None and any(
-                c["type"] == kind and c["status"] == "True" for c in wl.get("status", {}).get("conditions", []))
-
-        wait_for("Workload admitted", lambda: cond(workload(), "Admitted"))
-        wait_for("unsuspended", lambda: get("trainjob", name, "-n", "default")["spec"].get("suspend") is False)
-        after = get("trainjob", name, "-n", "default")
-        managers = [e["manager"] for e in after["spec"]["runtimePatches"]]
-        assert "dispatch.test/probe" in managers and "kueue.x-k8s.io/manager" in managers
-        spec = probe_pod_spec(after)
-        assert spec.get("nodeSelector") == {"kubernetes.io/os": "linux"}  # a field Kueue's types know: kept
-        assert "terminationGracePeriodSeconds" not in spec  # dropped by Kueue's update (or never accepted)
-        sel = f"jobset.sigs.k8s.io/jobset-name={name}"
-        wait_for("2 pods", lambda: len(get("pods", "-n", "default", "-l", sel)["items"]) == 2)
-        graces = {p["spec"].get("terminationGracePeriodSeconds")
-                  for p in get("pods", "-n", "default", "-l", sel)["items"]}
+        wait_for("Trainer's JobSet update refused", refused)
+        js = get("jobset", name, "-n", ns)
+        node = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == "node")
+        assert js["spec"].get("suspend") is True
+        assert node["template"]["spec"]["template"]["spec"].get("terminationGracePeriodSeconds") == GRACE
+        path = "/spec/replicatedJobs/0/template/spec/template/spec/terminationGracePeriodSeconds"
+        update = testbed.kubectl("patch", "jobset", name, "-n", ns, "--dry-run=server", "--type=json", "-p",
+                                 json.dumps([{"op": "replace", "path": path, "value": 30}]), check=False)
+        assert update.returncode != 0 and "field is immutable" in update.stderr  # what Trainer's update meets
+        time.sleep(5)
+        assert get("pods", "-n", ns, "-l", sel)["items"] == []  # stuck: admitted by Kueue, never started
+        assert get("jobset", name, "-n", ns)["spec"].get("suspend") is True
+    else:
+        wait_for("2 pods", lambda: len(get("pods", "-n", ns, "-l", sel)["items"]) == 2)
+        graces = {p["spec"].get("terminationGracePeriodSeconds") for p in get("pods", "-n", ns, "-l", sel)["items"]}
         assert graces == {30}  # the Pod API's default: the patch's grace period never reached the pods
-        if kueue_at_least(0, 19):
-            wait_for("Workload PodsReady", lambda: cond(workload(), "PodsReady"), timeout=90)
-        else:
-            time.sleep(5)
-            wl = workload()
-            assert wl is not None
-            assert not any(c["type"] == "PodsReady" for c in wl.get("status", {}).get("conditions", []))
-    finally:
-        testbed.kubectl("delete", "trainjob", name, "-n", "default", "--wait=false", check=False)
+
+
+def test_kueue_marks_pods_ready(ns: str) -> None:
+    """WaitForPodsReady is on by default from Kueue v0.19 (a Workload whose pods are not all Ready within
+    30 minutes is evicted): the Workload gains a PodsReady condition; v0.17 (off by default) never writes it."""
+    testbed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+        "spec": {"clusterQueue": "cq"}}))
+    body = trainjob("ready", ns, suspend=False, grace=None, labels={"kueue.x-k8s.io/queue-name": "lq"})
+    testbed.kubectl("create", "-f", "-", input=json.dumps(body))
+    sel = "jobset.sigs.k8s.io/jobset-name=ready"
+    wait_for("2 Running pods", lambda: [p["status"].get("phase") for p in get("pods", "-n", ns, "-l", sel)["items"]]
+             == ["Running", "Running"])
+    if kueue_at_least(0, 19):
+        wait_for("Workload PodsReady", lambda: _cond(_workload_of("ready", ns), "PodsReady"), timeout=90)
+    else:
+        time.sleep(5)
+        wl = _workload_of("ready", ns)
+        assert wl is not None
+        assert not any(c["type"] == "PodsReady" for c in wl.get("status", {}).get("conditions", []))
 
 
 def test_kueue_api_versions(testbed_kubeconfig: str) -> None:
@@ -197,3 +230,67 @@ def test_kueue_api_versions(testbed_kubeconfig: str) -> None:
     listed = testbed.kubectl("get", "workloads.v1beta1.kueue.x-k8s.io", "-A", check=False)
     assert listed.returncode == 0
     assert "deprecated" in listed.stderr.lower()
+
+
+@pytest.mark.parametrize("cover_pods", [False, True])
+def test_admission_checks_of_a_workload_that_requests_nothing(ns: str, cover_pods: bool) -> None:
+    """Kueue v0.19 applies a ClusterQueue's admission checks per assigned flavor: a Workload whose pods
+    request none of the covered resources gets no flavor, and is admitted at once with no check at all.
+    v0.17 attached the check regardless. Covering `pods` gives every Workload a flavor, so the check holds."""
+    check = f"probe-{ns}"
+    covered = ["cpu", "memory"] + (["pods"] if cover_pods else [])
+    quota = [{"name": "cpu", "nominalQuota": "8"}, {"name": "memory", "nominalQuota": "32Gi"}]
+    quota += [{"name": "pods", "nominalQuota": "100"}] if cover_pods else []
+    api = "kueue.x-k8s.io/v1beta2"
+    objs = [
+        {"apiVersion": api, "kind": "AdmissionCheck", "metadata": {"name": check},
+         "spec": {"controllerName": f"dispatch.test/{check}"}},
+        {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": check},
+         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                  "resourceGroups": [{"coveredResources": covered,
+                                      "flavors": [{"name": "default", "resources": quota}]}],
+                  "admissionChecksStrategy": {"admissionChecks": [{"name": check}]}}},
+        {"apiVersion": api, "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+         "spec": {"clusterQueue": check}},
+    ]
+    testbed.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+    try:
+        # The check's controller (this test) says it is there: the ClusterQueue turns Active.
+        status = {"status": {"conditions": [{"type": "Active", "status": "True", "reason": "Probe", "message": "",
+                                             "lastTransitionTime": "2026-01-01T00:00:00Z"}]}}
+        testbed.kubectl("patch", "admissioncheck", check, "--subresource=status", "--type=merge",
+                        "-p", json.dumps(status))
+        wait_for("ClusterQueue Active", lambda: any(
+            c["type"] == "Active" and c["status"] == "True"
+            for c in get("clusterqueue", check).get("status", {}).get("conditions", [])))
+        body = trainjob("bare", ns, suspend=False, grace=None, labels={"kueue.x-k8s.io/queue-name": "lq"})
+        del body["spec"]["trainer"]["resourcesPerNode"]  # pods that request nothing
+        testbed.kubectl("create", "-f", "-", input=json.dumps(body))
+
+        def workload() -> Obj | None:
+            items: list[Obj] = get("workloads", "-n", ns)["items"]
+            return items[0] if items else None
+
+        def reserved() -> bool:
+            wl = workload()
+            return wl is not None and any(c["type"] == "QuotaReserved" and c["status"] == "True"
+                                          for c in wl.get("status", {}).get("conditions", []))
+
+        wait_for("quota reserved", reserved)
+        time.sleep(3)  # what Kueue does next happens within its own reconcile, not later
+        wl = workload()
+        assert wl is not None
+        st = wl.get("status", {})
+        admitted = any(c["type"] == "Admitted" and c["status"] == "True" for c in st.get("conditions", []))
+        checks = [(c["name"], c["state"]) for c in st.get("admissionChecks") or []]
+        if kueue_at_least(0, 19) and not cover_pods:
+            assert (admitted, checks) == (True, [])  # the check was skipped
+            assert get("trainjob", "bare", "-n", ns)["spec"].get("suspend") is False
+        else:
+            assert (admitted, checks) == (False, [(check, "Pending")])
+            assert get("trainjob", "bare", "-n", ns)["spec"].get("suspend") is True
+    finally:
+        testbed.kubectl("delete", "trainjob", "bare", "-n", ns, "--ignore-not-found", "--wait=true", check=False)
+        testbed.kubectl("delete", "localqueue", "lq", "-n", ns, "--ignore-not-found", check=False)
+        testbed.kubectl("delete", "clusterqueue", check, "--ignore-not-found", "--wait=false", check=False)
+        testbed.kubectl("delete", "admissioncheck", check, "--ignore-not-found", "--wait=false", check=False)
