@@ -294,3 +294,39 @@ def test_admission_checks_of_a_workload_that_requests_nothing(ns: str, cover_pod
         testbed.kubectl("delete", "localqueue", "lq", "-n", ns, "--ignore-not-found", check=False)
         testbed.kubectl("delete", "clusterqueue", check, "--ignore-not-found", "--wait=false", check=False)
         testbed.kubectl("delete", "admissioncheck", check, "--ignore-not-found", "--wait=false", check=False)
+
+
+def _grace_spec(job_id: str, **extra: Any) -> Any:
+    from dispatch import JobSpec
+
+    return JobSpec(job_id=job_id, submission="s1", num_nodes=1, resources_per_node={"cpu": "1"},
+                   termination_grace_period_seconds=5, **extra)
+
+
+@pytest.mark.skipif(not trainer_at_least(2, 3), reason="Trainer before v2.3 drops the field: open refuses it "
+                    "(test_seed_scenarios.py::test_grace_period_in_runtime_patch_is_refused_where_trainer_would_drop_it)")
+def test_open_with_a_grace_period_reaches_the_pods_on_trainer_2_3(ns: str, testbed_kubeconfig: str) -> None:
+    """Where Trainer keeps the field, dispatch's own patch carries the grace period to every pod."""
+    from dispatch import Adapter
+
+    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as adapter:
+        adapter.open(_grace_spec("grace"), hold=False)
+    sel = "jobset.sigs.k8s.io/jobset-name=grace-s1"
+    wait_for("pod", lambda: bool(get("pods", "-n", ns, "-l", sel)["items"]))
+    assert {p["spec"]["terminationGracePeriodSeconds"] for p in get("pods", "-n", ns, "-l", sel)["items"]} == {5}
+
+
+@pytest.mark.skipif(not trainer_at_least(2, 3), reason="Trainer before v2.3 drops the field: open refuses it")
+@pytest.mark.xfail(strict=True, reason="open accepts a grace period in Kueue mode, but Kueue (built with the "
+                   "Trainer v2.2 API) drops it when it admits and the TrainJob never starts: open must refuse it "
+                   "naming Kueue (docs/findings.md, 'Two stacks'); remove this mark with that fix")
+def test_open_refuses_a_grace_period_that_kueue_would_drop(ns: str, testbed_kubeconfig: str) -> None:
+    from dispatch import Adapter, InvalidInput
+
+    testbed.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
+        "spec": {"clusterQueue": "cq"}}))
+    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as adapter, \
+            pytest.raises(InvalidInput, match="termination_grace_period_seconds"):
+        adapter.open(_grace_spec("kgrace", queue="lq"))
+    assert get("trainjobs", "-n", ns)["items"] == []
