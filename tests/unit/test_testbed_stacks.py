@@ -6,6 +6,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -232,3 +233,41 @@ def test_cli_module_refuses_unknown_stack(fake_src: Path) -> None:
                         capture_output=True, text=True, check=True,
                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert ok.stdout.splitlines()[0].startswith("* new        k8s=v1.37.2 etcd=v3.6.5")
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="the build script asks the Go toolchain for its version")
+def test_build_script_reuses_an_aliased_bin_dir_only_while_inputs_match(tmp_path: Path) -> None:
+    """A bin dir built under an earlier key of the same inputs is reused, not rebuilt; a changed input
+    (and so a new key) is not covered by the alias."""
+    src = tmp_path / "testbed"
+    (src / "stacks" / "s" / "gomod" / "k8s").mkdir(parents=True)
+    for f in ("build.sh", "stack.sh"):
+        shutil.copy(REPO_TESTBED / f, src / f)
+    (src / "stacks" / "default").write_text("s\n")
+    stack = src / "stacks" / "s"
+    (stack / "versions.env").write_text("K8S_VERSION=v1.35.4\n")
+    (stack / "gomod" / "k8s" / "go.mod").write_text("module example.invalid/k8s\n")
+    (stack / "gomod" / "k8s" / "go.sum").write_text("")
+    env = {**os.environ, "DISPATCH_TESTBED_CACHE": str(tmp_path / "cache")}
+    env.pop(_paths.STACK_ENV, None)
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", str(src / "build.sh"), *args], capture_output=True, text=True, env=env,
+                              check=False)
+
+    key = run("--key").stdout.strip()
+    old = tmp_path / "cache" / "bin" / "0123456789abcdef"
+    old.mkdir(parents=True)
+    for b in ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd", "kwok", "jobset",
+              "trainer", "kueue"):
+        (old / b).write_text("#!/bin/sh\n")
+        (old / b).chmod(0o755)
+    (old / ".stamp").write_text("built=earlier\n")
+    assert run("--check").returncode == 1  # no alias: not built
+    (stack / "cache-aliases").write_text(f"# earlier key scheme\n{key} {old.name}\n")
+    checked = run("--check")
+    assert (checked.returncode, checked.stdout.strip()) == (0, str(old))
+    assert f"[testbed build] up-to-date s {old}" in checked.stderr
+    (stack / "versions.env").write_text("K8S_VERSION=v1.35.5\n")  # another input: another key, alias void
+    assert run("--key").stdout.strip() != key
+    assert run("--check").returncode == 1
