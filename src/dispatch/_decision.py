@@ -388,11 +388,33 @@ def workload_note(workload: WorkloadView | None) -> str:
     return ""
 
 
+def unmanaged_text(trainjob: TrainJobView) -> str:
+    who = f"created by {trainjob.created_by}" if trainjob.created_by else "not created by dispatch"
+    return (f"not managed by dispatch ({who}, without dispatch's job-id/submission labels): it has no "
+            "execution identity (no A), and dispatch does not hold or release it")
+
+
+UNMANAGED_HINT = ("to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library), "
+                  "or have an admin enrol the namespace")
+
+
+def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:
+    """The cause of a TrainJob dispatch does not manage: what it is, and what still applies to it."""
+    parts = [unmanaged_text(trainjob)]
+    if check is not None:
+        parts.append(f"admission check {check.name} {check.state}" + (f": {check.message}" if check.message else ""))
+    if verdict is not None and not verdict.admissible and trainjob.state is not State.RUNNING:
+        parts.append(verdict.detail())
+    return Cause("NotManaged", "; ".join(parts))
+
+
 def explain(
     trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
 ) -> Cause:
     """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
     state = trainjob.state
+    if not trainjob.labelled:
+        return unmanaged_cause(trainjob, verdict, check)
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"
