@@ -10,8 +10,10 @@ keeps the history the checker reads: no two admission numbers of one object may 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -23,6 +25,7 @@ from .._names import (
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
 )
+from ._rbac import Binding, Policy
 from ._server import ApiFailure, FakeApiServer
 
 Obj = dict[str, Any]
@@ -122,8 +125,11 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ wiring
 
-    def transport(self) -> httpx2.MockTransport:
-        return self.server.transport()
+    def transport(self, role: str | None = None, *, roles: Iterable[str | Binding] = (), user: str | None = None,
+                  rbac: str | Path | Policy | None = None) -> httpx2.MockTransport:
+        """A transport to the cluster's API; with ``role``/``roles``, limited to those shipped roles
+        (see ``FakeApiServer.transport``)."""
+        return self.server.transport(role, roles=roles, user=user, rbac=rbac)
 
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""

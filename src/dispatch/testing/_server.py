@@ -21,12 +21,14 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import httpx2
 
 from .._api import ALL, Res
+from ._rbac import Attributes, Binding, Forbidden, Identity, Policy, shipped_policy
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
@@ -257,6 +259,8 @@ class FakeApiServer:
         self._kinds = {(kd.group, kd.plural): kd for kd in KINDS}
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.denied: list[tuple[str, str, str]] = []
+        """(user, method, path) of each request a role-bound transport was refused (403)."""
         self.bytes_sent = 0
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.compacted_below = 0
@@ -267,9 +271,24 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ plumbing
 
-    def transport(self) -> httpx2.MockTransport:
-        """The transport to hand to ``Adapter.connect(transport=...)``."""
-        return httpx2.MockTransport(self.handle)
+    def transport(self, role: str | None = None, *, roles: Iterable[str | Binding] = (), user: str | None = None,
+                  rbac: str | Path | Policy | None = None) -> httpx2.MockTransport:
+        """The transport to hand to ``Adapter.connect(transport=...)``.
+
+        With ``role`` or ``roles`` its requests are authorized as a user holding those roles of the shipped
+        RBAC (``deploy/base/rbac.yaml``, or ``rbac``: a path, YAML text or ``Policy``) and denied with the
+        real 403; without, they are unrestricted (the test acts as the cluster's admin).
+        """
+        wanted = ([role] if role is not None else []) + list(roles)
+        if not wanted:
+            return httpx2.MockTransport(self.handle)
+        policy = rbac if isinstance(rbac, Policy) else (shipped_policy() if rbac is None else Policy.load(rbac))
+        identity = policy.identity(wanted, user=user)
+
+        async def handle(request: httpx2.Request) -> httpx2.Response:
+            return await self.handle(request, identity)
+
+        return httpx2.MockTransport(handle)
 
     def kind(self, group: str, plural: str) -> Kind:
         try:
@@ -657,7 +676,7 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ HTTP
 
-    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle(self, request: httpx2.Request, identity: Identity | None = None) -> httpx2.Response:
         method = request.method
         path = request.url.path
         await asyncio.sleep(0)  # a scheduling point, so concurrent clients interleave per request
@@ -674,12 +693,23 @@ class FakeApiServer:
         if fault is not None and not fault.after:
             return self._fail(fault, request)
         try:
+            if identity is not None:
+                identity.authorize(method, path, params, request.headers.get("content-type", ""), self._exists)
             response = await self._dispatch(method, path, params, request)
         except ApiFailure as exc:
             response = self._json(exc.code, exc.body())
+        except Forbidden as exc:
+            with self._lock:
+                self.denied.append((identity.user if identity else "", method, path))
+            response = self._json(403, exc.body)
         if fault is not None:
             return self._fail(fault, request)
         return response
+
+    def _exists(self, a: Attributes) -> bool:
+        kind = self._kinds.get((a.group, a.resource))
+        return kind is not None and self.get(a.group, a.resource, a.namespace if kind.namespaced else "",
+                                             a.name) is not None
 
     def _fail(self, fault: Fault, request: httpx2.Request) -> httpx2.Response:
         if fault.status == "timeout":
