@@ -57,18 +57,22 @@ Admission = Callable[[str, Obj | None, Obj], str | None]
 class ApiFailure(Exception):
     """Internal: becomes a Status response."""
 
-    def __init__(self, code: int, reason: str, message: str, causes: Iterable[Obj] = ()) -> None:
+    def __init__(self, code: int, reason: str, message: str, causes: Iterable[Obj] = (),
+                 details: Obj | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.causes = list(causes)
+        self.details = dict(details or {})
 
     def body(self) -> Obj:
         out: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": self.message, "reason": self.reason, "code": self.code}
-        if self.causes:
-            out["details"] = {"causes": self.causes}
+                    "message": self.message, "code": self.code}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.causes or self.details:
+            out["details"] = {**self.details, **({"causes": self.causes} if self.causes else {})}
         return out
 
 @dataclass
@@ -389,8 +393,9 @@ class FakeApiServer:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now_text(self.clock())
             meta["generation"] = 1
-            meta["resourceVersion"] = str(self._bump())
             meta.pop("deletionTimestamp", None)
+            check_size(kind, key, body)
+            meta["resourceVersion"] = str(self._bump())
             self._objects[key] = body
             self._record("ADDED", key, body)
             return copy.deepcopy(body)
@@ -404,6 +409,7 @@ class FakeApiServer:
                 raise ApiFailure(409, "AlreadyExists", f'{kind.plural} "{name}" already exists')
             body = copy.deepcopy(obj)
             self._validate(kind, "CREATE", None, body)
+            check_size(kind, key, body, stored=False)
             prune = self.prune.get(kind.plural)
             return prune(body) if prune else body
 
@@ -480,9 +486,11 @@ class FakeApiServer:
             self._validate(kind, "UPDATE", current, new)
         if new.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
-        meta["resourceVersion"] = str(self._bump())
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            meta["resourceVersion"] = str(self._bump())
             return self._remove(key, new)
+        check_size(kind, key, new)
+        meta["resourceVersion"] = str(self._bump())
         self._objects[key] = new
         self._record("MODIFIED", key, new)
         return copy.deepcopy(new)
@@ -869,6 +877,38 @@ class FakeApiServer:
             for key in list(self._versions):
                 obj = self._objects.get(key)
                 self._versions[key] = [(int(obj["metadata"]["resourceVersion"]), copy.deepcopy(obj))] if obj else []
+
+CONFIGMAP_DATA_LIMIT = 1024 * 1024
+"""ConfigMap ``data`` values plus decoded ``binaryData`` (keys are not counted), as core validation counts."""
+ETCD_REQUEST_LIMIT = 1536 * 1024
+"""etcd's default ``--max-request-bytes``: a write whose request is larger fails with "request is too large"."""
+ETCD_REQUEST_OVERHEAD = 0
+"""Bytes an etcd write request adds to the stored object and its key (calibrated on the real testbed)."""
+
+
+def check_size(kind: Kind, key: Key, obj: Obj, *, stored: bool = True) -> None:
+    """Refuse what the real API server refuses for size: a ConfigMap over 1 MiB of data (422, by validation),
+    and any write whose etcd request would exceed etcd's request limit (500, from etcd)."""
+    if kind.group == "" and kind.plural == "configmaps":
+        total = sum(len(str(v).encode()) for v in (obj.get("data") or {}).values())
+        for value in (obj.get("binaryData") or {}).values():
+            try:
+                total += len(base64.b64decode(str(value), validate=True))
+            except ValueError:
+                total += len(str(value))
+        if total > CONFIGMAP_DATA_LIMIT:
+            name = (obj.get("metadata") or {}).get("name", "")
+            message = f"Too long: may not be more than {CONFIGMAP_DATA_LIMIT} bytes"
+            raise ApiFailure(422, "Invalid", f'ConfigMap "{name}" is invalid: []: {message}',
+                             [{"reason": "FieldValueTooLong", "message": message, "field": "[]"}],
+                             details={"name": name, "kind": "ConfigMap"})
+    if stored:
+        storage_key = f"/registry/{kind.group + '/' if kind.group else ''}{kind.plural}/" + (
+            f"{key[2]}/{key[3]}" if key[2] else key[3])
+        size = len(json.dumps(obj, separators=(",", ":")).encode()) + len(storage_key) + ETCD_REQUEST_OVERHEAD
+        if size > ETCD_REQUEST_LIMIT:
+            raise ApiFailure(500, "", "etcdserver: request is too large")
+
 
 def _strip_identity(config: Obj) -> Obj:
     out = copy.deepcopy(config)
