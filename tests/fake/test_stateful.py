@@ -24,6 +24,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec
 from dispatch.testing import FakeCluster
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""Writers hold exactly the shipped writer role."""
 OBJECTS = ("a-s1", "b-s1")
 NODES = ("node-0", "node-1", "node-2")
 EXAMPLES = int(os.environ.get("DISPATCH_STATEFUL_EXAMPLES", "1000" if os.environ.get("CI") else "150"))
@@ -46,7 +48,7 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         self.cluster.add_runtime()
         for node in NODES:
             self.cluster.add_node(node)
-        self.adapter = Adapter.connect("default", transport=self.cluster.transport())
+        self.adapter = Adapter.connect("default", transport=self.cluster.transport(roles=WRITER))
         self.tainted: set[str] = set()
         self.admissions: dict[str, list[int]] = {o: [] for o in OBJECTS}
         for name in OBJECTS:
@@ -100,8 +102,8 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         """Two writers release the same object at once; the resourceVersion preconditions fence them."""
 
         async def both() -> list[object]:
-            one = AsyncAdapter.connect("default", transport=self.cluster.transport())
-            two = AsyncAdapter.connect("default", transport=self.cluster.transport())
+            one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             try:
                 return list(await asyncio.gather(one.release(name), two.release(name), return_exceptions=True))
             finally:
@@ -221,6 +223,11 @@ class NeverTwoExecutions(RuleBasedStateMachine):
     def no_two_executions_overlap(self) -> None:
         if hasattr(self, "cluster"):
             self.cluster.history.check()
+
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
 
 
 NeverTwoExecutions.TestCase.settings = settings(
