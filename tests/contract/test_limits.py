@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import base64
+import re
 from typing import Any
 
 import pytest
@@ -80,3 +81,40 @@ async def test_growing_an_object_past_the_etcd_limit_fails_and_keeps_it_as_it_wa
         await api.merge_patch(k.CONFIGMAPS, "ledger", {"data": more})
     assert err.value.code == 500 and "etcdserver: request is too large" in str(err.value)
     assert len((await api.get(k.CONFIGMAPS, "ledger"))["data"]) == 20_000
+
+
+async def test_the_etcd_limit_falls_on_the_same_object(api: k.Kube) -> None:
+    """The last ConfigMap of 63-character keys that fits, and the first that does not (about 1.5 MiB)."""
+    await api.create(k.CONFIGMAPS, configmap("edge", keys_only(22_466)))
+    with pytest.raises(Unreachable) as err:
+        await api.create(k.CONFIGMAPS, configmap("edgf", keys_only(22_467)))
+    assert err.value.code == 500 and "etcdserver: request is too large" in str(err.value)
+
+
+async def test_past_two_mebibytes_the_api_servers_etcd_client_refuses_to_send(api: k.Kube) -> None:
+    with pytest.raises(Unreachable) as err:
+        await api.create(k.CONFIGMAPS, configmap("huger", keys_only(36_000)))
+    assert err.value.code == 500 and err.value.reason == ""
+    assert re.search(r"rpc error: code = ResourceExhausted desc = trying to send message larger than max "
+                     r"\(25\d{5} vs\. 2097152\)", str(err.value)), str(err.value)
+
+
+async def test_a_request_body_over_three_mebibytes_is_too_large(api: k.Kube) -> None:
+    with pytest.raises(Refused) as err:
+        await api.create(k.CONFIGMAPS, configmap("body", keys_only(47_000)))
+    assert err.value.code == 413 and err.value.reason == "RequestEntityTooLarge"
+    assert "Request entity too large: limit is 3145728" in str(err.value)
+
+
+async def test_annotations_over_256_kib_are_invalid(api: k.Kube) -> None:
+    fits = configmap("notes", {})
+    fits["metadata"]["annotations"] = {"a": "x" * (256 * 1024 - 1)}
+    await api.create(k.CONFIGMAPS, fits)
+    with pytest.raises(Refused) as err:
+        await api.merge_patch(k.CONFIGMAPS, "notes", {"metadata": {"annotations": {"b": "y"}}})
+    message = "Too long: may not be more than 262144 bytes"
+    assert err.value.code == 422 and f'ConfigMap "notes" is invalid: metadata.annotations: {message}' in str(err.value)
+    # the real server repeats this cause on an update (four times on v1.35); the fake gives it once
+    assert {(c.field, c.reason, c.message) for c in err.value.causes} == {
+        ("metadata.annotations", "FieldValueTooLong", message)}
+    assert "b" not in ((await api.get(k.CONFIGMAPS, "notes"))["metadata"].get("annotations") or {})
