@@ -180,3 +180,15 @@ async def test_an_apply_that_would_create_needs_create(roles: Roles) -> None:
     assert message.endswith(
         f': trainjobs.trainer.kubeflow.org "made-by-apply" is forbidden: User "{roles.user("controller")}" cannot '
         f'create resource "trainjobs" in API group "trainer.kubeflow.org" in the namespace "{roles.namespace}"')
+
+
+async def test_a_list_with_watch_is_the_watch_verb(roles: Roles) -> None:
+    async def watch() -> None:
+        async for _ in roles.writer.watch(k.JOBSETS, resource_version="0", timeout_seconds=1):
+            pass
+
+    await roles.writer.list(k.JOBSETS)  # list is granted, watch is not
+    message = await denial(watch)
+    assert message.endswith(
+        f': jobsets.jobset.x-k8s.io is forbidden: User "{roles.user("writer")}" cannot watch resource "jobsets" '
+        f'in API group "jobset.x-k8s.io" in the namespace "{roles.namespace}"')
