@@ -192,3 +192,13 @@ async def test_a_list_with_watch_is_the_watch_verb(roles: Roles) -> None:
     assert message.endswith(
         f': jobsets.jobset.x-k8s.io is forbidden: User "{roles.user("writer")}" cannot watch resource "jobsets" '
         f'in API group "jobset.x-k8s.io" in the namespace "{roles.namespace}"')
+
+
+async def test_a_non_resource_path_is_denied_by_path_and_discovery_is_open_to_everyone(roles: Roles) -> None:
+    client = roles.writer._client  # the client's own HTTP session: the same TLS and token as every call
+    response = await client.get("/metrics")
+    assert response.status_code == 403
+    assert response.json()["message"] == f'forbidden: User "{roles.user("writer")}" cannot get path "/metrics"'
+    assert response.json()["reason"] == "Forbidden"
+    for path in ("/api", "/apis/batch/v1", "/version"):
+        assert (await client.get(path)).status_code != 403, path

@@ -97,8 +97,10 @@ async def test_a_denial_is_the_real_forbidden_status() -> None:
         r = await http.patch("/apis/kueue.x-k8s.io/v1beta2/namespaces/default/workloads/w", content=b"{}",
                              headers={"Content-Type": "application/merge-patch+json"})
         assert r.status_code == 403  # the controller may patch only workloads/status
-        r = await http.get("/version")
-        assert r.json()["message"] == f'forbidden: User "{CONTROLLER}" cannot get path "/version"'
+        r = await http.get("/metrics")
+        assert r.json()["message"] == f'forbidden: User "{CONTROLLER}" cannot get path "/metrics"'
+        r = await http.get("/apis/batch/v1")  # discovery: every authenticated user may (bootstrap roles)
+        assert r.status_code != 403
     assert server.objects("trainer.kubeflow.org", "trainjobs") == []
 
 

@@ -282,6 +282,17 @@ def _subject_user(subject: Any, binding_ns: str | None, where: str) -> str:
     raise RbacError(f"{where}: unknown subject kind {kind!r}")
 
 
+_DISCOVERY = ("/api", "/api/*", "/apis", "/apis/*", "/healthz", "/livez", "/openapi", "/openapi/*", "/readyz",
+              "/version", "/version/")
+DEFAULT_RULES: tuple[Rule, ...] = (
+    Rule(frozenset({"get"}), non_resource_urls=frozenset(_DISCOVERY)),  # system:discovery, public-info-viewer
+    Rule(frozenset({"create"}), frozenset({"authorization.k8s.io"}),  # system:basic-user
+         frozenset({"selfsubjectaccessreviews", "selfsubjectrulesreviews"})),
+    Rule(frozenset({"create"}), frozenset({"authentication.k8s.io"}), frozenset({"selfsubjectreviews"})),
+)
+"""What the API server's bootstrap roles grant every authenticated user, whatever dispatch's roles say."""
+
+
 @dataclass(frozen=True)
 class Identity:
     """A user and the roles bound to it: decides each request as the RBAC authorizer would."""
@@ -291,6 +302,8 @@ class Identity:
     policy: Policy = field(repr=False)
 
     def allows(self, a: Attributes) -> bool:
+        if any(rule.allows(a) for rule in DEFAULT_RULES):
+            return True
         for b in self.bindings:
             if b.namespace is not None and (not a.resource_request or a.namespace != b.namespace):
                 continue  # a RoleBinding grants only inside its namespace, never cluster-scoped requests
