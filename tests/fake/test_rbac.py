@@ -12,7 +12,7 @@ import httpx2
 import pytest
 import yaml
 
-from dispatch import Adapter, AsyncAdapter, Forbidden, JobSpec, State
+from dispatch import Adapter, AsyncAdapter, Forbidden, JobSpec, NotFound, State
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
 from dispatch.controller.testing import FakeKueue
@@ -393,3 +393,20 @@ async def test_a_writer_can_create_a_submission_record_but_not_delete_it() -> No
     finally:
         await kube.aclose()
     assert server.get("dispatch.phpboyscout.uk", "submissionrecords", "default", "llama.s1") is not None
+
+
+def test_the_reader_may_read_logs(cluster: FakeCluster, adapter: Adapter) -> None:
+    """``pods/log`` is its own resource: the reader holds it, the controller does not."""
+    adapter.open(JobSpec(job_id="llama", submission="s1"), hold=False)
+    cluster.settle()
+    reader = Adapter.connect("default", transport=cluster.transport(roles=READER_ROLES), read_only=True)
+    controller = Adapter.connect("default", transport=cluster.transport("dispatch-controller"), read_only=True)
+    try:
+        with pytest.raises(NotFound):  # authorized; this fake serves no log subresource
+            list(reader.logs("llama-s1"))
+        assert cluster.server.denied == []
+        with pytest.raises(Forbidden, match='cannot get resource "pods/log"'):
+            list(controller.logs("llama-s1"))
+    finally:
+        reader.shutdown()
+        controller.shutdown()
