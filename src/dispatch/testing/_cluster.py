@@ -274,8 +274,9 @@ class FakeCluster:
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
             job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
             admission=_number(adm) if adm is not None else None, started=self.history.tick(),
-            rank=f"{labels.get('batch.kubernetes.io/job-name', '')}#"
-                 f"{labels.get('batch.kubernetes.io/job-completion-index', '')}",
+            rank=(f"{labels['batch.kubernetes.io/job-name']}#"
+                  f"{labels.get('batch.kubernetes.io/job-completion-index', '')}"
+                  if labels.get("batch.kubernetes.io/job-name") else ""),
             trainjob_uid=tj_uid, run=run,
             reported=self._reported.get((tj_uid, run)) if run is not None else None,
         )
