@@ -202,3 +202,88 @@ async def test_a_non_resource_path_is_denied_by_path_and_discovery_is_open_to_ev
     assert response.json()["reason"] == "Forbidden"
     for path in ("/api", "/apis/batch/v1", "/version"):
         assert (await client.get(path)).status_code != 403, path
+
+
+# (group, version, resource, namespaced, subresource)
+RESOURCES = [
+    ("trainer.kubeflow.org", "v1alpha1", "trainjobs", True, ""),
+    ("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", True, ""),
+    ("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", False, ""),
+    ("jobset.x-k8s.io", "v1alpha2", "jobsets", True, ""),
+    ("batch", "v1", "jobs", True, ""),
+    ("", "v1", "pods", True, ""),
+    ("", "v1", "pods", True, "log"),
+    ("", "v1", "nodes", False, ""),
+    ("", "v1", "configmaps", True, ""),
+    ("", "v1", "events", True, ""),
+    ("", "v1", "secrets", True, ""),
+    ("coordination.k8s.io", "v1", "leases", True, ""),
+    ("kueue.x-k8s.io", "v1beta2", "workloads", True, ""),
+    ("kueue.x-k8s.io", "v1beta2", "workloads", True, "status"),
+    ("kueue.x-k8s.io", "v1beta2", "admissionchecks", False, ""),
+    ("kueue.x-k8s.io", "v1beta2", "admissionchecks", False, "status"),
+]
+
+
+def _requests(ns: str) -> list[tuple[str, str, dict[str, str]]]:
+    """Requests that change nothing whatever the answer: reads, and writes to names that do not exist
+    (a create is a dry run)."""
+    out: list[tuple[str, str, dict[str, str]]] = []
+    for group, version, resource, namespaced, sub in RESOURCES:
+        base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        coll = f"{base}/namespaces/{ns}/{resource}" if namespaced else f"{base}/{resource}"
+        for name in ("absent-x", "dispatch-admissions", "dispatch-admission-controller"):
+            item = f"{coll}/{name}" + (f"/{sub}" if sub else "")
+            out += [("GET", item, {}), ("PATCH", item, {}), ("DELETE", item, {})] if not sub or sub != "log" else [
+                ("GET", item, {})]
+        if not sub:
+            out += [("GET", coll, {}), ("GET", coll, {"watch": "true", "timeoutSeconds": "1"}),
+                    ("POST", coll, {"dryRun": "All"})]
+    return out
+
+
+@pytest.mark.testbed
+async def test_the_fake_decides_every_request_as_the_real_server_does(
+    testbed_kubeconfig: str, tmp_path: Path
+) -> None:
+    """Each request both roles could send, against the real server's authorizer and the fake's."""
+    from dispatch.testing import Policy
+
+    ns = f"contract-{uuid.uuid4().hex[:8]}"
+    admin = k.Kube.connect(namespace=ns, kubeconfig=testbed_kubeconfig)
+    await admin.create(k.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    cleanup, paths = await _bind_real(admin, ns, testbed_kubeconfig, tmp_path)
+    policy = Policy.load()
+    who = {"writer": policy.identity([Binding("dispatch-writer", ns), "dispatch-node-reader"],
+                                     user=f"system:serviceaccount:{ns}:writer"),
+           "controller": policy.identity([Binding("dispatch-controller")],
+                                         user=f"system:serviceaccount:{ns}:controller")}
+    from dispatch.testing._rbac import request_attributes
+
+    wrong: list[tuple[str, str, str, dict[str, str], int]] = []
+    checked = 0
+    try:
+        for sa, identity in who.items():
+            kube = k.Kube.connect(namespace=ns, kubeconfig=paths[sa])
+            try:
+                for method, path, params in _requests(ns):
+                    content = b"{}"
+                    headers = {"Content-Type": "application/merge-patch+json"} if method == "PATCH" else {
+                        "Content-Type": "application/json"}
+                    if method == "POST":
+                        content = b'{"metadata": {"name": "dry-run-only"}}'
+                    response = await kube._client.request(method, path, params=params, content=content
+                                                          if method in ("POST", "PATCH", "DELETE") else None,
+                                                          headers=headers)
+                    fake_allows = identity.allows(request_attributes(method, path, params))
+                    checked += 1
+                    if (response.status_code == 403) == fake_allows:
+                        wrong.append((sa, method, path, params, response.status_code))
+            finally:
+                await kube.aclose()
+    finally:
+        for name in cleanup:
+            await admin.delete(CLUSTER_ROLE_BINDINGS, name)
+        await admin.delete(k.NAMESPACES, ns)
+        await admin.aclose()
+    assert wrong == [] and checked > 300, (checked, wrong)
