@@ -166,13 +166,13 @@ async def test_a_subresource_is_its_own_resource(roles: Roles) -> None:
         f'"workloads/status" in API group "kueue.x-k8s.io" in the namespace "{roles.namespace}"')
 
 
-async def test_a_role_binding_never_grants_a_cluster_scoped_resource(roles: Roles) -> None:
-    """The writer's rule on clustertrainingruntimes is inert under the RoleBinding it is documented with."""
-    message = await denial(lambda: roles.writer.get(k.CLUSTER_RUNTIMES, "torch-distributed"))
-    assert message.endswith(
-        f': clustertrainingruntimes.trainer.kubeflow.org "torch-distributed" is forbidden: User '
-        f'"{roles.user("writer")}" cannot get resource "clustertrainingruntimes" in API group '
-        '"trainer.kubeflow.org" at the cluster scope')
+async def test_the_cluster_scoped_runtime_read_comes_from_the_cluster_wide_binding(roles: Roles) -> None:
+    """A RoleBinding never grants cluster-scoped kinds, so open's read of a ClusterTrainingRuntime is granted
+    by dispatch-node-reader, bound cluster-wide next to the writer's RoleBinding (found by this contract)."""
+    try:
+        await roles.writer.get(k.CLUSTER_RUNTIMES, "torch-distributed")
+    except NotFound:
+        pass  # allowed: the fake serves no runtime here; the real testbed does
 
 
 async def test_an_apply_that_would_create_needs_create(roles: Roles) -> None:
