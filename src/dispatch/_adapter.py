@@ -169,7 +169,7 @@ class AsyncAdapter:
         nodes = await self._all_nodes(pods)
         workloads: dict[str, kq.WorkloadView] = {}
         ours: set[str] | None = None
-        if any(t.queue for t in idle):
+        if idle:  # Kueue may manage an object without the queue-name label: its Workload says so
             ours = await self.core.our_checks()
             for w in await self._list_or_empty(k.WORKLOADS):
                 uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
@@ -182,8 +182,9 @@ class AsyncAdapter:
                 continue
             verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=pods, nodes=nodes,
                                jobset=jobsets.get(t.name), jobs=jobs)
-            wl = workloads.get(t.ref.uid) if t.queue else None
-            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl)))
+            wl = workloads.get(t.ref.uid)
+            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
+                                    kueue=wl is not None or bool(t.queue)))
         return sorted(out, key=lambda s: s.name)
 
     async def _list_or_empty(self, res: k.Res, labels: str | None = None) -> list[dict[str, object]]:

@@ -143,6 +143,31 @@ def test_the_same_open_again_resumes_its_claim(adapter: Adapter, cluster: FakeCl
     assert adapter.open(SPEC).name == NAME
 
 
+def test_a_trainjob_deleted_behind_dispatchs_back_can_be_opened_again_and_goes_on_counting(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC, hold=False)
+    cluster.server.delete("trainer.kubeflow.org", "trainjobs", NS, NAME)   # kubectl delete, not dispatch close
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    adapter.open(SPEC)
+    assert adapter.release(NAME).admission == 2
+
+
+def test_a_hand_edited_holder_does_not_let_a_second_object_claim_a_held_submission(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.update(n.DOMAIN, "submissionrecords", NS, RECORD,
+                          lambda o: o["spec"]["trainJob"].update(name="nobody", uid=""))
+    with pytest.raises(Refused, match="already exists as trainjob llama-s1"):
+        adapter.open(JobSpec(job_id="llama", submission="s1", name="second"))
+    cluster.server.delete(n.DOMAIN, "submissionrecords", NS, RECORD)
+    with pytest.raises(Refused, match="already exists as trainjob llama-s1"):
+        adapter.open(JobSpec(job_id="llama", submission="s1", name="third"))
+
+
 # ---------------------------------------------------------------- A rises exactly once per admission
 
 
