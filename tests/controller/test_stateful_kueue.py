@@ -67,7 +67,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         self.stale: dict[str, dict[str, Any]] = {}
 
         async def open_all() -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport(
+                roles=("dispatch-writer", "dispatch-node-reader")))
             try:
                 for name in OBJECTS:
                     await AsyncAdapter(kube).open(spec(name))
@@ -85,7 +86,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         """Run one reconciler per plan at once (replicas): (Workload names, hints, dies mid-admission)."""
 
         async def one(names: list[str], hints: str, dies: bool) -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
             metrics = Metrics.create()
             rec = Reconciler(kube, check_names=lambda: {"dispatch"}, metrics=metrics,
                              events=EventRecorder(kube, metrics, instance="fuzz"))
@@ -225,6 +226,11 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         if hasattr(self, "cluster"):
             self.cluster.history.check()
 
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
+
 
 NeverTwoExecutionsUnderKueue.TestCase.settings = settings(
     max_examples=EXAMPLES,
@@ -264,13 +270,16 @@ def _step(rng: random.Random, sm: NeverTwoExecutionsUnderKueue) -> Callable[[], 
     return sm.cache_goes_stale
 
 
+WALKS = 150
+
+
 def test_seeded_random_walks_reach_re_admission_after_waiting_and_never_overlap() -> None:
     """Hypothesis favours short, shrinkable schedules; these fixed-seed walks are long enough to reach
     preemption, waiting on Terminating pods and re-admission many times, so the invariant is checked
     on exactly the schedules that matter (and the test fails if they stop being reached)."""
     SEEN.clear()
     rng = random.Random(int(os.environ.get("DISPATCH_WALK_SEED", "20261130")))
-    for _ in range(100):
+    for _ in range(WALKS):
         sm = NeverTwoExecutionsUnderKueue()
         sm.setup()
         try:
