@@ -428,6 +428,19 @@ def controller(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", min=0, help="Port of /healthz, /readyz and /metrics (0: any free).")
     ] = 8080,
+    metrics_bind_address: Annotated[
+        str | None,
+        typer.Option("--metrics-bind-address", metavar="HOST:PORT",
+                     help="Serve /metrics on a listener of its own (127.0.0.1:PORT keeps it on the host)."),
+    ] = None,
+    metrics_secure: Annotated[
+        bool, typer.Option("--metrics-secure", help="HTTPS on --metrics-bind-address, for callers the API server "
+                                                    "authenticates and authorizes for get /metrics.")
+    ] = False,
+    metrics_cert_dir: Annotated[
+        str | None, typer.Option("--metrics-cert-dir", help="tls.crt and tls.key of secure metrics "
+                                                            "(default: self-signed).")
+    ] = None,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
     ] = True,
@@ -490,6 +503,9 @@ def controller(
             context=s.context,
             namespace=namespace or s.namespace,
             metrics_port=metrics_port,
+            metrics_bind_address=metrics_bind_address,
+            metrics_secure=metrics_secure,
+            metrics_cert_dir=metrics_cert_dir,
             leader_elect=leader_elect,
             lease_namespace=lease_namespace,
             lease_name=lease_name,

@@ -24,7 +24,7 @@ from .. import _kube as k
 from .. import _names as n
 from ..errors import DispatchError, Forbidden, Refused, Unreachable
 from ._events import EventRecorder
-from ._http import serve
+from ._http import MetricsServing, serve, serve_metrics
 from ._leader import LeaderElector
 from ._metrics import Metrics
 from ._queue import WorkQueue
@@ -77,6 +77,8 @@ class Config:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     """None serves no HTTP; 0 picks a free port (tests)."""
+    metrics_serving: MetricsServing | None = None
+    """/metrics on a listener of its own (localhost, or HTTPS with TokenReview/SubjectAccessReview)."""
     foreign: ForeignPolicy = "ready"
     events: bool = True
     field_manager: str = n.FIELD_MANAGER
@@ -187,6 +189,7 @@ class Controller:
         self.leading = asyncio.Event()
         self._checks_dirty = asyncio.Event()
         self.http_port: int | None = None
+        self.metrics_port: int | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.reconciler = Reconciler(
@@ -561,9 +564,15 @@ class Controller:
         server: asyncio.Server | None = None
         if self.config.metrics_port is not None:
             server = await serve(self.config.metrics_host, self.config.metrics_port, healthz=self.healthz,
-                                 readyz=self.readyz, registry=self.metrics.registry)
+                                 readyz=self.readyz, registry=self.metrics.registry,
+                                 metrics=self.config.metrics_serving is None)
             sock = server.sockets[0] if server.sockets else None
             self.http_port = int(sock.getsockname()[1]) if sock is not None else None
+        metrics_server: asyncio.Server | None = None
+        if self.config.metrics_serving is not None:
+            metrics_server = await serve_metrics(self.config.metrics_serving, registry=self.metrics.registry,
+                                                 kube=self.kube)
+            self.metrics_port = int(metrics_server.sockets[0].getsockname()[1]) if metrics_server.sockets else None
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
@@ -595,7 +604,8 @@ class Controller:
             if self.elector is not None:
                 await self.elector.release()
             self._leadership(False)
-            if server is not None:
-                server.close()
-                await server.wait_closed()
+            for srv in (server, metrics_server):
+                if srv is not None:
+                    srv.close()
+                    await srv.wait_closed()
             log.info("controller stopped", identity=self.identity)
