@@ -342,6 +342,10 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("writer", "delete", "", "configmaps", "", False),
     ("controller", "create", "", "configmaps", "", True),
     ("controller", "delete", "", "configmaps", "", False),
+    ("controller", "create", "authentication.k8s.io", "tokenreviews", "", True),
+    ("controller", "create", "authorization.k8s.io", "subjectaccessreviews", "", True),
+    ("reader", "create", "authentication.k8s.io", "tokenreviews", "", False),
+    ("writer", "create", "authorization.k8s.io", "subjectaccessreviews", "", False),
 ]
 
 
