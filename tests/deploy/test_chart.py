@@ -171,3 +171,18 @@ def test_the_api_server_accepts_what_the_chart_renders(
                          capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
     assert got.stdout.count("(server dry run)") == len(_docs(text)), got.stdout
+
+
+def test_the_monitoring_extras_render_with_kustomize(tools: tuple[Path, Path]) -> None:
+    _, kubectl = tools
+    docs = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "monitoring")], capture_output=True,
+                                text=True, check=True).stdout)
+    assert sorted((d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs) == [
+        ("ConfigMap", NAMESPACE, "dispatch-grafana-dashboard"), ("PrometheusRule", NAMESPACE, "dispatch-controller"),
+        ("ServiceMonitor", NAMESPACE, "dispatch-controller")]
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert json.loads(cm["data"]["dispatch-dashboard.json"])["uid"] == "dispatch-admission"
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    [svc] = [d for d in kustomized(tools) if d["kind"] == "Service"]
+    assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
