@@ -89,3 +89,25 @@ def pods_summary(cluster: FakeCluster, name: str = NAME) -> list[tuple[str, str,
     return [(p["metadata"]["name"], p["status"]["phase"],
              p["metadata"]["labels"].get("dispatch.phpboyscout.uk/admission"),
              bool(p["metadata"].get("deletionTimestamp"))) for p in cluster.pods(name)]
+
+
+# ------------------------------------------------------------------ the controller's image on the testbed
+
+
+@pytest.fixture(scope="session")
+def controller_image() -> str:
+    """The image built from this tree by scripts/build-image (layers cached; the base made once)."""
+    from dispatch.testbed import _container
+
+    why = _container.podman_missing()
+    if why:
+        pytest.skip(f"the controller's image needs podman: {why}")
+    return _container.build_image()
+
+
+@pytest.fixture(scope="session")
+def shipped(testbed_kubeconfig: str, controller_image: str) -> str:
+    """deploy/ applied to the testbed (server-side), so the image runs under the shipped roles only."""
+    from dispatch.testbed import _container
+
+    return _container.apply_deploy()

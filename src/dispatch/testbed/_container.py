@@ -75,12 +75,13 @@ def api_port() -> int:
     return mf.PORTS["apiserver"]
 
 
-def certificate_covers(host: str = API_HOST, port: int | None = None) -> bool:
-    """Whether the API server's certificate verifies against the cluster CA for ``host`` (an IP or a name)."""
+def certificate_covers(host: str = API_HOST, port: int | None = None, server_name: str | None = None) -> bool:
+    """Whether the API server's certificate, reached at ``host``, verifies against the cluster CA for
+    ``server_name`` (default ``host`` itself: an IP must be among its IP SANs, a name among its DNS SANs)."""
     ctx = ssl.create_default_context(cafile=str(_paths.runtime_dir() / "pki" / "ca.crt"))
     try:
         with socket.create_connection((host, port or api_port()), timeout=5) as raw, \
-                ctx.wrap_socket(raw, server_hostname=host):
+                ctx.wrap_socket(raw, server_hostname=server_name or host):
             return True
     except ssl.SSLCertVerificationError:
         return False
