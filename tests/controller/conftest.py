@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -100,7 +101,7 @@ def controller_image() -> str:
     from dispatch.testbed import _container
 
     why = _container.podman_missing()
-    if why:
+    if why and not (os.environ.get("CI") and os.geteuid() == 0):   # in CI, scripts/build-image installs them
         pytest.skip(f"the controller's image needs podman: {why}")
     return _container.build_image()
 
