@@ -166,8 +166,8 @@ def test_the_api_server_accepts_what_the_chart_renders(
     subprocess.run([str(kubectl), "--kubeconfig", testbed_kubeconfig, "create", "namespace", NAMESPACE],
                    capture_output=True, text=True)
     text = render(tools, "createNamespace=true", *sets).stdout
-    got = subprocess.run([str(kubectl), "--kubeconfig", testbed_kubeconfig, "apply", "--dry-run=server",
-                          "--server-side", "--field-manager=dispatch-chart-test", "-f", "-"], input=text,
+    got = subprocess.run([str(kubectl), "--kubeconfig", testbed_kubeconfig, "apply", "--dry-run=server", "-f", "-"],
+                         input=text,
                          capture_output=True, text=True)
     assert got.returncode == 0, got.stderr
     assert got.stdout.count("(server dry run)") == len(_docs(text)), got.stdout
