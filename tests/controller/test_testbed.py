@@ -399,7 +399,8 @@ async def test_each_role_can_do_exactly_what_it_needs(rbac: tuple[k.Kube, str]) 
         assert not await _can(kube, sa, ns, "get", "", "configmaps", name="other")
     for doc in _rbac_docs():
         for rule in doc.get("rules", []):
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            for field in ("verbs", "resources", "apiGroups", "nonResourceURLs"):  # the metrics reader: URLs only
+                assert "*" not in rule.get(field, []), (doc["metadata"]["name"], rule)
 
 
 async def test_the_controller_runs_with_only_its_service_accounts_token(
