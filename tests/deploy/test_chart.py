@@ -186,3 +186,18 @@ def test_the_monitoring_extras_render_with_kustomize(tools: tuple[Path, Path]) -
     [svc] = [d for d in kustomized(tools) if d["kind"] == "Service"]
     assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+def test_the_charts_monitoring_objects_are_deploy_monitorings(tools: tuple[Path, Path]) -> None:
+    for name in ("prometheusrule.yaml", "servicemonitor.yaml", "dispatch-dashboard.json"):
+        assert (CHART / "files" / name).read_text() == (DEPLOY / "monitoring" / name).read_text(), name
+    assert not [d for d in chart(tools) if d["apiVersion"].startswith("monitoring.coreos.com")]  # off by default
+    on = [d for d in chart(tools, "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
+                           "monitoring.dashboard.enabled=true")
+          if d["kind"] in ("ServiceMonitor", "PrometheusRule") or d["metadata"]["name"] == "dispatch-grafana-dashboard"]
+    _, kubectl = tools
+    shipped = by_key(_docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "monitoring")],
+                                          capture_output=True, text=True, check=True).stdout))
+    rendered = by_key(on)
+    assert sorted(rendered) == sorted(shipped)
+    assert {k: without_allowed(v) for k, v in rendered.items()} == shipped
