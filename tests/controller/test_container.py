@@ -20,10 +20,20 @@ from pathlib import Path
 import httpx2
 import pytest
 
+from dispatch import AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.controller import ACTIVE_MESSAGE
 
-from .testbed_harness import free_port, running_testbed_kubeconfig, until
+from .testbed_harness import (
+    container_controller,
+    controller_env,
+    free_port,
+    is_running,
+    pods_of,
+    running_pods,
+    running_testbed_kubeconfig,
+    until,
+)
 
 pytestmark = pytest.mark.testbed
 
@@ -141,3 +151,34 @@ async def test_the_image_as_deployed_turns_the_check_active_and_serves_secure_me
     assert code == 0, text[-3000:]                                    # SIGTERM: a clean stop
     assert "forbidden" not in text.lower(), text[-3000:]
     assert '"controller stopped"' in text
+
+
+TOKEN_REVIEWS = k.Res("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
+
+
+async def test_a_rotated_token_is_read_again_once_the_old_one_is_revoked(admin: k.Kube, tmp_path: Path) -> None:
+    """The kubelet replaces a pod's projected token before it expires; the controller must take the new
+    one. Here the old one is also revoked (its bound Secret deleted), so any request still sending it
+    gets 401: the controller re-reads the file and goes on admitting."""
+    from dispatch.testbed import _container
+
+    path = running_testbed_kubeconfig()
+    assert path is not None
+    log = tmp_path / "controller.log"
+    async with controller_env(path) as (kube, ns, _), container_controller(ns, log=log) as launched:
+        adapter = AsyncAdapter(kube)
+        await adapter.open(JobSpec(job_id="rot", submission="s1", queue="lq"))
+        await until(lambda: is_running(kube, "rot-s1"), timeout=90, what="admitted with the first token")
+        old = await asyncio.to_thread(_container.rotate_token, launched.container)
+
+        async def revoked() -> bool:
+            review = await admin.create(TOKEN_REVIEWS, {"apiVersion": "authentication.k8s.io/v1",
+                                                        "kind": "TokenReview", "spec": {"token": old}})
+            return not (review.get("status") or {}).get("authenticated")
+        await until(revoked, timeout=30, what="the old token revoked")
+        await adapter.open(JobSpec(job_id="rot", submission="s2", queue="lq"))
+        await until(lambda: is_running(kube, "rot-s2"), timeout=90, what="admitted after the rotation")
+        pods = running_pods(await pods_of(kube, "rot-s2"))
+        assert [p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in pods] == ["1"]
+    text = log.read_text()
+    assert "controller failed" not in text, text[-3000:]

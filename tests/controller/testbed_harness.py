@@ -100,6 +100,8 @@ class Launched:
 
     proc: subprocess.Popen[bytes]
     port: int
+    container: str = ""
+    """The container's name (podman), for a launcher that runs the image."""
 
 
 @asynccontextmanager
@@ -137,7 +139,7 @@ async def container_controller(ns: str, *extra: str, kubeconfig_path: Path | Non
     ctr = _container.run(args, log=log)
     try:
         await asyncio.to_thread(_container.wait_ready, port, 90.0, ctr)
-        yield Launched(ctr.proc, port)
+        yield Launched(ctr.proc, port, ctr.name)
     finally:
         await asyncio.to_thread(ctr.stop)
 

@@ -93,10 +93,18 @@ def _kubectl(*args: str, input: str | None = None) -> str:
     return kubectl(*args, input=input, timeout=180).stdout
 
 
-def token(namespace: str = SA_NAMESPACE, name: str = SA_NAME, seconds: int = 24 * 3600) -> str:
-    """A bound ServiceAccount token from the TokenRequest API (what the kubelet projects into a pod)."""
-    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-               "spec": {"expirationSeconds": seconds}}
+def token(namespace: str = SA_NAMESPACE, name: str = SA_NAME, seconds: int = 24 * 3600,
+          bound_secret: str | None = None) -> str:
+    """A ServiceAccount token from the TokenRequest API (what the kubelet projects into a pod).
+
+    ``bound_secret`` binds it to a Secret of that name in ``namespace``: deleting the Secret revokes the
+    token at once, as deleting a pod revokes its pod-bound token.
+    """
+    spec: dict[str, object] = {"expirationSeconds": seconds}
+    if bound_secret is not None:
+        uid = _kubectl("get", "secret", bound_secret, "-n", namespace, "-o", "jsonpath={.metadata.uid}").strip()
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Secret", "name": bound_secret, "uid": uid}
+    request = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
     out = _kubectl("create", "--raw", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
                    "-f", "-", input=json.dumps(request))
     return str(json.loads(out)["status"]["token"])
@@ -135,7 +143,7 @@ class Container:
             self.proc.kill()
             code = self.proc.wait(10)
         subprocess.run([*PODMAN, "rm", "--force", "--ignore", self.name], check=False, capture_output=True)
-        shutil.rmtree(self.secrets, ignore_errors=True)
+        _forget(self.name)
         if self.log is not None:
             self.log.close()
         return code
@@ -155,7 +163,10 @@ def podman_argv(args: list[str] | None, *, image: str | None, name: str, namespa
     image = image or default_image()
     secrets = secrets_dir(name) / "serviceaccount"
     secrets.mkdir(parents=True, exist_ok=True)
-    (secrets / "token").write_text(token(namespace, service_account))
+    anchor = f"{name}-token"       # the token is bound to it; a leftover of an earlier run is replaced
+    _kubectl("delete", "secret", anchor, "-n", namespace, "--ignore-not-found")
+    _kubectl("create", "secret", "generic", anchor, "-n", namespace)
+    (secrets / "token").write_text(token(namespace, service_account, bound_secret=anchor))
     shutil.copyfile(_paths.runtime_dir() / "pki" / "ca.crt", secrets / "ca.crt")
     (secrets / "namespace").write_text(namespace)
     for f in secrets.iterdir():      # what a projected volume gives: readable by the pod's user
@@ -208,8 +219,36 @@ def wait_ready(port: int, timeout: float = 60.0, container: Container | None = N
     raise TimeoutError(f"/readyz on port {port} did not answer 200 within {timeout:.0f}s (last: {last})")
 
 
+def _forget(name: str, namespace: str = SA_NAMESPACE) -> None:
+    """Remove a container's in-cluster files and revoke its tokens (the Secrets they are bound to)."""
+    shutil.rmtree(secrets_dir(name), ignore_errors=True)
+    from dispatch.testbed import kubectl
+
+    kubectl("delete", "secret", "-n", namespace, "--ignore-not-found", "-l", f"dispatch.test/container={name}",
+            check=False)
+    kubectl("delete", "secret", "-n", namespace, "--ignore-not-found", f"{name}-token", check=False)
+
+
+def rotate_token(name: str, namespace: str = SA_NAMESPACE, service_account: str = SA_NAME) -> str:
+    """Give container ``name`` a new token (swapped in atomically, as the kubelet does) and revoke the one
+    it has: its next request with the old one gets 401, so it must re-read the file. Returns the old token."""
+    path = secrets_dir(name) / "serviceaccount" / "token"
+    old = path.read_text()
+    anchor = f"{name}-token-{uuid.uuid4().hex[:6]}"
+    _kubectl("create", "secret", "generic", anchor, "-n", namespace)
+    _kubectl("label", "secret", anchor, "-n", namespace, f"dispatch.test/container={name}")
+    tmp = path.with_name(".token.new")
+    tmp.write_text(token(namespace, service_account, bound_secret=anchor))
+    tmp.chmod(0o644)
+    tmp.replace(path)
+    previous = _kubectl("get", "secret", "-n", namespace, f"{name}-token", "--ignore-not-found", "-o", "name")
+    if previous.strip():
+        _kubectl("delete", "secret", "-n", namespace, f"{name}-token")
+    return old
+
+
 def stop(name: str, timeout: float = 20.0) -> None:
     """Stop a container started with ``--detach`` (SIGTERM first) and remove its in-cluster files."""
     subprocess.run([*PODMAN, "stop", "--time", str(int(timeout)), name], check=False, capture_output=True)
     subprocess.run([*PODMAN, "rm", "--force", "--ignore", name], check=False, capture_output=True)
-    shutil.rmtree(secrets_dir(name), ignore_errors=True)
+    _forget(name)
