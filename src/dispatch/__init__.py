@@ -28,6 +28,8 @@ from .errors import (
     Unreachable,
 )
 
+# The one source of the version: the package metadata (pyproject.toml), `dispatch --version`, the
+# controller's dispatch_build_info gauge and the image label all read it.
 __version__ = "0.1.0"
 
 __all__ = [

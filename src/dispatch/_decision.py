@@ -1,185 +1,43 @@
-"""The rule, as pure functions: no I/O, no clock, no client.
+"""The rule, as pure functions over parsed views: no I/O, no clock, no client.
 
 Nothing re-admits an object while any pod of it may still run. Given what one consistent read saw
 (the TrainJob, its JobSet and child Jobs, the namespace's pods selected two independent ways, and the
-Nodes those pods sit on), these functions say whether an admission may proceed and explain why not in
-the exact strings the status output uses. Everything that decides lives here so it can be tested
-exhaustively; the adapter and the controller only fetch and write.
+Nodes those pods sit on), these functions say whether an admission may proceed, which A it carries,
+whether a decision still holds after a conflict, whether Kueue lets dispatch decide a Workload now, and
+every sentence the status output, the admission check, Events and errors use. Everything that decides
+lives here so it can be tested exhaustively; the admission core, the adapter and the controller only
+fetch and write.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from ._names import (
-    ANNOTATION_ADMISSION,
-    JOBSET_NAME_LABEL,
-    KUEUE_QUEUE_LABEL,
-    LABEL_ADMISSION,
-    LABEL_JOB_ID,
-    LABEL_SUBMISSION,
-    OUT_OF_SERVICE_TAINT,
-    PATCH_MANAGER,
-)
-from ._records import Cause, Cessation, Identity, RemainingPod, State
+from ._identity import RecordView, describe_missing
+from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
+from ._records import Cause, Cessation, RemainingPod, State
+from ._trainer import TrainJobView
+from ._views import TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
 
-Obj = Mapping[str, Any]
+__all__ = [
+    "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
+    "Verdict", "cessation", "decide", "explain", "next_admission", "object_pods", "remaining", "waiting_message",
+]
 
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
-
-
-# --------------------------------------------------------------------------- small readers
-
-
-def _meta(obj: Obj) -> Mapping[str, Any]:
-    meta = obj.get("metadata") or {}
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def labels_of(obj: Obj) -> Mapping[str, str]:
-    labels = _meta(obj).get("labels") or {}
-    return labels if isinstance(labels, Mapping) else {}
-
-
-def annotations_of(obj: Obj) -> Mapping[str, str]:
-    ann = _meta(obj).get("annotations") or {}
-    return ann if isinstance(ann, Mapping) else {}
-
-
-def name_of(obj: Obj) -> str:
-    return str(_meta(obj).get("name", ""))
-
-
-def _int_or_none(value: object) -> int | None:
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
-
-
-def _conditions(obj: Obj) -> list[Mapping[str, Any]]:
-    status = obj.get("status") or {}
-    conds = status.get("conditions") or [] if isinstance(status, Mapping) else []
-    return [c for c in conds if isinstance(c, Mapping)]
-
-
-def condition_true(obj: Obj, ctype: str) -> bool:
-    return any(c.get("type") == ctype and c.get("status") == "True" for c in _conditions(obj))
-
-
-def is_suspended(obj: Obj) -> bool:
-    spec = obj.get("spec") or {}
-    return bool(isinstance(spec, Mapping) and spec.get("suspend") is True)
-
-
-def is_deleting(obj: Obj) -> bool:
-    return bool(_meta(obj).get("deletionTimestamp"))
-
-
-# --------------------------------------------------------------------------- nodes
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """What dispatch knows of one Node: whether it exists, could be read, its Ready state, its taint."""
-
-    name: str
-    exists: bool = True
-    readable: bool = True
-    ready: str | None = None
-    out_of_service: bool = False
-
-    @staticmethod
-    def from_obj(obj: Obj) -> NodeView:
-        ready = None
-        for cond in _conditions(obj):
-            if cond.get("type") == "Ready":
-                ready = str(cond.get("status", "Unknown"))
-        spec = obj.get("spec") or {}
-        taints = spec.get("taints") or [] if isinstance(spec, Mapping) else []
-        oos = any(isinstance(t, Mapping) and t.get("key") == OUT_OF_SERVICE_TAINT for t in taints)
-        return NodeView(name_of(obj), ready=ready, out_of_service=oos)
-
-    @staticmethod
-    def gone(name: str) -> NodeView:
-        return NodeView(name, exists=False)
-
-    @staticmethod
-    def unreadable(name: str) -> NodeView:
-        return NodeView(name, readable=False)
-
-    def state_text(self) -> str:
-        """``Ready=True|Ready=False|Ready=Unknown|gone|not readable`` plus ``, out-of-service``."""
-        if not self.readable:
-            return "not readable"
-        if not self.exists:
-            return "gone"
-        text = f"Ready={self.ready or 'Unknown'}"
-        if self.out_of_service:
-            text += ", out-of-service"
-        return text
-
-    @property
-    def proven_down(self) -> bool:
-        """The node's processes are proven stopped: the Node is deleted or tainted out-of-service."""
-        return self.readable and (not self.exists or self.out_of_service)
+MESSAGE_LIMIT = 8000
+"""Kueue allows 32768 characters in a check message; a few thousand name the pods and keep Workloads small."""
 
 
 # --------------------------------------------------------------------------- pods
 
 
-@dataclass(frozen=True)
-class PodView:
-    """The fields of a pod the rule depends on."""
-
-    name: str
-    uid: str
-    node: str | None
-    phase: str
-    deleting: bool
-    admission: int | None
-    deletion_timestamp: str | None = None
-
-    @staticmethod
-    def from_obj(obj: Obj) -> PodView:
-        meta = _meta(obj)
-        spec = obj.get("spec") or {}
-        status = obj.get("status") or {}
-        return PodView(
-            name=str(meta.get("name", "")),
-            uid=str(meta.get("uid") or meta.get("name", "")),
-            node=(spec.get("nodeName") or None) if isinstance(spec, Mapping) else None,
-            phase=str((status.get("phase") if isinstance(status, Mapping) else None) or "Pending"),
-            deleting=bool(meta.get("deletionTimestamp")),
-            admission=_int_or_none(labels_of(obj).get(LABEL_ADMISSION)),
-            deletion_timestamp=str(meta.get("deletionTimestamp")) if meta.get("deletionTimestamp") else None,
-        )
-
-    @property
-    def may_run(self) -> bool:
-        """Any pod not Succeeded or Failed may have a running container, Terminating or not."""
-        return self.phase not in TERMINAL_PHASES
-
-
-def selects(pod: Obj, *, name: str, job_id: str, submission: str) -> bool:
-    """The two independent selections of the rule: dispatch's labels, or JobSet's jobset-name."""
-    labels = labels_of(pod)
-    by_dispatch = bool(job_id) and (
-        labels.get(LABEL_JOB_ID) == job_id and labels.get(LABEL_SUBMISSION) == submission
-    )
-    return by_dispatch or labels.get(JOBSET_NAME_LABEL) == name
-
-
-def object_pods(
-    pods: Iterable[Obj], *, name: str, job_id: str, submission: str
-) -> list[PodView]:
+def object_pods(pods: Iterable[PodView], *, name: str, job_id: str, submission: str) -> list[PodView]:
     """The object's pods from both selections, each once, in name order."""
     seen: dict[str, PodView] = {}
     for pod in pods:
-        if selects(pod, name=name, job_id=job_id, submission=submission):
-            view = PodView.from_obj(pod)
-            seen.setdefault(view.uid, view)
+        if pod.selected(name=name, job_id=job_id, submission=submission):
+            seen.setdefault(pod.uid, pod)
     return sorted(seen.values(), key=lambda p: p.name)
 
 
@@ -240,26 +98,20 @@ class Verdict:
         return "; ".join(parts)
 
 
-def _finished(obj: Obj, complete: str) -> bool:
-    return condition_true(obj, complete) or condition_true(obj, "Failed")
+def _job_blocker(job: JobView) -> str | None:
+    """A child Job that could still start pods: not suspended, or its suspension not yet acted on.
 
-
-def _job_blocker(job: Obj) -> str | None:
-    """A child Job that could still start pods: not suspended, or its suspension not yet acted on."""
-    if condition_true(job, "Complete") or condition_true(job, "Failed"):
+    ``spec.suspend: true`` alone proves nothing: a Job unsuspended and suspended again before the Job
+    controller synced it looks exactly like that, and the controller may still create pods from its
+    cached copy after dispatch's read. Only the Job controller's own ``Suspended`` condition does.
+    """
+    if job.finished:
         return None
-    name = name_of(job)
-    if not is_suspended(job):
-        return f"job {name} is not suspended yet"
-    if condition_true(job, "Suspended"):
+    if not job.suspended:
+        return f"job {job.name} is not suspended yet"
+    if job.suspended_confirmed:
         return None
-    status = job.get("status") or {}
-    started = isinstance(status, Mapping) and (
-        status.get("startTime") or int(status.get("active") or 0) > 0 or int(status.get("ready") or 0) > 0
-    )
-    if started:
-        return f"job {name} has not confirmed its suspension yet"
-    return None
+    return f"job {job.name} has not confirmed its suspension yet"
 
 
 def decide(
@@ -267,10 +119,10 @@ def decide(
     name: str,
     job_id: str,
     submission: str,
-    pods: Iterable[Obj],
+    pods: Iterable[PodView],
     nodes: Mapping[str, NodeView],
-    jobset: Obj | None = None,
-    jobs: Iterable[Obj] = (),
+    jobset: JobSetView | None = None,
+    jobs: Iterable[JobView] = (),
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
@@ -280,10 +132,10 @@ def decide(
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     blockers: list[str] = []
-    if jobset is not None and not (is_deleting(jobset) or is_suspended(jobset) or _finished(jobset, "Completed")):
-        blockers.append(f"jobset {name_of(jobset)} is not suspended yet")
-    for job in sorted(jobs, key=name_of):
-        if labels_of(job).get(JOBSET_NAME_LABEL) != name:
+    if jobset is not None and not (jobset.deleting or jobset.suspended or jobset.finished):
+        blockers.append(f"jobset {jobset.name} is not suspended yet")
+    for job in sorted(jobs, key=lambda j: j.name):
+        if job.jobset_name != name:
             continue
         blocker = _job_blocker(job)
         if blocker:
@@ -293,11 +145,11 @@ def decide(
 
 def cessation(
     *,
-    trainjob: Obj | None,
+    trainjob: TrainJobView | None,
     name: str,
     job_id: str,
     submission: str,
-    pods: Iterable[Obj],
+    pods: Iterable[PodView],
     nodes: Mapping[str, NodeView],
 ) -> Cessation:
     """Whether the object's processes are proven gone.
@@ -307,8 +159,8 @@ def cessation(
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     rest = remaining(views, nodes)
-    admitted = trainjob is not None and not is_suspended(trainjob) and not is_deleting(trainjob)
-    if admitted and trainjob is not None and not _finished(trainjob, "Complete"):
+    admitted = trainjob is not None and not trainjob.suspended and not trainjob.deleting
+    if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         return Cessation(False, f"{name} is admitted and running", rest)
     unproven = []
     for pod in rest:
@@ -335,103 +187,223 @@ def cessation(
     return Cessation(False, "pods may still run: " + describe_pods(unproven), rest)
 
 
-# --------------------------------------------------------------------------- identity and state
-
-
-def admission_of(trainjob: Obj) -> int:
-    """A as recorded on the TrainJob (0 if never admitted or unreadable)."""
-    return _int_or_none(annotations_of(trainjob).get(ANNOTATION_ADMISSION)) or 0
-
-
-def patch_admission_of(trainjob: Obj) -> int:
-    """A as carried by dispatch's own runtime patch entry (0 if absent)."""
-    best = 0
-    for entry in _runtime_patches(trainjob):
-        if entry.get("manager") != PATCH_MANAGER:
-            continue
-        for rj in _patch_replicated_jobs(entry):
-            labels = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
-            value = ((labels.get("metadata") or {}).get("labels") or {}).get(LABEL_ADMISSION)
-            best = max(best, _int_or_none(value) or 0)
-    return best
-
-
-def next_admission(trainjob: Obj, pods: Iterable[Obj]) -> int:
-    """The next A: above every A seen on the object, its patch and any pod. Never reused."""
-    seen = [admission_of(trainjob), patch_admission_of(trainjob)]
-    seen.extend(PodView.from_obj(p).admission or 0 for p in pods)
-    return max(seen) + 1
-
-
-def _runtime_patches(trainjob: Obj) -> list[Mapping[str, Any]]:
-    spec = trainjob.get("spec") or {}
-    patches = spec.get("runtimePatches") or [] if isinstance(spec, Mapping) else []
-    return [p for p in patches if isinstance(p, Mapping)]
-
-
-def _patch_replicated_jobs(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    template = ((entry.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
-    rjs = template.get("replicatedJobs") or []
-    return [rj for rj in rjs if isinstance(rj, Mapping)]
-
-
-def patched_replicated_jobs(trainjob: Obj) -> list[str]:
-    """Names of the replicatedJobs dispatch's own runtime patch entry targets."""
-    for entry in _runtime_patches(trainjob):
-        if entry.get("manager") == PATCH_MANAGER:
-            return [str(rj.get("name")) for rj in _patch_replicated_jobs(entry) if rj.get("name")]
-    return []
-
-
-def identity_of(trainjob: Obj) -> Identity:
-    labels = labels_of(trainjob)
-    return Identity(
-        labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), admission_of(trainjob)
-    )
-
-
-def queue_of(trainjob: Obj) -> str | None:
-    return labels_of(trainjob).get(KUEUE_QUEUE_LABEL) or None
-
-
-def state_of(trainjob: Obj) -> State:
-    if is_deleting(trainjob):
-        return State.CLOSING
-    if condition_true(trainjob, "Complete"):
-        return State.SUCCEEDED
-    if condition_true(trainjob, "Failed"):
-        return State.FAILED
-    if not is_suspended(trainjob):
-        return State.RUNNING
-    return State.QUEUED if queue_of(trainjob) else State.HELD
+# --------------------------------------------------------------------------- admission numbers
 
 
 @dataclass(frozen=True)
-class CheckView:
-    """Dispatch's admission check entry on the object's Kueue Workload."""
+class Plan:
+    """Which A an admission carries and which writes it still needs."""
 
-    name: str
-    state: str
-    message: str
+    admission: int
+    write_record: bool
+    """Issue A in the identity record (always before the TrainJob carries it)."""
+    write_trainjob: bool
+    """Raise A on the TrainJob and in dispatch's runtime patch entry."""
+
+
+def carried(trainjob: TrainJobView, pods: Iterable[PodView]) -> int:
+    """The highest A the object or any of its pods carries: every A that can have run."""
+    return max([trainjob.admission, trainjob.patch_admission, *(p.admission or 0 for p in pods)])
+
+
+def next_admission(trainjob: TrainJobView, pods: Iterable[PodView], record: RecordView | None = None,
+                   *, own: Collection[str] = (), plain: bool = True) -> Plan:
+    """The A of the admission being made, raised exactly once per admission.
+
+    * The record issued an A to this very TrainJob (its uid) that neither it nor any pod carries: that A
+      never ran (an A is carried by the TrainJob before anything can start with it), so this admission
+      takes it. An A issued to an earlier object of the submission may have run: never taken again.
+    * The TrainJob carries the record's A with a token in ``own``: this admission's own raise, found on
+      retry (plain mode: the call's token; Kueue mode: the Workload's uid and the TrainJob generation
+      the raise was made on, which holds only while nothing changed the TrainJob's spec since, so an
+      admission Kueue started and evicted never matches).
+    * Plain mode, the TrainJob carries the record's A but dispatch's unsuspend never started it and no
+      pod carries it: that admission was armed and never started (a lost reply, a concurrent release),
+      so this one takes it rather than skip a number.
+    * Otherwise one above everything seen. Never reused: a number is skipped only when a writer dies
+      between issuing it and starting it in a way none of the cases above can see.
+    """
+    pods = list(pods)
+    seen = carried(trainjob, pods)
+    issued = record.admission if record is not None else 0
+    bind = record is not None and record.trainjob_uid != trainjob.ref.uid
+    if record is not None and issued > seen and not bind:
+        return Plan(issued, write_record=False, write_trainjob=True)
+    if record is not None and issued > 0 and trainjob.admission == issued == trainjob.patch_admission:
+        if trainjob.token and trainjob.token in own:
+            return Plan(issued, write_record=bind, write_trainjob=False)
+        pods_a = max([0, *(p.admission or 0 for p in pods)])
+        if plain and trainjob.started < issued and pods_a < issued:
+            return Plan(issued, write_record=bind, write_trainjob=False)
+    return Plan(max(seen, issued) + 1, write_record=True, write_trainjob=True)
+
+
+def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iterable[PodView]) -> str | None:
+    """Why the identity record cannot be trusted for this object, or None.
+
+    Never read as 0: a missing record of a submission that has run, one that does not parse, or one
+    that names another submission or object, is refused, naming the record. (Lowering a record in place
+    is refused by the API server itself, through the CRD's rule; a record below what the object or its
+    pods carry is lifted above them by the next admission, never reused.)
+    """
+    pods = list(pods)
+    seen = carried(trainjob, pods)
+    ident = f"{trainjob.job_id}/{trainjob.submission}"
+    if record is None:
+        if seen > 0:
+            return (f"{describe_missing(trainjob.job_id, trainjob.submission)} of {ident} is missing, but "
+                    f"trainjob {trainjob.name} has run as A={seen}; dispatch will not guess the next A "
+                    "(restore the record, or an admin runs `dispatch admin forget` and re-opens)")
+        return None
+    if record.problems:
+        return f"{record.describe()} of {ident} does not parse: {'; '.join(record.problems)}"
+    if (record.job_id, record.submission) != (trainjob.job_id, trainjob.submission):
+        return (f"{record.describe()} names {record.job_id}/{record.submission}, not {ident}; "
+                "it was edited by someone else")
+    if record.trainjob != trainjob.name or (record.trainjob_uid and record.trainjob_uid != trainjob.ref.uid):
+        holder = record.trainjob or "no trainjob (closed)"
+        return (f"submission {ident} is held by {holder}, not by trainjob {trainjob.name} "
+                f"({record.describe()}); open a new submission instead")
+    return None
+
+
+# --------------------------------------------------------------------------- after a conflict
+
+
+def unsuspend_still_holds(raised: TrainJobView, fresh: TrainJobView | None, admission: int) -> bool:
+    """After a 409 on the unsuspend: does the decision still hold, so only the resourceVersion moved?
+
+    Trainer writes the TrainJob's status right after it is created, so the unsuspend often meets a 409.
+    If the TrainJob is still suspended, with our A and the same generation (no spec change since our
+    raise, so no pod can have started since the consistent read), the unsuspend is retried as is.
+    """
+    return (fresh is not None and not fresh.deleting and fresh.suspended
+            and fresh.ref.generation == raised.ref.generation and fresh.admission == admission)
+
+
+def ready_conflict(fresh: WorkloadView | None, check: str, trainjob: TrainJobView | None, raised: TrainJobView,
+                   admission: int, dispatch_object: bool) -> str | None:
+    """After a 409 on the Ready write: None if the decision still holds (write again), else why not.
+
+    Kueue touches Workloads often (conditions); what matters is that our check is still Pending on
+    reserved quota and the TrainJob still suspended with no spec change since our own write.
+    """
+    if fresh is None:
+        return "gone"
+    entry = fresh.entry([check])
+    if entry is None or entry.state != "Pending" or not_now(fresh):
+        return "WorkloadChanged"
+    if (trainjob is None or not trainjob.suspended or trainjob.deleting
+            or trainjob.ref.generation != raised.ref.generation
+            or (dispatch_object and trainjob.admission != admission)):
+        return "TrainJobChanged"
+    return None
+
+
+# --------------------------------------------------------------------------- Kueue gating
+
+
+def not_now(workload: WorkloadView) -> str:
+    """Why a Pending check is not ours to decide yet: Kueue decides checks only on reserved quota."""
+    if workload.deleting:
+        return "workload-deleting"
+    if not workload.active:
+        return "inactive"
+    if workload.finished:
+        return "finished"
+    if not workload.quota_reserved:
+        return "no-quota"
+    if workload.evicted:
+        return "evicting"
+    return ""
+
+
+def owner_refusal(owner: Owner, trainjob: TrainJobView | None) -> str | None:
+    """Why a Workload's TrainJob cannot be decided for (an outcome name), or None."""
+    if trainjob is None or (owner.uid and trainjob.ref.uid != owner.uid):
+        return "owner-missing"
+    if trainjob.deleting:
+        return "owner-deleting"
+    if not trainjob.suspended:
+        return "owner-running"
+    return None
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def truncate(message: str) -> str:
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return message[: MESSAGE_LIMIT - 20].rsplit(", ", 1)[0] + ", ... (truncated)"
+
+
+def waiting_text(verdict: Verdict) -> str:
+    """The Pending message: the seed's exact form for pods, then any JobSet/Job not yet suspended."""
+    if verdict.remaining:
+        return truncate(waiting_message(verdict.remaining, verdict.blockers))
+    return truncate("waiting for the previous execution to stop: " + "; ".join(verdict.blockers))
+
+
+def delayed_event(check: str, message: str) -> str:
+    return f"admission check {check} stays Pending: {message}"
+
+
+def refused_text(trainjob: str, error: object) -> str:
+    """The Pending message when raising A was refused (a webhook, RBAC, a bad record)."""
+    return truncate(f"{WAITING_PREFIX}a writable admission number: raising A on trainjob {trainjob} "
+                    f"was refused: {error}")
+
+
+def record_text(problem: str) -> str:
+    """The Pending message when the identity record cannot be trusted."""
+    return truncate(f"{WAITING_PREFIX}a trustworthy identity record: {problem}")
+
+
+def admitted_text(job_id: str, submission: str, admission: int) -> str:
+    return f"no pod of the previous execution remains; admitted as {job_id}/{submission}#{admission}"
+
+
+FOREIGN_READY_TEXT = ("no pod of a previous execution remains (not a dispatch object, so no admission "
+                      "number is raised)")
+
+
+def foreign_text(owner: Owner | None) -> str:
+    what = f"{owner.kind} {owner.name}" if owner else "a Workload without a controller owner"
+    return f"{what} is not a TrainJob: dispatch's rule covers TrainJobs only, so this check passes it"
+
+
+def ready_event(check: str, message: str) -> str:
+    return f"admission check {check} Ready: {message}"
+
+
+def workload_note(workload: WorkloadView | None) -> str:
+    """What a Workload's own state says about a wait, for status (held, waiting for quota)."""
+    if workload is None:
+        return ""
+    if not workload.active:
+        return "workload deactivated (held); release reactivates it"
+    if not workload.quota_reserved:
+        return f"waiting for quota: {workload.quota_message}".rstrip(": ")
+    return ""
 
 
 def explain(
-    trainjob: Obj, verdict: Verdict | None, check: CheckView | None = None, workload_note: str = ""
+    trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
 ) -> Cause:
     """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
-    state = state_of(trainjob)
-    ident = identity_of(trainjob)
+    state = trainjob.state
     parts: list[str] = []
     if check is not None:
-        text = f"admission check {check.name} {check.state}"
+        out = f"admission check {check.name} {check.state}"
         if check.message:
-            text += f": {check.message}"
-        parts.append(text)
-    elif workload_note:
-        parts.append(workload_note)
+            out += f": {check.message}"
+        parts.append(out)
+    elif note:
+        parts.append(note)
     pods_text = verdict.detail() if verdict is not None and not verdict.admissible else ""
     if state is State.RUNNING:
-        return Cause("Admitted", f"execution {ident.admission} admitted")
+        return Cause("Admitted", f"execution {trainjob.admission} admitted")
     if pods_text:
         parts.append(pods_text)
     if state is State.HELD:
@@ -441,7 +413,7 @@ def explain(
     if state is State.QUEUED:
         reason = "AdmissionCheckPending" if check is not None and check.state == "Pending" else "Queued"
         if not parts:
-            parts.append(f"waiting for Kueue to admit it from queue {queue_of(trainjob)}")
+            parts.append(f"waiting for Kueue to admit it from queue {trainjob.queue}")
         return Cause(reason, "; ".join(parts))
     if state is State.SUCCEEDED:
         return Cause("Succeeded", "; ".join(parts))

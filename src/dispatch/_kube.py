@@ -1,6 +1,6 @@
 """The one module that talks to the Kubernetes API.
 
-A thin JSON layer over an authenticated HTTP client (lightkube's kubeconfig loading builds it), so that
+A thin JSON layer over an authenticated HTTP client (``_kubeconfig`` says how to build it), so that
 every request dispatch makes is explicit: which resourceVersion it reads at, which precondition a write
 carries, which patch type a custom resource gets. Errors are mapped here, once, onto the tree in
 ``dispatch.errors``; nothing else in the package sees HTTP.
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,26 @@ import httpx2
 import msgspec
 
 from . import _names as n
+from ._api import (  # re-exported: callers name kinds k.PODS, k.TRAINJOBS, ...
+    ADMISSION_CHECKS,
+    ALL,
+    CLUSTER_QUEUES,
+    CLUSTER_RUNTIMES,
+    CONFIGMAPS,
+    EVENTS,
+    JOBS,
+    JOBSETS,
+    LEASES,
+    LOCAL_QUEUES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    RESOURCE_FLAVORS,
+    RUNTIMES,
+    TRAINJOBS,
+    WORKLOADS,
+    Res,
+)
 from .errors import (
     DispatchError,
     FieldCause,
@@ -49,50 +70,12 @@ APPLY = "application/apply-patch+yaml"
 JSON_PATCH = "application/json-patch+json"
 
 
-@dataclass(frozen=True)
-class Res:
-    """Where a kind lives in the API."""
 
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-
-    @property
-    def api_version(self) -> str:
-        return f"{self.group}/{self.version}" if self.group else self.version
-
-    def path(self, namespace: str | None, name: str | None = None, sub: str | None = None) -> str:
-        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
-        if self.namespaced and namespace:
-            base += f"/namespaces/{namespace}"
-        base += f"/{self.plural}"
-        if name:
-            base += f"/{name}"
-        if sub:
-            base += f"/{sub}"
-        return base
-
-    def describe(self) -> str:
-        return f"{self.plural}.{self.group}" if self.group else self.plural
-
-
-PODS = Res("", "v1", "pods", "Pod")
-NODES = Res("", "v1", "nodes", "Node", namespaced=False)
-EVENTS = Res("", "v1", "events", "Event")
-NAMESPACES = Res("", "v1", "namespaces", "Namespace", namespaced=False)
-JOBS = Res("batch", "v1", "jobs", "Job")
-LEASES = Res("coordination.k8s.io", "v1", "leases", "Lease")
-CONFIGMAPS = Res("", "v1", "configmaps", "ConfigMap")
-TRAINJOBS = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainjobs", "TrainJob")
-CLUSTER_RUNTIMES = Res(
-    n.TRAINER_GROUP, n.TRAINER_VERSION, "clustertrainingruntimes", "ClusterTrainingRuntime", namespaced=False
-)
-RUNTIMES = Res(n.TRAINER_GROUP, n.TRAINER_VERSION, "trainingruntimes", "TrainingRuntime")
-JOBSETS = Res(n.JOBSET_GROUP, n.JOBSET_VERSION, "jobsets", "JobSet")
-WORKLOADS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "workloads", "Workload")
-ADMISSION_CHECKS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "admissionchecks", "AdmissionCheck", namespaced=False)
+__all__ = [
+    "ADMISSION_CHECKS", "ALL", "CLUSTER_QUEUES", "CLUSTER_RUNTIMES", "CONFIGMAPS", "EVENTS", "JOBS", "JOBSETS",
+    "LEASES", "LOCAL_QUEUES", "NAMESPACES", "NODES", "PODS", "RESOURCE_FLAVORS", "RUNTIMES", "TRAINJOBS",
+    "WORKLOADS", "Kube", "ListResult", "Res", "error_for",
+]
 
 _VERB_WORDS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
 
@@ -107,17 +90,37 @@ def _decode_causes(body: Mapping[str, Any]) -> list[FieldCause]:
     ]
 
 
+def not_api(method: str, path: str, response: httpx2.Response) -> DispatchError:
+    """A reply that is not the Kubernetes API's JSON (an HTML page from a proxy, a login portal or a web
+    server): the server URL is wrong, or something stands in front of the API server."""
+    code = response.status_code
+    kind = response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+    title = re.search(rb"<title[^>]*>([^<]{1,120})</title>", response.content[:4096], re.IGNORECASE)
+    what = f"HTTP {code} and a {kind} body"
+    if title:
+        what += f" titled {title[1].decode(errors='replace').strip()!r}"
+    if response.headers.get("location"):
+        what += f", a redirect to {response.headers['location']}"
+    message = (f"{response.url.scheme}://{response.url.netloc.decode()} answered {method} {path.split('?')[0]} "
+               f"with {what}, not the Kubernetes API's JSON")
+    if code == 429 or code >= 500:
+        return Unreachable(f"API server unavailable: {message}", reason="NotKubernetesAPI", code=code)
+    return Refused(message, reason="NotKubernetesAPI", code=code)
+
+
 def error_for(method: str, path: str, response: httpx2.Response, *, list_call: bool = False) -> DispatchError:
     """Map one failed response onto the error tree, keeping the API's reason and causes."""
     code = response.status_code
     try:
         body = response.json()
     except (ValueError, json.JSONDecodeError):
+        if b"<html" in response.content[:1024].lower() or "html" in response.headers.get("content-type", ""):
+            return not_api(method, path, response)
         body = {}
     if not isinstance(body, Mapping):
         body = {}
     reason = str(body.get("reason") or "")
-    message = str(body.get("message") or response.text[:300] or f"HTTP {code}")
+    message = str(body.get("message") or " ".join(response.text[:300].split()) or f"HTTP {code}")
     causes = _decode_causes(body)
     verb = "list" if list_call else ("watch" if "watch=" in path else _VERB_WORDS.get(method, method.lower()))
     kw: dict[str, Any] = {"reason": reason, "code": code, "causes": causes}
@@ -192,44 +195,17 @@ class Kube:
                 base_url="https://fake.invalid", transport=transport, timeout=timeout
             )
             return Kube(client, namespace or "default")
-        from lightkube.config import client_adapter
-        from lightkube.config.kubeconfig import KubeConfig
-        from lightkube.core.exceptions import ConfigError
+        from . import _kubeconfig
 
-        try:
-            if kubeconfig is not None:
-                path = Path(kubeconfig).expanduser()
-                if not path.exists():
-                    raise Refused(
-                        f"kubeconfig {path} does not exist; pass --kubeconfig or set KUBECONFIG",
-                        reason="NoKubeconfig",
-                    )
-                config = KubeConfig.from_file(path).get(context_name=context)
-            elif context is not None:
-                config = KubeConfig.from_env().get(context_name=context)
-            else:
-                config = KubeConfig.from_env().get()
-        except ConfigError as exc:
-            raise Refused(
-                f"no usable Kubernetes configuration: {exc}; set KUBECONFIG or pass --kubeconfig",
-                reason="NoKubeconfig",
-            ) from exc
-        except FileNotFoundError as exc:
-            raise Refused(
-                f"no kubeconfig found ({exc}); set KUBECONFIG or pass --kubeconfig",
-                reason="NoKubeconfig",
-            ) from exc
-        if config is None:
-            raise Refused("no usable Kubernetes configuration; set KUBECONFIG or pass --kubeconfig",
-                          reason="NoKubeconfig")
-        params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout))
-        # lightkube builds the authenticated client; keep more connections alive than httpx's default so a
-        # busy controller reuses TLS connections instead of handshaking for most requests
+        conn = _kubeconfig.load(kubeconfig, context)
+        # keep more connections alive than httpx's default so a busy controller reuses TLS connections
+        # instead of handshaking for most requests
         client = httpx2.AsyncClient(
-            **params.httpx_params(config),
+            base_url=conn.server, verify=conn.verify, auth=conn.auth, proxy=conn.proxy,
+            timeout=httpx2.Timeout(timeout),
             limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=120.0),
         )
-        return Kube(client, namespace or config.namespace or "default")
+        return Kube(client, namespace or conn.namespace)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -277,7 +253,10 @@ class Kube:
             else:
                 self.bytes_received += len(response.content)
                 if response.status_code < 400:
-                    result = _decode(response.content) if response.content else {}
+                    try:
+                        result = _decode(response.content) if response.content else {}
+                    except ValueError:
+                        raise not_api(method, path, response) from None
                     return result if isinstance(result, dict) else {}
                 last = error_for(method, path, response, list_call=list_call)
                 transient = response.status_code == 429 or response.status_code >= 500

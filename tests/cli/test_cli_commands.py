@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from dispatch import LABEL_ADMISSION, Status
+from dispatch._trainer import identity_env
 from dispatch.cli import EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
 
 from .cli_harness import Cli
@@ -99,7 +100,7 @@ def test_open_from_flags(cli: Cli) -> None:
     assert trainer["args"] == ["--epochs", "3"]
     assert trainer["numNodes"] == 1
     assert trainer["resourcesPerNode"]["requests"] == {"cpu": "2", "memory": "4Gi"}
-    assert trainer["env"] == [{"name": "A", "value": "1"}]
+    assert trainer["env"] == [{"name": "A", "value": "1"}, *identity_env()]  # then the identity, from the labels
     assert tj["metadata"]["labels"]["team"] == "ml"
 
 
@@ -257,7 +258,7 @@ def test_release_wait_retries_until_the_pods_go(cli: Cli, running: Callable[[], 
     cli.cluster.settle()
     pod = cli.cluster.pods(name)[0]["metadata"]["name"]
     cli.stepping(2.0)  # the grace period (30s) passes as the CLI polls
-    result = cli("-o", "json", "release", name, "--wait", "--interval", "0", "--timeout", "60")
+    result = cli("-o", "json", "release", name, "--wait", "--interval", "0.1", "--timeout", "60")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["identity"]["admission"] == 2
     err = " ".join(result.stderr.split())
@@ -273,7 +274,7 @@ def test_release_wait_times_out_with_exit_3(cli: Cli, running: Callable[[], str]
     cli.cluster.freeze_node(node)
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
-    result = cli("release", name, "--wait", "--interval", "0.05", "--timeout", "0.3")
+    result = cli("release", name, "--wait", "--interval", "0.1", "--timeout", "0.3")
     assert result.exit_code == EXIT_RETRY
     err = " ".join(result.stderr.split())
     assert "timed out after 0.3s" in err
@@ -285,13 +286,13 @@ def test_release_wait_times_out_with_exit_3(cli: Cli, running: Callable[[], str]
 def test_release_wait_retries_connection_failures(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     cli.cluster.server.inject(status="connect", times=4)
-    result = cli("release", "llama-s1", "--wait", "--interval", "0", "--timeout", "30")
+    result = cli("release", "llama-s1", "--wait", "--interval", "0.1", "--timeout", "30")
     assert result.exit_code == 0, result.output
     assert "A=1" in result.stdout
 
 
 def test_release_wait_stops_at_a_refusal(cli: Cli) -> None:
-    result = cli("release", "nothere", "--wait", "--interval", "0", "--timeout", "30")
+    result = cli("release", "nothere", "--wait", "--interval", "0.1", "--timeout", "30")
     assert result.exit_code == EXIT_REFUSED
     assert "not found" in result.stderr
 
@@ -471,14 +472,14 @@ def test_ceased_works_read_only(cli: Cli, running: Callable[[], str]) -> None:
 def test_wait_for_running(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     assert cli("release", "llama-s1").exit_code == 0
-    data = cli.json("wait", "llama-s1", "--for", "Running", "--timeout", "5", "--interval", "0")
+    data = cli.json("wait", "llama-s1", "--for", "Running", "--timeout", "5", "--interval", "0.1")
     assert data["state"] == "Running"
 
 
 def test_wait_times_out_with_exit_3(cli: Cli) -> None:
     assert cli("open", "--job-id", "llama", "--submission", "s1").exit_code == 0
     result = cli("wait", "llama-s1", "--for", "running", "--for", "succeeded", "--timeout", "0.2",
-                 "--interval", "0.05")
+                 "--interval", "0.1")
     assert result.exit_code == EXIT_RETRY
     assert "timed out" in result.stderr
     assert "llama-s1: Held: Held: hold in force" in result.stderr  # progress line
@@ -632,28 +633,16 @@ def test_help_and_usage_errors_never_connect(cli: Cli) -> None:
 # ------------------------------------------------------------------------------------------ controller
 
 
-def test_controller_missing_module(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "dispatch.controller", None)
-    result = cli("controller")
-    assert result.exit_code == 1
-    assert "controller is not part of this installation" in result.stderr
-
-
 def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from dispatch.cli import _app
 
     calls: list[dict[str, Any]] = []
-    module = types.ModuleType("dispatch.controller")
 
     def run_from_cli(**kwargs: Any) -> int:
         calls.append(kwargs)
         return 0
 
-    module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
                  "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug",
                  "--metrics-bind-address", ":8443", "--metrics-secure", "--metrics-cert-dir", "/certs")
@@ -671,28 +660,20 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
 
 
 def test_controller_exit_code_is_passed_on(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from dispatch.cli import _app
 
-    module = types.ModuleType("dispatch.controller")
-    module.run_from_cli = lambda **kwargs: 1  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", lambda **kwargs: 1)
     assert cli("controller").exit_code == 1
 
 
 def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
-
     from dispatch import Forbidden
-
-    module = types.ModuleType("dispatch.controller")
+    from dispatch.cli import _app
 
     def run_from_cli(**kwargs: Any) -> None:
         raise Forbidden("forbidden: cannot watch workloads.kueue.x-k8s.io", reason="Forbidden", code=403)
 
-    module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("controller")
     assert result.exit_code == EXIT_REFUSED
     assert "cannot watch workloads" in result.stderr
@@ -702,7 +683,8 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
     """The keyword arguments the CLI passes are exactly the controller's parameters."""
     import inspect
 
-    controller = pytest.importorskip("dispatch.controller")
+    import dispatch.controller as controller
+
     params = set(inspect.signature(controller.run_from_cli).parameters)
     assert params == {
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",

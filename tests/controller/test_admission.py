@@ -288,8 +288,9 @@ async def test_a_workload_changed_by_kueue_between_read_and_write_is_decided_aga
         cluster.settle()
         kueue.sync()                         # inactive: released and re-reserved
         await until(lambda: kueue.entry(wl)["state"] == "Ready")
-    assert admission_of(cluster) == 2        # the first raise is a skipped number, never reused
-    assert kueue.entry(wl)["podSetUpdates"][0]["labels"][A] == "2"
+    # A=1 never ran and nothing changed the TrainJob since its raise: the same admission reuses it
+    assert admission_of(cluster) == 1
+    assert kueue.entry(wl)["podSetUpdates"][0]["labels"][A] == "1"
 
 
 async def test_a_stale_trainjob_write_gets_409_and_is_requeued(
@@ -318,7 +319,7 @@ async def test_transient_api_errors_are_retried_with_backoff(
     cluster.history.check()
 
 
-async def test_a_crash_between_raising_a_and_ready_only_skips_a_number(
+async def test_a_crash_between_raising_a_and_ready_is_found_and_its_number_reused(
     adapter: AsyncAdapter, cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
 ) -> None:
     await adapter.open(SPEC)
@@ -330,12 +331,12 @@ async def test_a_crash_between_raising_a_and_ready_only_skips_a_number(
     kueue.sync()
     cluster.settle()
     assert cluster.pods(NAME) == []          # still suspended: A=1 never ran
-    async with running(kube):                # the restarted controller
+    async with running(kube):                # the restarted controller finds its own raise (the token)
         await until(lambda: kueue.entry(wl)["state"] == "Ready")
-    assert admission_of(cluster) == 2
+    assert admission_of(cluster) == 1
     kueue.sync()
     cluster.settle()
-    assert [p[2] for p in pods_summary(cluster)] == ["2"]
+    assert [p[2] for p in pods_summary(cluster)] == ["1"]
     cluster.history.check()
 
 

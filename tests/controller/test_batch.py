@@ -20,6 +20,8 @@ from hypothesis import strategies as st
 
 from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch import _names as n
+from dispatch._identity import new_record
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Outcome, Reconciler
@@ -71,8 +73,8 @@ async def build(kinds: Sequence[str]) -> World:
             strip_queue_label(cluster, obj)
             names.append(kueue.workload_for(obj))
             continue
-        if kind == "reopened":  # closed at A=3 earlier: the ledger lifts the next A above it
-            await adapter.record_admission("batch", f"s{i}", 3)
+        if kind == "reopened":  # closed at A=3 earlier: its identity record lifts the next A above it
+            cluster.server.create(n.DOMAIN, "submissionrecords", NS, new_record("batch", f"s{i}", "", admission=3))
         await adapter.open(spec)
         wl = kueue.workload_for(obj, reserve=kind != "no-quota",
                                 other_checks=["other"] if kind == "not-ours" else ())
@@ -227,17 +229,19 @@ async def test_a_batch_of_waiting_workloads_reads_a_constant_number_of_times() -
     await world.kube.aclose()
 
 
-async def test_a_batch_of_admissions_writes_the_ledger_once() -> None:
+async def test_a_batch_of_admissions_writes_one_record_each_and_no_shared_object() -> None:
     world = await build(["free"] * 8)
     before = len(world.cluster.server.requests)
     got = outcomes(await world.reconciler.reconcile_many(NS, world.workloads, known=8))
     assert set(got.values()) == {"admitted"}
     writes = [p for m, p, _ in world.cluster.server.requests[before:] if m in ("POST", "PATCH", "PUT")]
-    assert sum("/configmaps" in p for p in writes) == 1
+    assert sum("/configmaps" in p for p in writes) == 0
+    records = [p for p in writes if "/submissionrecords/" in p]
+    assert len(records) == 8 and len(set(records)) == 8   # one per submission: no hot object
     assert sum("/trainjobs/" in p for p in writes) == 8
     assert sum(p.endswith("/status") and "/workloads/" in p for p in writes) == 8
-    ledger = world.cluster.server.get("", "configmaps", NS, "dispatch-admissions")
-    assert ledger is not None and sorted(ledger["data"].values()) == ["1"] * 8
+    stored = world.cluster.server.objects(n.DOMAIN, "submissionrecords", NS)
+    assert sorted(r["spec"]["admission"] for r in stored) == [1] * 8
     await world.kube.aclose()
 
 

@@ -9,11 +9,11 @@ import pytest
 import structlog
 
 from dispatch import _kube as k
-from dispatch._decision import Verdict
+from dispatch._decision import Verdict, waiting_text
+from dispatch._kueue import CheckEntry, WorkloadView, controller_owner
 from dispatch._records import RemainingPod
 from dispatch.controller import run, run_from_cli
 from dispatch.controller._queue import WorkQueue
-from dispatch.controller._reconcile import Entry, controller_owner, our_entry, waiting_text
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
 
@@ -69,8 +69,8 @@ def test_entry_and_owner_readers() -> None:
           "status": {"admissionChecks": [{"name": "other", "state": "Ready"},
                                          {"name": "mine", "state": "Pending", "message": "waiting for x",
                                           "lastTransitionTime": "t0"}]}}
-    assert our_entry(wl, {"mine"}) == Entry("mine", "Pending", "waiting for x", "t0")
-    assert our_entry(wl, {"absent"}) is None
+    assert WorkloadView.from_obj(wl).entry({"mine"}) == CheckEntry("mine", "Pending", "waiting for x", "t0")
+    assert WorkloadView.from_obj(wl).entry({"absent"}) is None
     owner = controller_owner(wl)
     assert owner is not None and owner.is_trainjob and owner.name == "t"
 

@@ -264,13 +264,16 @@ def _step(rng: random.Random, sm: NeverTwoExecutionsUnderKueue) -> Callable[[], 
     return sm.cache_goes_stale
 
 
+WALKS = 150
+
+
 def test_seeded_random_walks_reach_re_admission_after_waiting_and_never_overlap() -> None:
     """Hypothesis favours short, shrinkable schedules; these fixed-seed walks are long enough to reach
     preemption, waiting on Terminating pods and re-admission many times, so the invariant is checked
     on exactly the schedules that matter (and the test fails if they stop being reached)."""
     SEEN.clear()
     rng = random.Random(int(os.environ.get("DISPATCH_WALK_SEED", "20261130")))
-    for _ in range(100):
+    for _ in range(WALKS):
         sm = NeverTwoExecutionsUnderKueue()
         sm.setup()
         try:

@@ -21,6 +21,7 @@ from dispatch import (
     State,
     Unreachable,
 )
+from dispatch._trainer import TrainJobView
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -174,7 +175,7 @@ def test_admitting_writes_are_conditioned_on_the_resource_version_read(
     cluster.server.requests.clear()
     adapter.release(NAME)
     bodies = [q for m, p, q in cluster.server.requests if m == "PATCH"]
-    assert len(bodies) == 2
+    assert len(bodies) == 3  # A issued in the identity record, raised on the TrainJob, then the unsuspend
     # a concurrent change between read and write turns into a retry, not a second execution
     adapter.hold(NAME)
     cluster.settle()
@@ -187,7 +188,7 @@ def test_admitting_writes_are_conditioned_on_the_resource_version_read(
     assert stale is not None
     adapter.hold(NAME)
     with pytest.raises(Unreachable) as err:
-        adapter._run(adapter.core.raise_admission(stale, 9))
+        adapter._run(adapter.core.core.raise_trainjob(TrainJobView.from_obj(stale), 9, "stale"))
     assert err.value.code == 409
 
 
@@ -435,7 +436,8 @@ def test_the_seeds_broken_design_is_caught_by_the_history_checker(adapter: Adapt
     assert js is not None and all(r["active"] == 0 for r in js["status"]["replicatedJobsStatus"])
     tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
     assert tj is not None
-    adapter._run(adapter.core.raise_admission(tj, 2))  # Trainer's webhook accepts: active is already 0
+    # Trainer's webhook accepts: active is already 0
+    adapter._run(adapter.core.core.raise_trainjob(TrainJobView.from_obj(tj), 2, "first-design"))
     cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME,
                           lambda o: o["spec"].update(suspend=False), status=False)
     cluster.settle()
@@ -489,15 +491,15 @@ def test_a_closed_and_reopened_submission_never_reuses_an_admission_number(
     cluster.history.check()
 
 
-def test_a_crash_between_raising_a_and_recording_it_is_covered_by_close(
+def test_a_crash_between_recording_a_and_raising_it_skips_a_number_and_never_reuses_it(
     adapter: Adapter, cluster: FakeCluster
 ) -> None:
     adapter.open(SPEC)
-    cluster.server.inject(method="POST", path="/configmaps$", status=500, times=1)
+    cluster.server.inject(method="PATCH", path=f"/trainjobs/{NAME}$", status=500, times=1)
     with pytest.raises(Unreachable):
-        adapter.release(NAME)  # A=1 is on the TrainJob; the ledger write failed
+        adapter.release(NAME)  # A=1 is in the identity record; raising it on the TrainJob failed
     tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
-    assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+    assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "0"
     adapter.close(NAME)
     assert adapter.open(SPEC, hold=False).identity.admission == 2
 

@@ -9,6 +9,7 @@ import pytest
 
 from dispatch import _decision as d
 from dispatch._records import Cause, State
+from dispatch._trainer import TrainJobView
 
 NAME = "llama-s1"
 PHASES = ["Pending", "Running", "Succeeded", "Failed", "Unknown"]
@@ -33,7 +34,12 @@ SELECTIONS = {
 
 
 def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
-        labels: dict[str, str] | None = None) -> dict[str, Any]:
+        labels: dict[str, str] | None = None) -> d.PodView:
+    return d.PodView.from_obj(pod_obj(name, phase=phase, node=node, deleting=deleting, labels=labels))
+
+
+def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
+            labels: dict[str, str] | None = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"]}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
@@ -120,12 +126,12 @@ def test_node_missing_from_the_snapshot_reads_not_readable() -> None:
     assert verdict.detail() == "remaining pods: x on n9 (not readable)"
 
 
-def job(name: str, *, suspend: bool, conds: dict[str, str] | None = None, started: bool = False) -> dict[str, Any]:
+def job(name: str, *, suspend: bool, conds: dict[str, str] | None = None, started: bool = False) -> d.JobView:
     status: dict[str, Any] = {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}
     if started:
         status["startTime"] = "2026-01-01T00:00:00Z"
-    return {"metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
-            "spec": {"suspend": suspend}, "status": status}
+    return d.JobView.from_obj({"metadata": {"name": name, "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
+                               "spec": {"suspend": suspend}, "status": status})
 
 
 @pytest.mark.parametrize(
@@ -136,12 +142,14 @@ def job(name: str, *, suspend: bool, conds: dict[str, str] | None = None, starte
         (job("j", suspend=True, conds={"Suspended": "False"}, started=True),
          "job j has not confirmed its suspension yet"),
         (job("j", suspend=True, conds={"Suspended": "True"}, started=True), None),
-        (job("j", suspend=True), None),
+        # never started, suspend set, no Suspended condition: a Job re-suspended before its controller synced
+        # looks exactly so, and that controller may still create pods from its cache (issue 11, finding 2)
+        (job("j", suspend=True), "job j has not confirmed its suspension yet"),
         (job("j", suspend=False, conds={"Complete": "True"}), None),
         (job("j", suspend=False, conds={"Failed": "True"}), None),
     ],
 )
-def test_child_jobs_block_until_their_suspension_took_effect(j: dict[str, Any], blocker: str | None) -> None:
+def test_child_jobs_block_until_their_suspension_took_effect(j: d.JobView, blocker: str | None) -> None:
     verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[], nodes={}, jobs=[j])
     assert verdict.blockers == ((blocker,) if blocker else ())
 
@@ -157,14 +165,14 @@ def test_child_jobs_block_until_their_suspension_took_effect(j: dict[str, Any], 
     ],
 )
 def test_jobset_blocks_until_suspended(spec: dict[str, Any], conds: dict[str, str], blocks: bool) -> None:
-    js = {"metadata": {"name": NAME}, "spec": spec,
-          "status": {"conditions": [{"type": t, "status": s} for t, s in conds.items()]}}
+    js = d.JobSetView.from_obj({"metadata": {"name": NAME}, "spec": spec,
+                                "status": {"conditions": [{"type": t, "status": s} for t, s in conds.items()]}})
     verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[], nodes={}, jobset=js)
     assert (verdict.blockers == (f"jobset {NAME} is not suspended yet",)) is blocks
 
 
 def trainjob(*, suspend: bool = True, admission: str | None = "1", queue: str | None = None,
-             conds: dict[str, str] | None = None, deleting: bool = False) -> dict[str, Any]:
+             conds: dict[str, str] | None = None, deleting: bool = False) -> TrainJobView:
     labels = {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"}
     if queue:
         labels["kueue.x-k8s.io/queue-name"] = queue
@@ -173,8 +181,8 @@ def trainjob(*, suspend: bool = True, admission: str | None = "1", queue: str | 
         meta["annotations"]["dispatch.phpboyscout.uk/admission"] = admission
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
-    return {"metadata": meta, "spec": {"suspend": suspend},
-            "status": {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}}
+    status = {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}
+    return TrainJobView.from_obj({"metadata": meta, "spec": {"suspend": suspend}, "status": status})
 
 
 @pytest.mark.parametrize(
@@ -188,17 +196,19 @@ def trainjob(*, suspend: bool = True, admission: str | None = "1", queue: str | 
         (trainjob(deleting=True), State.CLOSING),
     ],
 )
-def test_state_of(tj: dict[str, Any], state: State) -> None:
-    assert d.state_of(tj) is state
+def test_state_of(tj: TrainJobView, state: State) -> None:
+    assert tj.state is state
 
 
 def test_next_admission_is_above_everything_seen() -> None:
     tj = trainjob(admission="3")
-    assert d.next_admission(tj, []) == 4
+    assert d.next_admission(tj, []).admission == 4
     high = pod(labels={**SELECTIONS["both"], "dispatch.phpboyscout.uk/admission": "7"})
-    assert d.next_admission(tj, [high]) == 8
-    assert d.next_admission(trainjob(admission="garbage"), []) == 1
-    assert d.next_admission(trainjob(admission=None), []) == 1
+    assert d.next_admission(tj, [high]).admission == 8
+    garbage = trainjob(admission="garbage")
+    assert d.next_admission(garbage, []).admission == 1
+    assert garbage.problems == ("annotation dispatch.phpboyscout.uk/admission is 'garbage', not a number",)
+    assert d.next_admission(trainjob(admission=None), []).admission == 1
 
 
 def test_explain_strings() -> None:
@@ -209,8 +219,8 @@ def test_explain_strings() -> None:
         "PodsRemain", "remaining pods: train-0 on node-3 (Ready=Unknown)")
     assert d.explain(trainjob(), clear) == Cause("Held", "hold in force; release admits it")
     assert d.explain(trainjob(suspend=False), None) == Cause("Admitted", "execution 1 admitted")
-    check = d.CheckView("dispatch", "Pending",
-                        "waiting for pods of the previous execution to go: train-0 on node-3")
+    check = d.CheckEntry("dispatch", "Pending",
+                         "waiting for pods of the previous execution to go: train-0 on node-3", "")
     assert d.explain(trainjob(queue="lq"), blocked, check) == Cause(
         "AdmissionCheckPending",
         "admission check dispatch Pending: waiting for pods of the previous execution to go: train-0 on node-3; "

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import shlex
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from .._names import CONTROLLER_NAME
 from .._records import State, Status
+from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
 from ._output import (
     emit,
@@ -29,6 +29,7 @@ from ._output import (
 from ._release import release_once, release_wait
 from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, parse_pairs
 from ._state import CliState, Output, Settings
+from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT
 
 HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
 
@@ -90,9 +91,8 @@ def root(
         str | None,
         typer.Option(
             "--kubeconfig",
-            envvar="KUBECONFIG",
-            show_envvar=True,
-            help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then in-cluster).",
+            help="Kubeconfig file (default: the KUBECONFIG list, merged as kubectl merges it; then "
+            "~/.kube/config; then in-cluster).",
         ),
     ] = None,
     context: Annotated[str | None, typer.Option("--context", help="Kubeconfig context to use.")] = None,
@@ -165,24 +165,38 @@ def open_(
             "--resource",
             "-r",
             metavar="KEY=VALUE",
-            help="Resources per node, KEY=VALUE (repeatable): -r cpu=2 -r memory=4Gi.",
+            help="Resources per node, KEY=VALUE, comma-separated or repeated: -r cpu=2,memory=4Gi.",
         ),
     ] = None,
     env: Annotated[
         list[str] | None,
-        typer.Option("--env", "-e", metavar="KEY=VALUE", help="Trainer environment, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--env", "-e", metavar="KEY=VALUE",
+            help="Trainer environment variable, one KEY=VALUE per flag (repeatable); the value is taken whole, "
+            "commas and '=' included: -e CUDA_VISIBLE_DEVICES=0,1.",
+        ),
     ] = None,
     label: Annotated[
         list[str] | None,
-        typer.Option("--label", "-l", metavar="KEY=VALUE", help="Extra TrainJob label, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--label", "-l", metavar="KEY=VALUE",
+            help="Extra TrainJob label, KEY=VALUE, comma-separated or repeated: -l team=ml,tier=gold.",
+        ),
     ] = None,
     node_selector: Annotated[
         list[str] | None,
-        typer.Option("--node-selector", metavar="KEY=VALUE", help="Pods' node selector, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--node-selector", metavar="KEY=VALUE",
+            help="Pods' node selector, KEY=VALUE, comma-separated or repeated: --node-selector zone=a,gpu=a100.",
+        ),
     ] = None,
     pod_annotation: Annotated[
         list[str] | None,
-        typer.Option("--pod-annotation", metavar="KEY=VALUE", help="Annotation on every pod, KEY=VALUE (repeatable)."),
+        typer.Option(
+            "--pod-annotation", metavar="KEY=VALUE",
+            help="Annotation on every pod, one KEY=VALUE per flag (repeatable); the value is taken whole, commas "
+            "included.",
+        ),
     ] = None,
     queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue (Kueue mode).")] = None,
     priority: Annotated[str | None, typer.Option("--priority", help="Kueue WorkloadPriorityClass.")] = None,
@@ -251,10 +265,12 @@ def release(
         ),
     ] = False,
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="With --wait: give up after seconds.")
+        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
+                            help=f"With --wait: give up after seconds ({TIMEOUT.range}).")
     ] = 600.0,
     interval: Annotated[
-        float, typer.Option("--interval", min=0, metavar="SECONDS", help="With --wait: seconds between attempts.")
+        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
+                            help=f"With --wait: seconds between attempts ({INTERVAL.range}).")
     ] = 2.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -304,6 +320,57 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
             state.out.print(pods_table(remaining))
 
     emit(state, {"name": name, "closed": True, "remaining": [pod_dict(p) for p in remaining]}, human)
+
+
+# ------------------------------------------------------------------------------------------ admin
+
+admin_app = typer.Typer(
+    help="Identity-record administration (needs the dispatch-admin role).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(admin_app, name="admin")
+
+
+@admin_app.command("forget", epilog=EXIT_CODES_HELP)
+def admin_forget(
+    ctx: typer.Context,
+    job_id: Annotated[str, typer.Argument(metavar="JOB_ID")],
+    submission: Annotated[str, typer.Argument(metavar="SUBMISSION")],
+    yes: Annotated[bool, typer.Option("--yes", help="Confirm: the submission counts from A=1 again.")] = False,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Delete a submission's identity record, so a re-opened submission counts from A=1 again.
+
+    Only once no process of it can run and nothing fences on its old admission numbers. Refused while a
+    TrainJob holds the submission.
+    """
+    state = _state(ctx, output, namespace)
+    if not yes:
+        raise typer.BadParameter("forgetting a submission lets it reuse admission numbers; pass --yes to confirm",
+                                 param_hint="--yes")
+    with guard(state):
+        forgotten = state.adapter().forget(job_id, submission)
+
+    def human() -> None:
+        state.out.print(f"forgot {escape(job_id)}/{escape(submission)}" if forgotten
+                        else f"{escape(job_id)}/{escape(submission)} has no identity record")
+
+    emit(state, {"jobId": job_id, "submission": submission, "forgotten": forgotten}, human)
+
+
+@admin_app.command("migrate", epilog=EXIT_CODES_HELP)
+def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
+    """Fold the old dispatch-admissions ConfigMap and every dispatch TrainJob's A into identity records.
+
+    Run it once per namespace after upgrading from a version without records; safe to run again.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        created, raised = state.adapter().migrate()
+    emit(state, {"created": created, "raised": raised},
+         lambda: state.out.print(f"identity records: {created} created, {raised} raised"))
 
 
 # ------------------------------------------------------------------------------------------ status etc.
@@ -378,10 +445,12 @@ def wait(
         ),
     ],
     timeout: Annotated[
-        float, typer.Option("--timeout", min=0, metavar="SECONDS", help="Give up after seconds (exit 3).")
+        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
+                            help=f"Give up after seconds, then exit 3 ({TIMEOUT.range}).")
     ] = 600.0,
     interval: Annotated[
-        float, typer.Option("--interval", min=0, metavar="SECONDS", help="Seconds between polls.")
+        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
+                            help=f"Seconds between polls ({INTERVAL.range}).")
     ] = 1.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
@@ -426,8 +495,9 @@ def logs(
 def controller(
     ctx: typer.Context,
     metrics_port: Annotated[
-        int, typer.Option("--metrics-port", min=0, help="Port of /healthz, /readyz and /metrics (0: any free).")
-    ] = 8080,
+        int, typer.Option("--metrics-port", min=0, max=65535,
+                          help="Port of /healthz, /readyz and /metrics (0: any free).")
+    ] = METRICS_PORT,
     metrics_bind_address: Annotated[
         str | None,
         typer.Option("--metrics-bind-address", metavar="HOST:PORT",
@@ -446,30 +516,30 @@ def controller(
     ] = True,
     lease_namespace: Annotated[
         str, typer.Option("--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the Lease.")
-    ] = "dispatch-system",
-    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = (
-        "dispatch-admission-controller"
-    ),
+    ] = DEFAULTS.lease_namespace,
+    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = DEFAULTS.lease_name,
     identity: Annotated[
         str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = (
+        DEFAULTS.workers),
     batch: Annotated[
         int, typer.Option("--batch", min=1,
                           help="Decide up to this many queued Workloads of one namespace from one shared read.")
-    ] = 64,
+    ] = DEFAULTS.batch,
     resync_seconds: Annotated[
         float,
-        typer.Option("--resync-seconds", min=1, metavar="SECONDS",
-                     help="Re-check waiting Workloads this often even without an event (a safety net), seconds."),
-    ] = 60.0,
+        typer.Option("--resync-seconds", metavar="SECONDS", callback=RESYNC,
+                     help="Re-check waiting Workloads this often even without an event (a safety net), "
+                     f"seconds ({RESYNC.range})."),
+    ] = DEFAULTS.resync_seconds,
     foreign: Annotated[
         str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
-    ] = "ready",
+    ] = DEFAULTS.foreign,
     controller_name: Annotated[
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
-    ] = CONTROLLER_NAME,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    ] = DEFAULTS.controller_name,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -481,24 +551,9 @@ def controller(
     check Pending naming the pods that remain, or raises A and sets it Ready.
     """
     state = _state(ctx)
-    try:
-        module = importlib.import_module("dispatch.controller")
-    except ModuleNotFoundError as exc:
-        if exc.name != "dispatch.controller":
-            raise
-        module = None
-    entry = getattr(module, "run_from_cli", None)
-    if entry is None or not callable(entry):
-        state.err.print(
-            "[bold red]error:[/] the admission-check controller is not part of this installation "
-            "(dispatch.controller.run_from_cli is missing)",
-            highlight=False,
-        )
-        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
-        raise typer.Exit(EXIT_FAILURE)
     s = state.settings
     with guard(state):
-        result = entry(
+        result = run_from_cli(
             kubeconfig=s.kubeconfig,
             context=s.context,
             namespace=namespace or s.namespace,
@@ -534,7 +589,7 @@ def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
     state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     if "root" in str(exc).lower() or isinstance(exc, PermissionError):
         state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
-    elif "go" in str(exc).lower():
+    elif shutil.which("go") is None:
         state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
     return typer.Exit(EXIT_FAILURE)
 
@@ -639,7 +694,8 @@ def demo(
     step_timeout: Annotated[
         float,
         typer.Option(
-            "--step-timeout", min=1, metavar="SECONDS", help="Seconds each step may take before the demo fails."
+            "--step-timeout", metavar="SECONDS", callback=STEP_TIMEOUT,
+            help=f"Seconds each step may take before the demo fails ({STEP_TIMEOUT.range})."
         ),
     ] = 120.0,
 ) -> None:

@@ -34,11 +34,14 @@ EXIT_INTERRUPTED = 130
 EXIT_CODES_HELP = (
     "Exit codes: 0 success; 1 unexpected failure; 2 usage error; 3 retryable failure (Unreachable: "
     "API server unreachable, timeout, conflict, or PodsRemain: pods of the previous execution may still "
-    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only); "
+    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only, "
+    "an unusable kubeconfig, a server that is not the Kubernetes API); "
     "130 interrupted."
 )
 
 _KIND_MISSING = "the server could not find the requested resource"
+_GROUP_MISSING = "404 page not found"
+"""kube-apiserver's plain-text answer for an API group it does not serve (a CRD's group not installed)."""
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
@@ -59,8 +62,35 @@ def explain(exc: DispatchError) -> tuple[str, str]:
             "retry once the pods have gone, or run `dispatch release --wait`; a pod on a lost node goes only "
             f"when an operator confirms the node is down and taints it {OUT_OF_SERVICE} (see `dispatch ceased`)"
         )
-    if exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower():
+    if exc.reason == "NoContext" or (
+        exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower()
+    ):
         return message, "pass --context with a context your kubeconfig defines, or omit it for the current one"
+    if exc.reason == "BadKubeconfig":
+        return message, (
+            "fix the kubeconfig entry named above (`kubectl config view` shows how it reads), or point "
+            "--kubeconfig or KUBECONFIG at a working one"
+        )
+    if exc.reason == "BadCertificate":
+        return message, (
+            "certificate data must be base64 of PEM (as `kubectl config view --raw` prints it), and files must "
+            "exist and hold PEM; fetch a fresh kubeconfig from your cluster's provider"
+        )
+    if exc.reason == "ExecCredential":
+        return message, (
+            "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it needs "
+            "that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same plugin"
+        )
+    if exc.reason == "NotKubernetesAPI" and isinstance(exc, Unreachable):
+        return message, (
+            "something in front of the API server (a proxy or load balancer) answered instead of it; this may be "
+            "temporary (exit code 3): retry, and check the kubeconfig's server URL if it persists"
+        )
+    if exc.reason == "NotKubernetesAPI":
+        return message, (
+            "the kubeconfig's server URL does not reach a Kubernetes API server (a proxy, portal or web server "
+            "answered): check the cluster's server in the kubeconfig, --context, and HTTPS_PROXY"
+        )
     if exc.reason == "NoKubeconfig":
         return message, (
             "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
@@ -84,7 +114,7 @@ def explain(exc: DispatchError) -> tuple[str, str]:
         )
     if isinstance(exc, NotFound):
         low = message.lower()
-        if _KIND_MISSING in low or "trainer installed" in low or "kind is not served" in low:
+        if _KIND_MISSING in low or _GROUP_MISSING in low or "trainer installed" in low or "kind is not served" in low:
             return message, (
                 "a kind dispatch needs is not served: install Kubeflow Trainer v2 (with JobSet) in the "
                 "cluster, and Kueue for --queue; or pick the right cluster with --context"

@@ -38,16 +38,19 @@ import structlog
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .. import _kube as k
-from .._names import CONTROLLER_NAME
 from ..errors import DispatchError, Refused
-from ._controller import ACTIVE_MESSAGE, ACTIVE_REASON, Config, Controller, default_identity
+from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON
+from ._controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, Config, Controller, default_identity
 from ._http import Authorizer, MetricsServing
 from ._metrics import Metrics
-from ._reconcile import WAITING_PREFIX, Outcome, Reconciler, snapshot
+from ._reconcile import WAITING_PREFIX, Outcome, Reconciler
 
 __all__ = [
     "ACTIVE_MESSAGE",
     "ACTIVE_REASON",
+    "DEFAULTS",
+    "LOG_LEVEL",
+    "METRICS_PORT",
     "WAITING_PREFIX",
     "Authorizer",
     "Config",
@@ -60,7 +63,6 @@ __all__ = [
     "default_identity",
     "run",
     "run_from_cli",
-    "snapshot",
 ]
 
 
@@ -102,17 +104,17 @@ def run_from_cli(
     kubeconfig: str | None,
     context: str | None,
     namespace: str | None,
-    metrics_port: int,
-    leader_elect: bool,
-    lease_namespace: str = "dispatch-system",
-    lease_name: str = "dispatch-admission-controller",
+    metrics_port: int = METRICS_PORT,
+    leader_elect: bool = True,
+    lease_namespace: str = DEFAULTS.lease_namespace,
+    lease_name: str = DEFAULTS.lease_name,
     identity: str | None = None,
-    workers: int = 4,
-    batch: int = 64,
-    resync_seconds: float = 60.0,
-    foreign: str = "ready",
-    log_level: str = "info",
-    controller_name: str = CONTROLLER_NAME,
+    workers: int = DEFAULTS.workers,
+    batch: int = DEFAULTS.batch,
+    resync_seconds: float = DEFAULTS.resync_seconds,
+    foreign: str = DEFAULTS.foreign,
+    log_level: str = LOG_LEVEL,
+    controller_name: str = DEFAULTS.controller_name,
     metrics_bind_address: str | None = None,
     metrics_secure: bool = False,
     metrics_cert_dir: str | None = None,

@@ -13,40 +13,32 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 
-from .. import _decision as d
+from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
-from ..errors import DispatchError, Forbidden, Refused, Unreachable
+from ..errors import DispatchError, Forbidden
+from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._http import MetricsServing, serve, serve_metrics
+from ._informer import Informer, error_reason
 from ._leader import LeaderElector
 from ._metrics import Metrics
 from ._queue import WorkQueue
-from ._reconcile import (
-    ForeignPolicy,
-    Outcome,
-    Reconciler,
-    controller_owner,
-    error_reason,
-    now_text,
-    our_entry,
-    pending_ours,
-)
+from ._reconcile import ForeignPolicy, Outcome, Reconciler, now_text
+from ._routing import Router
 
 log = structlog.get_logger("dispatch.controller")
 
 Obj = dict[str, Any]
 
-OURS = object()
-ACTIVE_REASON = "ControllerRunning"
-ACTIVE_MESSAGE = ("dispatch admission controller is running: a check stays Pending while pods of the "
-                  "previous execution may still run")
+__all__ = ["ACTIVE_MESSAGE", "ACTIVE_REASON", "DEFAULTS", "LOG_LEVEL", "METRICS_PORT", "Config", "Controller",
+           "default_identity"]
 
 
 def default_identity() -> str:
@@ -86,6 +78,14 @@ class Config:
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
 
 
+DEFAULTS = Config()
+"""The one source of the controller's option defaults (the CLI, ``python -m dispatch.controller`` and
+``run_from_cli`` all read it)."""
+METRICS_PORT = 8080
+"""The port a deployed controller serves probes and metrics on (``Config`` itself serves none)."""
+LOG_LEVEL = "info"
+
+
 async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> None:
     """Cancel and reap ``tasks``, cancelling again any that swallowed the first cancellation.
 
@@ -103,69 +103,13 @@ async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> N
                 task.exception()
 
 
-class Informer:
-    """List, then watch from the list's resourceVersion; relist on 410; back off on errors."""
-
-    def __init__(
-        self,
-        kube: k.Kube,
-        res: k.Res,
-        *,
-        namespace: str | None,
-        labels: str | None,
-        on_list: Callable[[list[Obj]], None],
-        on_event: Callable[[str, Obj], None],
-        timeout_seconds: int,
-        metrics: Metrics,
-    ) -> None:
-        self._kube = kube
-        self.res = res
-        self.namespace = namespace
-        self.labels = labels
-        self._on_list = on_list
-        self._on_event = on_event
-        self.timeout_seconds = timeout_seconds
-        self._metrics = metrics
-        self.synced = asyncio.Event()
-        self.last_error = ""
-
-    async def run(self) -> None:
-        every = self.namespace is None and self.res.namespaced
-        delay = 0.2
-        while True:
-            try:
-                listed = await self._kube.list(self.res, self.namespace, labels=self.labels, all_namespaces=every)
-                self._on_list(listed.items)
-                rv = listed.resource_version
-                self.synced.set()
-                self.last_error = ""
-                delay = 0.2
-                while True:
-                    async for etype, obj in self._kube.watch(
-                        self.res, self.namespace, resource_version=rv, labels=self.labels,
-                        timeout_seconds=self.timeout_seconds, all_namespaces=every,
-                    ):
-                        rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
-                        if etype in ("ADDED", "MODIFIED", "DELETED"):
-                            self._on_event(etype, obj)
-            except Unreachable as exc:
-                if exc.code == 410:
-                    log.info("watch expired; relisting", resource=self.res.describe())
-                    continue
-                self._failed(exc, "warning")
-            except Refused as exc:
-                self._failed(exc, "error")
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
-
-    def _failed(self, exc: DispatchError, level: str) -> None:
-        self.last_error = str(exc)
-        self._metrics.errors.labels(f"Watch{error_reason(exc)}").inc()
-        getattr(log, level)("list/watch failed", resource=self.res.describe(), error=str(exc))
-
-
 class Controller:
-    """The admission-check controller for dispatch's AdmissionChecks."""
+    """The admission-check controller for dispatch's AdmissionChecks: wiring and the worker loop.
+
+    Its parts each have one concern: informers (``_informer``) feed the router (``_routing``), which
+    queues the Workloads an event may concern; workers hand batches to the Workload reconciler
+    (``_reconcile``); the AdmissionCheck reconciler (``_checks``) keeps our checks Active.
+    """
 
     def __init__(self, kube: k.Kube, config: Config | None = None, *, metrics: Metrics | None = None) -> None:
         self.kube = kube
@@ -173,295 +117,67 @@ class Controller:
         self.identity = self.config.identity or default_identity()
         self.metrics = metrics or Metrics.create()
         self.queue = WorkQueue()
-        self.checks: dict[str, Obj] = {}
-        self.check_names: frozenset[str] = frozenset()
-        self.pending: set[str] = set()
-        self.owner_of: dict[str, tuple[str, str]] = {}
-        self.by_owner: dict[tuple[str, str], set[str]] = {}
-        self.nodes: dict[str, d.NodeView] = {}
-        self.node_waiters: dict[str, set[str]] = {}
-        self.waiting: dict[str, tuple[float, frozenset[str]]] = {}
-        self.last_gone: dict[tuple[str, str], float] = {}
-        self.signatures: dict[str, tuple[object, ...]] = {}
-        self.workloads: dict[str, Obj] = {}
-        """Last seen Workloads: kept so a change of our check names can re-sort them without a relist."""
-        self.pod_signatures: dict[str, tuple[str, bool]] = {}
         self.leading = asyncio.Event()
-        self._checks_dirty = asyncio.Event()
         self.http_port: int | None = None
         self.metrics_port: int | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
+        self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
+        self.checks = CheckKeeper(kube, self.metrics, controller_name=self.config.controller_name,
+                                  field_manager=self.config.field_manager, now=now_text,
+                                  on_names=self.router.set_check_names)
         self.reconciler = Reconciler(
-            kube, check_names=lambda: self.check_names, events=self.events, metrics=self.metrics,
+            kube, check_names=lambda: self.checks.names, events=self.events, metrics=self.metrics,
             foreign=self.config.foreign, field_manager=self.config.field_manager,
-            last_gone=lambda ns, name: self.last_gone.get((ns, name)),
+            last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
         )
-        self.reconciler.on_written = self._written
+        self.reconciler.on_written = self.router.written
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
+        r = self.router
+
+        def informer(res: k.Res, namespace: str | None, labels: str | None,
+                     on_list: Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
+            return Informer(kube, res, namespace=namespace, labels=labels, on_list=on_list, on_event=on_event,
+                            timeout_seconds=timeout, metrics=self.metrics)
+
         self.informers = {
-            "admissionchecks": Informer(kube, k.ADMISSION_CHECKS, namespace=None, labels=None,
-                                        on_list=self._list_checks, on_event=self._on_check,
-                                        timeout_seconds=timeout, metrics=self.metrics),
-            "workloads": Informer(kube, k.WORKLOADS, namespace=ns, labels=None, on_list=self._list_workloads,
-                                  on_event=self._on_workload, timeout_seconds=timeout, metrics=self.metrics),
-            "pods": Informer(kube, k.PODS, namespace=ns, labels=n.JOBSET_NAME_LABEL, on_list=self._list_pods,
-                             on_event=self._on_pod, timeout_seconds=timeout, metrics=self.metrics),
-            "nodes": Informer(kube, k.NODES, namespace=None, labels=None, on_list=self._list_nodes,
-                              on_event=self._on_node, timeout_seconds=timeout, metrics=self.metrics),
+            "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
+            "workloads": informer(api.WORKLOADS, ns, None, r.list_workloads, r.on_workload),
+            # Both selections of the rule: a pod found only by dispatch's labels wakes its Workload too.
+            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, r.list_pods, r.on_pod),
+            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, r.list_pods, r.on_pod),
+            "nodes": informer(api.NODES, None, None, r.list_nodes, r.on_node),
             # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
             # confirmation event-driven too.
-            "jobsets": Informer(kube, k.JOBSETS, namespace=ns, labels=None, on_list=self._list_lower,
-                                on_event=self._on_lower, timeout_seconds=timeout, metrics=self.metrics),
-            "jobs": Informer(kube, k.JOBS, namespace=ns, labels=n.JOBSET_NAME_LABEL, on_list=self._list_lower,
-                             on_event=self._on_lower, timeout_seconds=timeout, metrics=self.metrics),
+            "jobsets": informer(api.JOBSETS, ns, None, r.list_lower, r.on_lower),
+            "jobs": informer(api.JOBS, ns, n.JOBSET_NAME_LABEL, r.list_lower, r.on_lower),
         }
         self._stopping = False
         self.elector: LeaderElector | None = None
 
-    # ------------------------------------------------------------------ AdmissionChecks
+    # ------------------------------------------------------------------ compatibility views of the parts
 
-    def _ours(self, check: Obj) -> bool:
-        return (check.get("spec") or {}).get("controllerName") == self.config.controller_name
+    @property
+    def check_names(self) -> frozenset[str]:
+        return self.checks.names
 
-    def _set_checks(self, checks: dict[str, Obj]) -> None:
-        before = self.check_names
-        self.checks = checks
-        self.check_names = frozenset(checks)
-        self._checks_dirty.set()
-        if self.check_names != before:
-            log.info("admission checks of ours", checks=sorted(self.check_names))
-            # Which Workloads are ours depends on the check names: index every known Workload again.
-            for obj in list(self.workloads.values()):
-                self._index_workload(obj, force=True)
-            self._gauges()
+    @property
+    def pending(self) -> set[str]:
+        return self.router.pending
 
-    def _list_checks(self, items: list[Obj]) -> None:
-        self._set_checks({d.name_of(c): c for c in items if self._ours(c)})
+    @property
+    def waiting(self) -> dict[str, tuple[float, frozenset[str]]]:
+        return self.router.waiting
 
-    def _on_check(self, etype: str, obj: Obj) -> None:
-        checks = dict(self.checks)
-        name = d.name_of(obj)
-        if etype == "DELETED" or not self._ours(obj):
-            checks.pop(name, None)
-        else:
-            checks[name] = obj
-        self._set_checks(checks)
-
-    async def _keep_checks_active(self) -> None:
-        """Keep ``Active=True`` on each of our AdmissionChecks (leader only), writing only on a change."""
-        while True:
-            await self._checks_dirty.wait()
-            self._checks_dirty.clear()
-            await self.leading.wait()
-            for name, check in list(self.checks.items()):
-                try:
-                    await self._activate(name, check)
-                except DispatchError as exc:
-                    self.metrics.errors.labels(f"AdmissionCheck{error_reason(exc)}").inc()
-                    log.warning("cannot mark admission check active", check=name, error=str(exc))
-                    asyncio.get_running_loop().call_later(2.0, self._checks_dirty.set)
-
-    async def _activate(self, name: str, check: Obj) -> None:
-        conds = (check.get("status") or {}).get("conditions") or []
-        active = next((c for c in conds if c.get("type") == "Active"), None)
-        generation = (check.get("metadata") or {}).get("generation")
-        if (active and active.get("status") == "True" and active.get("reason") == ACTIVE_REASON
-                and active.get("message") == ACTIVE_MESSAGE and active.get("observedGeneration") == generation):
-            return
-        since = active.get("lastTransitionTime") if active and active.get("status") == "True" else None
-        cond: Obj = {"type": "Active", "status": "True", "reason": ACTIVE_REASON, "message": ACTIVE_MESSAGE,
-                     "lastTransitionTime": since or now_text()}
-        if generation is not None:
-            cond["observedGeneration"] = generation
-        body = {"apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck",
-                "metadata": {"name": name}, "status": {"conditions": [cond]}}
-        await self.kube.apply(k.ADMISSION_CHECKS, name, body, sub="status",
-                              field_manager=self.config.field_manager, force=True)
-        self.metrics.writes.labels("admissioncheck").inc()
-        log.info("admission check active", check=name)
-
-    # ------------------------------------------------------------------ Workloads
-
-    @staticmethod
-    def _key(obj: Obj) -> str:
-        meta = obj.get("metadata") or {}
-        return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-    def _forget_owner(self, key: str) -> None:
-        owner = self.owner_of.pop(key, None)
-        if owner is not None:
-            keys = self.by_owner.get(owner)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self.by_owner[owner]
-                    self.last_gone.pop(owner, None)
-
-    def _index_workload(self, obj: Obj, *, force: bool = False) -> None:
-        key = self._key(obj)
-        self.workloads[key] = obj
-        owner = controller_owner(obj)
-        ns = str((obj.get("metadata") or {}).get("namespace", ""))
-        pair = (ns, owner.name) if owner is not None and owner.is_trainjob else None
-        if self.owner_of.get(key) != pair:
-            self._forget_owner(key)
-            if pair is not None:
-                self.owner_of[key] = pair
-                self.by_owner.setdefault(pair, set()).add(key)
-        if pending_ours(obj, self.check_names):
-            self.pending.add(key)
-            signature = self._signature(key, obj)
-            if force or self.signatures.get(key) != signature:
-                self.queue.add(key)
-            self.signatures[key] = signature
-        else:
-            self.pending.discard(key)
-            self.signatures.pop(key, None)
-            self.reconciler.written.pop(key, None)
-            self._drop_waiting(key)
-
-    def _written(self, key: str) -> None:
-        """Our write's echo (same state, our message) must not look like a change."""
-        stored = self.signatures.get(key)
-        written = self.reconciler.written.get(key)
-        if stored is not None and written is not None and stored[0] == written[0]:
-            self.signatures[key] = (*stored[:-1], OURS)
-
-    def _signature(self, key: str, obj: Obj) -> tuple[object, ...]:
-        """What of a Workload the decision reads. Kueue rewrites Workloads often (conditions' times,
-        requeue state), and our own write echoes back: neither needs a reconcile. Our own message is
-        folded to a marker so its echo matches what was stored before the write."""
-        entry = our_entry(obj, self.check_names)
-        state, text = (entry.state, entry.message) if entry else ("", "")
-        message: object = OURS if self.reconciler.written.get(key) == (state, text) else text
-        conds = tuple(d.condition_true(obj, c) for c in ("QuotaReserved", "Evicted", "Finished", "Admitted"))
-        owner = controller_owner(obj)
-        return (state, conds, (obj.get("spec") or {}).get("active"), d.is_deleting(obj),
-                owner.uid if owner else "", message)
-
-    def _list_workloads(self, items: list[Obj]) -> None:
-        keys = {self._key(o) for o in items}
-        for stale in set(self.owner_of) | self.pending | set(self.workloads):
-            if stale not in keys:
-                self._remove_workload(stale)
-        for obj in items:
-            self._index_workload(obj, force=True)
-        self._gauges()
-
-    def _remove_workload(self, key: str) -> None:
-        self.workloads.pop(key, None)
-        self._forget_owner(key)
-        self.pending.discard(key)
-        self.signatures.pop(key, None)
-        self.reconciler.written.pop(key, None)
-        self._drop_waiting(key)
-
-    def _on_workload(self, etype: str, obj: Obj) -> None:
-        if etype == "DELETED":
-            self._remove_workload(self._key(obj))
-        else:
-            self._index_workload(obj)
-        self._gauges()
-
-    def _requeue_all(self) -> None:
-        for key in sorted(self.pending):
-            self.queue.add(key)
-
-    # ------------------------------------------------------------------ pods and nodes
-
-    @staticmethod
-    def _pod_signature(obj: Obj) -> tuple[str, bool]:
-        """What of a pod the decision and its message read: where it runs and whether it may run."""
-        phase = str((obj.get("status") or {}).get("phase") or "")
-        return str((obj.get("spec") or {}).get("nodeName") or ""), phase not in d.TERMINAL_PHASES
-
-    def _list_pods(self, items: list[Obj]) -> None:
-        self.pod_signatures = {str((o.get("metadata") or {}).get("uid")): self._pod_signature(o) for o in items}
-        # Pods may have gone while the watch was down: re-check every Workload that waits.
-        self._requeue_all()
-
-    def _on_pod(self, etype: str, obj: Obj) -> None:
-        meta = obj.get("metadata") or {}
-        uid = str(meta.get("uid"))
-        if etype == "DELETED":
-            self.pod_signatures.pop(uid, None)
-        else:
-            signature = self._pod_signature(obj)
-            if etype == "MODIFIED" and self.pod_signatures.get(uid) == signature:
-                return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
-            self.pod_signatures[uid] = signature
-        owner = (str(meta.get("namespace", "")), str(d.labels_of(obj).get(n.JOBSET_NAME_LABEL, "")))
-        keys = self.by_owner.get(owner)
-        if not keys:
-            return
-        if etype == "DELETED" or not self._pod_signature(obj)[1]:
-            self.last_gone[owner] = time.monotonic()
-        for key in keys:
-            if key in self.pending:
-                self.queue.add(key)
-
-    def _list_lower(self, items: list[Obj]) -> None:
-        self._requeue_all()
-
-    def _on_lower(self, etype: str, obj: Obj) -> None:
-        """A JobSet (named as its TrainJob) or a Job (labelled with it) changed: re-check the waiters."""
-        meta = obj.get("metadata") or {}
-        name = d.labels_of(obj).get(n.JOBSET_NAME_LABEL) if obj.get("kind") == "Job" else meta.get("name")
-        for key in self.by_owner.get((str(meta.get("namespace", "")), str(name or "")), ()):
-            if key in self.waiting:
-                self.queue.add(key)
-
-    def _list_nodes(self, items: list[Obj]) -> None:
-        seen = {d.name_of(o): d.NodeView.from_obj(o) for o in items}
-        changed = {name for name in set(seen) | set(self.nodes) if seen.get(name) != self.nodes.get(name)}
-        self.nodes = seen
-        self._nodes_changed(changed)
-
-    def _on_node(self, etype: str, obj: Obj) -> None:
-        name = d.name_of(obj)
-        view = d.NodeView.gone(name) if etype == "DELETED" else d.NodeView.from_obj(obj)
-        if self.nodes.get(name) == view:
-            return  # heartbeats and other changes the decision does not read
-        if etype == "DELETED":
-            self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = view
-        self._nodes_changed([name])
-
-    def _nodes_changed(self, names: Iterable[str]) -> None:
-        for name in names:
-            for key in self.node_waiters.get(name, ()):
-                self.queue.add(key)
-
-    # ------------------------------------------------------------------ waiting bookkeeping
-
-    def _drop_waiting(self, key: str) -> None:
-        found = self.waiting.pop(key, None)
-        if found is not None:
-            for node in found[1]:
-                waiters = self.node_waiters.get(node)
-                if waiters is not None:
-                    waiters.discard(key)
-                    if not waiters:
-                        del self.node_waiters[node]
-
-    def _note(self, key: str, outcome: Outcome) -> None:
-        if not outcome.waiting:
-            self._drop_waiting(key)
-        else:
-            since = self.waiting.get(key, (time.monotonic(), frozenset()))[0]
-            self._drop_waiting(key)
-            self.waiting[key] = (since, outcome.waiting_nodes)
-            for node in outcome.waiting_nodes:
-                self.node_waiters.setdefault(node, set()).add(key)
-        self._gauges()
+    @property
+    def workloads(self) -> dict[str, dict[str, object]]:
+        return self.router.workloads
 
     def _gauges(self) -> None:
-        self.metrics.waiting.set(len(self.waiting))
+        self.metrics.waiting.set(len(self.router.waiting))
         now = time.monotonic()
-        self.metrics.longest_wait.set(max((now - s for s, _ in self.waiting.values()), default=0.0))
+        self.metrics.longest_wait.set(max((now - s for s, _ in self.router.waiting.values()), default=0.0))
         self.metrics.queue_depth.set(len(self.queue))
 
     # ------------------------------------------------------------------ workers
@@ -483,15 +199,11 @@ class Controller:
                     self.queue.done(key)
                 self._gauges()
 
-    async def _process(self, key: str) -> None:
-        await self._process_many([key])
-
     async def _process_many(self, keys: list[str]) -> None:
         self.metrics.batch_size.observe(len(keys))
         namespace = keys[0].split("/", 1)[0]
-        prefix = namespace + "/"
-        known = sum(1 for key in self.workloads if key.startswith(prefix)) if len(keys) > 1 else 0
-        hints = {key.split("/", 1)[1]: self.workloads[key] for key in keys if key in self.workloads}
+        known = self.router.known_in(namespace) if len(keys) > 1 else 0
+        hints = {key.split("/", 1)[1]: self.router.workloads[key] for key in keys if key in self.router.workloads}
         results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
                                                        known=known, hints=hints)
         for key in keys:
@@ -515,7 +227,8 @@ class Controller:
         self.metrics.decisions.labels(outcome.outcome).inc()
         if outcome.error:
             self.metrics.errors.labels(outcome.error).inc()
-        self._note(key, outcome)
+        self.router.note(key, outcome.waiting, outcome.waiting_nodes)
+        self._gauges()
         if outcome.retry:
             self.queue.add_after(key, self.queue.backoff(key))
         else:
@@ -525,7 +238,7 @@ class Controller:
         while True:
             await asyncio.sleep(self.config.resync_seconds)
             if self.leading.is_set():
-                self._requeue_all()
+                self.router.requeue_all()
 
     # ------------------------------------------------------------------ leadership and probes
 
@@ -533,8 +246,8 @@ class Controller:
         self.metrics.leader.set(1 if leading else 0)
         if leading:
             self.leading.set()
-            self._requeue_all()
-            self._checks_dirty.set()
+            self.router.requeue_all()
+            self.checks.dirty.set()
         else:
             self.leading.clear()
 
@@ -577,7 +290,7 @@ class Controller:
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
         jobs += [self._worker() for _ in range(max(1, self.config.workers))]
-        jobs += [self._resync(), self._keep_checks_active()]
+        jobs += [self._resync(), self.checks.run(self.leading)]
         if self.config.leader_elect:
             self.elector = LeaderElector(
                 self.kube, name=self.config.lease_name, namespace=self.config.lease_namespace,

@@ -9,11 +9,13 @@ from __future__ import annotations
 import asyncio
 import secrets
 from datetime import UTC, datetime
-from typing import Any
 
 import structlog
 
 from .. import _kube as k
+from .._api import TRAINJOBS, Res
+from .._trainer import TrainJobView
+from .._views import Ref
 from ..errors import DispatchError
 from ._metrics import Metrics
 
@@ -30,11 +32,18 @@ class EventRecorder:
         self.enabled = True
         self._pending: set[asyncio.Task[None]] = set()
 
-    async def emit(self, obj: dict[str, Any], reason: str, message: str, *, warning: bool = False) -> None:
-        """Queue the Event and return at once."""
+    async def emit_for(self, trainjob: TrainJobView | None, reason: str, message: str, *,
+                       warning: bool = False) -> None:
+        """Queue an Event on the TrainJob and return at once."""
+        if trainjob is None:
+            return
+        await self.emit(TRAINJOBS, trainjob.ref, reason, message, warning=warning)
+
+    async def emit(self, res: Res, ref: Ref, reason: str, message: str, *, warning: bool = False) -> None:
+        """Queue the Event on the object ``ref`` of kind ``res`` and return at once."""
         if not self.enabled:
             return
-        task = asyncio.create_task(self._send(obj, reason, message, warning))
+        task = asyncio.create_task(self._send(res, ref, reason, message, warning))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
@@ -43,22 +52,20 @@ class EventRecorder:
         if self._pending:
             await asyncio.wait(set(self._pending), timeout=timeout)
 
-    async def _send(self, obj: dict[str, Any], reason: str, message: str, warning: bool) -> None:
-        meta = obj.get("metadata") or {}
-        name = str(meta.get("name", ""))
-        namespace = str(meta.get("namespace", ""))
+    async def _send(self, res: Res, ref: Ref, reason: str, message: str, warning: bool) -> None:
+        name, namespace = ref.name, ref.namespace
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         event = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
             "involvedObject": {
-                "apiVersion": obj.get("apiVersion", ""),
-                "kind": obj.get("kind", ""),
+                "apiVersion": res.api_version,
+                "kind": res.kind,
                 "name": name,
                 "namespace": namespace,
-                "uid": meta.get("uid", ""),
-                "resourceVersion": meta.get("resourceVersion", ""),
+                "uid": ref.uid,
+                "resourceVersion": ref.resource_version,
             },
             "reason": reason,
             "message": message[:1024],

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from .. import __version__
+
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _WAIT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 
@@ -25,6 +27,7 @@ class Metrics:
     leader: Gauge
     queue_depth: Gauge
     batch_size: Histogram
+    build_info: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -72,4 +75,12 @@ class Metrics:
                 "dispatch_batch_size", "Workloads decided from one shared read.",
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=reg,
             ),
+            build_info=_build_info(reg),
         )
+
+
+def _build_info(registry: CollectorRegistry) -> Gauge:
+    """``dispatch_build_info{version} 1``: tells which release each replica runs (during a rollout, say)."""
+    gauge = Gauge("dispatch_build_info", "The running dispatch release; always 1.", ["version"], registry=registry)
+    gauge.labels(version=__version__).set(1)
+    return gauge

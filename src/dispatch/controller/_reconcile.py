@@ -1,19 +1,22 @@
-"""One Workload, one decision: the seed's rule applied through a Kueue admission check.
+"""The Workload reconciler: the seed's rule applied through a Kueue admission check.
 
-Each reconcile starts from fresh reads (the Workload, then its TrainJob, then one consistent snapshot of
-the object's pods), never from the watch cache, and every write it makes is conditioned on a
-resourceVersion it read, so a decision that went stale turns into a 409 and a retry, never into a second
-execution:
+One pipeline decides one Workload or a batch of them (a controller start, a node coming back or a
+burst of preemptions queues hundreds at once), always from fresh reads, never from the watch cache:
+the Workloads, their TrainJobs, then one consistent read of the objects' lower layers through the
+admission core. Each Workload is decided alone by the pure rule on its own part of that read, and every
+write is per Workload and conditioned on a resourceVersion it read, so a decision that went stale turns
+into a 409 and a retry, never into a second execution:
 
 * pods (or a JobSet/Job that has not yet confirmed its suspension) remain → the check stays ``Pending``
   with ``waiting for pods of the previous execution to go: <pod> on <node>, ...``, written only when that
   message changes; the Workload keeps its reserved quota;
-* nothing remains → A is raised on the TrainJob (SSA conditioned on its resourceVersion), then our
-  ``admissionChecks`` entry alone is set ``Ready`` by server-side apply with our field manager, ``force``
-  and the Workload's resourceVersion, with ``podSetUpdates`` labels carrying (job-id, submission, A).
+* nothing remains → A is issued in the submission's identity record, raised on the TrainJob, then our
+  ``admissionChecks`` entry alone is set ``Ready`` (server-side apply, our field manager, the Workload's
+  resourceVersion), with ``podSetUpdates`` labels carrying (job-id, submission, A).
 
-A crash between the two writes leaves the check Pending and A raised on a still-suspended TrainJob; the
-next reconcile raises A again, so a number is skipped, never reused.
+The admission token of a raise is the Workload's uid and the TrainJob generation it was made on: a
+second replica, or this one after a crash, deciding before anything else changed the TrainJob finds
+that raise and reuses its A, so A rises once per admission and the pods carry the A the TrainJob reports.
 """
 
 from __future__ import annotations
@@ -27,10 +30,14 @@ from typing import Any, Literal, TypeVar
 
 import structlog
 
+from .. import _api as api
 from .. import _decision as d
-from .. import _kube as k
+from .. import _kueue as kq
 from .. import _names as n
-from .._adapter import AsyncAdapter, Snapshot
+from .. import _trainer as tr
+from .._core import Core, Snapshot, Target
+from .._identity import RecordView
+from .._kube import Kube
 from ..errors import DispatchError, Refused, Unreachable
 from ._events import EventRecorder
 from ._metrics import Metrics
@@ -40,10 +47,7 @@ log = structlog.get_logger("dispatch.controller")
 Obj = dict[str, Any]
 ForeignPolicy = Literal["ready", "ignore"]
 
-WAITING_PREFIX = "waiting for "
-"""Every message dispatch writes while it holds a check Pending starts so (restart-safe episode marker)."""
-MESSAGE_LIMIT = 8000
-"""Kueue allows 32768 characters; a few thousand name the pods and keep Workloads small."""
+WAITING_PREFIX = d.WAITING_PREFIX
 READY_RETRIES = 3
 LIST_FACTOR = 3
 """A batch lists the namespace's JobSets when it is at least a third of its Workloads, else gets each.
@@ -57,47 +61,11 @@ def now_text() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse(value: object) -> float | None:
-    if not isinstance(value, str) or not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
-
-
-@dataclass(frozen=True)
-class Entry:
-    """Our entry of ``status.admissionChecks``."""
-
-    name: str
-    state: str
-    message: str
-    last_transition: str
-
-    @property
-    def waiting(self) -> bool:
-        """Whether dispatch itself wrote the current Pending message (a waiting episode is under way)."""
-        return self.state == "Pending" and self.message.startswith(WAITING_PREFIX)
-
-
-@dataclass(frozen=True)
-class Owner:
-    api_version: str
-    kind: str
-    name: str
-    uid: str
-
-    @property
-    def is_trainjob(self) -> bool:
-        return self.kind == "TrainJob" and self.api_version.split("/")[0] == n.TRAINER_GROUP
-
-
 @dataclass(frozen=True)
 class Raised:
     """A TrainJob after the first admitting write, and the A it now carries."""
 
-    trainjob: Obj
+    trainjob: tr.TrainJobView
     admission: int
     dispatch_object: bool
 
@@ -114,59 +82,24 @@ class Outcome:
     error: str = ""
 
 
-def our_entry(workload: Mapping[str, Any], names: Collection[str]) -> Entry | None:
-    """Our entry: the one named after an AdmissionCheck whose controllerName is dispatch's."""
-    for check in (workload.get("status") or {}).get("admissionChecks") or []:
-        if isinstance(check, Mapping) and str(check.get("name", "")) in names:
-            return Entry(
-                str(check.get("name", "")), str(check.get("state", "")), str(check.get("message", "")),
-                str(check.get("lastTransitionTime", "")),
-            )
-    return None
+@dataclass
+class _Case:
+    """One Workload on its way through the pipeline."""
 
-
-def controller_owner(obj: Mapping[str, Any]) -> Owner | None:
-    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
-        if isinstance(ref, Mapping) and ref.get("controller") is True:
-            return Owner(str(ref.get("apiVersion", "")), str(ref.get("kind", "")), str(ref.get("name", "")),
-                         str(ref.get("uid", "")))
-    return None
-
-
-def pending_ours(workload: Mapping[str, Any], names: Collection[str]) -> bool:
-    entry = our_entry(workload, names)
-    return entry is not None and entry.state == "Pending"
-
-
-def pod_set_names(workload: Mapping[str, Any]) -> list[str]:
-    return [str(ps.get("name")) for ps in (workload.get("spec") or {}).get("podSets") or []
-            if isinstance(ps, Mapping) and ps.get("name")]
-
-
-def _truncate(message: str) -> str:
-    if len(message) <= MESSAGE_LIMIT:
-        return message
-    return message[: MESSAGE_LIMIT - 20].rsplit(", ", 1)[0] + ", ... (truncated)"
-
-
-def waiting_text(verdict: d.Verdict) -> str:
-    """The Pending message: the seed's exact form for pods, then any JobSet/Job not yet suspended."""
-    if verdict.remaining:
-        return _truncate(d.waiting_message(verdict.remaining, verdict.blockers))
-    return _truncate("waiting for the previous execution to stop: " + "; ".join(verdict.blockers))
-
-
-async def snapshot(adapter: AsyncAdapter, name: str, job_id: str, submission: str) -> Snapshot:
-    """The library's consistent read of an object's JobSet, Jobs, pods (both selections) and Nodes."""
-    return await adapter._snapshot(name, job_id, submission)
+    name: str
+    workload: kq.WorkloadView
+    entry: kq.CheckEntry
+    owner: kq.Owner
+    trainjob: tr.TrainJobView | None = None
+    snap: Snapshot | None = None
 
 
 class Reconciler:
-    """Decides and writes for one Workload at a time; safe to run in several workers and replicas."""
+    """Decides and writes for Workloads of one namespace at a time; safe in several workers and replicas."""
 
     def __init__(
         self,
-        kube: k.Kube,
+        kube: Kube,
         *,
         check_names: Callable[[], Collection[str]],
         events: EventRecorder,
@@ -182,341 +115,231 @@ class Reconciler:
         self.foreign = foreign
         self.field_manager = field_manager
         self._last_gone = last_gone
-        self._adapters: dict[str, AsyncAdapter] = {}
+        self._cores: dict[str, Core] = {}
         self.on_written: Callable[[str], None] = lambda _key: None
         self.written: dict[str, tuple[str, str]] = {}
         """Per Workload key, the (state, message) of our entry as last written: its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
         """Test hook: runs between raising A and setting Ready (a crash point)."""
 
-    def adapter(self, namespace: str) -> AsyncAdapter:
-        found = self._adapters.get(namespace)
+    def core(self, namespace: str) -> Core:
+        found = self._cores.get(namespace)
         if found is None:
-            found = self._adapters[namespace] = AsyncAdapter(self._kube.in_namespace(namespace))
+            found = self._cores[namespace] = Core(self._kube.in_namespace(namespace))
         return found
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_check(self, workload: Obj, entry: Obj) -> Obj:
-        """SSA our one entry of status.admissionChecks, conditioned on the Workload's resourceVersion.
-
-        Only our entry is in the body, so Kueue's and other controllers' entries (same list-map, other
-        keys) are merged, not replaced, which a merge patch could not do.
-        """
-        meta = workload.get("metadata") or {}
-        body = {
-            "apiVersion": k.WORKLOADS.api_version,
-            "kind": "Workload",
-            "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"),
-                         "resourceVersion": meta.get("resourceVersion")},
-            "status": {"admissionChecks": [entry]},
-        }
-        result = await self._kube.apply(
-            k.WORKLOADS, str(meta.get("name")), body, str(meta.get("namespace")), sub="status",
-            field_manager=self.field_manager, force=True,
-        )
+    async def _write_check(self, workload: kq.WorkloadView, entry: Obj) -> None:
+        await self.core(workload.ref.namespace).write_check(workload, entry, field_manager=self.field_manager)
         self._metrics.writes.labels("workload").inc()
-        key = f"{meta.get('namespace')}/{meta.get('name')}"
-        self.written[key] = (str(entry["state"]), str(entry["message"]))
-        self.on_written(key)
-        return result
+        self.written[workload.key] = (str(entry["state"]), str(entry["message"]))
+        self.on_written(workload.key)
 
-    async def _pending(self, workload: Obj, entry: Entry, message: str) -> None:
-        await self._write_check(workload, {
-            "name": entry.name, "state": "Pending", "message": message,
-            "lastTransitionTime": entry.last_transition or now_text(),
-        })
+    async def _pending(self, workload: kq.WorkloadView, entry: kq.CheckEntry, message: str) -> None:
+        await self._write_check(workload, kq.entry_body(entry.name, "Pending", message,
+                                                        entry.last_transition or now_text()))
 
     # ------------------------------------------------------------------ reconcile
 
     async def reconcile(self, namespace: str, name: str) -> Outcome:
-        started = time.perf_counter()
-        try:
-            return await self._reconcile(namespace, name)
-        finally:
-            self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
-
-    async def _reconcile(self, namespace: str, name: str) -> Outcome:
-        names = self._check_names()
-        workload = await self._kube.get_or_none(k.WORKLOADS, name, namespace)
-        screened = self._screen(workload, names)
-        if isinstance(screened, Outcome):
-            return screened
-        assert workload is not None
-        entry, owner = screened
-        if owner is None:
-            return await self._foreign(workload, entry, controller_owner(workload))
-        trainjob = await self._kube.get_or_none(k.TRAINJOBS, owner.name, namespace)
-        refused = self._screen_owner(workload, owner, trainjob)
-        if refused is not None:
-            return refused
-        assert trainjob is not None
-        ident = d.identity_of(trainjob)
-        snap = await snapshot(self.adapter(namespace), owner.name, ident.job_id, ident.submission)
-        verdict = self._decide(owner, trainjob, snap)
-        if not verdict.admissible:
-            return await self._wait(workload, entry, trainjob, verdict)
-        return await self._admit(workload, entry, trainjob, snap)
-
-    def _screen(self, workload: Obj | None, names: Collection[str]) -> Outcome | tuple[Entry, Owner | None]:
-        """Whether a Workload is ours to decide now; its owner when that is a TrainJob (None: foreign)."""
-        if workload is None:
-            return Outcome("gone")
-        entry = our_entry(workload, names)
-        if entry is None:
-            return Outcome("not-ours")
-        if entry.state != "Pending":
-            return Outcome("not-pending")
-        skip = self._not_now(workload)
-        if skip:
-            return Outcome(skip)
-        owner = controller_owner(workload)
-        if owner is None or not owner.is_trainjob:
-            if self.foreign == "ignore":
-                return Outcome("foreign-ignored")
-            return entry, None
-        return entry, owner
-
-    @staticmethod
-    def _screen_owner(workload: Obj, owner: Owner, trainjob: Obj | None) -> Outcome | None:
-        if trainjob is None or (owner.uid and (trainjob.get("metadata") or {}).get("uid") != owner.uid):
-            return Outcome("owner-missing")
-        if d.is_deleting(trainjob):
-            return Outcome("owner-deleting")
-        if not d.is_suspended(trainjob):
-            meta = workload.get("metadata") or {}
-            log.warning("check pending but trainjob not suspended; not admitting",
-                        workload=f"{meta.get('namespace')}/{meta.get('name')}", trainjob=owner.name)
-            return Outcome("owner-running")
-        return None
-
-    @staticmethod
-    def _decide(owner: Owner, trainjob: Obj, snap: Snapshot) -> d.Verdict:
-        ident = d.identity_of(trainjob)
-        return d.decide(
-            name=owner.name, job_id=ident.job_id, submission=ident.submission, pods=snap.pods,
-            nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
-        )
-
-    # ------------------------------------------------------------------ many at once
+        """Decide one Workload (the same pipeline as a batch of one); its error is raised."""
+        result = (await self.reconcile_many(namespace, [name]))[name]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def reconcile_many(
         self, namespace: str, names: Sequence[str], *, known: int = 0, hints: Mapping[str, Obj] | None = None,
     ) -> dict[str, Outcome | Exception]:
-        """Decide several Workloads of one namespace from one shared read.
-
-        A queue that holds many Workloads at once (a controller start, a node coming back, a burst of
-        preemptions) would otherwise pay the whole read per Workload. Here the Workloads, their
-        TrainJobs and the lower layers are read fresh once for the batch, with the same reads in the
-        same order as a single reconcile; each Workload is decided by the same pure rule on its own part
-        of that read, and every write is still per Workload and conditioned on its own resourceVersion.
+        """Decide Workloads of one namespace from one shared read; errors are per Workload.
 
         ``hints`` (the caller's cached Workloads, by name) only narrow the reads: Workloads are listed by
         their owners' uids and TrainJobs by the identity labels Kueue copied into the pod sets, so a
         batch reads about its own objects, not the namespace; whatever a hint misses is read by a get.
         ``known`` is how many Workloads the caller knows in the namespace: the JobSets (which carry no
         label to select them by) are listed only when the batch is a large part of it, else got one by
-        one (a cost choice, never a correctness one). Errors are per Workload: the value is the
-        exception its reconcile would have raised.
+        one (a cost choice, never a correctness one). If a shared read fails, every Workload not yet
+        decided gets that error and nothing more is written.
         """
         unique = list(dict.fromkeys(names))
-        if len(unique) == 1:
-            try:
-                return {unique[0]: await self.reconcile(namespace, unique[0])}
-            except Exception as exc:
-                return {unique[0]: exc}
         started = time.perf_counter()
         out: dict[str, Outcome | Exception] = {}
         try:
-            await self._reconcile_many(namespace, unique, known, hints or {}, out)
-        except Exception as exc:  # the shared read failed: every Workload not yet decided shares the error
+            await self._pipeline(namespace, unique, known, hints or {}, out)
+        except Exception as exc:
             for name in unique:
                 out.setdefault(name, exc)
         finally:
-            share = (time.perf_counter() - started) / len(unique)
+            share = (time.perf_counter() - started) / max(1, len(unique))
             for _ in unique:
                 self._metrics.reconcile_seconds.observe(share)
         return out
 
-    async def _reconcile_many(self, ns: str, names: list[str], known: int, hints: Mapping[str, Obj],
-                              out: dict[str, Outcome | Exception]) -> None:
+    async def _workloads(self, ns: str, names: list[str], hints: Mapping[str, Obj]) -> dict[str, Obj | None]:
+        core = self.core(ns)
+        owners = (kq.controller_owner(hints[name]) for name in names if name in hints)
+        uids = sorted({o.uid for o in owners if o is not None and o.uid and n.label_value_problem(o.uid) is None})
+        found: dict[str, Obj | None] = {}
+        if uids and len(names) > 1:
+            for w in (await core.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
+                name = kq.WorkloadView.from_obj(w).ref.name
+                if name in names:
+                    found[name] = w
+        missing = [name for name in names if name not in found]
+        got = await asyncio.gather(*(core.kube.get_or_none(api.WORKLOADS, name) for name in missing))
+        found.update(zip(missing, got, strict=True))
+        return found
+
+    async def _trainjobs(self, ns: str, cases: list[_Case]) -> None:
+        core = self.core(ns)
+        idents = {c.workload.pod_set_identity for c in cases if c.workload.pod_set_identity is not None}
+        found: dict[str, tr.TrainJobView] = {}
+        if idents and len(cases) > 1:
+            selector = (f"{n.LABEL_JOB_ID} in ({','.join(sorted({i for i, _ in idents if i}))}),"
+                        f"{n.LABEL_SUBMISSION} in ({','.join(sorted({s for _, s in idents if s}))})")
+            wanted = {c.owner.name for c in cases}
+            for obj in (await core.kube.list(api.TRAINJOBS, labels=selector)).items:
+                view = tr.TrainJobView.from_obj(obj)
+                if view.name in wanted:
+                    found[view.name] = view
+        unhinted = sorted({c.owner.name for c in cases} - set(found))  # no hint, or it missed
+        got = await asyncio.gather(*(core.trainjob_or_none(name) for name in unhinted))
+        found.update({name: v for name, v in zip(unhinted, got, strict=True) if v is not None})
+        for c in cases:
+            c.trainjob = found.get(c.owner.name)
+
+    async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, Obj],
+                        out: dict[str, Outcome | Exception]) -> None:
         checks = self._check_names()
-        uids = sorted({o.uid for o in (controller_owner(hints[name]) for name in names if name in hints)
-                       if o is not None and o.uid and n.label_value_problem(o.uid) is None})
-        workloads: dict[str, Obj | None] = {}
-        if uids:
-            for w in (await self._kube.list(k.WORKLOADS, ns, labels=f"{n.KUEUE_JOB_UID_LABEL} in ({','.join(uids)})")
-                      ).items:
-                if d.name_of(w) in names:
-                    workloads[d.name_of(w)] = w
-        missing = [name for name in names if name not in workloads]
-        for name, got in zip(missing, await asyncio.gather(
-                *(self._kube.get_or_none(k.WORKLOADS, name, ns) for name in missing)), strict=True):
-            workloads[name] = got
-        jobs: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
-        owned: list[tuple[str, Obj, Entry, Owner]] = []
+        raw = await self._workloads(ns, names, hints)
+        later: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
+        owned: list[_Case] = []
         for name in names:
-            workload = workloads[name]
-            screened = self._screen(workload, checks)
-            if isinstance(screened, Outcome):
-                out[name] = screened
+            obj = raw.get(name)
+            if obj is None:
+                out[name] = Outcome("gone")
                 continue
-            assert workload is not None
-            entry, owner = screened
-            if owner is None:
-                jobs.append((name, self._foreign(workload, entry, controller_owner(workload))))
+            workload = kq.WorkloadView.from_obj(obj)
+            entry = workload.entry(checks)
+            if entry is None:
+                out[name] = Outcome("not-ours")
+            elif entry.state != "Pending":
+                out[name] = Outcome("not-pending")
+            elif skip := d.not_now(workload):
+                out[name] = Outcome(skip)
+            elif workload.owner is None or not workload.owner.is_trainjob:
+                if self.foreign == "ignore":
+                    out[name] = Outcome("foreign-ignored")
+                else:
+                    later.append((name, self._foreign(workload, entry)))
             else:
-                owned.append((name, workload, entry, owner))
-        trainjobs: dict[str, Obj | None] = {}
-        idents = {i for i in (pod_set_identity(w) for _, w, _, _ in owned) if i is not None}
-        if idents:
-            selector = (f"{n.LABEL_JOB_ID} in ({','.join(sorted({i for i, _ in idents}))}),"
-                        f"{n.LABEL_SUBMISSION} in ({','.join(sorted({s for _, s in idents}))})")
-            wanted = {owner.name for _, _, _, owner in owned}
-            for t in (await self._kube.list(k.TRAINJOBS, ns, labels=selector)).items:
-                if d.name_of(t) in wanted:
-                    trainjobs[d.name_of(t)] = t
-        unhinted = sorted({owner.name for _, _, _, owner in owned} - set(trainjobs))  # no hint, or it missed
-        for name, got in zip(unhinted, await asyncio.gather(
-                *(self._kube.get_or_none(k.TRAINJOBS, name, ns) for name in unhinted)), strict=True):
-            trainjobs[name] = got
-        deciding: list[tuple[str, Obj, Entry, Owner, Obj]] = []
-        for name, workload, entry, owner in owned:
-            trainjob = trainjobs.get(owner.name)
-            refused = self._screen_owner(workload, owner, trainjob)
-            if refused is not None:
-                out[name] = refused
+                owned.append(_Case(name, workload, entry, workload.owner))
+        if owned:
+            await self._trainjobs(ns, owned)
+        deciding: list[_Case] = []
+        for c in owned:
+            refusal = d.owner_refusal(c.owner, c.trainjob)
+            if refusal == "owner-running":
+                log.warning("check pending but trainjob not suspended; not admitting", workload=c.workload.key,
+                            trainjob=c.owner.name)
+            if refusal:
+                out[c.name] = Outcome(refusal)
             else:
-                assert trainjob is not None
-                deciding.append((name, workload, entry, owner, trainjob))
-        snaps = await self.adapter(ns)._snapshots(
-            [(owner.name, *_ident(tj)) for _, _, _, owner, tj in deciding],
-            list_jobsets=len(names) * LIST_FACTOR >= known)
-        admits: list[tuple[str, Obj, Entry, Obj, Snapshot]] = []
-        for name, workload, entry, owner, trainjob in deciding:
-            snap = snaps[owner.name]
-            verdict = self._decide(owner, trainjob, snap)
+                deciding.append(c)
+        snaps = await self.core(ns).read(
+            [Target.of(c.trainjob) for c in deciding if c.trainjob is not None],
+            list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
+        admits: list[_Case] = []
+        for c in deciding:
+            assert c.trainjob is not None
+            c.snap = snaps[c.trainjob.name]
+            verdict = c.snap.verdict(Target.of(c.trainjob))
             if verdict.admissible:
-                admits.append((name, workload, entry, trainjob, snap))
+                admits.append(c)
             else:
-                jobs.append((name, self._wait(workload, entry, trainjob, verdict)))
-        await _settle(jobs, out)
+                later.append((c.name, self._wait(c, verdict)))
+        await _settle(later, out)
         if not admits:
             return
-        floors = await self.adapter(ns).ledger_floors()
-        raising = [(name, self._raise(wl, entry, tj, snap, floors=floors)) for name, wl, entry, tj, snap in admits]
-        raised: dict[str, Raised | Outcome | Exception] = {}
-        await _settle(raising, raised)
-        record = {n.ledger_key(*_ident(r.trainjob)): r.admission for r in raised.values()
-                  if isinstance(r, Raised) and r.dispatch_object}
-        if record:
-            await self.adapter(ns).record_admissions(record)  # before any of them can start
-        readying: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
-        for name, workload, entry, _, _ in admits:
-            r = raised[name]
-            if isinstance(r, Raised):
-                readying.append((name, self._ready(workload, entry, r)))
-            else:
-                out[name] = r
-        await _settle(readying, out)
+        records = await self.core(ns).records(
+            (c.trainjob.job_id, c.trainjob.submission) for c in admits
+            if c.trainjob is not None and c.trainjob.dispatch_object)
+        raising = [(c.name, self._admit(c, records)) for c in admits]
+        await _settle(raising, out)
 
-    @staticmethod
-    def _not_now(workload: Obj) -> str:
-        """Why a Pending check is not ours to decide yet: Kueue decides checks only on reserved quota."""
-        if d.is_deleting(workload):
-            return "workload-deleting"
-        if (workload.get("spec") or {}).get("active") is False:
-            return "inactive"
-        if d.condition_true(workload, "Finished"):
-            return "finished"
-        if not d.condition_true(workload, "QuotaReserved"):
-            return "no-quota"
-        if d.condition_true(workload, "Evicted"):
-            return "evicting"
-        return ""
-
-    async def _wait(self, workload: Obj, entry: Entry, trainjob: Obj, verdict: d.Verdict) -> Outcome:
-        message = waiting_text(verdict)
+    async def _wait(self, c: _Case, verdict: d.Verdict) -> Outcome:
+        message = d.waiting_text(verdict)
         nodes = frozenset(p.node for p in verdict.remaining if p.node)
-        if message != entry.message:
-            await self._pending(workload, entry, message)
-            meta = workload.get("metadata") or {}
-            log.info("admission waits", workload=f"{meta.get('namespace')}/{meta.get('name')}",
-                     trainjob=d.name_of(trainjob), message=message)
-            if not entry.waiting:
-                await self._events.emit(
-                    trainjob, "AdmissionDelayed",
-                    f"admission check {entry.name} stays Pending: {message}",
-                )
+        if message != c.entry.message:
+            await self._pending(c.workload, c.entry, message)
+            log.info("admission waits", workload=c.workload.key, trainjob=c.owner.name, message=message)
+            if not c.entry.waiting_episode:
+                await self._events.emit_for(c.trainjob, "AdmissionDelayed", d.delayed_event(c.entry.name, message))
         return Outcome("waiting", waiting_nodes=nodes, waiting=True)
 
-    async def _admit(self, workload: Obj, entry: Entry, trainjob: Obj, snap: Snapshot) -> Outcome:
-        raised = await self._raise(workload, entry, trainjob, snap)
+    async def _admit(self, c: _Case, records: Mapping[tuple[str, str], RecordView | None]) -> Outcome:
+        raised = await self._raise(c, records)
         if isinstance(raised, Outcome):
             return raised
-        return await self._ready(workload, entry, raised)
+        return await self._ready(c, raised)
 
-    async def _raise(self, workload: Obj, entry: Entry, trainjob: Obj, snap: Snapshot, *,
-                     floors: Mapping[str, int] | None = None) -> Raised | Outcome:
-        """The first admitting write: A raised on the TrainJob (nothing to raise for a foreign object).
-
-        With ``floors`` (the ledger read once for a batch) the ledger is not written here: the batch
-        records every raised A in one write before any check turns Ready.
-        """
-        ns = str((workload.get("metadata") or {}).get("namespace"))
-        tj_name = d.name_of(trainjob)
-        ident = d.identity_of(trainjob)
-        dispatch_object = bool(ident.job_id and ident.submission and d.patched_replicated_jobs(trainjob))
-        if not dispatch_object:
-            return Raised(trainjob, 0, False)
-        admission = d.next_admission(trainjob, snap.pods)
+    async def _raise(self, c: _Case, records: Mapping[tuple[str, str], RecordView | None]) -> Raised | Outcome:
+        """A issued in the identity record and raised on the TrainJob (nothing to raise for a foreign object)."""
+        tj, snap = c.trainjob, c.snap
+        assert tj is not None and snap is not None
+        if not tj.dispatch_object:
+            return Raised(tj, 0, False)
+        core = self.core(c.workload.ref.namespace)
+        record = records.get((tj.job_id, tj.submission))
+        mine = snap.object_pods(Target.of(tj))
+        problem = ("; ".join(tj.problems) if tj.problems else None) or d.record_problem(tj, record, mine)
+        if problem:
+            message = d.record_text(problem)
+            if message != c.entry.message:
+                await self._pending(c.workload, c.entry, message)
+                await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
+            return Outcome("refused", retry=True, error="RecordInvalid")
+        token = kueue_token(c.workload, tj.ref.generation)
+        own = {kueue_token(c.workload, tj.ref.generation - 1)} if tj.ref.generation else set()
+        plan = d.next_admission(tj, mine, record, own=own, plain=False)
         try:
-            if floors is None:
-                raised = await self.adapter(ns).raise_admission(trainjob, admission)
-            else:
-                raised = await self.adapter(ns).raise_admission(
-                    trainjob, admission, floor=floors.get(n.ledger_key(ident.job_id, ident.submission), 0),
-                    record=False)
+            if plan.write_record:
+                await core.issue(record, tj, plan.admission, token)
+                self._metrics.writes.labels("record").inc()
+            raised = tj
+            if plan.write_trainjob:
+                raised = await core.raise_trainjob(tj, plan.admission, token)
+                self._metrics.writes.labels("trainjob").inc()
         except Unreachable as exc:
             if exc.code == 409:
                 return Outcome("conflict", retry=True, error="TrainJobConflict")
             raise
         except Refused as exc:
-            message = _truncate(f"{WAITING_PREFIX}a writable admission number: raising A on trainjob "
-                                f"{tj_name} was refused: {exc}")
-            if message != entry.message:
-                await self._pending(workload, entry, message)
-                await self._events.emit(trainjob, "AdmissionRefused", message, warning=True)
+            message = d.refused_text(tj.name, exc)
+            if message != c.entry.message:
+                await self._pending(c.workload, c.entry, message)
+                await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
             return Outcome("refused", retry=True, error=exc.reason or "Refused")
-        self._metrics.writes.labels("trainjob").inc()
-        return Raised(raised, d.admission_of(raised), True)  # the ledger may have lifted A
+        return Raised(raised, plan.admission, True)
 
-    async def _ready(self, workload: Obj, entry: Entry, r: Raised) -> Outcome:
-        """The second write: our check Ready, labels for the new execution's pods, if nothing moved."""
-        meta = workload.get("metadata") or {}
-        ns, wl_name = str(meta.get("namespace")), str(meta.get("name"))
-        raised, admission, dispatch_object = r.trainjob, r.admission, r.dispatch_object
-        tj_name = d.name_of(raised)
-        ident = d.identity_of(raised)
+    async def _ready(self, c: _Case, r: Raised) -> Outcome:
+        """The last write: our check Ready, labels for the new execution's pods, if nothing moved."""
+        ns, entry = c.workload.ref.namespace, c.entry
+        tj = r.trainjob
         updates: list[Obj] | None = None
-        if dispatch_object:
-            labels = {n.LABEL_JOB_ID: ident.job_id, n.LABEL_SUBMISSION: ident.submission,
-                      n.LABEL_ADMISSION: str(admission)}
-            updates = [{"name": ps, "labels": dict(labels)} for ps in pod_set_names(workload)]
-            message = (f"no pod of the previous execution remains; admitted as "
-                       f"{ident.job_id}/{ident.submission}#{admission}")
+        if r.dispatch_object:
+            updates = kq.pod_set_updates(c.workload, tr.identity_labels(tj.job_id, tj.submission, r.admission))
+            message = d.admitted_text(tj.job_id, tj.submission, r.admission)
         else:
-            message = ("no pod of a previous execution remains (not a dispatch object, so no admission "
-                       "number is raised)")
+            message = d.FOREIGN_READY_TEXT
         if self.before_ready is not None:
             hook = self.before_ready()
             if hasattr(hook, "__await__"):
                 await hook
-        ready: Obj = {"name": entry.name, "state": "Ready", "message": message, "lastTransitionTime": now_text()}
-        if updates:
-            ready["podSetUpdates"] = updates
-        generation = (raised.get("metadata") or {}).get("generation")
-        current = workload
+        ready = kq.entry_body(entry.name, "Ready", message, now_text(), updates)
+        current = c.workload
+        core = self.core(ns)
         for _ in range(READY_RETRIES):
             try:
                 await self._write_check(current, ready)
@@ -524,49 +347,41 @@ class Reconciler:
             except Unreachable as exc:
                 if exc.code != 409:
                     raise
-            # The Workload changed since we read it. Kueue touches it often (conditions); what matters is
-            # whether the decision still holds: our check still Pending on reserved quota, and the
-            # TrainJob still suspended with no spec change since our own write (same generation), so no
-            # pod can have started since the consistent read.
-            fresh = await self._kube.get_or_none(k.WORKLOADS, wl_name, ns)
-            if fresh is None:
+            obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
+            fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
+            why = d.ready_conflict(fresh, entry.name, await core.trainjob_or_none(tj.name), tj, r.admission,
+                                   r.dispatch_object)
+            if why == "gone":
                 return Outcome("gone")
-            fresh_entry = our_entry(fresh, [entry.name])
-            if fresh_entry is None or fresh_entry.state != "Pending" or self._not_now(fresh):
-                return Outcome("conflict", retry=True, error="WorkloadChanged")
-            tj = await self._kube.get_or_none(k.TRAINJOBS, tj_name, ns)
-            if (tj is None or not d.is_suspended(tj) or d.is_deleting(tj)
-                    or (tj.get("metadata") or {}).get("generation") != generation
-                    or (dispatch_object and d.admission_of(tj) != admission)):
-                return Outcome("conflict", retry=True, error="TrainJobChanged")
+            if why:
+                return Outcome("conflict", retry=True, error=why)
+            assert fresh is not None
             current = fresh
         else:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
         self._metrics.admissions.inc()
-        if entry.waiting:
-            since = _parse(entry.last_transition)
+        if entry.waiting_episode:
+            since = kq.parse_time(entry.last_transition)
             if since is not None:
                 self._metrics.wait_seconds.observe(max(0.0, time.time() - since))
-            gone = self._last_gone(ns, tj_name)
+            gone = self._last_gone(ns, tj.name)
             if gone is not None:
                 self._metrics.pod_gone_to_ready.observe(max(0.0, time.monotonic() - gone))
-        log.info("admitted", workload=f"{ns}/{wl_name}", trainjob=tj_name, admission=admission,
-                 waited=entry.waiting)
-        await self._events.emit(raised, "AdmissionProceeds", f"admission check {entry.name} Ready: {message}")
+        log.info("admitted", workload=c.workload.key, trainjob=tj.name, admission=r.admission,
+                 waited=entry.waiting_episode)
+        await self._events.emit_for(tj, "AdmissionProceeds", d.ready_event(entry.name, message))
         return Outcome("admitted")
 
-    async def _foreign(self, workload: Obj, entry: Entry, owner: Owner | None) -> Outcome:
+    async def _foreign(self, workload: kq.WorkloadView, entry: kq.CheckEntry) -> Outcome:
         """A Workload not owned by a TrainJob: dispatch's rule (and A) are defined for TrainJobs only.
 
         With ``foreign="ready"`` the check passes it at once, so a ClusterQueue shared with other kinds
         is not starved by a check that can never decide for them; with ``"ignore"`` it is left Pending
         untouched (route such kinds to a ClusterQueue without the check).
         """
-        what = f"{owner.kind} {owner.name}" if owner else "a Workload without a controller owner"
-        message = f"{what} is not a TrainJob: dispatch's rule covers TrainJobs only, so this check passes it"
         try:
-            await self._write_check(workload, {"name": entry.name, "state": "Ready", "message": message,
-                                               "lastTransitionTime": now_text()})
+            await self._write_check(workload, kq.entry_body(entry.name, "Ready", d.foreign_text(workload.owner),
+                                                            now_text()))
         except Unreachable as exc:
             if exc.code == 409:
                 return Outcome("conflict", retry=True, error="WorkloadConflict")
@@ -574,25 +389,15 @@ class Reconciler:
         return Outcome("foreign-ready")
 
 
-def pod_set_identity(workload: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(job-id, submission) as Kueue copied them from dispatch's pod template into the Workload's pod
-    sets: a hint to select the TrainJobs of a batch by label, never trusted beyond that."""
-    for ps in (workload.get("spec") or {}).get("podSets") or []:
-        labels = (((ps or {}).get("template") or {}).get("metadata") or {}).get("labels") or {}
-        job_id, sub = labels.get(n.LABEL_JOB_ID), labels.get(n.LABEL_SUBMISSION)
-        if (isinstance(job_id, str) and isinstance(sub, str) and job_id and sub
-                and n.label_value_problem(job_id) is None and n.label_value_problem(sub) is None):
-            return job_id, sub
-    return None
-
-
-def _ident(trainjob: Obj) -> tuple[str, str]:
-    ident = d.identity_of(trainjob)
-    return ident.job_id, ident.submission
+def kueue_token(workload: kq.WorkloadView, generation: int | None) -> str:
+    """The admission token of a Kueue-mode raise: the Workload's uid and the TrainJob generation the raise
+    is made on. The raise itself bumps the generation by one, so a later decision (another replica, or
+    this one after a crash) finds ``uid/(generation-1)`` only while nothing else changed the spec."""
+    return f"{workload.ref.uid}/{generation or 0}"
 
 
 async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:
-    """Run per-Workload writes concurrently; each Workload gets its result or its own exception."""
+    """Run per-Workload steps concurrently; each Workload gets its result or its own exception."""
     results = await asyncio.gather(*(job for _, job in jobs), return_exceptions=True)
     for (name, _), result in zip(jobs, results, strict=True):
         if isinstance(result, BaseException) and not isinstance(result, Exception):

@@ -43,11 +43,9 @@ def repo_dir() -> Path:
 
 def default_image() -> str:
     """``localhost/dispatch-controller:<version>``, the tag ``scripts/build-image`` gives."""
-    import tomllib
+    from dispatch import __version__
 
-    with open(repo_dir() / "pyproject.toml", "rb") as f:
-        version = tomllib.load(f)["project"]["version"]
-    return f"localhost/dispatch-controller:{version}"
+    return f"localhost/dispatch-controller:{__version__}"
 
 
 def podman_missing() -> str | None:

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from . import _paths
+
 Obj = dict[str, Any]
 
 # Port plan; all listeners are on 127.0.0.1 only. DISPATCH_TESTBED_PORT_OFFSET shifts them all, so a second
@@ -189,6 +191,7 @@ def crds(jobset: Path, trainer: Path, kueue: Path, bundle: str) -> list[Obj]:
                     },
                 }
             out.append(d)
+    out += load_all(_paths.source_dir().parent / "deploy" / "base" / "crd.yaml")  # dispatch's identity records
     return [d for d in out if d.get("kind") == "CustomResourceDefinition"]
 
 

@@ -26,37 +26,15 @@ from urllib.parse import parse_qs
 
 import httpx2
 
+from .._api import ALL, Res
+
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
 
-@dataclass(frozen=True)
-class Kind:
-    group: str
-    version: str
-    plural: str
-    kind: str
-    namespaced: bool = True
-    status: bool = True
+Kind = Res
+"""A kind the fake serves: the same registry the client uses (``dispatch._api``)."""
 
-KINDS: tuple[Kind, ...] = (
-    Kind("", "v1", "pods", "Pod"),
-    Kind("", "v1", "nodes", "Node", namespaced=False),
-    Kind("", "v1", "namespaces", "Namespace", namespaced=False),
-    Kind("", "v1", "events", "Event", status=False),
-    Kind("", "v1", "configmaps", "ConfigMap", status=False),
-    Kind("batch", "v1", "jobs", "Job"),
-    Kind("coordination.k8s.io", "v1", "leases", "Lease", status=False),
-    Kind("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"),
-    Kind("trainer.kubeflow.org", "v1alpha1", "clustertrainingruntimes", "ClusterTrainingRuntime",
-         namespaced=False),
-    Kind("trainer.kubeflow.org", "v1alpha1", "trainingruntimes", "TrainingRuntime"),
-    Kind("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet"),
-    Kind("kueue.x-k8s.io", "v1beta2", "workloads", "Workload"),
-    Kind("kueue.x-k8s.io", "v1beta2", "admissionchecks", "AdmissionCheck", namespaced=False),
-    Kind("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False),
-    Kind("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue"),
-    Kind("kueue.x-k8s.io", "v1beta2", "resourceflavors", "ResourceFlavor", namespaced=False),
-)
+KINDS: tuple[Kind, ...] = ALL
 
 # Lists merged by key under server-side apply (by field name; enough for the kinds above).
 LIST_MAP_KEYS: dict[str, tuple[str, ...]] = {
@@ -259,6 +237,48 @@ def _remove_path(obj: Any, path: tuple[str, ...]) -> None:
         else:
             return
 
+def _same_submission(old: Obj, new: Obj) -> bool:
+    return bool(old.get("jobId") == new.get("jobId") and old.get("submission") == new.get("submission"))
+
+
+def _never_lower(old: Obj, new: Obj) -> bool:
+    return bool(new.get("admission", 0) >= old.get("admission", 0))
+
+
+RECORD_RULES: tuple[tuple[str, Callable[[Obj, Obj], bool]], ...] = (
+    ("the submission a record names never changes", _same_submission),
+    ("A never decreases", _never_lower),
+)
+"""The identity-record CRD's validation rules (deploy/base/crd.yaml), as the API server enforces them."""
+
+
+def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
+    """Play the SubmissionRecord CRD: its schema and its transition rules, for every writer."""
+    what = f'SubmissionRecord.dispatch.phpboyscout.uk "{name}" is invalid'
+    spec = new.get("spec")
+    causes: list[Obj] = []
+    if not isinstance(spec, dict):
+        causes.append({"field": "spec", "reason": "FieldValueRequired", "message": "Required value"})
+    else:
+        for field_name in ("jobId", "submission"):
+            if not isinstance(spec.get(field_name), str) or not spec.get(field_name):
+                causes.append({"field": f"spec.{field_name}", "reason": "FieldValueRequired",
+                               "message": "Required value"})
+        admission = spec.get("admission")
+        if not isinstance(admission, int) or isinstance(admission, bool) or admission < 0:
+            causes.append({"field": "spec.admission", "reason": "FieldValueInvalid",
+                           "message": f"Invalid value: {admission!r}: must be an integer >= 0"})
+        old_spec = (old or {}).get("spec")
+        if not causes and isinstance(old_spec, dict):
+            for message, rule in RECORD_RULES:
+                if not rule(old_spec, spec):
+                    causes.append({"field": "spec", "reason": "FieldValueInvalid",
+                                   "message": f'Invalid value: "object": {message}'})
+    if causes:
+        detail = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+        raise ApiFailure(422, "Invalid", f"{what}: {detail}", causes)
+
+
 def _now_text(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -418,6 +438,8 @@ class FakeApiServer:
             raise ApiFailure(422, "Invalid", f'TrainJob.trainer.kubeflow.org "{name}" is invalid',
                              [{"field": "metadata.name", "reason": "FieldValueInvalid",
                                "message": "must be a valid RFC-1035 label of at most 63 characters"}])
+        if kind.plural == "submissionrecords":
+            _validate_record(name, old, new)
         for check in self._admission.get(kind.plural, []):
             denial = check(op, old, new)
             if denial:

@@ -1,0 +1,434 @@
+"""The admission core: the reads and writes of the admission protocol, with no policy of its own.
+
+Both the library verbs (``_adapter``) and the Kueue controller admit through this one place:
+
+* ``read`` takes one consistent read of one or many objects' lower layers (JobSet, child Jobs, the
+  namespace's pods selected two independent ways and pinned to one resourceVersion, the Nodes they sit
+  on) and parses it once into views;
+* the identity record (``_identity``) is claimed, read, and has A issued in it before any TrainJob
+  carries that A;
+* ``raise_trainjob`` writes A on the TrainJob and into dispatch's runtime patch entry, and ``unsuspend``
+  starts the execution, each conditioned on the resourceVersion it read.
+
+What to decide from a read, which A to issue and whether a decision still holds after a conflict are
+the pure functions of ``_decision``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from . import _api as api
+from . import _decision as d
+from . import _identity as ident
+from . import _kueue as kq
+from . import _names as n
+from . import _trainer as tr
+from ._kube import Kube
+from ._views import JobSetView, JobView, NodeView, PodView, name_of, parse_count
+from .errors import DispatchError, Forbidden, NotFound, Refused, Unreachable
+
+READ_ATTEMPTS = 3
+"""A consistent read that meets a compaction (410) is taken again from the start, this often."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One object to read: its TrainJob name and its dispatch identity ("" if it has none)."""
+
+    name: str
+    job_id: str = ""
+    submission: str = ""
+
+    @staticmethod
+    def of(tj: tr.TrainJobView) -> Target:
+        return Target(tj.name, tj.job_id, tj.submission)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one consistent read saw of one object's lower layers."""
+
+    jobset: JobSetView | None
+    jobs: tuple[JobView, ...]
+    pods: tuple[PodView, ...]
+    nodes: Mapping[str, NodeView]
+    resource_version: str
+
+    def verdict(self, target: Target) -> d.Verdict:
+        return d.decide(name=target.name, job_id=target.job_id, submission=target.submission, pods=self.pods,
+                        nodes=self.nodes, jobset=self.jobset, jobs=self.jobs)
+
+    def object_pods(self, target: Target) -> list[PodView]:
+        return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
+
+
+def _no_record_kind(exc: NotFound) -> DispatchError:
+    """A missing record kind names what to install; a missing record stays NotFound."""
+    if "the server could not find the requested resource" in exc.message:
+        return Refused(f"the {api.SUBMISSION_RECORDS.describe()} kind is not served: dispatch's identity-record "
+                       "CRD is not installed (kubectl apply -k deploy/)", reason="NoRecordKind", code=404)
+    return exc
+
+
+def _in(values: Iterable[str]) -> str:
+    return f"({','.join(sorted(set(values)))})"
+
+
+class Core:
+    """The admission protocol's reads and writes for one namespace."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    @property
+    def namespace(self) -> str:
+        return self.kube.namespace
+
+    # ------------------------------------------------------------------ consistent reads
+
+    async def read(self, targets: Sequence[Target], *, list_jobsets: bool = False, lower: bool = True
+                   ) -> dict[str, Snapshot]:
+        """One consistent read for one or many objects of the namespace, keyed by TrainJob name.
+
+        JobSets (a get each, sent together, or one list when ``list_jobsets``), then child Jobs, then the
+        pods by dispatch's labels at revision R (a quorum list, paged, RV never resent) and by jobset-name
+        pinned to R (resourceVersionMatch=Exact), then the Nodes those pods sit on. Set-based selectors
+        make k objects cost about as much as one and no more than their own pods. ``lower=False`` reads
+        pods and Nodes only (``ceased`` and ``close``). A compaction mid-read (410) takes the read again.
+        """
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return await self._read(targets, list_jobsets=list_jobsets, lower=lower)
+            except DispatchError as exc:
+                if exc.code != 410:
+                    raise
+                if attempt + 1 == READ_ATTEMPTS:
+                    raise Unreachable(
+                        f"the API server compacted away the revision of a consistent read {READ_ATTEMPTS} times "
+                        "in a row; retry", reason="Expired", code=410,
+                    ) from exc
+        raise AssertionError("unreachable")
+
+    async def _read(self, targets: Sequence[Target], *, list_jobsets: bool, lower: bool) -> dict[str, Snapshot]:
+        names = sorted({t.name for t in targets})
+        if not names:
+            return {}
+        jobsets: dict[str, JobSetView | None] = {}
+        jobs: list[JobView] = []
+        in_names = f"{n.JOBSET_NAME_LABEL} in {_in(names)}"
+        if lower:
+            if list_jobsets:
+                listed = {name_of(j): j for j in (await self.kube.list(api.JOBSETS)).items}
+                jobsets = {name: JobSetView.from_obj(listed[name]) if name in listed else None for name in names}
+            else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
+                got = await asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names))
+                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
+                           for name, o in zip(names, got, strict=True)}
+            jobs = [JobView.from_obj(j) for j in (await self.kube.list(api.JOBS, labels=in_names)).items]
+        idents = {(t.job_id, t.submission) for t in targets if t.job_id and t.submission}
+        if idents:
+            selector = (f"{n.LABEL_JOB_ID} in {_in(i for i, _ in idents)},"
+                        f"{n.LABEL_SUBMISSION} in {_in(s for _, s in idents)}")
+            first = await self.kube.list(api.PODS, labels=selector)
+            second = await self.kube.list(api.PODS, labels=in_names, resource_version=first.resource_version,
+                                          exact=True)
+            raw, rv = first.items + second.items, first.resource_version
+        else:
+            only = await self.kube.list(api.PODS, labels=in_names)
+            raw, rv = only.items, only.resource_version
+        pods = [PodView.from_obj(p) for p in raw]
+        nodes = await self.nodes(pods)
+        by_name: dict[str, list[PodView]] = {}
+        by_ident: dict[tuple[str, str], list[PodView]] = {}
+        for pod in pods:  # index once: each object then takes its own pods in O(its pods)
+            by_name.setdefault(pod.jobset_name, []).append(pod)
+            by_ident.setdefault((pod.job_id, pod.submission), []).append(pod)
+        jobs_of: dict[str, list[JobView]] = {}
+        for job in jobs:
+            jobs_of.setdefault(job.jobset_name, []).append(job)
+        out: dict[str, Snapshot] = {}
+        for t in targets:
+            mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
+            out[t.name] = Snapshot(jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes, rv)
+        return out
+
+    async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
+        return (await self.read([target], lower=lower))[target.name]
+
+    async def nodes(self, pods: Iterable[PodView]) -> dict[str, NodeView]:
+        """Get each Node a pod that may run sits on (get only: ``ceased`` needs no list permission)."""
+        names = sorted({p.node for p in pods if p.node and p.may_run})
+        got = await asyncio.gather(*(self._node(name) for name in names))
+        return dict(zip(names, got, strict=True))
+
+    async def _node(self, name: str) -> NodeView:
+        try:
+            return NodeView.from_obj(await self.kube.get(api.NODES, name))
+        except NotFound:
+            return NodeView.gone(name)
+        except Forbidden:
+            return NodeView.unreadable(name)
+
+    # ------------------------------------------------------------------ TrainJobs and Workloads
+
+    async def trainjob(self, name: str) -> tr.TrainJobView:
+        try:
+            return tr.TrainJobView.from_obj(await self.kube.get(api.TRAINJOBS, name))
+        except NotFound as exc:
+            raise NotFound(
+                f"trainjob {name} not found in namespace {self.namespace}"
+                + (" (is Kubeflow Trainer installed?)" if "the server could not find" in exc.message else ""),
+                reason=exc.reason, code=exc.code,
+            ) from exc
+
+    async def trainjob_or_none(self, name: str) -> tr.TrainJobView | None:
+        obj = await self.kube.get_or_none(api.TRAINJOBS, name)
+        return tr.TrainJobView.from_obj(obj) if obj is not None else None
+
+    async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
+        """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""
+        if not tj.ref.uid:
+            return None
+        try:
+            found = await self.kube.list(api.WORKLOADS, labels=kq.uid_selector([tj.ref.uid]))
+        except NotFound:
+            return None  # Kueue is not installed
+        return kq.WorkloadView.from_obj(found.items[0]) if found.items else None
+
+    async def our_checks(self, controller_name: str = n.CONTROLLER_NAME) -> set[str] | None:
+        """Names of the AdmissionChecks owned by ``controller_name``; None if they cannot be listed."""
+        try:
+            return kq.checks_owned((await self.kube.list(api.ADMISSION_CHECKS)).items, controller_name)
+        except (NotFound, Forbidden):
+            return None
+
+    async def set_active(self, workload: kq.WorkloadView, active: bool) -> None:
+        if workload.active != active:
+            await self.kube.merge_patch(api.WORKLOADS, workload.ref.name, kq.active_patch(active))
+
+    # ------------------------------------------------------------------ the identity record
+
+    async def record(self, job_id: str, submission: str) -> ident.RecordView | None:
+        try:
+            obj = await self.kube.get(api.SUBMISSION_RECORDS, ident.record_name(job_id, submission))
+        except NotFound as exc:
+            missing = _no_record_kind(exc)
+            if missing is not exc:
+                raise missing from exc
+            return None
+        return ident.RecordView.from_obj(obj)
+
+    async def records(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
+        """The records of many submissions: one list by their labels (set-based, so its cost follows
+        these submissions, not the namespace), each checked against its hashed name; one get for one."""
+        keys = sorted(set(pairs))
+        if len(keys) < 2:
+            return {key: await self.record(*key) for key in keys}
+        selector = (f"{n.LABEL_JOB_ID} in {_in(j for j, _ in keys)},"
+                    f"{n.LABEL_SUBMISSION} in {_in(s for _, s in keys)}")
+        try:
+            listed = (await self.kube.list(api.SUBMISSION_RECORDS, labels=selector)).items
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+        by_name = {v.name: v for v in map(ident.RecordView.from_obj, listed)}
+        out: dict[tuple[str, str], ident.RecordView | None] = {}
+        for key in keys:
+            found = by_name.get(ident.record_name(*key))
+            # a record whose labels were edited away is not missing: a get by its name decides
+            out[key] = found if found is not None else await self.record(*key)
+        return out
+
+    async def _create_record(self, body: dict[str, object]) -> ident.RecordView:
+        try:
+            return ident.RecordView.from_obj(await self.kube.create(api.SUBMISSION_RECORDS, body))
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+
+    async def claim(self, job_id: str, submission: str, trainjob: str) -> ident.RecordView:
+        """Claim a submission for ``trainjob``: only one caller can win it.
+
+        A new submission's record is created (A continues from the old namespace ledger if it has one).
+        An existing record is taken over only when its holder is gone (closed, or deleted after it had
+        run); one held by a TrainJob that exists, or claimed by another name not created yet, is refused
+        as AlreadyExists naming that object. Re-running the same open (same name) resumes its claim.
+        """
+        for _ in range(5):
+            record = await self.record(job_id, submission)
+            if record is None:
+                floor = await self._legacy_floor(job_id, submission)
+                try:
+                    return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
+                except Refused as exc:
+                    if exc.reason == "AlreadyExists":
+                        continue
+                    raise
+            if record.problems or (record.job_id, record.submission) != (job_id, submission):
+                raise Refused(f"{record.describe()} of {job_id}/{submission} cannot be trusted: "
+                              f"{'; '.join(record.problems) or 'it names another submission'}",
+                              reason="RecordInvalid")
+            holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
+            held = holder is not None and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid)
+            if record.trainjob == trainjob and not held:
+                return record  # the same open again: its claim stands
+            if held or (record.trainjob and not record.trainjob_uid and holder is None):
+                what = (f"as trainjob {record.trainjob}" if held
+                        else f"by an open of trainjob {record.trainjob} that has not created it yet "
+                             f"(if that open failed, `dispatch close {record.trainjob}` releases the claim)")
+                raise Refused(f"submission {job_id}/{submission} already exists {what}; choose a new submission",
+                              reason="AlreadyExists")
+            try:
+                obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
+                                                  ident.holder_patch(record, trainjob))
+            except Unreachable as exc:
+                if exc.code == 409:
+                    continue
+                raise
+            return ident.RecordView.from_obj(obj)
+        raise Unreachable(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
+                          code=409)
+
+    async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
+        """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
+        record outlives the object, so a re-opened submission goes on counting."""
+        current: ident.RecordView | None = record
+        for _ in range(5):
+            if current is None:
+                return
+            try:
+                await self.kube.merge_patch(api.SUBMISSION_RECORDS, current.name,
+                                            ident.holder_patch(current, "", admission=admission))
+                return
+            except Unreachable as exc:
+                if exc.code != 409:
+                    raise
+            current = await self.record(record.job_id, record.submission)
+            if current is not None and current.trainjob != record.trainjob:
+                return  # someone else holds it now
+        raise Unreachable(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
+
+    async def claims_of(self, trainjob: str) -> list[ident.RecordView]:
+        """Records held by ``trainjob`` (by their holder label): a claim whose TrainJob may not exist."""
+        try:
+            found = await self.kube.list(api.SUBMISSION_RECORDS, labels=f"{ident.LABEL_HOLDER}={trainjob}")
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+        return [r for r in map(ident.RecordView.from_obj, found.items) if r.trainjob == trainjob]
+
+    async def forget(self, job_id: str, submission: str) -> ident.RecordView | None:
+        """Delete a submission's record (an admin's decision: the submission then counts from 1 again).
+        Refused while a TrainJob holds it."""
+        record = await self.record(job_id, submission)
+        if record is None:
+            return None
+        holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
+        if holder is not None:
+            raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
+                          reason="InUse")
+        await self.kube.delete(api.SUBMISSION_RECORDS, record.name, uid=record.ref.uid or None)
+        return record
+
+    async def migrate(self) -> tuple[int, int]:
+        """Fold the old namespace ledger and every dispatch TrainJob's A into identity records, then delete
+        the ledger. Returns (records created, records raised). Safe to run again; never lowers a record."""
+        wanted: dict[tuple[str, str], tuple[int, str]] = {}
+        ledger = await self.kube.get_or_none(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        data = ledger.get("data") if ledger is not None else None
+        for key, value in (data.items() if isinstance(data, dict) else []):
+            pair = ident.parse_legacy_key(str(key))
+            count = parse_count(value)
+            if pair is None or count is None:
+                raise Refused(f"the old ledger {ident.LEGACY_LEDGER} has an entry {str(key)[:60]!r}="
+                              f"{str(value)[:20]!r} that does not parse; fix or remove it, then migrate again",
+                              reason="RecordInvalid")
+            wanted[pair] = (max(count, wanted.get(pair, (0, ""))[0]), "")
+        for obj in (await self.kube.list(api.TRAINJOBS, labels=n.LABEL_JOB_ID)).items:
+            tj = tr.TrainJobView.from_obj(obj)
+            if tj.labelled:
+                best = max(tj.admission, tj.patch_admission, wanted.get((tj.job_id, tj.submission), (0, ""))[0])
+                wanted[(tj.job_id, tj.submission)] = (best, tj.name)
+        created = raised = 0
+        for (job_id, submission), (admission, holder) in sorted(wanted.items()):
+            record = await self.record(job_id, submission)
+            if record is None:
+                await self._create_record(ident.new_record(job_id, submission, holder, admission=admission))
+                created += 1
+            elif record.admission < admission:
+                await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
+                                            {"metadata": {"resourceVersion": record.ref.resource_version},
+                                             "spec": {"admission": admission}})
+                raised += 1
+        if ledger is not None:
+            await self.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        return created, raised
+
+    async def issue(self, record: ident.RecordView | None, tj: tr.TrainJobView, admission: int,
+                    token: str) -> ident.RecordView:
+        """Issue A in the record (creating it for an object that has none and never ran), bound to the
+        TrainJob's uid, conditioned on the record's resourceVersion: before any TrainJob carries A."""
+        if record is None:
+            record = await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name))
+        obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
+                                          ident.raise_patch(record, admission, token, tj.name, tj.ref.uid))
+        return ident.RecordView.from_obj(obj)
+
+    async def _legacy_floor(self, job_id: str, submission: str) -> int:
+        """The highest A the pre-record namespace ledger remembers for a submission (0 if none)."""
+        try:
+            ledger = await self.kube.get_or_none(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        except Forbidden:
+            return 0
+        if ledger is None:
+            return 0
+        data = ledger.get("data")
+        value = data.get(ident.legacy_key(job_id, submission)) if isinstance(data, dict) else None
+        if value is None:
+            return 0
+        parsed = parse_count(value)
+        if parsed is None:
+            raise Refused(f"the old ledger ConfigMap {ident.LEGACY_LEDGER} holds {str(value)[:40]!r} for "
+                          f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
+                          reason="RecordInvalid")
+        return parsed
+
+    # ------------------------------------------------------------------ admitting writes
+
+    async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str) -> tr.TrainJobView:
+        """A on the TrainJob and in dispatch's runtime patch entry (SSA, conditioned on the RV read)."""
+        if not tj.dispatch_object:
+            raise Refused(f"trainjob {tj.name} has no dispatch runtime patch; it was not opened by dispatch",
+                          reason="NotDispatchObject")
+        obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token))
+        return tr.TrainJobView.from_obj(obj)
+
+    async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = 5) -> bool:
+        """The write that starts the execution, conditioned on the TrainJob as the raise left it; a 409
+        caused only by a status write is retried on the fresh resourceVersion (``_decision``). False: the
+        decision no longer holds and the caller decides afresh."""
+        current = raised
+        for _ in range(retries):
+            try:
+                await self.kube.merge_patch(api.TRAINJOBS, raised.name, tr.unsuspend_patch(current, admission))
+                return True
+            except Unreachable as exc:
+                if exc.code != 409:
+                    raise
+            fresh = await self.trainjob_or_none(raised.name)
+            if not d.unsuspend_still_holds(raised, fresh, admission):
+                return False
+            assert fresh is not None
+            current = fresh
+        return False
+
+    async def suspend(self, tj: tr.TrainJobView) -> None:
+        await self.kube.merge_patch(api.TRAINJOBS, tj.name, tr.suspend_patch())
+
+    # ------------------------------------------------------------------ Kueue check writes
+
+    async def write_check(self, workload: kq.WorkloadView, entry: dict[str, object], *, field_manager: str
+                          ) -> None:
+        """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion."""
+        await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
+                              workload.ref.namespace, sub="status", field_manager=field_manager, force=True)

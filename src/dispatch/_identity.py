@@ -1,0 +1,127 @@
+"""The identity record: one small object of dispatch's own kind per submission.
+
+A ``SubmissionRecord`` (``submissionrecords.dispatch.phpboyscout.uk``) remembers, for one (job-id,
+submission) of a namespace, the highest admission number A ever issued, the token of the raise that
+issued it, and which TrainJob currently holds the submission. Why this shape:
+
+* **one object per submission**, named by a hash of (job-id, submission): a release reads and writes
+  only its own record, so its cost does not grow with the namespace's history and there is no hot
+  object (the old namespace ConfigMap ``dispatch-admissions`` was both, and filled at ~11,000 entries);
+* **its create is the claim**: only one caller can create a name, so two opens of one submission
+  under two TrainJob names cannot both win;
+* **a kind of its own**, so RBAC can give writers create/patch without delete, and the CRD's
+  validation rules (enforced by the API server for every writer) forbid lowering A or changing the
+  submission it names. Only an admin's ``dispatch admin forget`` (delete) makes a submission forget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _api as api
+from ._names import DOMAIN, LABEL_JOB_ID, LABEL_SUBMISSION
+from ._views import Ref, mapping, parse_count, text
+
+Obj = dict[str, Any]
+
+RECORDS = api.SUBMISSION_RECORDS
+LEGACY_LEDGER = "dispatch-admissions"
+"""The namespace ConfigMap that recorded A before records existed; ``dispatch admin migrate`` folds it in."""
+TOKEN_LIMIT = 128
+LABEL_HOLDER = f"{DOMAIN}/trainjob"
+"""On a record: the TrainJob that holds the submission, so ``close NAME`` finds a claim whose TrainJob was
+never created."""
+
+
+def record_name(job_id: str, submission: str) -> str:
+    """The record's name: a hash of the pair, so any two label values give a valid, distinct name."""
+    digest = hashlib.sha256(f"{job_id}\x00{submission}".encode()).hexdigest()
+    return f"sub-{digest[:40]}"
+
+
+def legacy_key(job_id: str, submission: str) -> str:
+    """The old ledger's key of a submission (kept to migrate it)."""
+    return f"{len(job_id)}.{job_id}.{submission}"
+
+
+def parse_legacy_key(key: str) -> tuple[str, str] | None:
+    """(job-id, submission) of an old ledger key ``<len>.<job-id>.<submission>``, or None."""
+    head, _, rest = key.partition(".")
+    size = parse_count(head)
+    if size is None or len(rest) < size + 2 or rest[size] != ".":
+        return None
+    return rest[:size], rest[size + 1:]
+
+
+@dataclass(frozen=True)
+class RecordView:
+    """A submission's identity record, parsed strictly."""
+
+    ref: Ref
+    job_id: str
+    submission: str
+    admission: int
+    token: str
+    trainjob: str
+    """The TrainJob that holds the submission now ("" once it was closed)."""
+    trainjob_uid: str
+    """Its uid once a release bound it ("" until then)."""
+    problems: tuple[str, ...] = ()
+
+    @staticmethod
+    def from_obj(obj: Mapping[str, Any]) -> RecordView:
+        spec = mapping(obj.get("spec"))
+        holder = mapping(spec.get("trainJob"))
+        problems = []
+        admission = parse_count(spec.get("admission"))
+        if admission is None:
+            problems.append(f"spec.admission is {str(spec.get('admission'))[:40]!r}, not a count")
+        return RecordView(
+            ref=Ref.of(obj), job_id=text(spec.get("jobId")), submission=text(spec.get("submission")),
+            admission=admission or 0, token=text(spec.get("token"))[:TOKEN_LIMIT],
+            trainjob=text(holder.get("name")), trainjob_uid=text(holder.get("uid")), problems=tuple(problems),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    def describe(self) -> str:
+        return f"identity record {RECORDS.plural}/{self.name}"
+
+
+def describe_missing(job_id: str, submission: str) -> str:
+    return f"identity record {RECORDS.plural}/{record_name(job_id, submission)}"
+
+
+def new_record(job_id: str, submission: str, trainjob: str, *, admission: int = 0) -> Obj:
+    """The claim of a submission: created once, by whichever caller wins."""
+    return {
+        "apiVersion": RECORDS.api_version,
+        "kind": RECORDS.kind,
+        "metadata": {
+            "name": record_name(job_id, submission),
+            "labels": {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission, LABEL_HOLDER: trainjob,
+                       "app.kubernetes.io/managed-by": "dispatch"},
+        },
+        "spec": {"jobId": job_id, "submission": submission, "admission": admission, "token": "",
+                 "trainJob": {"name": trainjob, "uid": ""}},
+    }
+
+
+def raise_patch(record: RecordView, admission: int, token: str, trainjob: str, uid: str) -> Obj:
+    """A issued to ``trainjob``, conditioned on the record's resourceVersion (a concurrent issue is a 409)."""
+    return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
+            "spec": {"admission": admission, "token": token[:TOKEN_LIMIT], "trainJob": {"name": trainjob, "uid": uid}}}
+
+
+def holder_patch(record: RecordView, trainjob: str, *, admission: int | None = None) -> Obj:
+    """Hand the submission to ``trainjob`` ("" releases it), conditioned on the resourceVersion."""
+    spec: Obj = {"trainJob": {"name": trainjob, "uid": ""}}
+    if admission is not None and admission > record.admission:
+        spec["admission"] = admission
+    return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
+            "spec": spec}

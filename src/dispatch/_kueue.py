@@ -1,0 +1,199 @@
+"""Everything shaped by Kueue's API: the Workload view, admission-check entries, the bodies written.
+
+``dispatch status`` and the controller both read Workloads through this module, so they agree on
+which check is dispatch's (by the AdmissionChecks' ``spec.controllerName``, configurable for a canary)
+and on what a Workload's state means. A new Kueue API version should mean editing this file (and the
+coordinates in ``_api``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import _api as api
+from ._names import KUEUE_JOB_UID_LABEL, LABEL_JOB_ID, LABEL_SUBMISSION, TRAINER_GROUP, label_value_problem
+from ._views import Ref, condition_true, conditions, is_deleting, items, labels_of, mapping, text
+
+Obj = dict[str, Any]
+
+
+WAITING_PREFIX = "waiting for "
+"""Every message dispatch writes while it holds a check Pending starts so (restart-safe episode marker)."""
+
+
+@dataclass(frozen=True)
+class CheckEntry:
+    """One entry of a Workload's ``status.admissionChecks``."""
+
+    name: str
+    state: str
+    message: str
+    last_transition: str
+
+    @property
+    def waiting_episode(self) -> bool:
+        """Whether dispatch itself wrote the current Pending message (a waiting episode is under way)."""
+        return self.state == "Pending" and self.message.startswith(WAITING_PREFIX)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A Workload's controller owner."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+
+    @property
+    def is_trainjob(self) -> bool:
+        return self.kind == "TrainJob" and self.api_version.split("/")[0] == TRAINER_GROUP
+
+
+def controller_owner(obj: Mapping[str, Any]) -> Owner | None:
+    for ref in items(mapping(obj.get("metadata")).get("ownerReferences")):
+        if ref.get("controller") is True:
+            return Owner(text(ref.get("apiVersion")), text(ref.get("kind")), text(ref.get("name")),
+                         text(ref.get("uid")))
+    return None
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """A Kueue Workload as dispatch reads it, parsed once."""
+
+    ref: Ref
+    owner: Owner | None
+    checks: tuple[CheckEntry, ...]
+    active: bool
+    deleting: bool
+    quota_reserved: bool
+    evicted: bool
+    finished: bool
+    admitted: bool
+    quota_message: str
+    """Why quota is not reserved yet (Kueue's QuotaReserved condition), for status."""
+    pod_sets: tuple[str, ...]
+    pod_set_identity: tuple[str, str] | None
+    """(job-id, submission) as Kueue copied them from dispatch's pod template into the pod sets: a hint
+    to select the TrainJobs of a batch by label, never trusted beyond that."""
+    job_uid: str
+    raw: Mapping[str, Any] = field(compare=False, repr=False, default_factory=dict)
+
+    @staticmethod
+    def from_obj(obj: Mapping[str, Any]) -> WorkloadView:
+        status = mapping(obj.get("status"))
+        checks = tuple(
+            CheckEntry(text(c.get("name")), text(c.get("state")), text(c.get("message")),
+                       text(c.get("lastTransitionTime")))
+            for c in items(status.get("admissionChecks"))
+        )
+        spec = mapping(obj.get("spec"))
+        pod_sets: list[str] = []
+        ident: tuple[str, str] | None = None
+        for ps in items(spec.get("podSets")):
+            if text(ps.get("name")):
+                pod_sets.append(text(ps.get("name")))
+            labels = mapping(mapping(mapping(ps.get("template")).get("metadata")).get("labels"))
+            job_id, sub = labels.get(LABEL_JOB_ID), labels.get(LABEL_SUBMISSION)
+            if (ident is None and isinstance(job_id, str) and isinstance(sub, str) and job_id and sub
+                    and label_value_problem(job_id) is None and label_value_problem(sub) is None):
+                ident = (job_id, sub)
+        conds = conditions(obj)
+        quota = conds.get("QuotaReserved", {})
+        quota_message = ""
+        if text(quota.get("status")) != "True":
+            quota_message = text(quota.get("message")) or text(quota.get("reason"))
+        return WorkloadView(
+            ref=Ref.of(obj),
+            owner=controller_owner(obj),
+            checks=checks,
+            active=spec.get("active") is not False,
+            deleting=is_deleting(obj),
+            quota_reserved=condition_true(obj, "QuotaReserved"),
+            evicted=condition_true(obj, "Evicted"),
+            finished=condition_true(obj, "Finished"),
+            admitted=condition_true(obj, "Admitted"),
+            quota_message=quota_message,
+            pod_sets=tuple(pod_sets),
+            pod_set_identity=ident,
+            job_uid=labels_of(obj).get(KUEUE_JOB_UID_LABEL, ""),
+            raw=obj,
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.ref.namespace}/{self.ref.name}"
+
+    def entry(self, names: Collection[str]) -> CheckEntry | None:
+        """Our entry: the one named after an AdmissionCheck whose controllerName is dispatch's."""
+        return next((c for c in self.checks if c.name in names), None)
+
+    def pending_ours(self, names: Collection[str]) -> bool:
+        entry = self.entry(names)
+        return entry is not None and entry.state == "Pending"
+
+
+def checks_owned(checks: Iterable[Mapping[str, Any]], controller_name: str) -> set[str]:
+    """Names of the AdmissionChecks whose ``spec.controllerName`` is ``controller_name``."""
+    return {text(mapping(c.get("metadata")).get("name")) for c in checks
+            if text(mapping(c.get("spec")).get("controllerName")) == controller_name}
+
+
+def check_of(workload: WorkloadView | None, ours: set[str] | None) -> CheckEntry | None:
+    """dispatch's check on the Workload; without the list of ours, the first check not yet Ready."""
+    if workload is None:
+        return None
+    if ours:
+        mine = workload.entry(ours)
+        if mine is not None:
+            return mine
+    # the checks of ours are unknown (not listable), or the controller runs under another name (a canary):
+    # name the first check still holding the Workload rather than say nothing
+    return next((c for c in workload.checks if c.state != "Ready"), None)
+
+
+def uid_selector(uids: Iterable[str]) -> str:
+    """The Workloads of TrainJobs by uid (Kueue labels each Workload with its job's uid)."""
+    return f"{KUEUE_JOB_UID_LABEL} in ({','.join(sorted(uids))})"
+
+
+def entry_body(name: str, state: str, message: str, since: str, pod_set_updates: list[Obj] | None = None) -> Obj:
+    entry: Obj = {"name": name, "state": state, "message": message, "lastTransitionTime": since}
+    if pod_set_updates:
+        entry["podSetUpdates"] = pod_set_updates
+    return entry
+
+
+def check_status_body(workload: WorkloadView, entry: Obj) -> Obj:
+    """Server-side apply body of our one ``status.admissionChecks`` entry, conditioned on the Workload's
+    resourceVersion: only our entry is sent, so Kueue's and other controllers' entries (same list-map,
+    other keys) are merged, not replaced, which a merge patch could not do."""
+    return {
+        "apiVersion": api.WORKLOADS.api_version,
+        "kind": "Workload",
+        "metadata": {"name": workload.ref.name, "namespace": workload.ref.namespace,
+                     "resourceVersion": workload.ref.resource_version},
+        "status": {"admissionChecks": [entry]},
+    }
+
+
+def pod_set_updates(workload: WorkloadView, labels: Mapping[str, str]) -> list[Obj]:
+    return [{"name": ps, "labels": dict(labels)} for ps in workload.pod_sets]
+
+
+def active_patch(active: bool) -> Obj:
+    """A Workload's ``spec.active``: dispatch's hold in Kueue mode."""
+    return {"spec": {"active": active}}
+
+
+def parse_time(value: str) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None

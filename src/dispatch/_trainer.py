@@ -1,0 +1,320 @@
+"""Everything shaped by Kubeflow Trainer's API: the TrainJob view, its body, dispatch's runtime patch.
+
+A new Trainer version should mean editing this file only: how a TrainJob is read (identity labels,
+A, suspension, conditions), the body ``open`` creates, dispatch's own ``spec.runtimePatches`` entry
+(manager ``dispatch.phpboyscout.uk/dispatch``) that carries the identity labels to every pod, the
+server-side-apply body that raises A, and capability checks such as the grace-period one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from . import _api as api
+from ._names import (
+    ANNOTATION_ADMISSION,
+    ANNOTATION_STARTED,
+    ANNOTATION_TOKEN,
+    KUEUE_PRIORITY_LABEL,
+    KUEUE_QUEUE_LABEL,
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    PATCH_MANAGER,
+    TRAINER_GROUP,
+)
+from ._records import Identity, JobSpec, State
+from ._views import (
+    Ref,
+    annotations_of,
+    condition_true,
+    is_deleting,
+    is_suspended,
+    items,
+    labels_of,
+    mapping,
+    meta,
+    parse_count,
+    text,
+)
+
+Obj = dict[str, Any]
+
+
+def _patch_replicated_jobs(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = mapping(mapping(mapping(entry.get("trainingRuntimeSpec")).get("template")).get("spec"))
+    return items(spec.get("replicatedJobs"))
+
+
+def _pod_template(rj: Mapping[str, Any]) -> Mapping[str, Any]:
+    return mapping(mapping(mapping(rj.get("template")).get("spec")).get("template"))
+
+
+def _parse_time(value: object) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class TrainJobView:
+    """A TrainJob as dispatch reads it, parsed once."""
+
+    ref: Ref
+    job_id: str
+    submission: str
+    admission: int
+    """A as the annotation records it (0: never admitted)."""
+    patch_admission: int
+    """A as dispatch's runtime patch entry carries it to the pods (0: none)."""
+    token: str
+    """The admission token written with the last raise of A (a retry of the same admission finds it)."""
+    started: int
+    """The highest A that dispatch's own unsuspend started (plain mode)."""
+    queue: str | None
+    suspended: bool
+    deleting: bool
+    complete: bool
+    failed: bool
+    patch_targets: tuple[str, ...]
+    """The replicatedJobs dispatch's runtime patch entry targets (empty: no dispatch entry)."""
+    created: datetime | None
+    problems: tuple[str, ...] = ()
+    """Fields dispatch owns that do not parse (a bad A annotation, say): the object is refused, alone."""
+    patch_entry: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    @staticmethod
+    def from_obj(obj: Obj) -> TrainJobView:
+        labels = labels_of(obj)
+        ann = annotations_of(obj)
+        problems: list[str] = []
+
+        def count(key: str) -> int:
+            raw = ann.get(key)
+            if raw is None:
+                return 0
+            value = parse_count(raw)
+            if value is None:
+                problems.append(f"annotation {key} is {raw[:40]!r}, not a number")
+                return 0
+            return value
+
+        admission = count(ANNOTATION_ADMISSION)
+        started = count(ANNOTATION_STARTED)
+        entry = next((e for e in items(mapping(obj.get("spec")).get("runtimePatches"))
+                      if e.get("manager") == PATCH_MANAGER), None)
+        targets: list[str] = []
+        patch_a = 0
+        if entry is not None:
+            for rj in _patch_replicated_jobs(entry):
+                if text(rj.get("name")):
+                    targets.append(text(rj.get("name")))
+                raw = mapping(mapping(_pod_template(rj).get("metadata")).get("labels")).get(LABEL_ADMISSION)
+                if raw is not None:
+                    value = parse_count(raw)
+                    if value is None:
+                        problems.append(f"runtime patch label {LABEL_ADMISSION} is {str(raw)[:40]!r}, not a number")
+                    else:
+                        patch_a = max(patch_a, value)
+        return TrainJobView(
+            ref=Ref.of(obj),
+            job_id=labels.get(LABEL_JOB_ID, ""),
+            submission=labels.get(LABEL_SUBMISSION, ""),
+            admission=admission,
+            patch_admission=patch_a,
+            token=ann.get(ANNOTATION_TOKEN, ""),
+            started=started,
+            queue=labels.get(KUEUE_QUEUE_LABEL) or None,
+            suspended=is_suspended(obj),
+            deleting=is_deleting(obj),
+            complete=condition_true(obj, "Complete"),
+            failed=condition_true(obj, "Failed"),
+            patch_targets=tuple(targets),
+            created=_parse_time(meta(obj).get("creationTimestamp")),
+            problems=tuple(problems),
+            patch_entry=entry,
+            labels=labels,
+        )
+
+    @property
+    def name(self) -> str:
+        return self.ref.name
+
+    @property
+    def identity(self) -> Identity:
+        return Identity(self.job_id, self.submission, self.admission)
+
+    @property
+    def labelled(self) -> bool:
+        """Carries dispatch's identity labels (job-id and submission)."""
+        return bool(self.job_id and self.submission)
+
+    @property
+    def dispatch_object(self) -> bool:
+        """Opened by dispatch: identity labels and dispatch's runtime patch entry."""
+        return self.labelled and bool(self.patch_targets)
+
+    @property
+    def state(self) -> State:
+        if self.deleting:
+            return State.CLOSING
+        if self.complete:
+            return State.SUCCEEDED
+        if self.failed:
+            return State.FAILED
+        if not self.suspended:
+            return State.RUNNING
+        return State.QUEUED if self.queue else State.HELD
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def runtime_jobs(runtime: Obj) -> list[str]:
+    """The replicatedJob names of a (Cluster)TrainingRuntime."""
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    return [text(rj.get("name")) for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))]
+
+
+def identity_labels(job_id: str, submission: str, admission: int | None = None) -> dict[str, str]:
+    """The labels every pod of an execution carries (and the TrainJob, without A)."""
+    out = {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission}
+    if admission is not None:
+        out[LABEL_ADMISSION] = str(admission)
+    return out
+
+
+ENV_FROM_LABELS = (
+    ("DISPATCH_JOB_ID", LABEL_JOB_ID),
+    ("DISPATCH_SUBMISSION", LABEL_SUBMISSION),
+    ("DISPATCH_ADMISSION", LABEL_ADMISSION),
+)
+"""Environment variables every trainer container gets from its own pod's labels (downward API), so
+the process can fence storage on A and can never disagree with the labels."""
+
+
+def identity_env() -> list[Obj]:
+    return [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+            for var, label in ENV_FROM_LABELS]
+
+
+def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
+    """dispatch's own runtime patch entry: identity labels (and the user's pod settings) per replicatedJob."""
+    pod_template: Obj = {"metadata": {"labels": dict(labels)}}
+    if spec.pod_annotations:
+        pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
+    pod_spec: Obj = {}
+    if spec.termination_grace_period_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if pod_spec:
+        pod_template["spec"] = pod_spec
+    return {
+        "manager": PATCH_MANAGER,
+        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": rj, "template": {"spec": {"template": copy.deepcopy(pod_template)}}} for rj in replicated
+        ]}}},
+    }
+
+
+def trainjob_body(spec: JobSpec, name: str, namespace: str, replicated: Sequence[str], *, admission: int = 0,
+                  suspend: bool = True) -> Obj:
+    """The TrainJob ``open`` creates: identity labels, A, dispatch's runtime patch entry, suspended."""
+    labels = dict(spec.labels)
+    labels.update(identity_labels(spec.job_id, spec.submission))
+    if spec.queue:
+        labels[KUEUE_QUEUE_LABEL] = spec.queue
+    if spec.priority_class:
+        labels[KUEUE_PRIORITY_LABEL] = spec.priority_class
+    trainer: Obj = {}
+    if spec.image:
+        trainer["image"] = spec.image
+    if spec.command:
+        trainer["command"] = list(spec.command)
+    if spec.args:
+        trainer["args"] = list(spec.args)
+    if spec.num_nodes is not None:
+        trainer["numNodes"] = spec.num_nodes
+    if spec.resources_per_node:
+        trainer["resourcesPerNode"] = {"requests": dict(spec.resources_per_node),
+                                       "limits": dict(spec.resources_per_node)}
+    env: list[Obj] = [{"name": key, "value": value} for key, value in spec.env.items()]
+    env.extend(identity_env())
+    trainer["env"] = env
+    return {
+        "apiVersion": api.TRAINJOBS.api_version,
+        "kind": "TrainJob",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": {ANNOTATION_ADMISSION: str(admission)},
+        },
+        "spec": {
+            "runtimeRef": {"name": spec.runtime, "apiGroup": TRAINER_GROUP, "kind": spec.runtime_kind},
+            "suspend": suspend,
+            "trainer": trainer,
+            "runtimePatches": [patch_entry(replicated, identity_labels(spec.job_id, spec.submission, admission),
+                                           spec)],
+        },
+    }
+
+
+def grace_kept(stored: Obj) -> bool:
+    """Whether the server kept terminationGracePeriodSeconds in dispatch's runtime patch entry.
+
+    Trainer before v2.3 has no such field in runtime patches and prunes it silently; a dry-run create
+    shows what the server would keep, so ``open`` can refuse instead of dropping the user's setting.
+    """
+    for entry in items(mapping(stored.get("spec")).get("runtimePatches")):
+        if entry.get("manager") != PATCH_MANAGER:
+            continue
+        for rj in _patch_replicated_jobs(entry):
+            if "terminationGracePeriodSeconds" not in mapping(_pod_template(rj).get("spec")):
+                return False
+    return True
+
+
+def raise_body(tj: TrainJobView, admission: int, token: str) -> Obj:
+    """Server-side apply body of the first admitting write: A (and its token) on the TrainJob and in
+    dispatch's runtime patch entry, conditioned on the resourceVersion read. Only dispatch's own entry of
+    ``spec.runtimePatches`` is sent, so Kueue's entry (same list, another key) is merged, not replaced."""
+    entry = copy.deepcopy(dict(tj.patch_entry or {}))
+    entry.pop("time", None)  # stamped by Trainer's defaulting webhook; not ours to own
+    labels = identity_labels(tj.job_id, tj.submission, admission)
+    tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
+    for rj in tmpl_spec.get("replicatedJobs") or []:
+        template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+        template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+    return {
+        "apiVersion": api.TRAINJOBS.api_version,
+        "kind": "TrainJob",
+        "metadata": {
+            "name": tj.name,
+            "namespace": tj.ref.namespace,
+            "resourceVersion": tj.ref.resource_version,
+            "annotations": {ANNOTATION_ADMISSION: str(admission), ANNOTATION_TOKEN: token},
+        },
+        "spec": {"runtimePatches": [entry]},
+    }
+
+
+def unsuspend_patch(tj: TrainJobView, admission: int) -> Obj:
+    """The merge patch that starts execution ``admission``: conditioned on the resourceVersion, and
+    marking the A it started in the same write (so a later release knows that A has run)."""
+    return {"metadata": {"resourceVersion": tj.ref.resource_version,
+                         "annotations": {ANNOTATION_STARTED: str(admission)}},
+            "spec": {"suspend": False}}
+
+
+def suspend_patch() -> Obj:
+    return {"spec": {"suspend": True}}

@@ -1,0 +1,305 @@
+"""Every field of a ``JobSpec``, checked before any request.
+
+Pure functions: each returns the problems it finds, so one ``InvalidInput`` names every bad field at once.
+The rules are the API server's own (label values and keys, quantities, env var names), applied here because
+a TrainJob that passes the API server can still fail later, when JobSet creates its pods, with nobody there to
+read the message; and because Python's duck typing would otherwise turn a wrong type into something else
+(``command="python train.py"`` iterates as one element per character).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from . import _names as n
+from ._records import JobSpec
+from .errors import FieldCause
+
+_QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_QUANTITY = re.compile(
+    r"^(?P<sign>[+-]?)(?P<number>[0-9]+(\.[0-9]*)?|\.[0-9]+)"
+    r"(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?$"
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"m": Decimal("0.001"), "": Decimal(1), "k": Decimal(10) ** 3, "M": Decimal(10) ** 6,
+            "G": Decimal(10) ** 9, "T": Decimal(10) ** 12, "P": Decimal(10) ** 15, "E": Decimal(10) ** 18}
+_STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_ANNOTATIONS_LIMIT = 256 * 1024
+"""The API server's limit on the total size of an object's annotations (keys plus values)."""
+_RESERVED_LABELS = {
+    n.KUEUE_QUEUE_LABEL: "set queue= instead",
+    n.KUEUE_PRIORITY_LABEL: "set priority_class= instead",
+    n.JOBSET_NAME_LABEL: "JobSet sets it",
+}
+
+Problems = list[FieldCause]
+
+
+def _kind(value: object) -> str:
+    """``int 2``, ``str 'x'``: what was given, for messages."""
+    return f"{type(value).__name__} {value!r}"
+
+
+def _bad(problems: Problems, field: str, message: str, reason: str = "FieldValueInvalid") -> None:
+    problems.append(FieldCause(field, message, reason))
+
+
+def qualified_name_problem(key: str) -> str | None:
+    """Why ``key`` is not a Kubernetes qualified name (label, annotation and node-selector keys), or None."""
+    prefix, slash, name = key.rpartition("/")
+    if slash:
+        if not prefix:
+            return "has an empty prefix before '/'"
+        problem = n.dns1123_subdomain_problem(prefix)
+        if problem:
+            return f"has a prefix {prefix!r} that {problem} (a DNS subdomain)"
+    if not name:
+        return "must not be empty" if not slash else "has an empty name after '/'"
+    if len(name) > 63:
+        return f"has a name part of {len(name)} characters (at most 63)"
+    if not _QUALIFIED_NAME_PART.match(name):
+        return ("must be an optional DNS-subdomain prefix and '/', then alphanumerics, '-', '_' or '.', "
+                "starting and ending with an alphanumeric")
+    return None
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why ``name`` is not an environment variable name every Kubernetes version accepts, or None."""
+    if not name:
+        return "must not be empty"
+    if not _ENV_NAME.match(name):
+        return "must consist of letters, digits, '_', '-' or '.', and must not start with a digit"
+    return None
+
+
+def parse_quantity(text: str) -> Decimal | None:
+    """A Kubernetes resource quantity's value (``500m`` -> 0.5, ``1Gi`` -> 1073741824), or None if
+    ``text`` does not follow the quantity grammar."""
+    match = _QUANTITY.match(text)
+    if not match:
+        return None
+    try:
+        number = Decimal(match["number"])
+    except InvalidOperation:
+        return None
+    suffix = match["suffix"] or ""
+    if suffix in _BINARY:
+        value = number * _BINARY[suffix]
+    elif suffix in _DECIMAL:
+        value = number * _DECIMAL[suffix]
+    else:
+        value = number * Decimal(10) ** int(suffix[1:])
+    return -value if match["sign"] == "-" else value
+
+
+def _resource_name_problem(name: str) -> str | None:
+    if "/" in name:
+        return qualified_name_problem(name)
+    if name in _STANDARD_RESOURCES or (name.startswith("hugepages-") and parse_quantity(name[10:]) is not None):
+        return None
+    return ("is not a standard resource (cpu, memory, ephemeral-storage, hugepages-<size>) "
+            "nor a qualified extended resource such as nvidia.com/gpu")
+
+
+def _text(problems: Problems, field: str, value: object, *, optional: bool = False) -> str | None:
+    """``value`` if it is a str; else a problem naming the type."""
+    if value is None and optional:
+        return None
+    if not isinstance(value, str):
+        _bad(problems, field, f"must be a string (got {_kind(value)})", "FieldValueTypeInvalid")
+        return None
+    return value
+
+
+def _int(problems: Problems, field: str, value: object, minimum: int) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        _bad(problems, field, f"must be an int (got {_kind(value)})", "FieldValueTypeInvalid")
+    elif value < minimum:
+        _bad(problems, field, f"must be at least {minimum} (got {value})" if minimum else
+             f"must not be negative (got {value})")
+
+
+def _str_map(problems: Problems, field: str, value: object) -> list[tuple[str, str]]:
+    """The str -> str entries of a mapping; problems for anything else (each entry named)."""
+    if not isinstance(value, Mapping):
+        _bad(problems, field, f"must be a mapping of strings to strings (got {type(value).__name__})",
+             "FieldValueTypeInvalid")
+        return []
+    out = []
+    for key, item in value.items():
+        if not isinstance(key, str):
+            _bad(problems, f"{field}[{key!r}]", f"keys must be strings (got {_kind(key)})", "FieldValueTypeInvalid")
+        elif not isinstance(item, str):
+            _bad(problems, f"{field}[{key}]", f"must be a string (got {_kind(item)}); pass {str(item)!r} if "
+                 "that is the text you mean", "FieldValueTypeInvalid")
+        else:
+            out.append((key, item))
+    return out
+
+
+def _str_list(problems: Problems, field: str, value: object) -> None:
+    if isinstance(value, str | bytes):
+        _bad(problems, field, f"must be a list of strings, not one string (got {value!r}); a string would be "
+             f"sent one character per element: pass a list such as {value.split()!r} or shlex.split(...)"
+             if isinstance(value, str) else f"must be a list of strings (got {_kind(value)})",
+             "FieldValueTypeInvalid")
+        return
+    if not isinstance(value, Sequence):
+        _bad(problems, field, f"must be a list of strings (got {type(value).__name__})", "FieldValueTypeInvalid")
+        return
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            _bad(problems, f"{field}[{i}]", f"must be a string (got {_kind(item)})", "FieldValueTypeInvalid")
+
+
+def _ids(problems: Problems, spec: JobSpec) -> None:
+    for field, value in (("job_id", spec.job_id), ("submission", spec.submission)):
+        text = _text(problems, field, value)
+        if text is None:
+            continue
+        if not text:
+            _bad(problems, field, "must not be empty", "FieldValueRequired")
+            continue
+        problem = n.label_value_problem(text)
+        if problem:
+            _bad(problems, field, f"{text!r} is not a valid label value: {problem}")
+
+
+def _name(problems: Problems, spec: JobSpec) -> str:
+    name = _text(problems, "name", spec.name, optional=True)
+    if spec.name is not None and name is None:
+        return ""
+    if name is None:
+        if not isinstance(spec.job_id, str) or not isinstance(spec.submission, str):
+            return ""
+        name = n.derive_name(spec.job_id, spec.submission)
+    problem = n.dns1035_problem(name)
+    if problem and not any(p.field in ("job_id", "submission") for p in problems):
+        hint = "" if spec.name else " (derived as <job_id>-<submission>; pass name= to choose another)"
+        _bad(problems, "name", f"{name!r} is not a valid TrainJob name: {problem}{hint}")
+    return name
+
+
+def _runtime(problems: Problems, spec: JobSpec) -> None:
+    runtime = _text(problems, "runtime", spec.runtime)
+    if runtime is not None:
+        problem = n.dns1123_subdomain_problem(runtime)
+        if problem:
+            _bad(problems, "runtime", f"{runtime!r} {problem}")
+    if spec.runtime_kind not in ("ClusterTrainingRuntime", "TrainingRuntime"):
+        _bad(problems, "runtime_kind", f"must be ClusterTrainingRuntime or TrainingRuntime (got {spec.runtime_kind!r})",
+             "FieldValueNotSupported")
+
+
+def _image(problems: Problems, spec: JobSpec) -> None:
+    image = _text(problems, "image", spec.image, optional=True)
+    if image is None:
+        return
+    if not image:
+        _bad(problems, "image", "must not be empty; pass None to use the runtime's image", "FieldValueRequired")
+    elif any(c.isspace() for c in image):
+        _bad(problems, "image", f"{image!r} must not contain whitespace")
+
+
+def _kueue(problems: Problems, spec: JobSpec) -> None:
+    for field, value in (("queue", spec.queue), ("priority_class", spec.priority_class)):
+        text = _text(problems, field, value, optional=True)
+        if text is None:
+            continue
+        problem = n.dns1123_subdomain_problem(text) or n.label_value_problem(text)
+        if problem:
+            _bad(problems, field, f"{text!r} {problem}")
+
+
+def _resources(problems: Problems, spec: JobSpec) -> None:
+    for key, value in _str_map(problems, "resources_per_node", spec.resources_per_node):
+        field = f"resources_per_node[{key}]"
+        problem = _resource_name_problem(key)
+        if problem:
+            _bad(problems, field, f"resource name {key!r} {problem}")
+            continue
+        quantity = parse_quantity(value)
+        if quantity is None:
+            _bad(problems, field, f"{value!r} is not a quantity (such as 2, 500m, 4Gi or 1e3)")
+        elif quantity < 0:
+            _bad(problems, field, f"{value!r} must not be negative")
+        elif "/" in key and not key.startswith("kubernetes.io/") and quantity != quantity.to_integral_value():
+            _bad(problems, field, f"{value!r} must be a whole number for an extended resource")
+
+
+def _env(problems: Problems, spec: JobSpec) -> None:
+    for key, _value in _str_map(problems, "env", spec.env):
+        problem = env_name_problem(key)
+        if problem:
+            _bad(problems, f"env[{key}]", f"{key!r} is not an environment variable name: {problem}")
+
+
+def _labels(problems: Problems, spec: JobSpec) -> None:
+    for key, value in _str_map(problems, "labels", spec.labels):
+        field = f"labels[{key}]"
+        if key.startswith(n.DOMAIN + "/"):
+            _bad(problems, field, "is reserved for dispatch", "FieldValueForbidden")
+        elif key in _RESERVED_LABELS:
+            _bad(problems, field, f"is set by dispatch from the spec: {_RESERVED_LABELS[key]}", "FieldValueForbidden")
+        elif problem := qualified_name_problem(key):
+            _bad(problems, field, f"key {key!r} {problem}")
+        elif problem := n.label_value_problem(value):
+            _bad(problems, field, f"{value!r} is not a valid label value: {problem}")
+
+
+def _pod_annotations(problems: Problems, spec: JobSpec) -> None:
+    total = 0
+    for key, value in _str_map(problems, "pod_annotations", spec.pod_annotations):
+        total += len(key) + len(value)
+        if key.startswith(n.DOMAIN + "/"):
+            _bad(problems, f"pod_annotations[{key}]", "is reserved for dispatch", "FieldValueForbidden")
+        elif problem := qualified_name_problem(key):
+            _bad(problems, f"pod_annotations[{key}]", f"key {key!r} {problem}")
+    if total > _ANNOTATIONS_LIMIT:
+        _bad(problems, "pod_annotations", f"total {total} bytes, more than the API's {_ANNOTATIONS_LIMIT}",
+             "FieldValueTooLong")
+
+
+def _node_selector(problems: Problems, spec: JobSpec) -> None:
+    for key, value in _str_map(problems, "node_selector", spec.node_selector):
+        field = f"node_selector[{key}]"
+        if problem := qualified_name_problem(key):
+            _bad(problems, field, f"key {key!r} {problem}")
+        elif problem := n.label_value_problem(value):
+            _bad(problems, field, f"{value!r} is not a valid label value: {problem}")
+
+
+def spec_problems(spec: Any) -> tuple[str, Problems]:
+    """(the TrainJob name, every problem of ``spec``), without raising."""
+    problems: Problems = []
+    if not isinstance(spec, JobSpec):
+        _bad(problems, "spec", f"must be a dispatch.JobSpec (got {type(spec).__name__})", "FieldValueTypeInvalid")
+        return "", problems
+    _ids(problems, spec)
+    name = _name(problems, spec)
+    _runtime(problems, spec)
+    _image(problems, spec)
+    _str_list(problems, "command", spec.command)
+    _str_list(problems, "args", spec.args)
+    _int(problems, "num_nodes", spec.num_nodes, 1)
+    _int(problems, "termination_grace_period_seconds", spec.termination_grace_period_seconds, 0)
+    _kueue(problems, spec)
+    _resources(problems, spec)
+    _env(problems, spec)
+    _labels(problems, spec)
+    _pod_annotations(problems, spec)
+    _node_selector(problems, spec)
+    return name, problems
+
+
+def validate_spec(spec: JobSpec) -> str:
+    """Check every field of ``spec``; return the TrainJob name. Raises InvalidInput naming each bad field."""
+    name, problems = spec_problems(spec)
+    n.check(problems)
+    return name

@@ -1,0 +1,198 @@
+"""The fake-cluster situations the documentation's examples run in, by the name a marker gives.
+
+A page declares one before a block with ``<!-- example: NAME -->``. Each builds a fresh ``FakeCluster``
+in the state the page describes, through dispatch's own library and the fake's controllers (nothing is
+written into the fake by hand that a real cluster would not write), so the output a page shows is what
+dispatch prints in that state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
+from dispatch import _kube as k
+from dispatch.controller import Metrics, Reconciler
+from dispatch.controller._events import EventRecorder
+from dispatch.controller.testing import FakeKueue
+from dispatch.testing import FakeCluster
+
+NODES = ("node-0", "node-1", "node-2", "node-3")
+
+
+def fresh(namespace: str = "default") -> FakeCluster:
+    """A cluster with Trainer's default runtime and four Ready nodes; nothing opened yet."""
+    cluster = FakeCluster(namespace)
+    cluster.add_runtime()
+    for node in NODES:
+        cluster.add_node(node)
+    return cluster
+
+
+def _run(cluster: FakeCluster, steps: Callable[[AsyncAdapter], object]) -> None:
+    async def go() -> None:
+        async with AsyncAdapter.connect(cluster.namespace, transport=cluster.transport()) as adapter:
+            result = steps(adapter)
+            if asyncio.iscoroutine(result):
+                await result
+
+    asyncio.run(go())
+
+
+def running() -> FakeCluster:
+    """llama-s1 opened and released (A=1); its one pod runs on node-0."""
+    cluster = fresh()
+
+    async def steps(d: AsyncAdapter) -> None:
+        await d.open(JobSpec(job_id="llama", submission="s1", image="ghcr.io/example/train:1.0"))
+        await d.release("llama-s1")
+
+    _run(cluster, steps)
+    cluster.settle()
+    return cluster
+
+
+def held_terminating() -> FakeCluster:
+    """llama-s1 held while it ran: its pod is Terminating (within its grace period) on a Ready node."""
+    cluster = running()
+    _run(cluster, lambda d: d.hold("llama-s1"))
+    cluster.settle()
+    return cluster
+
+
+def lost_node() -> FakeCluster:
+    """llama-s1 ran on node-0, which stopped answering (Ready=Unknown), and was then held."""
+    cluster = running()
+    cluster.freeze_node("node-0")
+    _run(cluster, lambda d: d.hold("llama-s1"))
+    cluster.settle()
+    return cluster
+
+
+def lost_node_tainted() -> FakeCluster:
+    """lost-node after the operator's out-of-service taint, before PodGC has deleted the pod."""
+    cluster = lost_node()
+    cluster.taint_out_of_service("node-0")
+    return cluster
+
+
+def lost_node_collected() -> FakeCluster:
+    """lost-node-tainted after PodGC deleted the pod of the tainted node."""
+    cluster = lost_node_tainted()
+    cluster.settle()
+    return cluster
+
+
+def _kueue(after_eviction: Callable[[FakeCluster, FakeKueue, Reconciler, str], object]) -> FakeCluster:
+    """llama-s1 under Kueue: admitted by dispatch's check (A=1), running, then preempted."""
+    cluster = fresh()
+    kueue = FakeKueue(cluster)
+    kueue.install()
+
+    async def go() -> None:
+        kube = k.Kube.connect(namespace=cluster.namespace, transport=cluster.transport())
+        metrics = Metrics.create()
+        events = EventRecorder(kube, metrics, instance="docs")
+        reconciler = Reconciler(kube, check_names=lambda: {kueue.check}, metrics=metrics, events=events)
+        try:
+            adapter = AsyncAdapter(kube)
+            await adapter.open(JobSpec(job_id="llama", submission="s1", queue=kueue.queue))
+            workload = kueue.workload_for("llama-s1")
+            await reconciler.reconcile(cluster.namespace, workload)
+            kueue.sync()
+            cluster.settle()
+            kueue.evict(workload)
+            cluster.settle()
+            kueue.sync()
+            result = after_eviction(cluster, kueue, reconciler, workload)
+            if asyncio.iscoroutine(result):
+                await result
+        finally:
+            await events.drain()
+            await kube.aclose()
+
+    asyncio.run(go())
+    return cluster
+
+
+def kueue_waiting() -> FakeCluster:
+    """llama-s1 preempted under Kueue and re-reserved while its pod is still Terminating; the
+    controller has decided: the check stays Pending, naming the pod."""
+
+    async def decide(cluster: FakeCluster, kueue: FakeKueue, reconciler: Reconciler, workload: str) -> None:
+        await reconciler.reconcile(cluster.namespace, workload)
+
+    return _kueue(decide)
+
+
+def controller_down() -> FakeCluster:
+    """llama-s1 preempted under Kueue while no dispatch controller runs; its old pod has gone since."""
+
+    def pods_go(cluster: FakeCluster, kueue: FakeKueue, reconciler: Reconciler, workload: str) -> None:
+        cluster.advance(60)
+        cluster.settle()
+        kueue.sync()
+
+    return _kueue(pods_go)
+
+
+def readmitted() -> FakeCluster:
+    """llama-s1 held, its first pod gone, released again: its second execution (A=2) runs."""
+    cluster = held_terminating()
+    cluster.advance(60)
+    cluster.settle()
+    _run(cluster, lambda d: d.release("llama-s1"))
+    cluster.settle()
+    return cluster
+
+
+def trainer_pod_environment(cluster: FakeCluster, workdir: Path) -> dict[str, str]:
+    """What the kubelet gives the running trainer pod of llama-s1 through the downward API, per the
+    runtime on the fencing page: the identity labels as environment variables, all labels as a file,
+    and an empty checkpoint volume."""
+    running = [p for p in cluster.pods("llama-s1") if not p["metadata"].get("deletionTimestamp")]
+    assert len(running) == 1, running
+    labels = running[0]["metadata"]["labels"]
+    podinfo = workdir / "podinfo"
+    podinfo.mkdir()
+    # the downward API's format: one key="value" per line, values quoted as Go quotes them
+    (podinfo / "labels").write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(labels.items())))
+    checkpoints = workdir / "checkpoints"
+    checkpoints.mkdir()
+    return {
+        "TRAINING_JOB_ID": labels[LABEL_JOB_ID],
+        "TRAINING_SUBMISSION": labels[LABEL_SUBMISSION],
+        "TRAINING_ADMISSION": labels[LABEL_ADMISSION],
+        "PODINFO_DIR": str(podinfo),
+        "CHECKPOINT_ROOT": str(checkpoints),
+    }
+
+
+ENVIRONMENTS: dict[str, Callable[[FakeCluster, Path], dict[str, str]]] = {
+    "trainer-pod": trainer_pod_environment,
+}
+"""Scenarios whose Python examples run *inside* a pod: the process environment that pod would have."""
+
+STEPPING: dict[str, dict[str, bool]] = {
+    "prompt-exit": {"honour_grace": False},
+}
+"""How a scenario's cluster steps under a Python example (``FakeCluster.step`` keywords). In
+``prompt-exit`` the trainers exit as soon as they are asked to stop, so a deleted pod is confirmed
+gone at the kubelet's next sync instead of at the end of its grace period."""
+
+SCENARIOS: dict[str, Callable[[], FakeCluster]] = {
+    "fake": fresh,
+    "prompt-exit": fresh,
+    "running": running,
+    "held-terminating": held_terminating,
+    "lost-node": lost_node,
+    "lost-node-tainted": lost_node_tainted,
+    "lost-node-collected": lost_node_collected,
+    "kueue-waiting": kueue_waiting,
+    "controller-down": controller_down,
+    "readmitted": readmitted,
+    "trainer-pod": readmitted,
+}

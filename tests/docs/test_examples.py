@@ -1,0 +1,368 @@
+"""Every code block of README.md and docs/**/*.md is run, or checked as far as it can be without a cluster.
+
+The conventions a page follows (a marker is an HTML comment on its own, right before the block):
+
+* ```` ```python ```` blocks **run**, each in a fresh fake cluster: the scenario ``fake`` unless
+  ``<!-- example: SCENARIO -->`` names another (``tests/docs/scenarios.py``). ``Adapter.connect`` and
+  ``AsyncAdapter.connect`` without ``transport=`` reach that cluster (kubeconfig and context are
+  ignored), every API request moves its clock one second and steps its controllers, and ``time.sleep``
+  moves the clock instead of waiting. After the block, the cluster's overlap checker must pass.
+* ```` ```console ```` blocks **run**: each ``$ dispatch ...`` line is the real command, against the
+  scenario's cluster (one cluster per block, not stepped: it stays in the state the page describes).
+  The lines up to the next ``$`` are its expected output, compared by doctest's rules (``...`` matches
+  anything; runs of whitespace compare equal). A last line ``[exit status N]`` expects that exit code;
+  otherwise it must be 0.
+* ``<!-- example: cluster REASON -->`` and ``<!-- example: testbed REASON -->`` mark a block that needs a
+  real cluster (or the local testbed). Nothing runs, but Python in it (also a ``python - <<'PY'``
+  heredoc) must compile and may use only public names of ``dispatch``, ``dispatch.errors`` and
+  ``dispatch.testing``, and every ``dispatch ...`` command line in it must parse with the real CLI
+  (the command and every option exist). ``A|B`` in a command line stands for alternatives; each is parsed.
+* ``<!-- example: shown REASON -->`` marks a block that is shown only (output, manifests, other tools).
+  YAML in it must still parse.
+
+Any block that is neither Python nor a console session must carry one of these markers with a reason.
+"""
+
+from __future__ import annotations
+
+import ast
+import doctest
+import functools
+import importlib
+import re
+import shlex
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+from markdown_it import MarkdownIt
+from typer.testing import CliRunner
+
+import dispatch
+from dispatch import Adapter, AsyncAdapter
+from dispatch.cli import CliState, Settings, app
+from dispatch.testing import FakeCluster
+
+from .scenarios import ENVIRONMENTS, SCENARIOS, STEPPING
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+MARKER = re.compile(r"^<!--\s*example:\s*(?P<mode>[\w-]+)\s*(?P<reason>.*?)\s*-->\s*$", re.S)
+NEEDS_REASON = {"cluster", "testbed", "shown"}
+PUBLIC = {"dispatch": dispatch.__all__, "dispatch.errors": dispatch.errors.__all__,
+          "dispatch.testing": importlib.import_module("dispatch.testing").__all__}
+EXIT_LINE = re.compile(r"^\[exit status (\d+)\]$")
+HEREDOC = re.compile(r"python3? - <<'?(\w+)'?\n(.*?)\n\s*\1\s*$", re.S | re.M)
+CHECKER = doctest.OutputChecker()
+FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    lang: str
+    code: str
+    mode: str | None
+    reason: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks(path: Path) -> Iterator[Block]:
+    """Fenced and indented code blocks, each with the marker right before it (if any)."""
+    tokens = MarkdownIt("commonmark").parse(path.read_text())
+    for i, tok in enumerate(tokens):
+        if tok.type not in ("fence", "code_block"):
+            continue
+        mode, reason = None, ""
+        prev = tokens[i - 1] if i else None
+        if prev is not None and prev.type == "html_block":
+            found = MARKER.match(prev.content.strip())
+            if found:
+                mode, reason = found["mode"], found["reason"]
+        lang = tok.info.split()[0] if tok.type == "fence" and tok.info.strip() else ""
+        line = (tok.map[0] + 1) if tok.map else 0
+        yield Block(path, line, lang, tok.content, mode, reason)
+
+
+ALL = [b for src in SOURCES for b in blocks(src)]
+
+
+def test_the_sources_have_blocks() -> None:
+    """The collection itself works: README and the docs have examples of every kind."""
+    kinds = {(b.path.name == "README.md", b.lang) for b in ALL}
+    assert (True, "python") in kinds
+    assert (False, "python") in kinds
+    assert (False, "console") in kinds
+    assert len(ALL) > 20
+
+
+# ------------------------------------------------------------------------------------------ names
+
+
+def check_names(code: str, where: str) -> None:
+    """Only public names of dispatch's public modules; every one must exist."""
+    tree = ast.parse(code, filename=where)
+    imported_dispatch = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "dispatch":
+            assert node.module in PUBLIC, f"{where}: imports from non-public module {node.module}"
+            for alias in node.names:
+                assert alias.name in PUBLIC[node.module], f"{where}: {node.module} has no public {alias.name}"
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "dispatch":
+                    assert alias.name in PUBLIC, f"{where}: imports non-public module {alias.name}"
+                    imported_dispatch = imported_dispatch or (alias.name == "dispatch" and alias.asname is None)
+    if imported_dispatch:
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id == "dispatch" and node.attr not in ("errors", "testing")):
+                assert node.attr in PUBLIC["dispatch"], f"{where}: dispatch has no public {node.attr}"
+
+
+# ------------------------------------------------------------------------------------------ commands
+
+
+def command_lines(text: str) -> Iterator[str]:
+    """Each ``dispatch ...`` command of a shell block: continuations joined, a ``$ `` prompt dropped."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    for raw in joined.splitlines():
+        line = raw.strip().removeprefix("$ ")
+        if line.startswith("dispatch ") or line == "dispatch":
+            yield line
+
+
+def alternatives(line: str) -> list[list[str]]:
+    """``dispatch testbed up|down|freeze NODE`` stands for three commands; a line without ``|`` for one."""
+    words = shlex.split(line, comments=True)
+    for i, word in enumerate(words):
+        if "|" in word:
+            rest = " ".join(words[i:])
+            return [words[1:i] + alt.split() for alt in rest.split("|")]
+    return [words[1:]]
+
+
+@functools.cache
+def root_command() -> Any:
+    """The click command typer builds from the app (typer's own copy of click: typed loosely)."""
+    return typer.main.get_command(app)
+
+
+def parse_command(argv: list[str], where: str) -> None:
+    """Resolve the command path and parse every option with the real parser; nothing is invoked.
+
+    A group is whatever has ``resolve_command``.
+    """
+    cmd = root_command()
+    ctx = cmd.make_context("dispatch", list(argv))
+    while hasattr(cmd, "resolve_command"):
+        rest = [*ctx._protected_args, *ctx.args]
+        assert rest, f"{where}: `dispatch {' '.join(argv)}` names no command"
+        name, sub, args = cmd.resolve_command(ctx, rest)
+        assert name is not None and sub is not None, f"{where}: no command in `dispatch {' '.join(argv)}`"
+        cmd = sub
+        ctx = sub.make_context(name, args, parent=ctx)
+
+
+def check_commands(text: str, where: str) -> int:
+    count = 0
+    for line in command_lines(text):
+        for argv in alternatives(line):
+            try:
+                parse_command(argv, where)
+            except Exception as exc:
+                if not hasattr(exc, "format_message"):  # a usage error of the parser, not a bug here
+                    raise
+                raise AssertionError(
+                    f"{where}: `dispatch {' '.join(argv)}` does not parse: {exc.format_message()}"
+                ) from None
+            count += 1
+    return count
+
+
+# ------------------------------------------------------------------------------------------ running
+
+
+class Environment:
+    """A scenario's cluster as the default target of ``connect``, stepped by requests and sleeps."""
+
+    def __init__(self, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, **step: bool) -> None:
+        self.cluster = cluster
+        self.step = step
+        original = AsyncAdapter.connect.__func__  # type: ignore[attr-defined]
+
+        def connect(cls: type[AsyncAdapter], /, namespace: str | None = None, *, transport: Any = None,
+                    **kwargs: Any) -> AsyncAdapter:
+            if transport is None:
+                transport = cluster.transport()
+                kwargs.pop("kubeconfig", None)
+                kwargs.pop("context", None)
+            result: AsyncAdapter = original(cls, namespace, transport=transport, **kwargs)
+            return result
+
+        monkeypatch.setattr(AsyncAdapter, "connect", classmethod(connect))
+        monkeypatch.setattr(time, "sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.cluster.advance(seconds)
+        self.cluster.step(**self.step)
+
+    def step_on_requests(self) -> None:
+        def hook(method: str, path: str) -> None:
+            self.cluster.advance(1)
+            self.cluster.step(**self.step)
+
+        self.cluster.server.before_request = hook
+
+
+def scenario(block: Block, default: str = "fake") -> FakeCluster:
+    name = block.mode or default
+    assert name in SCENARIOS, f"{block.where}: unknown example scenario {name!r} (known: {', '.join(SCENARIOS)})"
+    return SCENARIOS[name]()
+
+
+def run_python(block: Block, monkeypatch: pytest.MonkeyPatch, workdir: Path) -> None:
+    check_names(block.code, block.where)
+    cluster = scenario(block)
+    inside = ENVIRONMENTS.get(block.mode or "")
+    if inside is not None:
+        for key, value in inside(cluster, workdir).items():
+            monkeypatch.setenv(key, value)
+    env = Environment(cluster, monkeypatch, **STEPPING.get(block.mode or "", {}))
+    env.step_on_requests()
+    code = compile(block.code, block.where, "exec")
+    exec(code, {"__name__": "__doc_example__"})
+    cluster.server.before_request = None
+    cluster.history.check()
+
+
+def cli_runner(cluster: FakeCluster) -> Callable[[list[str]], tuple[int, str]]:
+    def run(argv: list[str]) -> tuple[int, str]:
+        def connect(settings: Settings) -> Adapter:
+            return Adapter.connect(settings.namespace, transport=cluster.transport(), read_only=settings.read_only)
+
+        result = CliRunner().invoke(app, argv, obj=CliState(connect=connect), catch_exceptions=False,
+                                    env={"COLUMNS": "400", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None})
+        return result.exit_code, result.output
+
+    return run
+
+
+def sessions(code: str, where: str) -> Iterator[tuple[str, str, int]]:
+    """``(command, expected output, expected exit code)`` for each ``$`` line of a console block."""
+    command: str | None = None
+    expected: list[str] = []
+    for line in code.splitlines():
+        if line.startswith("$ "):
+            if command is not None:
+                yield command, *_expected(expected)
+            command, expected = line[2:], []
+        else:
+            assert command is not None, f"{where}: output before the first `$` line"
+            expected.append(line)
+    if command is not None:
+        yield command, *_expected(expected)
+
+
+def _expected(lines: list[str]) -> tuple[str, int]:
+    code = 0
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if lines and (m := EXIT_LINE.match(lines[-1].strip())):
+        code, lines = int(m[1]), lines[:-1]
+    return "\n".join(lines) + "\n", code
+
+
+def run_console(block: Block) -> None:
+    cluster = scenario(block)
+    run = cli_runner(cluster)
+    ran = 0
+    for command, want, want_code in sessions(block.code, block.where):
+        words = shlex.split(command)
+        assert words[0] == "dispatch", f"{block.where}: `{command}` is not a dispatch command; mark the block"
+        code, got = run(words[1:])
+        assert code == want_code, f"{block.where}: `{command}` exited {code}, not {want_code}:\n{got}"
+        if not CHECKER.check_output(want, got, FLAGS):
+            raise AssertionError(f"{block.where}: `{command}` printed:\n{got}\nbut the page shows:\n{want}")
+        ran += 1
+    assert ran, f"{block.where}: a console block without a `$ dispatch` line"
+    cluster.history.check()
+
+
+def check_offline(block: Block) -> None:
+    assert block.reason, f"{block.where}: `<!-- example: {block.mode} -->` needs a reason after the mode"
+    if block.lang == "python":
+        compile(block.code, block.where, "exec")
+        check_names(block.code, block.where)
+    for match in HEREDOC.finditer(block.code):
+        body = textwrap.dedent(match[2])
+        compile(body, block.where, "exec")
+        check_names(body, block.where)
+    if block.mode != "shown":
+        check_commands(block.code, block.where)
+    if block.lang == "yaml":
+        list(yaml.safe_load_all(block.code))
+
+
+@pytest.mark.parametrize("block", ALL, ids=[b.where for b in ALL])
+def test_example(block: Block, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    if block.mode in NEEDS_REASON:
+        check_offline(block)
+    elif block.lang == "python":
+        run_python(block, monkeypatch, tmp_path)
+    elif block.lang == "console":
+        run_console(block)
+    else:
+        raise AssertionError(
+            f"{block.where}: a {block.lang or 'indented'} block that does not run needs "
+            "`<!-- example: cluster|testbed|shown REASON -->` before it"
+        )
+
+
+# ------------------------------------------------------------------------------------------ the checker
+
+
+def test_command_parsing_refuses_unknown_options_and_commands() -> None:
+    """The offline check is a real check: a typo in an option or a command fails it."""
+    assert check_commands("dispatch release llama-s1 --wait --timeout 300\n", "t") == 1
+    assert check_commands("dispatch testbed up|down|freeze NODE\n", "t") == 3
+    with pytest.raises(AssertionError, match="does not parse"):
+        check_commands("dispatch release llama-s1 --wiat\n", "t")
+    with pytest.raises(AssertionError, match="does not parse"):
+        check_commands("dispatch relaese llama-s1\n", "t")
+
+
+def test_name_check_refuses_private_and_missing_names() -> None:
+    check_names("from dispatch import Adapter, PodsRemain\n", "t")
+    with pytest.raises(AssertionError, match="non-public module"):
+        check_names("from dispatch._decision import decide\n", "t")
+    with pytest.raises(AssertionError, match="no public Adaptor"):
+        check_names("from dispatch import Adaptor\n", "t")
+    with pytest.raises(AssertionError, match="no public release"):
+        check_names("import dispatch\ndispatch.release('x')\n", "t")
+
+
+def test_console_output_is_compared() -> None:
+    """A page showing output the command does not print fails."""
+    block = Block(ROOT / "docs" / "x.md", 1, "console", "$ dispatch status llama-s1\nnothing like this\n",
+                  "running", "")
+    with pytest.raises(AssertionError, match="but the page shows"):
+        run_console(block)
+
+
+def test_python_in_a_heredoc_is_checked() -> None:
+    code = "python - <<'PY'\nfrom dispatch import Adaptor\nPY\n"
+    with pytest.raises(AssertionError, match="no public Adaptor"):
+        check_offline(Block(ROOT / "README.md", 1, "", code, "testbed", "needs a cluster"))
+    with pytest.raises(AssertionError, match="needs a reason"):
+        check_offline(Block(ROOT / "README.md", 1, "", "dispatch status\n", "cluster", ""))
