@@ -25,6 +25,7 @@ from typing import Any
 
 from dispatch import AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch.errors import NotFound
 from dispatch.testbed import ANN_HOLD_DELETE
 
 Obj = dict[str, Any]
@@ -72,8 +73,11 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
         for tj in (await kube.list(k.TRAINJOBS)).items:
             await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
         for pod in (await kube.list(k.PODS)).items:
-            await kube.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"annotations": {
-                ANN_HOLD_DELETE: None}}})
+            try:
+                await kube.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"annotations": {
+                    ANN_HOLD_DELETE: None}}})
+            except NotFound:  # gone since the list (its TrainJob's deletion took it)
+                pass
         await kube.delete(k.NAMESPACES, ns)
         await kube.delete(CLUSTERQUEUES, cq)
         await kube.delete(k.ADMISSION_CHECKS, cq)
