@@ -107,6 +107,8 @@ class AsyncAdapter:
             created=tj.created,
             remaining=verdict.remaining if verdict else (),
             resource_version=tj.ref.resource_version,
+            managed=tj.labelled,
+            created_by=tj.created_by,
         )
 
     async def inspect(self, name: str) -> Status:
@@ -130,8 +132,11 @@ class AsyncAdapter:
         job_id: str | None = None,
         submission: str | None = None,
         state: State | Collection[State] | None = None,
+        unmanaged: bool = False,
     ) -> list[Status]:
-        """Status of many objects with a constant number of list calls, however many match."""
+        """Status of many objects with a constant number of list calls, however many match.
+
+        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which)."""
         problems = []
         for field, value in (("job_id", job_id), ("submission", submission)):
             if value is not None and n.label_value_problem(value):
@@ -140,8 +145,10 @@ class AsyncAdapter:
         selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
         if submission:
             selector.append(f"{n.LABEL_SUBMISSION}={submission}")
+        if unmanaged and not (job_id or submission):
+            selector = []
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector))).items
+            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector) or None)).items
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
@@ -162,7 +169,7 @@ class AsyncAdapter:
         nodes = await self._all_nodes(pods)
         workloads: dict[str, kq.WorkloadView] = {}
         ours: set[str] | None = None
-        if any(t.queue for t in idle):
+        if idle:  # Kueue may manage an object without the queue-name label: its Workload says so
             ours = await self.core.our_checks()
             for w in await self._list_or_empty(k.WORKLOADS):
                 uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
@@ -175,8 +182,9 @@ class AsyncAdapter:
                 continue
             verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=pods, nodes=nodes,
                                jobset=jobsets.get(t.name), jobs=jobs)
-            wl = workloads.get(t.ref.uid) if t.queue else None
-            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl)))
+            wl = workloads.get(t.ref.uid)
+            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
+                                    kueue=wl is not None or bool(t.queue)))
         return sorted(out, key=lambda s: s.name)
 
     async def _list_or_empty(self, res: k.Res, labels: str | None = None) -> list[dict[str, object]]:
@@ -335,10 +343,7 @@ class AsyncAdapter:
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:
         if not tj.labelled:
-            raise Refused(
-                f"trainjob {tj.name} has no {n.LABEL_JOB_ID}/{n.LABEL_SUBMISSION} labels; it is not a dispatch "
-                "object", reason="NotDispatchObject",
-            )
+            raise Refused(f"trainjob {tj.name} is {d.unmanaged_text(tj)}", reason="NotDispatchObject")
         if tj.problems:
             raise Refused(f"trainjob {tj.name} cannot be admitted: {'; '.join(tj.problems)}",
                           reason="InvalidObject")
@@ -520,8 +525,8 @@ class Adapter:
         return self._run(self._core.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
-             state: State | Collection[State] | None = None) -> list[Status]:
-        return self._run(self._core.find(job_id=job_id, submission=submission, state=state))
+             state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
+        return self._run(self._core.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
 
     def ceased(self, name: str) -> Cessation:
         return self._run(self._core.ceased(name))

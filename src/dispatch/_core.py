@@ -258,6 +258,10 @@ class Core:
         for _ in range(5):
             record = await self.record(job_id, submission)
             if record is None:
+                other = await self._live_trainjob_of(job_id, submission)  # opened before records, or record lost
+                if other is not None:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
                 floor = await self._legacy_floor(job_id, submission)
                 try:
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
@@ -271,7 +275,13 @@ class Core:
                               reason="RecordInvalid")
             holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
             held = holder is not None and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid)
-            if record.trainjob == trainjob and not held:
+            if not held:
+                # the record's holder may have been edited: any live TrainJob of the submission holds it
+                other = await self._live_trainjob_of(job_id, submission)
+                if other is not None and other.name != trainjob:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
+            if record.trainjob == trainjob and not held and not record.trainjob_uid:
                 return record  # the same open again: its claim stands
             if held or (record.trainjob and not record.trainjob_uid and holder is None):
                 what = (f"as trainjob {record.trainjob}" if held
@@ -289,6 +299,12 @@ class Core:
             return ident.RecordView.from_obj(obj)
         raise Unreachable(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                           code=409)
+
+    async def _live_trainjob_of(self, job_id: str, submission: str) -> tr.TrainJobView | None:
+        listed = (await self.kube.list(api.TRAINJOBS, labels=f"{n.LABEL_JOB_ID}={job_id},"
+                                                              f"{n.LABEL_SUBMISSION}={submission}")).items
+        live = [v for v in map(tr.TrainJobView.from_obj, listed) if not v.deleting]
+        return live[0] if live else None
 
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the

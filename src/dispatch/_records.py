@@ -95,6 +95,10 @@ class Status:
     created: datetime | None = None
     remaining: tuple[RemainingPod, ...] = ()
     resource_version: str = ""
+    managed: bool = True
+    """Whether dispatch manages the object (its identity labels); others are shown, never admitted."""
+    created_by: str = ""
+    """Who created the TrainJob, as its managedFields tell (``dispatch``, ``kubectl-client-side-apply``, ...)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON/YAML output; every field, nothing lost."""
@@ -113,6 +117,8 @@ class Status:
             "created": self.created.isoformat() if self.created else None,
             "remaining": [p.to_dict() for p in self.remaining],
             "resourceVersion": self.resource_version,
+            "managed": self.managed,
+            "createdBy": self.created_by,
         }
 
 

@@ -18,6 +18,7 @@ from .cli_harness import Cli
 
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
+    "managed", "createdBy",
 }
 POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp"}
 

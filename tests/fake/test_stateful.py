@@ -26,6 +26,8 @@ from dispatch import _names as n
 from dispatch._identity import record_name
 from dispatch.testing import FakeCluster
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""Writers hold exactly the shipped writer role."""
 OBJECTS = ("a-s1", "b-s1")
 NODES = ("node-0", "node-1", "node-2")
 EXAMPLES = int(os.environ.get("DISPATCH_STATEFUL_EXAMPLES", "1000" if os.environ.get("CI") else "150"))
@@ -48,7 +50,7 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         self.cluster.add_runtime()
         for node in NODES:
             self.cluster.add_node(node)
-        self.adapter = Adapter.connect("default", transport=self.cluster.transport())
+        self.adapter = Adapter.connect("default", transport=self.cluster.transport(roles=WRITER))
         self.tainted: set[str] = set()
         self.admissions: dict[str, list[int]] = {o: [] for o in OBJECTS}
         self.forgotten: set[str] = set()
@@ -103,8 +105,8 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         """Two writers release the same object at once; the resourceVersion preconditions fence them."""
 
         async def both() -> list[object]:
-            one = AsyncAdapter.connect("default", transport=self.cluster.transport())
-            two = AsyncAdapter.connect("default", transport=self.cluster.transport())
+            one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             try:
                 return list(await asyncio.gather(one.release(name), two.release(name), return_exceptions=True))
             finally:
@@ -150,8 +152,8 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         job_id, submission = name.split("-")
 
         async def both() -> list[object]:
-            one = AsyncAdapter.connect("default", transport=self.cluster.transport())
-            two = AsyncAdapter.connect("default", transport=self.cluster.transport())
+            one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             try:
                 return list(await asyncio.gather(
                     one.open(JobSpec(job_id=job_id, submission=submission, num_nodes=2, name=f"{name}-p"),
@@ -304,6 +306,11 @@ class NeverTwoExecutions(RuleBasedStateMachine):
             # a pod of the previous execution may still run while a new one was admitted only if the rule let it:
             # pods not carrying the TrainJob's A must be Terminating (checked above) or belong to none
             assert not fresh, (tj["metadata"]["name"], a, [p["metadata"]["labels"] for p in fresh])
+
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
 
 
 NeverTwoExecutions.TestCase.settings = settings(

@@ -384,6 +384,7 @@ def status(
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
     submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every TrainJob of the namespace, dispatch's or not.")] = False,
     state_filter: Annotated[
         list[State] | None,
         typer.Option(
@@ -402,7 +403,7 @@ def status(
     states, or the Kueue admission check.
     """
     state = _state(ctx, output, namespace)
-    if name is not None and (job_id or submission or state_filter):
+    if name is not None and (job_id or submission or state_filter or every):
         raise typer.BadParameter(
             "give a NAME or filters (--job-id, --submission, --state), not both", ctx=ctx, param_hint="NAME"
         )
@@ -411,7 +412,7 @@ def status(
         if name is not None:
             one = adapter.inspect(name)
         else:
-            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None)
+            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None, unmanaged=every)
     if name is not None:
         print_status(state, one)
     else:

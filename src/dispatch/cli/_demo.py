@@ -231,9 +231,8 @@ def _part_one(story: Story, node: str) -> None:
         {_testbed().ANN_DELETE_DELAY: DELETE_DELAY},
     )
 
-    story.step(f"Release {name}: it is admitted, execution A=1")
-    identity = a.release(name)
-    story.say(f"admitted: {identity}")
+    story.step(f"Release {name}: it is admitted, execution A=1 (once every layer has confirmed the suspension)")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 1)
 
@@ -270,7 +269,7 @@ def _part_two(story: Story, node: str) -> None:
         JobSpec(job_id="demo", submission="lost", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
         node, {},
     )
-    story.say(f"admitted: {a.release(name)}")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.running_pod(name, 1)
 
     story.step(f"Freeze {node}: its kubelet stops answering, so Kubernetes cannot know whether the pod runs")
