@@ -115,10 +115,12 @@ def test_the_charts_crd_and_version_are_deploys(tools: tuple[Path, Path]) -> Non
 def test_the_chart_and_deploy_render_the_same_objects(tools: tuple[Path, Path]) -> None:
     rendered = by_key(chart(tools, "createNamespace=true"))
     shipped = by_key(kustomized(tools))
-    assert sorted(rendered) == sorted(shipped)
+    assert sorted(rendered) == sorted(shipped), "after changing deploy/, run scripts/sync-chart"
     drift = {k: (without_allowed(rendered[k]), shipped[k]) for k in shipped
              if without_allowed(rendered[k]) != shipped[k]}
-    assert drift == {}, json.dumps({"/".join(k): v for k, v in drift.items()}, indent=1)[:4000]
+    assert drift == {}, ("after changing deploy/, run scripts/sync-chart (RBAC, CRD, monitoring files) and edit "
+                         "the chart's other templates to match:\n"
+                         + json.dumps({"/".join(k): v for k, v in drift.items()}, indent=1)[:4000])
     for obj in rendered.values():       # the allowed difference is really there: Helm's labels on everything
         if obj["kind"] != "CustomResourceDefinition":     # but crds/, which Helm does not template
             assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", key(obj)
