@@ -645,13 +645,15 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
 
     monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
-                 "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug")
+                 "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug",
+                 "--metrics-bind-address", ":8443", "--metrics-secure", "--metrics-cert-dir", "/certs")
     assert result.exit_code == 0, result.output
     assert calls == [{
         "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
         "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
         "workers": 8, "batch": 16, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
-        "controller_name": "dispatch.phpboyscout.uk/admission",
+        "controller_name": "dispatch.phpboyscout.uk/admission", "metrics_bind_address": ":8443",
+        "metrics_secure": True, "metrics_cert_dir": "/certs",
     }]
     cli("controller", "-n", "other")
     assert calls[-1]["namespace"] == "other"
@@ -688,6 +690,7 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
     assert params == {
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
         "identity", "workers", "batch", "resync_seconds", "foreign", "log_level", "controller_name",
+        "metrics_bind_address", "metrics_secure", "metrics_cert_dir",
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -103,3 +104,25 @@ def pods_summary(cluster: FakeCluster, name: str = NAME) -> list[tuple[str, str,
     return [(p["metadata"]["name"], p["status"]["phase"],
              p["metadata"]["labels"].get("dispatch.phpboyscout.uk/admission"),
              bool(p["metadata"].get("deletionTimestamp"))) for p in cluster.pods(name)]
+
+
+# ------------------------------------------------------------------ the controller's image on the testbed
+
+
+@pytest.fixture(scope="session")
+def controller_image() -> str:
+    """The image built from this tree by scripts/build-image (layers cached; the base made once)."""
+    from dispatch.testbed import _container
+
+    why = _container.podman_missing()
+    if why and not (os.environ.get("CI") and os.geteuid() == 0):   # in CI, scripts/build-image installs them
+        pytest.skip(f"the controller's image needs podman: {why}")
+    return _container.build_image()
+
+
+@pytest.fixture(scope="session")
+def shipped(testbed_kubeconfig: str, controller_image: str) -> str:
+    """deploy/ applied to the testbed (server-side), so the image runs under the shipped roles only."""
+    from dispatch.testbed import _container
+
+    return _container.apply_deploy()

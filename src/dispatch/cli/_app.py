@@ -499,6 +499,19 @@ def controller(
         int, typer.Option("--metrics-port", min=0, max=65535,
                           help="Port of /healthz, /readyz and /metrics (0: any free).")
     ] = METRICS_PORT,
+    metrics_bind_address: Annotated[
+        str | None,
+        typer.Option("--metrics-bind-address", metavar="HOST:PORT",
+                     help="Serve /metrics on a listener of its own (127.0.0.1:PORT keeps it on the host)."),
+    ] = None,
+    metrics_secure: Annotated[
+        bool, typer.Option("--metrics-secure", help="HTTPS on --metrics-bind-address, for callers the API server "
+                                                    "authenticates and authorizes for get /metrics.")
+    ] = False,
+    metrics_cert_dir: Annotated[
+        str | None, typer.Option("--metrics-cert-dir", help="tls.crt and tls.key of secure metrics "
+                                                            "(default: self-signed).")
+    ] = None,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
     ] = True,
@@ -546,6 +559,9 @@ def controller(
             context=s.context,
             namespace=namespace or s.namespace,
             metrics_port=metrics_port,
+            metrics_bind_address=metrics_bind_address,
+            metrics_secure=metrics_secure,
+            metrics_cert_dir=metrics_cert_dir,
             leader_elect=leader_elect,
             lease_namespace=lease_namespace,
             lease_name=lease_name,

@@ -13,7 +13,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
     p.add_argument("--context", default=None)
     p.add_argument("--namespace", default=None, help="serve one namespace (default: all)")
-    p.add_argument("--metrics-port", type=int, default=METRICS_PORT)
+    p.add_argument("--metrics-port", type=int, default=METRICS_PORT,
+                   help="plain HTTP port of /healthz and /readyz, and of /metrics unless --metrics-bind-address")
+    p.add_argument("--metrics-bind-address", default=None, metavar="HOST:PORT",
+                   help="serve /metrics on a listener of its own: 127.0.0.1:PORT keeps it on the pod, "
+                        ":PORT with --metrics-secure serves it to authorized callers")
+    p.add_argument("--metrics-secure", action="store_true",
+                   help="HTTPS on --metrics-bind-address; each scrape's bearer token is checked with the API "
+                        "server (TokenReview, then SubjectAccessReview for get /metrics)")
+    p.add_argument("--metrics-cert-dir", default=None,
+                   help="tls.crt and tls.key of secure metrics (default: a self-signed certificate)")
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", DEFAULTS.lease_namespace))
     p.add_argument("--lease-name", default=DEFAULTS.lease_name)
@@ -31,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
         leader_elect=a.leader_elect, lease_namespace=a.lease_namespace, lease_name=a.lease_name,
         identity=a.identity, workers=a.workers, batch=a.batch, resync_seconds=a.resync_seconds, foreign=a.foreign,
-        log_level=a.log_level, controller_name=a.controller_name,
+        log_level=a.log_level, controller_name=a.controller_name, metrics_bind_address=a.metrics_bind_address,
+        metrics_secure=a.metrics_secure, metrics_cert_dir=a.metrics_cert_dir,
     )
 
 

@@ -25,7 +25,7 @@ from .. import _names as n
 from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
-from ._http import serve
+from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, error_reason
 from ._leader import LeaderElector
 from ._metrics import Metrics
@@ -69,6 +69,8 @@ class Config:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     """None serves no HTTP; 0 picks a free port (tests)."""
+    metrics_serving: MetricsServing | None = None
+    """/metrics on a listener of its own (localhost, or HTTPS with TokenReview/SubjectAccessReview)."""
     foreign: ForeignPolicy = "ready"
     events: bool = True
     field_manager: str = n.FIELD_MANAGER
@@ -117,6 +119,7 @@ class Controller:
         self.queue = WorkQueue()
         self.leading = asyncio.Event()
         self.http_port: int | None = None
+        self.metrics_port: int | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
@@ -274,9 +277,15 @@ class Controller:
         server: asyncio.Server | None = None
         if self.config.metrics_port is not None:
             server = await serve(self.config.metrics_host, self.config.metrics_port, healthz=self.healthz,
-                                 readyz=self.readyz, registry=self.metrics.registry)
+                                 readyz=self.readyz, registry=self.metrics.registry,
+                                 metrics=self.config.metrics_serving is None)
             sock = server.sockets[0] if server.sockets else None
             self.http_port = int(sock.getsockname()[1]) if sock is not None else None
+        metrics_server: asyncio.Server | None = None
+        if self.config.metrics_serving is not None:
+            metrics_server = await serve_metrics(self.config.metrics_serving, registry=self.metrics.registry,
+                                                 kube=self.kube)
+            self.metrics_port = int(metrics_server.sockets[0].getsockname()[1]) if metrics_server.sockets else None
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
@@ -308,7 +317,8 @@ class Controller:
             if self.elector is not None:
                 await self.elector.release()
             self._leadership(False)
-            if server is not None:
-                server.close()
-                await server.wait_closed()
+            for srv in (server, metrics_server):
+                if srv is not None:
+                    srv.close()
+                    await srv.wait_closed()
             log.info("controller stopped", identity=self.identity)

@@ -1,11 +1,16 @@
 """Command line: ``python -m dispatch.testbed [--stack NAME] COMMAND``.
 
 Commands: build, up, down, status, stacks, freeze NODE, thaw NODE, kubeconfig.
+
+``run-image [--detach] [--name N] [--image IMG] [-- ARGS]`` runs the controller's image against the testbed
+as a pod of the shipped Deployment runs (its ServiceAccount's token, the CA, the in-cluster environment);
+``stop-image N`` stops a detached one.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 
 from dispatch import testbed
@@ -24,6 +29,12 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_parser(name)
     for name in ("freeze", "thaw"):
         sub.add_parser(name).add_argument("node")
+    ri = sub.add_parser("run-image", help="run the controller image as the Deployment's pod would")
+    ri.add_argument("--image", default=None, help="default: localhost/dispatch-controller:<version>")
+    ri.add_argument("--name", default="dispatch-controller")
+    ri.add_argument("--detach", action="store_true", help="start in the background and print the name")
+    ri.add_argument("args", nargs=argparse.REMAINDER, help="controller arguments (default: the Deployment's)")
+    sub.add_parser("stop-image").add_argument("name", nargs="?", default="dispatch-controller")
     args = ap.parse_args(argv)
     try:
         if args.stack is not None:
@@ -53,6 +64,29 @@ def main(argv: list[str] | None = None) -> int:
         testbed.freeze(args.node)
     elif args.cmd == "thaw":
         testbed.thaw(args.node)
+    elif args.cmd == "run-image":
+        from dispatch.testbed import _container as c
+
+        why = c.podman_missing()
+        if why:
+            print(f"run-image: {why}", file=sys.stderr)
+            return 1
+        extra = args.args[1:] if args.args[:1] == ["--"] else args.args
+        argv = c.podman_argv(extra or None, image=args.image, name=args.name, detach=args.detach)
+        if args.detach:
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+            print(args.name)
+        else:
+            try:
+                return subprocess.run(argv, check=False).returncode
+            except KeyboardInterrupt:
+                return 130
+            finally:
+                c.stop(args.name)
+    elif args.cmd == "stop-image":
+        from dispatch.testbed import _container as c
+
+        c.stop(args.name)
     return 0
 
 
