@@ -29,6 +29,7 @@ from ._names import (
 )
 from ._records import Identity, JobSpec, State
 from ._views import (
+    POD_FINALIZER,
     Ref,
     annotations_of,
     condition_true,
@@ -208,7 +209,7 @@ def identity_env() -> list[Obj]:
 
 def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
     """dispatch's own runtime patch entry: identity labels (and the user's pod settings) per replicatedJob."""
-    pod_template: Obj = {"metadata": {"labels": dict(labels)}}
+    pod_template: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
     if spec.pod_annotations:
         pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
     pod_spec: Obj = {}
@@ -294,7 +295,10 @@ def raise_body(tj: TrainJobView, admission: int, token: str) -> Obj:
     tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
     for rj in tmpl_spec.get("replicatedJobs") or []:
         template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
-        template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+        tmeta = template.setdefault("metadata", {})
+        tmeta.setdefault("labels", {}).update(labels)
+        if POD_FINALIZER not in (tmeta.get("finalizers") or []):
+            tmeta["finalizers"] = [*(tmeta.get("finalizers") or []), POD_FINALIZER]
     return {
         "apiVersion": api.TRAINJOBS.api_version,
         "kind": "TrainJob",
