@@ -224,6 +224,33 @@ def cessation(
     return Cessation(False, reason, rest, proofs)
 
 
+# --------------------------------------------------------------------------- pod replacement
+
+
+REPLACEMENT_RISK = ("the Job controller then starts a replacement as soon as a pod is deleting, so a pod on a lost "
+                    "node can run beside its replacement, two processes of one rank with one A; set "
+                    "podReplacementPolicy: Failed in the runtime's Job template (Trainer's runtime patches cannot "
+                    "set it)")
+
+
+def runtime_replacement_warning(kind: str, name: str, policies: Mapping[str, str]) -> str | None:
+    """Warn when a runtime's replicatedJobs do not set ``podReplacementPolicy: Failed``."""
+    unsafe = sorted(rj for rj, policy in policies.items() if policy != "Failed")
+    if not unsafe:
+        return None
+    return (f"{kind} {name}: replicatedJob{'s' if len(unsafe) > 1 else ''} {', '.join(unsafe)} "
+            f"{'do' if len(unsafe) > 1 else 'does'} not set podReplacementPolicy: Failed; " + REPLACEMENT_RISK)
+
+
+def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
+    """Warn when a child Job of the object replaces deleting pods at once (TerminatingOrFailed)."""
+    unsafe = sorted(f"{j.name} ({j.replacement_policy or 'unset'})" for j in jobs
+                    if j.jobset_name == name and not j.finished and j.replacement_policy != "Failed")
+    if not unsafe:
+        return None
+    return f"podReplacementPolicy is not Failed on job {', '.join(unsafe)}; " + REPLACEMENT_RISK
+
+
 # --------------------------------------------------------------------------- admission numbers
 
 

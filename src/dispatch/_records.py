@@ -98,6 +98,9 @@ class Status:
     created: datetime | None = None
     remaining: tuple[RemainingPod, ...] = ()
     resource_version: str = ""
+    warnings: tuple[str, ...] = ()
+    """What could break the promise and is not dispatch's to fix (a runtime whose Jobs replace a
+    deleting pod at once, say)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON/YAML output; every field, nothing lost."""
@@ -116,6 +119,7 @@ class Status:
             "created": self.created.isoformat() if self.created else None,
             "remaining": [p.to_dict() for p in self.remaining],
             "resourceVersion": self.resource_version,
+            "warnings": list(self.warnings),
         }
 
 

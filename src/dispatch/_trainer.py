@@ -185,6 +185,13 @@ def runtime_jobs(runtime: Obj) -> list[str]:
     return [text(rj.get("name")) for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))]
 
 
+def runtime_replacement_policies(runtime: Obj) -> dict[str, str]:
+    """``podReplacementPolicy`` of each replicatedJob's Job template in a runtime ("" when unset)."""
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    return {text(rj.get("name")): text(mapping(mapping(rj.get("template")).get("spec")).get("podReplacementPolicy"))
+            for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))}
+
+
 def identity_labels(job_id: str, submission: str, admission: int | None = None) -> dict[str, str]:
     """The labels every pod of an execution carries (and the TrainJob, without A)."""
     out = {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission}
@@ -208,7 +215,9 @@ def identity_env() -> list[Obj]:
 
 
 def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
-    """dispatch's own runtime patch entry: identity labels (and the user's pod settings) per replicatedJob."""
+    """dispatch's own runtime patch entry: identity labels, dispatch's pod finalizer (so a pod that may
+    still run stays in the API even after a force delete, until dispatch proves its end) and the user's
+    pod settings, per replicatedJob."""
     pod_template: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
     if spec.pod_annotations:
         pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)

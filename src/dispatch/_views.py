@@ -289,6 +289,8 @@ class JobView:
     suspended_confirmed: bool
     finished: bool
     started: bool
+    replacement_policy: str = ""
+    """``spec.podReplacementPolicy`` (the API defaults it to TerminatingOrFailed without a podFailurePolicy)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobView:
@@ -299,4 +301,5 @@ class JobView:
             name_of(obj), labels_of(obj).get(JOBSET_NAME_LABEL, ""), is_suspended(obj),
             condition_true(obj, "Suspended"),
             condition_true(obj, "Complete") or condition_true(obj, "Failed"), started,
+            text(mapping(obj.get("spec")).get("podReplacementPolicy")),
         )
