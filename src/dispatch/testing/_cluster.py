@@ -131,11 +131,15 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ fixtures
 
-    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",)) -> None:
+    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",), *,
+                    replacement_policy: str | None = None) -> None:
+        """A ClusterTrainingRuntime; ``replacement_policy`` sets its Jobs' ``podReplacementPolicy``
+        (unset, as in the runtimes Trainer ships: the Job API then defaults it to TerminatingOrFailed)."""
+        job_spec: Obj = {} if replacement_policy is None else {"podReplacementPolicy": replacement_policy}
         self.server.create(TRAINER, "clustertrainingruntimes", "", {
             "metadata": {"name": name},
             "spec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rj, "replicas": 1, "template": {"spec": {"template": {"spec": {
+                {"name": rj, "replicas": 1, "template": {"spec": {**job_spec, "template": {"spec": {
                     "containers": [{"name": rj, "image": "example.invalid/train"}]}}}}}
                 for rj in replicated
             ]}}},
@@ -556,7 +560,10 @@ class FakeCluster:
                     self.mark_failed(name, ns)
                 if not (pod["metadata"].get("deletionTimestamp")
                         and int(pod["metadata"].get("deletionGracePeriodSeconds") or 0) == 0):
-                    self.server.delete("", "pods", ns, name, grace=0)
+                    try:
+                        self.server.delete("", "pods", ns, name, grace=0)
+                    except ApiFailure:
+                        pass  # gone already
 
     def step(self, *, honour_grace: bool = True) -> None:
         """One pass of every controller, in the order a healthy cluster converges."""
