@@ -51,6 +51,16 @@ def live(ns: str, name: str) -> list[Obj]:
     ]
 
 
+def admitted(adapter: Adapter, name: str, expect: int) -> bool:
+    """One release attempt: True once it admits (as ``expect``), False while pods remain."""
+    try:
+        got = adapter.release(name).admission
+    except PodsRemain:
+        return False
+    assert got == expect
+    return True
+
+
 def ended(ns: str, name: str) -> bool:
     """Every pod of the object ended as its kubelet reports (terminal phase, containers terminated)."""
     return all(PodView.from_obj(p).kubelet_confirmed for p in pods(ns, name))
@@ -190,7 +200,9 @@ def test_a_succeeded_pod_waiting_for_deletion_does_not_block(adapter: Adapter, n
     tb.kubectl("annotate", "pod", first, "-n", ns, f"{tb.ANN_COMPLETE}=true")
     wait_for("one rank Succeeded", lambda: get("pod", first, "-n", ns)["status"]["phase"] == "Succeeded")
     adapter.hold(name)
-    wait_for("the other rank gone", lambda: second not in [p["metadata"]["name"] for p in pods(ns, name)])
+    # Changed with dispatch's pod finalizer: the other rank no longer goes by itself; it ends as its kubelet
+    # reports and dispatch's finalizer holds it until release frees it.
+    wait_for("the other rank ended", lambda: PodView.from_obj(get("pod", second, "-n", ns)).kubelet_confirmed)
     assert get("pod", first, "-n", ns)["status"]["phase"] == "Succeeded"  # kept across the suspend
     assert adapter.release(name).admission == 2
 
@@ -223,8 +235,9 @@ def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> Non
         assert cessation.ceased, cessation.reason
         assert adapter.inspect(name).cause.detail.endswith("(Ready=Unknown, out-of-service)")
         # Changed with dispatch's pod finalizer: PodGC can no longer remove the pod by itself; release
-        # proves its end by the taint, removes dispatch's finalizer, reads again and admits.
-        assert adapter.release(name).admission == 2
+        # proves its end by the taint and removes dispatch's finalizer. The pod then goes once PodGC has
+        # marked it Failed and the Job controller dropped its own finalizer, and release admits.
+        wait_for("release to free the pod and admit", lambda: admitted(adapter, name, 2), timeout=150)
         assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:
         tb.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
@@ -247,8 +260,9 @@ def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> No
         assert status.cause.detail == f"remaining pods: {pod} on {node} (gone)", status.cause
         assert adapter.ceased(name).ceased
         # Changed with dispatch's pod finalizer: PodGC can no longer remove the orphaned pod by itself;
-        # release proves its end by the Node's deletion, removes dispatch's finalizer and admits.
-        assert adapter.release(name).admission == 2
+        # release proves its end by the Node's deletion and removes dispatch's finalizer; once PodGC marked
+        # it Failed and the Job controller dropped its own finalizer, it goes and release admits.
+        wait_for("release to free the pod and admit", lambda: admitted(adapter, name, 2), timeout=150)
         assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:
         for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
