@@ -25,6 +25,7 @@ import structlog
 
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch._identity import new_record
 from dispatch.controller import Config, Controller
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
@@ -58,6 +59,8 @@ def setup(count: int, *, terminating: bool) -> tuple[FakeCluster, FakeKueue, lis
     names = [f"job{i:05d}" for i in range(count)]
     for name in names:
         cluster.server.create(TRAINER, "trainjobs", "default", trainjob(name, kueue.queue))
+        # the identity record ``open`` claims before it creates the TrainJob
+        cluster.server.create(n.DOMAIN, "submissionrecords", "default", new_record(name, "s1", name))
         if terminating:
             cluster.server.create("", "pods", "default", {
                 "metadata": {"name": f"{name}-node-0-0", "labels": {n.JOBSET_NAME_LABEL: name},

@@ -108,6 +108,8 @@ class AsyncAdapter:
             created=tj.created,
             remaining=verdict.remaining if verdict else (),
             resource_version=tj.ref.resource_version,
+            managed=tj.labelled,
+            created_by=tj.created_by,
             warnings=tuple(w for w in warnings if w),
         )
 
@@ -121,11 +123,12 @@ class AsyncAdapter:
             return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name)])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
-        workload = await self.core.workload_of(tj) if tj.queue else None
+        workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
         check = None
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
+                            kueue=workload is not None or bool(tj.queue),
                             warnings=[d.jobs_replacement_warning(snap.jobs, name)])
 
     async def find(
@@ -134,8 +137,11 @@ class AsyncAdapter:
         job_id: str | None = None,
         submission: str | None = None,
         state: State | Collection[State] | None = None,
+        unmanaged: bool = False,
     ) -> list[Status]:
-        """Status of many objects with a constant number of list calls, however many match."""
+        """Status of many objects with a constant number of list calls, however many match.
+
+        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which)."""
         problems = []
         for field, value in (("job_id", job_id), ("submission", submission)):
             if value is not None and n.label_value_problem(value):
@@ -144,8 +150,10 @@ class AsyncAdapter:
         selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
         if submission:
             selector.append(f"{n.LABEL_SUBMISSION}={submission}")
+        if unmanaged and not (job_id or submission):
+            selector = []
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector))).items
+            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector) or None)).items
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
@@ -166,7 +174,7 @@ class AsyncAdapter:
         nodes = await self._all_nodes(pods)
         workloads: dict[str, kq.WorkloadView] = {}
         ours: set[str] | None = None
-        if any(t.queue for t in idle):
+        if idle:  # Kueue may manage an object without the queue-name label: its Workload says so
             ours = await self.core.our_checks()
             for w in await self._list_or_empty(k.WORKLOADS):
                 uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
@@ -179,8 +187,9 @@ class AsyncAdapter:
                 continue
             verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=pods, nodes=nodes,
                                jobset=jobsets.get(t.name), jobs=jobs)
-            wl = workloads.get(t.ref.uid) if t.queue else None
+            wl = workloads.get(t.ref.uid)
             out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
+                                    kueue=wl is not None or bool(t.queue),
                                     warnings=[d.jobs_replacement_warning(jobs, t.name)]))
         return sorted(out, key=lambda s: s.name)
 
@@ -350,10 +359,7 @@ class AsyncAdapter:
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:
         if not tj.labelled:
-            raise Refused(
-                f"trainjob {tj.name} has no {n.LABEL_JOB_ID}/{n.LABEL_SUBMISSION} labels; it is not a dispatch "
-                "object", reason="NotDispatchObject",
-            )
+            raise Refused(f"trainjob {tj.name} is {d.unmanaged_text(tj)}", reason="NotDispatchObject")
         if tj.problems:
             raise Refused(f"trainjob {tj.name} cannot be admitted: {'; '.join(tj.problems)}",
                           reason="InvalidObject")
@@ -575,8 +581,8 @@ class Adapter:
         return self._run(self._core.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
-             state: State | Collection[State] | None = None) -> list[Status]:
-        return self._run(self._core.find(job_id=job_id, submission=submission, state=state))
+             state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
+        return self._run(self._core.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
 
     def ceased(self, name: str) -> Cessation:
         return self._run(self._core.ceased(name))

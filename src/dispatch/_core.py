@@ -255,10 +255,24 @@ class Core:
         return ident.RecordView.from_obj(obj)
 
     async def records(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
-        """The records of many submissions, got together."""
+        """The records of many submissions: one list by their labels (set-based, so its cost follows
+        these submissions, not the namespace), each checked against its hashed name; one get for one."""
         keys = sorted(set(pairs))
-        got = await asyncio.gather(*(self.record(j, s) for j, s in keys))
-        return dict(zip(keys, got, strict=True))
+        if len(keys) < 2:
+            return {key: await self.record(*key) for key in keys}
+        selector = (f"{n.LABEL_JOB_ID} in {_in(j for j, _ in keys)},"
+                    f"{n.LABEL_SUBMISSION} in {_in(s for _, s in keys)}")
+        try:
+            listed = (await self.kube.list(api.SUBMISSION_RECORDS, labels=selector)).items
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+        by_name = {v.name: v for v in map(ident.RecordView.from_obj, listed)}
+        out: dict[tuple[str, str], ident.RecordView | None] = {}
+        for key in keys:
+            found = by_name.get(ident.record_name(*key))
+            # a record whose labels were edited away is not missing: a get by its name decides
+            out[key] = found if found is not None else await self.record(*key)
+        return out
 
     async def _create_record(self, body: dict[str, object]) -> ident.RecordView:
         try:
@@ -277,6 +291,10 @@ class Core:
         for _ in range(5):
             record = await self.record(job_id, submission)
             if record is None:
+                other = await self._live_trainjob_of(job_id, submission)  # opened before records, or record lost
+                if other is not None:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
                 floor = await self._legacy_floor(job_id, submission)
                 try:
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
@@ -290,7 +308,13 @@ class Core:
                               reason="RecordInvalid")
             holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
             held = holder is not None and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid)
-            if record.trainjob == trainjob and not held:
+            if not held:
+                # the record's holder may have been edited: any live TrainJob of the submission holds it
+                other = await self._live_trainjob_of(job_id, submission)
+                if other is not None and other.name != trainjob:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
+            if record.trainjob == trainjob and not held and not record.trainjob_uid:
                 return record  # the same open again: its claim stands
             if held or (record.trainjob and not record.trainjob_uid and holder is None):
                 what = (f"as trainjob {record.trainjob}" if held
@@ -308,6 +332,12 @@ class Core:
             return ident.RecordView.from_obj(obj)
         raise Unreachable(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                           code=409)
+
+    async def _live_trainjob_of(self, job_id: str, submission: str) -> tr.TrainJobView | None:
+        listed = (await self.kube.list(api.TRAINJOBS, labels=f"{n.LABEL_JOB_ID}={job_id},"
+                                                              f"{n.LABEL_SUBMISSION}={submission}")).items
+        live = [v for v in map(tr.TrainJobView.from_obj, listed) if not v.deleting]
+        return live[0] if live else None
 
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the

@@ -134,16 +134,19 @@ class Verdict:
 
 
 def _job_blocker(job: JobView) -> str | None:
-    """A child Job that could still start pods: not suspended, or its suspension not yet acted on."""
+    """A child Job that could still start pods: not suspended, or its suspension not yet acted on.
+
+    ``spec.suspend: true`` alone proves nothing: a Job unsuspended and suspended again before the Job
+    controller synced it looks exactly like that, and the controller may still create pods from its
+    cached copy after dispatch's read. Only the Job controller's own ``Suspended`` condition does.
+    """
     if job.finished:
         return None
     if not job.suspended:
         return f"job {job.name} is not suspended yet"
     if job.suspended_confirmed:
         return None
-    if job.started:
-        return f"job {job.name} has not confirmed its suspension yet"
-    return None
+    return f"job {job.name} has not confirmed its suspension yet"
 
 
 def decide(
@@ -317,7 +320,8 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
         if seen > 0:
             return (f"{describe_missing(trainjob.job_id, trainjob.submission)} of {ident} is missing, but "
                     f"trainjob {trainjob.name} has run as A={seen}; dispatch will not guess the next A "
-                    "(restore the record, or an admin runs `dispatch admin forget` and re-opens)")
+                    "(restore the record from a backup, or close this object, which records the highest A it "
+                    "and its pods carry, and open the submission again)")
         return None
     if record.problems:
         return f"{record.describe()} of {ident} does not parse: {'; '.join(record.problems)}"
@@ -420,6 +424,11 @@ def refused_text(trainjob: str, error: object) -> str:
                     f"was refused: {error}")
 
 
+def failed_text(error: object) -> str:
+    """The Pending message when a decision's read or write failed (an RBAC gap, an unreachable API)."""
+    return truncate(f"{WAITING_PREFIX}dispatch's decision to succeed: {error}")
+
+
 def record_text(problem: str) -> str:
     """The Pending message when the identity record cannot be trusted."""
     return truncate(f"{WAITING_PREFIX}a trustworthy identity record: {problem}")
@@ -453,11 +462,32 @@ def workload_note(workload: WorkloadView | None) -> str:
     return ""
 
 
+def unmanaged_text(trainjob: TrainJobView) -> str:
+    who = f"created by {trainjob.created_by}" if trainjob.created_by else "not created by dispatch"
+    return (f"not managed by dispatch ({who}, without dispatch's job-id/submission labels): it has no "
+            "execution identity (no A), and dispatch does not hold or release it")
+
+
+UNMANAGED_HINT = "to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library)"
+
+
+def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:
+    """The cause of a TrainJob dispatch does not manage: what it is, and what still applies to it."""
+    parts = [unmanaged_text(trainjob)]
+    if check is not None:
+        parts.append(f"admission check {check.name} {check.state}" + (f": {check.message}" if check.message else ""))
+    if verdict is not None and not verdict.admissible and trainjob.state is not State.RUNNING:
+        parts.append(verdict.detail())
+    return Cause("NotManaged", "; ".join(parts))
+
+
 def explain(
     trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
 ) -> Cause:
     """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
     state = trainjob.state
+    if not trainjob.labelled:
+        return unmanaged_cause(trainjob, verdict, check)
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"

@@ -147,8 +147,12 @@ def check_of(workload: WorkloadView | None, ours: set[str] | None) -> CheckEntry
     """dispatch's check on the Workload; without the list of ours, the first check not yet Ready."""
     if workload is None:
         return None
-    if ours is not None:
-        return workload.entry(ours)
+    if ours:
+        mine = workload.entry(ours)
+        if mine is not None:
+            return mine
+    # the checks of ours are unknown (not listable), or the controller runs under another name (a canary):
+    # name the first check still holding the Workload rather than say nothing
     return next((c for c in workload.checks if c.state != "Ready"), None)
 
 

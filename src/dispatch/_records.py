@@ -98,6 +98,10 @@ class Status:
     created: datetime | None = None
     remaining: tuple[RemainingPod, ...] = ()
     resource_version: str = ""
+    managed: bool = True
+    """Whether dispatch manages the object (its identity labels); others are shown, never admitted."""
+    created_by: str = ""
+    """Who created the TrainJob, as its managedFields tell (``dispatch``, ``kubectl-client-side-apply``, ...)."""
     warnings: tuple[str, ...] = ()
     """What could break the promise and is not dispatch's to fix (a runtime whose Jobs replace a
     deleting pod at once, say)."""
@@ -119,6 +123,8 @@ class Status:
             "created": self.created.isoformat() if self.created else None,
             "remaining": [p.to_dict() for p in self.remaining],
             "resourceVersion": self.resource_version,
+            "managed": self.managed,
+            "createdBy": self.created_by,
             "warnings": list(self.warnings),
         }
 

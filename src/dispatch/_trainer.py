@@ -64,6 +64,13 @@ def _parse_time(value: object) -> datetime | None:
         return None
 
 
+def _creator(obj: Obj) -> str:
+    for entry in items(meta(obj).get("managedFields")):
+        if text(entry.get("operation")) in ("Update", "Apply") and text(entry.get("manager")):
+            return text(entry.get("manager"))[:64]
+    return ""
+
+
 @dataclass(frozen=True)
 class TrainJobView:
     """A TrainJob as dispatch reads it, parsed once."""
@@ -89,6 +96,8 @@ class TrainJobView:
     created: datetime | None
     problems: tuple[str, ...] = ()
     """Fields dispatch owns that do not parse (a bad A annotation, say): the object is refused, alone."""
+    created_by: str = ""
+    """The field manager of the create (managedFields' first Update/Apply entry), if the server recorded it."""
     patch_entry: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -141,6 +150,7 @@ class TrainJobView:
             patch_targets=tuple(targets),
             created=_parse_time(meta(obj).get("creationTimestamp")),
             problems=tuple(problems),
+            created_by=_creator(obj),
             patch_entry=entry,
             labels=labels,
         )

@@ -18,6 +18,7 @@ from .cli_harness import Cli
 
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
+    "managed", "createdBy",
     "warnings",
 }
 POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held"}
@@ -635,28 +636,16 @@ def test_help_and_usage_errors_never_connect(cli: Cli) -> None:
 # ------------------------------------------------------------------------------------------ controller
 
 
-def test_controller_missing_module(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-
-    monkeypatch.setitem(sys.modules, "dispatch.controller", None)
-    result = cli("controller")
-    assert result.exit_code == 1
-    assert "controller is not part of this installation" in result.stderr
-
-
 def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from dispatch.cli import _app
 
     calls: list[dict[str, Any]] = []
-    module = types.ModuleType("dispatch.controller")
 
     def run_from_cli(**kwargs: Any) -> int:
         calls.append(kwargs)
         return 0
 
-    module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
                  "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug")
     assert result.exit_code == 0, result.output
@@ -672,28 +661,20 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
 
 
 def test_controller_exit_code_is_passed_on(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
+    from dispatch.cli import _app
 
-    module = types.ModuleType("dispatch.controller")
-    module.run_from_cli = lambda **kwargs: 1  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", lambda **kwargs: 1)
     assert cli("controller").exit_code == 1
 
 
 def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    import sys
-    import types
-
     from dispatch import Forbidden
-
-    module = types.ModuleType("dispatch.controller")
+    from dispatch.cli import _app
 
     def run_from_cli(**kwargs: Any) -> None:
         raise Forbidden("forbidden: cannot watch workloads.kueue.x-k8s.io", reason="Forbidden", code=403)
 
-    module.run_from_cli = run_from_cli  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "dispatch.controller", module)
+    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("controller")
     assert result.exit_code == EXIT_REFUSED
     assert "cannot watch workloads" in result.stderr
@@ -703,7 +684,8 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
     """The keyword arguments the CLI passes are exactly the controller's parameters."""
     import inspect
 
-    controller = pytest.importorskip("dispatch.controller")
+    import dispatch.controller as controller
+
     params = set(inspect.signature(controller.run_from_cli).parameters)
     assert params == {
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",

@@ -54,14 +54,28 @@ def kueue(cluster: FakeCluster) -> FakeKueue:
 
 @pytest.fixture
 async def kube(cluster: FakeCluster) -> AsyncIterator[k.Kube]:
-    kb = k.Kube.connect(namespace="default", transport=cluster.transport())
+    """The controller's client: exactly the shipped ``dispatch-controller`` role (and its Lease Role)."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
     yield kb
+    await kb.aclose()
+    assert cluster.server.denied == [], "a request the shipped roles do not allow"
+
+
+@pytest.fixture
+async def adapter(cluster: FakeCluster) -> AsyncIterator[AsyncAdapter]:
+    """The user's library: exactly the shipped writer role (with the node reader)."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport(
+        roles=("dispatch-writer", "dispatch-node-reader")))
+    yield AsyncAdapter(kb)
     await kb.aclose()
 
 
 @pytest.fixture
-def adapter(kube: k.Kube) -> AsyncAdapter:
-    return AsyncAdapter(kube)
+async def admin(cluster: FakeCluster) -> AsyncIterator[k.Kube]:
+    """An unrestricted client, for tests of mechanisms (leader election on a Lease of their own) not roles."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport())
+    yield kb
+    await kb.aclose()
 
 
 BASE = Config(resync_seconds=3600, workers=2)

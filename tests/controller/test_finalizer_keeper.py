@@ -8,7 +8,7 @@ from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
 from dispatch.testing import FakeCluster
 
-from .conftest import running, until
+from .conftest import quiet, running, until
 
 PLAIN = JobSpec(job_id="plain", submission="s1", node_selector={"kubernetes.io/hostname": "node-0"})
 
@@ -46,8 +46,8 @@ async def test_the_controller_keeps_a_force_deleted_pod_of_a_frozen_node_until_t
         cluster.force_delete(first)
         cluster.pod_gc()
         await until(lambda: f"default/{first}" in ctl.finalizers.signatures, what="the keeper sees the pod")
-        await until(lambda: len(ctl.finalizers.queue) == 0 and ctl.finalizers.queue.processing == 0,
-                    what="the keeper looked")
+        await until(lambda: len(ctl.finalizers.queue) == 0, what="the keeper took the pod")
+        await quiet(0.5)  # and looked at it: the end is unproven, so nothing is written
         assert pod_of(cluster, first) is not None
         assert ctl.finalizers.released == 0
         cluster.taint_out_of_service("node-0")  # the Node's change routes the pods on it

@@ -70,7 +70,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         self.stale: dict[str, dict[str, Any]] = {}
 
         async def open_all() -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport(
+                roles=("dispatch-writer", "dispatch-node-reader")))
             try:
                 for name in OBJECTS:
                     await AsyncAdapter(kube).open(spec(name))
@@ -88,7 +89,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         """Run one reconciler per plan at once (replicas): (Workload names, hints, dies mid-admission)."""
 
         async def one(names: list[str], hints: str, dies: bool) -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
             metrics = Metrics.create()
             rec = Reconciler(kube, check_names=lambda: {"dispatch"}, metrics=metrics,
                              events=EventRecorder(kube, metrics, instance="fuzz"))
@@ -244,6 +245,11 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     def no_two_executions_overlap(self) -> None:
         if hasattr(self, "cluster"):
             self.cluster.history.check()
+
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
 
 
 NeverTwoExecutionsUnderKueue.TestCase.settings = settings(

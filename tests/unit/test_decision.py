@@ -168,7 +168,9 @@ def job(name: str, *, suspend: bool, conds: dict[str, str] | None = None, starte
         (job("j", suspend=True, conds={"Suspended": "False"}, started=True),
          "job j has not confirmed its suspension yet"),
         (job("j", suspend=True, conds={"Suspended": "True"}, started=True), None),
-        (job("j", suspend=True), None),
+        # never started, suspend set, no Suspended condition: a Job re-suspended before its controller synced
+        # looks exactly so, and that controller may still create pods from its cache (issue 11, finding 2)
+        (job("j", suspend=True), "job j has not confirmed its suspension yet"),
         (job("j", suspend=False, conds={"Complete": "True"}), None),
         (job("j", suspend=False, conds={"Failed": "True"}), None),
     ],

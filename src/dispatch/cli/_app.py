@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import shlex
+import shutil
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from .. import __version__
-from .._names import CONTROLLER_NAME
 from .._records import State, Status
+from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
 from ._output import (
     emit,
@@ -412,6 +412,7 @@ def status(
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
     submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every TrainJob of the namespace, dispatch's or not.")] = False,
     state_filter: Annotated[
         list[State] | None,
         typer.Option(
@@ -430,7 +431,7 @@ def status(
     states, or the Kueue admission check.
     """
     state = _state(ctx, output, namespace)
-    if name is not None and (job_id or submission or state_filter):
+    if name is not None and (job_id or submission or state_filter or every):
         raise typer.BadParameter(
             "give a NAME or filters (--job-id, --submission, --state), not both", ctx=ctx, param_hint="NAME"
         )
@@ -439,7 +440,7 @@ def status(
         if name is not None:
             one = adapter.inspect(name)
         else:
-            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None)
+            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None, unmanaged=every)
     if name is not None:
         print_status(state, one)
     else:
@@ -525,37 +526,36 @@ def controller(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", min=0, max=65535,
                           help="Port of /healthz, /readyz and /metrics (0: any free).")
-    ] = 8080,
+    ] = METRICS_PORT,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
     ] = True,
     lease_namespace: Annotated[
         str, typer.Option("--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the Lease.")
-    ] = "dispatch-system",
-    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = (
-        "dispatch-admission-controller"
-    ),
+    ] = DEFAULTS.lease_namespace,
+    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = DEFAULTS.lease_name,
     identity: Annotated[
         str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
     ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = 4,
+    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = (
+        DEFAULTS.workers),
     batch: Annotated[
         int, typer.Option("--batch", min=1,
                           help="Decide up to this many queued Workloads of one namespace from one shared read.")
-    ] = 64,
+    ] = DEFAULTS.batch,
     resync_seconds: Annotated[
         float,
         typer.Option("--resync-seconds", metavar="SECONDS", callback=RESYNC,
                      help="Re-check waiting Workloads this often even without an event (a safety net), "
                      f"seconds ({RESYNC.range})."),
-    ] = 60.0,
+    ] = DEFAULTS.resync_seconds,
     foreign: Annotated[
         str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
-    ] = "ready",
+    ] = DEFAULTS.foreign,
     controller_name: Annotated[
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
-    ] = CONTROLLER_NAME,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+    ] = DEFAULTS.controller_name,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -567,24 +567,9 @@ def controller(
     check Pending naming the pods that remain, or raises A and sets it Ready.
     """
     state = _state(ctx)
-    try:
-        module = importlib.import_module("dispatch.controller")
-    except ModuleNotFoundError as exc:
-        if exc.name != "dispatch.controller":
-            raise
-        module = None
-    entry = getattr(module, "run_from_cli", None)
-    if entry is None or not callable(entry):
-        state.err.print(
-            "[bold red]error:[/] the admission-check controller is not part of this installation "
-            "(dispatch.controller.run_from_cli is missing)",
-            highlight=False,
-        )
-        state.err.print("[yellow]hint:[/] install a dispatch release that ships the controller", highlight=False)
-        raise typer.Exit(EXIT_FAILURE)
     s = state.settings
     with guard(state):
-        result = entry(
+        result = run_from_cli(
             kubeconfig=s.kubeconfig,
             context=s.context,
             namespace=namespace or s.namespace,
@@ -617,7 +602,7 @@ def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
     state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
     if "root" in str(exc).lower() or isinstance(exc, PermissionError):
         state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
-    elif "go" in str(exc).lower():
+    elif shutil.which("go") is None:
         state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
     return typer.Exit(EXIT_FAILURE)
 

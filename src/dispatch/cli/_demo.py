@@ -15,6 +15,7 @@ numbers of one object ever had Running pods at the same time.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -30,7 +31,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._adapter import Adapter
-from .._names import JOBSET_NAME_LABEL, LABEL_ADMISSION, OUT_OF_SERVICE_TAINT, PATCH_MANAGER
+from .._names import JOBSET_NAME_LABEL, LABEL_ADMISSION, OUT_OF_SERVICE_TAINT
 from .._records import JobSpec, State, Status
 from ..errors import PodsRemain
 from ._output import status_table
@@ -39,7 +40,6 @@ from ._state import CliState
 
 Obj = dict[str, Any]
 
-DEMO_PATCH_MANAGER = "dispatch.phpboyscout.uk/demo"
 DELETE_DELAY = "20s"
 """How long the testbed keeps the first object's deleted pod Terminating (a kubelet's grace period)."""
 
@@ -176,40 +176,14 @@ class Story:
     # ------------------------------------------------------------------ actions
 
     def open_on(self, spec: JobSpec, node: str, annotations: dict[str, str]) -> str:
-        """Open held, then pin its pods to ``node`` with a runtime patch entry of the demo's own.
-
-        JobSpec has no node selector or pod annotations, so the demo adds its own ``runtimePatches``
-        entry (server-side apply, keyed by manager) beside dispatch's, while the object is still held.
-        """
-        status = self.adapter.open(spec, hold=True)
+        """Open held, its pods pinned to ``node`` (and carrying ``annotations``) through the JobSpec itself."""
+        pinned = dataclasses.replace(spec, node_selector={"kubernetes.io/hostname": node},
+                                     pod_annotations={**spec.pod_annotations, **annotations})
+        status = self.adapter.open(pinned, hold=True)
         self.show(status)
-        name = status.name
-        trainjob = _get("trainjob", name, "-n", self.namespace)
-        replicated: list[str] = []
-        for entry in trainjob["spec"].get("runtimePatches") or []:
-            if entry.get("manager") == PATCH_MANAGER:
-                rjs = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
-                replicated = [str(rj["name"]) for rj in rjs]
-        if not replicated:
-            raise DemoFailed(f"trainjob {name} has no dispatch runtime patch")
-        pod_template: Obj = {"spec": {"nodeSelector": {"kubernetes.io/hostname": node}}}
-        if annotations:
-            pod_template["metadata"] = {"annotations": annotations}
-        patch = {
-            "apiVersion": trainjob["apiVersion"],
-            "kind": "TrainJob",
-            "metadata": {"name": name, "namespace": self.namespace},
-            "spec": {"runtimePatches": [{
-                "manager": DEMO_PATCH_MANAGER,
-                "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                    {"name": rj, "template": {"spec": {"template": pod_template}}} for rj in replicated
-                ]}}},
-            }]},
-        }
-        _kubectl("apply", "--server-side", "--field-manager=dispatch-demo", "-f", "-", input=json.dumps(patch))
         extra = f", pod annotations {annotations}" if annotations else ""
-        self.say(f"pinned its pods to {node} (demo runtime patch: nodeSelector{extra})")
-        return name
+        self.say(f"pinned its pods to {node} (node selector{extra})")
+        return status.name
 
     def running_pod(self, name: str, admission: int) -> Obj:
         """Wait for a Running, not Terminating pod of execution ``admission``; check its label."""
@@ -257,9 +231,8 @@ def _part_one(story: Story, node: str) -> None:
         {_testbed().ANN_DELETE_DELAY: DELETE_DELAY},
     )
 
-    story.step(f"Release {name}: it is admitted, execution A=1")
-    identity = a.release(name)
-    story.say(f"admitted: {identity}")
+    story.step(f"Release {name}: it is admitted, execution A=1 (once every layer has confirmed the suspension)")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 1)
 
@@ -296,7 +269,7 @@ def _part_two(story: Story, node: str) -> None:
         JobSpec(job_id="demo", submission="lost", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
         node, {},
     )
-    story.say(f"admitted: {a.release(name)}")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.running_pod(name, 1)
 
     story.step(f"Freeze {node}: its kubelet stops answering, so Kubernetes cannot know whether the pod runs")

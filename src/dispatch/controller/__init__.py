@@ -38,16 +38,18 @@ import structlog
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .. import _kube as k
-from .._names import CONTROLLER_NAME
 from ..errors import DispatchError, Refused
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON
-from ._controller import Config, Controller, default_identity
+from ._controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, Config, Controller, default_identity
 from ._metrics import Metrics
 from ._reconcile import WAITING_PREFIX, Outcome, Reconciler
 
 __all__ = [
     "ACTIVE_MESSAGE",
     "ACTIVE_REASON",
+    "DEFAULTS",
+    "LOG_LEVEL",
+    "METRICS_PORT",
     "WAITING_PREFIX",
     "Config",
     "Controller",
@@ -99,17 +101,17 @@ def run_from_cli(
     kubeconfig: str | None,
     context: str | None,
     namespace: str | None,
-    metrics_port: int,
-    leader_elect: bool,
-    lease_namespace: str = "dispatch-system",
-    lease_name: str = "dispatch-admission-controller",
+    metrics_port: int = METRICS_PORT,
+    leader_elect: bool = True,
+    lease_namespace: str = DEFAULTS.lease_namespace,
+    lease_name: str = DEFAULTS.lease_name,
     identity: str | None = None,
-    workers: int = 4,
-    batch: int = 64,
-    resync_seconds: float = 60.0,
-    foreign: str = "ready",
-    log_level: str = "info",
-    controller_name: str = CONTROLLER_NAME,
+    workers: int = DEFAULTS.workers,
+    batch: int = DEFAULTS.batch,
+    resync_seconds: float = DEFAULTS.resync_seconds,
+    foreign: str = DEFAULTS.foreign,
+    log_level: str = LOG_LEVEL,
+    controller_name: str = DEFAULTS.controller_name,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._names import CONTROLLER_NAME
-from . import run_from_cli
+from . import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,18 +13,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG") or None)
     p.add_argument("--context", default=None)
     p.add_argument("--namespace", default=None, help="serve one namespace (default: all)")
-    p.add_argument("--metrics-port", type=int, default=8080)
+    p.add_argument("--metrics-port", type=int, default=METRICS_PORT)
     p.add_argument("--leader-elect", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", "dispatch-system"))
-    p.add_argument("--lease-name", default="dispatch-admission-controller")
+    p.add_argument("--lease-namespace", default=os.environ.get("POD_NAMESPACE", DEFAULTS.lease_namespace))
+    p.add_argument("--lease-name", default=DEFAULTS.lease_name)
     p.add_argument("--identity", default=os.environ.get("POD_NAME") or None)
-    p.add_argument("--workers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=64,
+    p.add_argument("--workers", type=int, default=DEFAULTS.workers)
+    p.add_argument("--batch", type=int, default=DEFAULTS.batch,
                    help="decide up to this many queued Workloads of one namespace from one shared read")
-    p.add_argument("--resync-seconds", type=float, default=60.0)
-    p.add_argument("--foreign", choices=("ready", "ignore"), default="ready")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--controller-name", default=CONTROLLER_NAME,
+    p.add_argument("--resync-seconds", type=float, default=DEFAULTS.resync_seconds)
+    p.add_argument("--foreign", choices=("ready", "ignore"), default=DEFAULTS.foreign)
+    p.add_argument("--log-level", default=LOG_LEVEL)
+    p.add_argument("--controller-name", default=DEFAULTS.controller_name,
                    help="own the AdmissionChecks with this spec.controllerName (default: dispatch's)")
     a = p.parse_args(argv)
     return run_from_cli(

@@ -38,7 +38,8 @@ log = structlog.get_logger("dispatch.controller")
 
 Obj = dict[str, Any]
 
-__all__ = ["ACTIVE_MESSAGE", "ACTIVE_REASON", "Config", "Controller", "default_identity"]
+__all__ = ["ACTIVE_MESSAGE", "ACTIVE_REASON", "DEFAULTS", "LOG_LEVEL", "METRICS_PORT", "Config", "Controller",
+           "default_identity"]
 
 
 def default_identity() -> str:
@@ -74,6 +75,14 @@ class Config:
     field_manager: str = n.FIELD_MANAGER
     controller_name: str = n.CONTROLLER_NAME
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
+
+
+DEFAULTS = Config()
+"""The one source of the controller's option defaults (the CLI, ``python -m dispatch.controller`` and
+``run_from_cli`` all read it)."""
+METRICS_PORT = 8080
+"""The port a deployed controller serves probes and metrics on (``Config`` itself serves none)."""
+LOG_LEVEL = "info"
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> None:

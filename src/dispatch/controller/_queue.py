@@ -30,10 +30,6 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._items)
 
-    @property
-    def processing(self) -> int:
-        return len(self._processing)
-
     def add(self, key: str) -> None:
         """Queue ``key`` unless it is already waiting; if a worker holds it, run it once more after."""
         if self._closed:

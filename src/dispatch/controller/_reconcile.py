@@ -170,11 +170,33 @@ class Reconciler:
         except Exception as exc:
             for name in unique:
                 out.setdefault(name, exc)
+            if isinstance(exc, DispatchError):
+                await self._explain_failure(unique, hints or {}, exc, out)
         finally:
             share = (time.perf_counter() - started) / max(1, len(unique))
             for _ in unique:
                 self._metrics.reconcile_seconds.observe(share)
         return out
+
+    async def _explain_failure(self, names: Sequence[str], hints: Mapping[str, Obj], exc: DispatchError,
+                               out: Mapping[str, Outcome | Exception]) -> None:
+        """A decision that failed says so in the Workload's own check message and a Warning Event, so
+        ``dispatch status`` explains the stall (a 403 of a missing RBAC rule, say), not only a log line.
+        Best effort: written only when the message changes, conditioned on the cached resourceVersion."""
+        checks = self._check_names()
+        message = d.failed_text(exc)
+        for name in names:
+            if out.get(name) is not exc or name not in hints:
+                continue
+            workload = kq.WorkloadView.from_obj(hints[name])
+            entry = workload.entry(checks)
+            if entry is None or entry.state != "Pending" or entry.message == message:
+                continue
+            try:
+                await self._pending(workload, entry, message)
+            except DispatchError:
+                continue
+            await self._events.emit(api.WORKLOADS, workload.ref, "AdmissionStalled", message, warning=True)
 
     async def _workloads(self, ns: str, names: list[str], hints: Mapping[str, Obj]) -> dict[str, Obj | None]:
         core = self.core(ns)

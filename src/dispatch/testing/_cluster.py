@@ -4,25 +4,30 @@
 step at a time, so a test (or a hypothesis state machine) chooses the interleaving: a lagging JobSet,
 a kubelet that has not yet confirmed a pod's termination, a frozen node, an operator's taint. It also
 tracks the *processes* the pods stand for, which outlive their API objects when a node is lost, and
-keeps the history the checker reads: no two admission numbers of one object may ever run at once.
+keeps the history the checker reads: no two executions of one submission may ever run at once.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx2
 
 from .._names import (
+    ANNOTATION_ADMISSION,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
 )
+from ._rbac import Binding, Policy
 from ._server import ApiFailure, FakeApiServer
 
 Obj = dict[str, Any]
@@ -50,6 +55,10 @@ def _set_cond(obj: Obj, ctype: str, status: bool, reason: str = "") -> None:
                   "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""})
 
 
+def _number(text: str | None) -> int | None:
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 @dataclass
 class Process:
     """What a running pod stands for: a process that ends only when something proves it ended."""
@@ -64,6 +73,38 @@ class Process:
     admission: int | None
     started: int
     ended: int | None = None
+    rank: str = ""
+    """The pod's place in its execution: child Job and completion index (one process per rank may run)."""
+    trainjob_uid: str = ""
+    run: int | None = None
+    """Which resume of its TrainJob, as the fake's controllers passed it down, created the pod: pods created
+    from one resume are one execution (A alone cannot tell two apart when A was not raised between them)."""
+    reported: int | None = None
+    """The A its TrainJob's annotation reported when that resume was seen (the admission's A)."""
+
+    @property
+    def subject(self) -> tuple[str, ...]:
+        """What must never have two executions at once: the submission, or the TrainJob if not dispatch's."""
+        if self.job_id and self.submission:
+            return (self.namespace, "submission", self.job_id, self.submission)
+        return (self.namespace, "trainjob", self.obj_name)
+
+    @property
+    def execution(self) -> tuple[object, ...]:
+        if self.run is not None:
+            return (self.trainjob_uid, self.run)
+        return (self.obj_name, self.admission)
+
+    def describe(self) -> str:
+        end = "running" if self.ended is None else str(self.ended)
+        return (f"{self.pod} of {self.obj_name} (A={self.admission}, run {self.run}, rank {self.rank or '?'}) "
+                f"on {self.node}, {self.started}-{end}")
+
+
+def _subject_words(subject: tuple[str, ...]) -> str:
+    if subject[1] == "submission":
+        return f"submission {subject[2]}/{subject[3]} in {subject[0]}"
+    return f"TrainJob {subject[2]} in {subject[0]}"
 
 
 @dataclass
@@ -78,30 +119,56 @@ class History:
         return self.clock
 
     def check(self) -> None:
-        """Assert no two admission numbers of one object overlap, and A rises with each execution."""
-        by_object: dict[tuple[str, str], list[Process]] = {}
+        """Assert the promise on everything that ran: one execution at a time, each with one A, A rising.
+
+        - An overlap is two processes of one submission (job-id and submission, in one namespace) of two
+          executions alive at once, whatever their A and whatever TrainJob name they run under; two
+          processes of one rank of one execution alive at once are an overlap too.
+        - Each execution has exactly one A: every pod of it carries the A its TrainJob reported when the
+          execution was admitted.
+        - A strictly increases per submission from each execution to the next, across incarnations.
+        Processes of TrainJobs without dispatch's labels are held to the first rule per TrainJob name.
+        """
+        groups: dict[tuple[str, ...], list[Process]] = {}
         for p in self.processes:
-            by_object.setdefault((p.namespace, p.obj_name), []).append(p)
-        for obj, procs in by_object.items():
-            for a in procs:
-                for b in procs:
-                    if a.admission == b.admission:
-                        continue
-                    a_end = a.ended if a.ended is not None else 1 << 60
-                    b_end = b.ended if b.ended is not None else 1 << 60
-                    if a.started < b_end and b.started < a_end:
+            groups.setdefault(p.subject, []).append(p)
+        for subject, procs in groups.items():
+            what = _subject_words(subject)
+            ordered = sorted(procs, key=lambda p: p.started)
+            for i, a in enumerate(ordered):
+                a_end = a.ended if a.ended is not None else 1 << 60
+                for b in ordered[i + 1:]:
+                    if b.started >= a_end:
+                        break
+                    if a.execution != b.execution:
                         raise AssertionError(
-                            f"two executions of {obj[1]} overlap: A={a.admission} ({a.pod} on {a.node}, "
-                            f"{a.started}-{a.ended}) and A={b.admission} ({b.pod} on {b.node}, "
-                            f"{b.started}-{b.ended})"
-                        )
-            starts: dict[int | None, int] = {}
-            for p in procs:
-                starts[p.admission] = min(starts.get(p.admission, p.started), p.started)
-            ordered = sorted(starts.items(), key=lambda kv: kv[1])
-            numbers = [a for a, _ in ordered]
-            if None in numbers or numbers != sorted(set(n for n in numbers if n is not None)):
-                raise AssertionError(f"admission numbers of {obj[1]} did not rise with each execution: {numbers}")
+                            f"two executions of {what} overlap: {a.describe()} and {b.describe()}")
+                    if a.rank and a.rank == b.rank:
+                        raise AssertionError(
+                            f"two processes of one rank of one execution of {what} overlap: "
+                            f"{a.describe()} and {b.describe()}")
+            executions: dict[tuple[object, ...], list[Process]] = {}
+            for p in ordered:
+                executions.setdefault(p.execution, []).append(p)
+            for ps in executions.values():
+                first = ps[0]
+                other = next((p for p in ps if p.admission != first.admission), None)
+                if other is not None:
+                    raise AssertionError(
+                        f"one execution of {what} runs with two admission numbers: {first.describe()} and "
+                        f"{other.describe()}")
+                if first.run is not None and first.reported != first.admission:
+                    raise AssertionError(
+                        f"an execution of {what} carries A={first.admission} but its TrainJob reported "
+                        f"A={first.reported} at admission: {first.describe()}")
+            if subject[1] != "submission":
+                continue
+            starts = [ps[0] for ps in executions.values()]  # in order of first start (dicts keep insertion order)
+            for prev, cur in itertools.pairwise(starts):
+                if prev.admission is None or cur.admission is None or cur.admission <= prev.admission:
+                    raise AssertionError(
+                        f"admission numbers of {what} did not strictly rise from one execution to the next: "
+                        f"{prev.describe()} then {cur.describe()}")
 
 
 class FakeCluster:
@@ -117,13 +184,22 @@ class FakeCluster:
         self._pod_seq = 0
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
+        self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
+        self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
+        self._jobset_runs: dict[str, tuple[str, int]] = {}
+        self._job_runs: dict[str, tuple[str, int]] = {}
+        self._pod_runs: dict[str, tuple[str, int]] = {}
         self.server.add_admission("trainjobs", self._trainer_webhook)
         self.server.create("", "namespaces", "", {"metadata": {"name": namespace}})
 
     # ------------------------------------------------------------------ wiring
 
-    def transport(self) -> httpx2.MockTransport:
-        return self.server.transport()
+    def transport(self, role: str | None = None, *, roles: Iterable[str | Binding] = (), user: str | None = None,
+                  rbac: str | Path | Policy | None = None) -> httpx2.MockTransport:
+        """A transport to the cluster's API; with ``role``/``roles``, limited to those shipped roles
+        (see ``FakeApiServer.transport``)."""
+        return self.server.transport(role, roles=roles, user=user, rbac=rbac)
 
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""
@@ -196,11 +272,17 @@ class FakeCluster:
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
+        tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
         proc = Process(
             pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
             job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
-            admission=int(adm) if adm and adm.isdigit() else None, started=self.history.tick(),
+            admission=_number(adm) if adm is not None else None, started=self.history.tick(),
+            rank=(f"{labels['batch.kubernetes.io/job-name']}#"
+                  f"{labels.get('batch.kubernetes.io/job-completion-index', '')}"
+                  if labels.get("batch.kubernetes.io/job-name") else ""),
+            trainjob_uid=tj_uid, run=run,
+            reported=self._reported.get((tj_uid, run)) if run is not None else None,
         )
         self._processes[meta["uid"]] = proc
         self.history.processes.append(proc)
@@ -239,21 +321,29 @@ class FakeCluster:
                 continue
             ns, name = meta["namespace"], meta["name"]
             suspend = bool((tj.get("spec") or {}).get("suspend"))
+            runs, was_suspended = self._runs.get(meta["uid"], (0, True))
+            if was_suspended and not suspend:
+                runs += 1
+                adm = ((meta.get("annotations") or {}).get(ANNOTATION_ADMISSION))
+                self._reported[(meta["uid"], runs)] = _number(adm) if adm is not None else None
+            self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
             desired = self._jobset_spec(tj)
             if desired is None:
                 continue
             if js is None:
-                self.server.create(JOBSET, "jobsets", ns, {
+                made = self.server.create(JOBSET, "jobsets", ns, {
                     "metadata": {"name": name, "ownerReferences": [
                         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
                          "uid": meta["uid"], "controller": True}]},
                     "spec": desired,
                 }, admit=False)
+                self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
                 def mutate(obj: Obj, desired: Obj = desired) -> None:
                     obj["spec"] = desired
                 self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
+                self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
@@ -325,6 +415,7 @@ class FakeCluster:
                     })
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
+                    self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
                 elif bool(job["spec"].get("suspend")) != suspend:
                     def mutate(obj: Obj, template: Obj = template, suspend: bool = suspend) -> None:
                         obj["spec"]["suspend"] = suspend
@@ -334,6 +425,8 @@ class FakeCluster:
                     self.server.update("batch", "jobs", ns, job_name, mutate, status=False)
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
+                    if not suspend:
+                        self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
                 active = 1 if int((job.get("status") or {}).get("active") or 0) > 0 else 0
                 statuses.append({"name": rj["name"], "active": active, "ready": 0, "succeeded": 0, "failed": 0,
                                  "suspended": 1 if job["spec"].get("suspend") else 0})
@@ -405,7 +498,7 @@ class FakeCluster:
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
         labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
-        self.server.create("", "pods", job["metadata"]["namespace"], {
+        made = self.server.create("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
@@ -415,6 +508,14 @@ class FakeCluster:
             "spec": spec,
             "status": {"phase": "Pending"},
         })
+        self._pass_run(self._job_runs, job["metadata"]["uid"], self._pod_runs, made["metadata"]["uid"])
+
+    @staticmethod
+    def _pass_run(source: dict[str, tuple[str, int]], owner: str, target: dict[str, tuple[str, int]],
+                  uid: str) -> None:
+        """A layer built from its owner's current template belongs to the owner's current run."""
+        if owner in source:
+            target[uid] = source[owner]
 
     # ------------------------------------------------------------------ scheduler, kubelets, PodGC
 
