@@ -9,6 +9,7 @@ loop thread (as lightkube pairs ``Client`` with ``AsyncClient``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -25,9 +26,9 @@ from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._core import Core, Target
-from ._records import Cessation, Identity, JobSpec, RemainingPod, State, Status
+from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
-from ._views import JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
+from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
 from .errors import (
     FieldCause,
     Forbidden,
@@ -94,7 +95,7 @@ class AsyncAdapter:
     # ------------------------------------------------------------------ reads
 
     def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
-                note: str = "", *, kueue: bool | None = None) -> Status:
+                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = ()) -> Status:
         managed = bool(tj.queue) if kueue is None else kueue
         return Status(
             name=tj.name,
@@ -109,6 +110,7 @@ class AsyncAdapter:
             resource_version=tj.ref.resource_version,
             managed=tj.labelled,
             created_by=tj.created_by,
+            warnings=tuple(w for w in warnings if w),
         )
 
     async def inspect(self, name: str) -> Status:
@@ -116,7 +118,9 @@ class AsyncAdapter:
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
         if tj.state is State.RUNNING:
-            return self._status(tj, None)
+            jobs = [JobView.from_obj(j) for j in
+                    await self._list_or_empty(k.JOBS, labels=f"{n.JOBSET_NAME_LABEL}={name}")]
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name)])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -124,7 +128,8 @@ class AsyncAdapter:
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
-                            kueue=workload is not None or bool(tj.queue))
+                            kueue=workload is not None or bool(tj.queue),
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name)])
 
     async def find(
         self,
@@ -184,7 +189,8 @@ class AsyncAdapter:
                                jobset=jobsets.get(t.name), jobs=jobs)
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
-                                    kueue=wl is not None or bool(t.queue)))
+                                    kueue=wl is not None or bool(t.queue),
+                                    warnings=[d.jobs_replacement_warning(jobs, t.name)]))
         return sorted(out, key=lambda s: s.name)
 
     async def _list_or_empty(self, res: k.Res, labels: str | None = None) -> list[dict[str, object]]:
@@ -222,7 +228,7 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        replicated = await self._runtime_jobs(spec)
+        replicated, warning = await self._runtime_jobs(spec)
         body = tr.trainjob_body(spec, name, self.namespace, replicated)
         if spec.termination_grace_period_seconds is not None:
             await self._check_grace_kept(body)
@@ -230,7 +236,10 @@ class AsyncAdapter:
             # An earlier object of the same name or submission may still have pods: refuse before writing
             # anything (release reads again before it admits).
             target = Target(name, spec.job_id, spec.submission)
-            verdict = (await self.core.read_one(target)).verdict(target)
+            snap = await self.core.read_one(target)
+            if await self.core.free(snap.object_pods(target), snap.nodes):
+                snap = await self.core.read_one(target)
+            verdict = snap.verdict(target)
             if not verdict.admissible:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
@@ -250,9 +259,11 @@ class AsyncAdapter:
                               "name or submission", reason="AlreadyExists", code=exc.code) from exc
             raise
         if hold or spec.queue is not None:
-            return self._status(created, d.Verdict((), ()))
+            return self._status(created, d.Verdict((), ()), warnings=[warning])
         await self.release(name)
-        return await self.inspect(name)
+        status = await self.inspect(name)
+        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
+                                                                         *status.warnings])))
 
     async def _check_grace_kept(self, body: dict[str, object]) -> None:
         """Trainer before v2.3 prunes terminationGracePeriodSeconds from runtime patches silently; a
@@ -273,7 +284,9 @@ class AsyncAdapter:
                 )],
             )
 
-    async def _runtime_jobs(self, spec: JobSpec) -> list[str]:
+    async def _runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
+        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
+        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
         res = k.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else k.RUNTIMES
         try:
             runtime = await self._kube.get(res, spec.runtime)
@@ -289,7 +302,8 @@ class AsyncAdapter:
         names = tr.runtime_jobs(runtime)
         if not names:
             raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
-        return names
+        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+                                                    tr.runtime_replacement_policies(runtime))
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -319,6 +333,8 @@ class AsyncAdapter:
             target = Target.of(tj)
             record = await self.core.record(tj.job_id, tj.submission)
             snap = await self.core.read_one(target)
+            if await self.core.free(snap.object_pods(target), snap.nodes):
+                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
             verdict = snap.verdict(target)
             if not verdict.admissible:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
@@ -381,6 +397,7 @@ class AsyncAdapter:
         target = Target.of(tj)
         snap = await self.core.read_one(target, lower=False)
         mine = snap.object_pods(target)
+        await self.core.free(mine, snap.nodes)
         if tj.labelled:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:
@@ -394,6 +411,45 @@ class AsyncAdapter:
         return d.remaining(mine, snap.nodes)
 
     # ------------------------------------------------------------------ admin
+
+    async def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
+        """Remove dispatch's finalizer from one pod, so its deletion can complete.
+
+        Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
+        Node is deleted or out-of-service) is released. With it, the operator's word that the pod's node
+        is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
+        out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
+        the pod's end itself. Returns how the end was proven (``operator-confirmed`` for the word)."""
+        problem = n.dns1123_subdomain_problem(pod)
+        if problem:
+            n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
+        self._writer("release a pod")
+        for _ in range(self.conflict_retries):
+            obj = await self._kube.get_or_none(k.PODS, pod)
+            if obj is None:
+                raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
+            view = PodView.from_obj(obj)
+            if not view.ours:
+                raise Refused(f"pod {pod} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
+                              reason="NotHeld")
+            nodes = await self.core.nodes([view])
+            node = nodes.get(view.node) if view.node else None
+            proof = view.end(node)
+            if proof == "unproven":
+                where = f"node {view.node} is {node.state_text() if node else 'not readable'}" if view.node \
+                    else "it has no node and is not being deleted"
+                if not node_confirmed_down:
+                    raise Refused(
+                        f"pod {pod}'s end is unproven: its kubelet has not confirmed it and {where}; once "
+                        f"{view.node or 'its node'} is confirmed shut down, pass --node-confirmed-down "
+                        "(or taint the node node.kubernetes.io/out-of-service)", reason="Unproven")
+                if node is not None and node.exists and node.readable and node.ready == "True":
+                    raise Refused(f"node {view.node} is Ready=True: its kubelet is answering and will confirm "
+                                  f"pod {pod}'s end itself; it is not down", reason="NodeReady")
+                proof = "operator-confirmed"
+            if await self.core.remove_finalizer(view, forbidden_ok=False):
+                return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
+        raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
@@ -541,6 +597,9 @@ class Adapter:
 
     def forget(self, job_id: str, submission: str) -> bool:
         return self._run(self._core.forget(job_id, submission))
+
+    def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
+        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down))
 
     def migrate(self) -> tuple[int, int]:
         return self._run(self._core.migrate())

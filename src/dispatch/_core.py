@@ -27,7 +27,7 @@ from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._kube import Kube
-from ._views import JobSetView, JobView, NodeView, PodView, name_of, parse_count
+from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, name_of, parse_count
 from .errors import DispatchError, Forbidden, NotFound, Refused, Unreachable
 
 READ_ATTEMPTS = 3
@@ -171,6 +171,39 @@ class Core:
             return NodeView.gone(name)
         except Forbidden:
             return NodeView.unreadable(name)
+
+    # ------------------------------------------------------------------ dispatch's pod finalizer
+
+    async def free(self, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
+        """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
+        returns the names freed. A pod that changed since it was read keeps its finalizer until the next
+        pass (or the controller) looks again; one this caller may not patch is left to the controller."""
+        proven = d.releasable(pods, nodes)
+        done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
+        return [p.name for p, ok in zip(proven, done, strict=True) if ok]
+
+    async def remove_finalizer(self, pod: PodView, *, forbidden_ok: bool = True) -> bool:
+        """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
+        on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
+        status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
+        this caller lacks ``patch`` on pods."""
+        if POD_FINALIZER not in pod.finalizers:
+            return False
+        patch = {"metadata": {"resourceVersion": pod.resource_version,
+                              "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
+        try:
+            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+        except NotFound:
+            return False
+        except Forbidden:
+            if forbidden_ok:
+                return False
+            raise
+        except Unreachable as exc:
+            if exc.code == 409:
+                return False
+            raise
+        return True
 
     # ------------------------------------------------------------------ TrainJobs and Workloads
 

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 from ._identity import RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
-from ._records import Cause, Cessation, RemainingPod, State
+from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import TrainJobView
-from ._views import TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
+from ._views import PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
-    "Verdict", "cessation", "decide", "explain", "next_admission", "object_pods", "remaining", "waiting_message",
+    "Verdict", "cessation", "decide", "ends", "explain", "next_admission", "object_pods", "releasable", "remaining",
+    "waiting_message",
 ]
 
 MESSAGE_LIMIT = 8000
@@ -42,16 +43,47 @@ def object_pods(pods: Iterable[PodView], *, name: str, job_id: str, submission: 
 
 
 def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[RemainingPod, ...]:
-    """The pods that may still run, each with its node and node state."""
+    """The pods that may still run (every pod whose end its kubelet has not confirmed), each with its
+    node and node state."""
     out = []
     for pod in pods:
         if not pod.may_run:
             continue
         node = nodes.get(pod.node) if pod.node else None
         state = node.state_text() if node else ("not readable" if pod.node else "")
+        held = pod.ours and pod.deleting and pod.deletion_grace == 0 and pod.end(node) == PROOF_UNPROVEN
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
-                                pod.deletion_timestamp))
+                                pod.deletion_timestamp, held=held))
     return tuple(out)
+
+
+def ends(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[PodEnd, ...]:
+    """How each pod's end is proven (``kubelet-confirmed``, ``node-deleted``, ``out-of-service``,
+    ``not-scheduled``) or ``unproven``."""
+    return tuple(PodEnd(p.name, p.node, p.end(nodes.get(p.node) if p.node else None), p.phase, p.ours)
+                 for p in pods)
+
+
+def releasable(pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[PodView]:
+    """Pods carrying dispatch's finalizer whose end is proven: the finalizer may go (nothing else may
+    remove it, so a pod that may still run stays visible to the rule, even after a force delete)."""
+    return [p for p in pods if p.ours and p.end(nodes.get(p.node) if p.node else None) in PROVEN]
+
+
+def stuck_text(pods: Sequence[RemainingPod]) -> str:
+    """Why a pod deleted for good (force delete, PodGC) is still in the API: its end is unproven."""
+    out = []
+    for p in pods:
+        if not p.held:
+            continue
+        marked = (f", marked {p.phase} by someone other than its kubelet" if p.phase in TERMINAL_PHASES else "")
+        where = f"node {p.node} is {p.node_state}" if p.node else "it has no node"
+        out.append(
+            f"pod {p.name} was deleted for good{marked}, but its end is unproven (its kubelet has not "
+            f"confirmed it and {where}, neither deleted nor out-of-service), so dispatch's finalizer keeps it; "
+            f"once {p.node or 'its node'} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+            f"`dispatch admin release-pod {p.name} --node-confirmed-down`")
+    return "; ".join(out)
 
 
 def describe_pods(pods: Sequence[RemainingPod]) -> str:
@@ -94,6 +126,9 @@ class Verdict:
         parts = []
         if self.remaining:
             parts.append(remaining_detail(self.remaining))
+            stuck = stuck_text(self.remaining)
+            if stuck:
+                parts.append(stuck)
         parts.extend(self.blockers)
         return "; ".join(parts)
 
@@ -126,7 +161,9 @@ def decide(
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
-    A pod blocks unless it is Succeeded or Failed. A JobSet or child Job whose suspension has not
+    A pod blocks unless its kubelet confirmed its end (Succeeded or Failed, every container terminated;
+    a Failed phase written by PodGC or Kueue onto a pod of an unreachable node proves nothing). A JobSet
+    or child Job whose suspension has not
     taken effect blocks too: it could still start a pod after the read (the suspended TrainJob alone
     does not prove the layers below have caught up).
     """
@@ -154,37 +191,67 @@ def cessation(
 ) -> Cessation:
     """Whether the object's processes are proven gone.
 
-    True once the object is not admitted and every pod that may run sits on a Node that is deleted or
-    tainted out-of-service. A Node that could not be read proves nothing.
+    True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
+    Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
+    not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
+    per pod how.
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     rest = remaining(views, nodes)
+    proofs = ends(views, nodes)
     admitted = trainjob is not None and not trainjob.suspended and not trainjob.deleting
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
-        return Cessation(False, f"{name} is admitted and running", rest)
-    unproven = []
-    for pod in rest:
-        node = nodes.get(pod.node) if pod.node else None
-        if pod.node is None:
-            if pod.terminating:
-                continue
-            unproven.append(pod)
-            continue
-        if node is None or not node.proven_down:
-            unproven.append(pod)
+        return Cessation(False, f"{name} is admitted and running", rest, proofs)
+    open_ends = {e.name for e in proofs if not e.proven}
+    unproven = [p for p in rest if p.name in open_ends]
     if not unproven:
         if rest:
-            return Cessation(True, "every remaining pod is on a node that is gone or out-of-service", rest)
-        return Cessation(True, "no pod of the object may still run", rest)
+            return Cessation(True, "every remaining pod is on a node that is gone or out-of-service", rest, proofs)
+        return Cessation(True, "no pod of the object may still run", rest, proofs)
     unreadable = [p for p in unproven if p.node_state == "not readable"]
     if unreadable:
         return Cessation(
             False,
             "cannot prove cessation: nodes not readable (needs get on nodes): "
             + describe_pods(unreadable),
-            rest,
+            rest, proofs,
         )
-    return Cessation(False, "pods may still run: " + describe_pods(unproven), rest)
+    reason = "pods may still run: " + describe_pods(unproven)
+    unconfirmed = [p for p in unproven if p.phase in TERMINAL_PHASES]
+    if unconfirmed:
+        reason += ("; a Failed or Succeeded phase not reported by the pod's kubelet proves nothing: "
+                   + ", ".join(p.name for p in unconfirmed))
+    stuck = stuck_text(unproven)
+    if stuck:
+        reason += "; " + stuck
+    return Cessation(False, reason, rest, proofs)
+
+
+# --------------------------------------------------------------------------- pod replacement
+
+
+REPLACEMENT_RISK = ("the Job controller then starts a replacement as soon as a pod is deleting, so a pod on a lost "
+                    "node can run beside its replacement, two processes of one rank with one A; set "
+                    "podReplacementPolicy: Failed in the runtime's Job template (Trainer's runtime patches cannot "
+                    "set it)")
+
+
+def runtime_replacement_warning(kind: str, name: str, policies: Mapping[str, str]) -> str | None:
+    """Warn when a runtime's replicatedJobs do not set ``podReplacementPolicy: Failed``."""
+    unsafe = sorted(rj for rj, policy in policies.items() if policy != "Failed")
+    if not unsafe:
+        return None
+    return (f"{kind} {name}: replicatedJob{'s' if len(unsafe) > 1 else ''} {', '.join(unsafe)} "
+            f"{'do' if len(unsafe) > 1 else 'does'} not set podReplacementPolicy: Failed; " + REPLACEMENT_RISK)
+
+
+def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
+    """Warn when a child Job of the object replaces deleting pods at once (TerminatingOrFailed)."""
+    unsafe = sorted(f"{j.name} ({j.replacement_policy or 'unset'})" for j in jobs
+                    if j.jobset_name == name and not j.finished and j.replacement_policy != "Failed")
+    if not unsafe:
+        return None
+    return f"podReplacementPolicy is not Failed on job {', '.join(unsafe)}; " + REPLACEMENT_RISK
 
 
 # --------------------------------------------------------------------------- admission numbers
@@ -342,7 +409,8 @@ def truncate(message: str) -> str:
 def waiting_text(verdict: Verdict) -> str:
     """The Pending message: the seed's exact form for pods, then any JobSet/Job not yet suspended."""
     if verdict.remaining:
-        return truncate(waiting_message(verdict.remaining, verdict.blockers))
+        stuck = stuck_text(verdict.remaining)
+        return truncate(waiting_message(verdict.remaining, [stuck, *verdict.blockers] if stuck else verdict.blockers))
     return truncate("waiting for the previous execution to stop: " + "; ".join(verdict.blockers))
 
 

@@ -19,8 +19,9 @@ from .cli_harness import Cli
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
     "managed", "createdBy",
+    "warnings",
 }
-POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp"}
+POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held"}
 
 
 def trainjob(cli: Cli, name: str) -> dict[str, Any]:
@@ -444,8 +445,9 @@ def test_ceased_through_a_frozen_node_and_the_out_of_service_taint(cli: Cli, run
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
     data = cli.json("ceased", name)
-    assert set(data) == {"name", "ceased", "reason", "remaining", "pods"}
+    assert set(data) == {"name", "ceased", "reason", "remaining", "pods", "ends"}
     assert data["ceased"] is False
+    assert [(e["proof"], e["finalizer"]) for e in data["ends"]] == [("unproven", True)]
     assert "Ready=Unknown" in data["remaining"][0]
     assert data["pods"][0]["nodeState"] == "Ready=Unknown"
     table = cli("ceased", name)

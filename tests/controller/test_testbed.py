@@ -354,6 +354,8 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "", True),
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "status", False),
     ("writer", "delete", "", "pods", "", False),
+    ("writer", "patch", "", "pods", "", True),  # removes dispatch's pod finalizer once a pod's end is proven
+    ("reader", "patch", "", "pods", "", False),
     ("writer", "update", "trainer.kubeflow.org", "trainjobs", "", False),
     ("writer", "list", "", "secrets", "", False),
     ("controller", "watch", "kueue.x-k8s.io", "workloads", "", True),
@@ -370,6 +372,8 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "watch", "jobset.x-k8s.io", "jobsets", "", True),
     ("controller", "patch", "jobset.x-k8s.io", "jobsets", "", False),
     ("controller", "delete", "", "pods", "", False),
+    ("controller", "get", "", "pods", "", True),  # the finalizer keeper reads each pod afresh
+    ("controller", "patch", "", "pods", "", True),  # and removes dispatch's pod finalizer
     ("controller", "get", "", "pods", "log", False),
     ("controller", "watch", "", "nodes", "", True),
     ("controller", "patch", "", "nodes", "", False),

@@ -27,9 +27,11 @@ NODES = ("node-0", "node-1", "node-2", "node-3")
 
 
 def fresh(namespace: str = "default") -> FakeCluster:
-    """A cluster with Trainer's default runtime and four Ready nodes; nothing opened yet."""
+    """A cluster with Trainer's default runtime, set up as dispatch recommends (its Jobs'
+    podReplacementPolicy is Failed, so ``open`` and ``status`` print no warning), and four Ready nodes;
+    nothing opened yet."""
     cluster = FakeCluster(namespace)
-    cluster.add_runtime()
+    cluster.add_runtime(replacement_policy="Failed")
     for node in NODES:
         cluster.add_node(node)
     return cluster

@@ -2,13 +2,15 @@
 
 A hypothesis state machine drives two writers (a sync adapter and two concurrent async releases), the fake
 cluster's controllers and kubelets one step at a time, nodes freezing, thawing, being deleted or tainted,
-pods finishing or being force-deleted on reachable nodes, and injected API errors (409, 500, timeouts, lost
+pods finishing or being force-deleted (on reachable and frozen nodes), pods of frozen nodes marked Failed by
+someone other than their kubelet (PodGC, Kueue), and injected API errors (409, 500, timeouts, lost
 replies) — including cluster events fired *inside* a call, between its read and its write. After every
 step the history checker asserts that no two admission numbers of one object ever ran at once and that A
 rose with each execution.
 
-Force deletion on an unreachable node is left out on purpose: Kubernetes documents that such a pod may
-keep running, and the seed's promise rests on the pod object (no API-visible proof exists once it is gone).
+Force deletion on an unreachable node used to be left out: such a pod may keep running and, once gone from
+the API, nothing could see it. dispatch's finalizer now keeps it in the API until its end is proven, so
+the machine force-deletes pods on frozen nodes too.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class NeverTwoExecutions(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.cluster = FakeCluster()
-        self.cluster.add_runtime()
+        self.cluster.add_runtime(replacement_policy="Failed")
         for node in NODES:
             self.cluster.add_node(node)
         self.adapter = Adapter.connect("default", transport=self.cluster.transport(roles=WRITER))
@@ -264,11 +266,22 @@ class NeverTwoExecutions(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20))
-    def force_delete_on_a_reachable_node(self, index: int) -> None:
+    def force_delete(self, index: int) -> None:
         pods = self.cluster.pods()
         pod = pods[index % len(pods)]
-        if pod["spec"].get("nodeName") not in self.cluster.frozen:
-            self.cluster.force_delete(pod["metadata"]["name"])
+        self.cluster.force_delete(pod["metadata"]["name"])
+
+    @precondition(lambda self: bool(self.cluster.pods()))
+    @rule(index=st.integers(0, 20))
+    def marked_failed_by_someone_else(self, index: int) -> None:
+        """Only while the object is held: in a running Job, a Failed phase is the Job controller's cue for
+        a replacement of that rank, which is Kueue's and the operator's trade-off, not dispatch's rule."""
+        pods = self.cluster.pods()
+        pod = pods[index % len(pods)]
+        tj = self.cluster.server.get("trainer.kubeflow.org", "trainjobs", "default",
+                                     pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name", ""))
+        if tj is not None and tj["spec"].get("suspend"):
+            self.cluster.mark_failed(pod["metadata"]["name"])
 
     @rule(status=st.sampled_from([409, 500, 503, 429, "timeout", "connect"]), after=st.booleans(),
           method=st.sampled_from(["GET", "PATCH", None]))

@@ -325,7 +325,7 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
 # ------------------------------------------------------------------------------------------ admin
 
 admin_app = typer.Typer(
-    help="Identity-record administration (needs the dispatch-admin role).",
+    help="Identity-record and pod-finalizer administration (needs the dispatch-admin role).",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -358,6 +358,34 @@ def admin_forget(
                         else f"{escape(job_id)}/{escape(submission)} has no identity record")
 
     emit(state, {"jobId": job_id, "submission": submission, "forgotten": forgotten}, human)
+
+
+@admin_app.command("release-pod", epilog=EXIT_CODES_HELP)
+def admin_release_pod(
+    ctx: typer.Context,
+    pod: Annotated[str, typer.Argument(metavar="POD")],
+    node_confirmed_down: Annotated[bool, typer.Option(
+        "--node-confirmed-down",
+        help="Confirm the pod's node is shut down (its processes are gone): that is the proof of the pod's end.",
+    )] = False,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Remove dispatch's finalizer from a pod, so its deletion completes.
+
+    Without --node-confirmed-down only a pod whose end is proven is released (its kubelet confirmed it,
+    or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
+    proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
+    while the pod's Node is Ready.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        end = state.adapter().release_pod(pod, node_confirmed_down=node_confirmed_down)
+
+    def human() -> None:
+        state.out.print(f"released pod {escape(pod)} (end: {end.proof})")
+
+    emit(state, {"pod": pod, "released": True, **end.to_dict()}, human)
 
 
 @admin_app.command("migrate", epilog=EXIT_CODES_HELP)

@@ -126,6 +126,8 @@ def pods_table(pods: Iterable[RemainingPod], *, waited: Callable[[RemainingPod],
 def print_status(state: CliState, status: Status) -> None:
     def human() -> None:
         state.out.print(status_table([status]))
+        for warning in status.warnings:
+            state.err.print(Text(f"warning: {warning}"))
         if status.remaining:
             state.out.print()
             state.out.print("[bold]remaining pods[/] (a previous execution may still run):")

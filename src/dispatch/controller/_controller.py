@@ -25,6 +25,7 @@ from .. import _names as n
 from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
+from ._finalizers import FinalizerKeeper
 from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, error_reason
 from ._leader import LeaderElector
@@ -132,9 +133,24 @@ class Controller:
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
         )
         self.reconciler.on_written = self.router.written
+        self.finalizers = FinalizerKeeper(kube, self.metrics)
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
+        f = self.finalizers
+
+        def both(first: Callable[[Any], None], second: Callable[[Any], None]) -> Callable[[Any], None]:
+            def call(arg: Any) -> None:
+                first(arg)
+                second(arg)
+            return call
+
+        def both_events(first: Callable[[str, Obj], None], second: Callable[[str, Obj], None]
+                        ) -> Callable[[str, Obj], None]:
+            def call(etype: str, obj: Obj) -> None:
+                first(etype, obj)
+                second(etype, obj)
+            return call
 
         def informer(res: k.Res, namespace: str | None, labels: str | None,
                      on_list: Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
@@ -145,9 +161,13 @@ class Controller:
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
             "workloads": informer(api.WORKLOADS, ns, None, r.list_workloads, r.on_workload),
             # Both selections of the rule: a pod found only by dispatch's labels wakes its Workload too.
-            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, r.list_pods, r.on_pod),
-            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, r.list_pods, r.on_pod),
-            "nodes": informer(api.NODES, None, None, r.list_nodes, r.on_node),
+            # Both also feed the finalizer keeper, which releases dispatch's pod finalizer in either mode.
+            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, both(r.list_pods, f.list_pods),
+                             both_events(r.on_pod, f.on_pod)),
+            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, both(r.list_pods, f.list_pods),
+                                      both_events(r.on_pod, f.on_pod)),
+            "nodes": informer(api.NODES, None, None, both(r.list_nodes, f.list_nodes),
+                              both_events(r.on_node, f.on_node)),
             # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
             # confirmation event-driven too.
             "jobsets": informer(api.JOBSETS, ns, None, r.list_lower, r.on_lower),
@@ -239,6 +259,7 @@ class Controller:
             await asyncio.sleep(self.config.resync_seconds)
             if self.leading.is_set():
                 self.router.requeue_all()
+                self.finalizers.requeue_all()
 
     # ------------------------------------------------------------------ leadership and probes
 
@@ -290,7 +311,7 @@ class Controller:
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
         jobs += [self._worker() for _ in range(max(1, self.config.workers))]
-        jobs += [self._resync(), self.checks.run(self.leading)]
+        jobs += [self._resync(), self.checks.run(self.leading), self.finalizers.run(self.leading)]
         if self.config.leader_elect:
             self.elector = LeaderElector(
                 self.kube, name=self.config.lease_name, namespace=self.config.lease_namespace,

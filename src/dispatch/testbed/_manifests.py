@@ -303,8 +303,24 @@ def kwok_stages(kwok: Path) -> list[Obj]:
                 deleting,
                 not_held,
                 {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "DoesNotExist"},
             ],
             {"delete": True},
+            delay,
+        )
+    )
+    # Like a kubelet that comes back to a pod someone else marked Failed (PodGC, Kueue) while its node was
+    # unreachable: it stops the containers and reports them terminated (the phase stays), then removes it.
+    stages.append(
+        pod_stage(
+            "dispatch-pod-delete-terminal-running",
+            [
+                deleting,
+                not_held,
+                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "Exists"},
+            ],
+            {"statusTemplate": terminated("{{ .status.phase }}", 137, "Error"), "delete": True},
             delay,
         )
     )

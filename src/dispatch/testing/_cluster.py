@@ -207,11 +207,15 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ fixtures
 
-    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",)) -> None:
+    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",), *,
+                    replacement_policy: str | None = None) -> None:
+        """A ClusterTrainingRuntime; ``replacement_policy`` sets its Jobs' ``podReplacementPolicy``
+        (unset, as in the runtimes Trainer ships: the Job API then defaults it to TerminatingOrFailed)."""
+        job_spec: Obj = {} if replacement_policy is None else {"podReplacementPolicy": replacement_policy}
         self.server.create(TRAINER, "clustertrainingruntimes", "", {
             "metadata": {"name": name},
             "spec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rj, "replicas": 1, "template": {"spec": {"template": {"spec": {
+                {"name": rj, "replicas": 1, "template": {"spec": {**job_spec, "template": {"spec": {
                     "containers": [{"name": rj, "image": "example.invalid/train"}]}}}}}
                 for rj in replicated
             ]}}},
@@ -363,6 +367,9 @@ class FakeCluster:
                         continue
                     ptmpl = ((prj.get("template") or {}).get("spec") or {}).get("template") or {}
                     labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
+                    for fin in (ptmpl.get("metadata") or {}).get("finalizers") or []:
+                        if fin not in pod_meta.setdefault("finalizers", []):
+                            pod_meta["finalizers"].append(fin)
                     annotations = (ptmpl.get("metadata") or {}).get("annotations")
                     if annotations:
                         pod_meta.setdefault("annotations", {}).update(annotations)
@@ -401,6 +408,9 @@ class FakeCluster:
                                                           "kind": "JobSet", "name": name, "uid": meta["uid"],
                                                           "controller": True}]},
                         "spec": {"suspend": suspend, "parallelism": rj["template"]["spec"].get("parallelism", 1),
+                                 # The API's default without a podFailurePolicy.
+                                 "podReplacementPolicy": rj["template"]["spec"].get("podReplacementPolicy")
+                                 or "TerminatingOrFailed",
                                  "template": copy.deepcopy(template)},
                     })
                     job = self.server.get("batch", "jobs", ns, job_name)
@@ -429,8 +439,11 @@ class FakeCluster:
     # ------------------------------------------------------------------ Job controller
 
     def job_sync(self) -> None:
-        """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods
-        (TerminatingOrFailed: a replacement starts as soon as the old pod is marked for deletion)."""
+        """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods.
+
+        A replacement follows the Job's ``podReplacementPolicy``, as the real controller does: with
+        ``TerminatingOrFailed`` (the default) it starts as soon as the old pod has a deletionTimestamp;
+        with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone."""
         for job in self.server.objects("batch", "jobs"):
             meta = job["metadata"]
             ns, name = meta["namespace"], meta["name"]
@@ -453,10 +466,13 @@ class FakeCluster:
                 active = []
             else:
                 want = int(job["spec"].get("parallelism") or 1)
+                occupied = active + succeeded
+                if job["spec"].get("podReplacementPolicy") == "Failed":
+                    occupied = occupied + terminating
                 if not _cond(job, "Complete"):
                     for index in range(want):
                         if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
-                               for p in active + succeeded):
+                               for p in occupied):
                             continue
                         self._create_pod(job, index)
                         active.append({})
@@ -485,6 +501,7 @@ class FakeCluster:
         made = self.server.create("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
+                         "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
                          "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                               "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
                                               "controller": True}]},
@@ -543,29 +560,53 @@ class FakeCluster:
                 continue
             if meta["uid"] in self._finish_requested and phase == "Running":
                 final = self._finish_requested.pop(meta["uid"])
-
-                def finish(obj: Obj, final: str = final) -> None:
-                    obj.setdefault("status", {})["phase"] = final
-                self.server.update("", "pods", ns, name, finish, status=True)
-                proc = self._processes.get(meta["uid"])
-                if proc:
-                    self._end(proc)
+                self._kubelet_stopped(pod, final, 0 if final == "Succeeded" else 1)
+                continue
+            if phase in ("Succeeded", "Failed") and meta["uid"] in self._processes:
+                # Someone else wrote a terminal phase (PodGC, Kueue): the kubelet stops the containers.
+                self._kubelet_stopped(pod, phase, 137)
                 continue
             if phase == "Pending":
                 def run(obj: Obj) -> None:
-                    obj.setdefault("status", {})["phase"] = "Running"
+                    st = obj.setdefault("status", {})
+                    st["phase"] = "Running"
+                    st["containerStatuses"] = [{"name": c.get("name", ""), "state": {"running": {}}}
+                                               for c in (obj.get("spec") or {}).get("containers") or []]
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
 
+    def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
+        """The kubelet reports the pod's containers stopped: a terminal phase and every container
+        terminated (a phase that is already terminal is kept), and the process ends."""
+        meta = pod["metadata"]
+
+        def stopped(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            if st.get("phase") not in ("Succeeded", "Failed"):
+                st["phase"] = phase
+            st["containerStatuses"] = [
+                {"name": c.get("name", ""), "state": {"terminated": {"exitCode": exit_code}}}
+                for c in (obj.get("spec") or {}).get("containers") or []]
+        try:
+            self.server.update("", "pods", meta["namespace"], meta["name"], stopped, status=True)
+        except ApiFailure:
+            pass
+        proc = self._processes.get(meta["uid"])
+        if proc:
+            self._end(proc)
+
     def confirm_termination(self, pod: str, namespace: str | None = None) -> None:
-        """The kubelet confirms a deleted pod's containers stopped: the process ends, the object goes."""
+        """The kubelet confirms a deleted pod's containers stopped: it writes a terminal phase (Failed,
+        unless it had already ended) with every container terminated, the process ends, and the object
+        goes (or stays, Failed, while a finalizer holds it)."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
-        proc = self._processes.get(obj["metadata"]["uid"])
-        if proc:
-            self._end(proc)
+        if (obj.get("status") or {}).get("containerStatuses") is None or \
+                obj["metadata"]["uid"] in self._processes or \
+                (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            self._kubelet_stopped(obj, "Failed", 137)
         try:
             self.server.delete("", "pods", ns, pod, grace=0)
         except ApiFailure:
@@ -578,19 +619,32 @@ class FakeCluster:
             self._finish_requested[obj["metadata"]["uid"]] = phase
 
     def force_delete(self, pod: str, namespace: str | None = None) -> None:
-        """Delete with grace 0. On a reachable node the kubelet kills it; on a lost node it may run on."""
+        """``kubectl delete --force --grace-period=0``. On a reachable node the kubelet kills it (and
+        reports so); on a lost node it may run on. A finalizer keeps the object, with a deletionTimestamp."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        proc = self._processes.get(obj["metadata"]["uid"])
-        if proc and node not in self.frozen:
-            self._end(proc)
+        if node and node not in self.frozen and node not in self.deleted_nodes:
+            self._kubelet_stopped(obj, "Failed", 137)
+
+    def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
+        """Someone other than the kubelet writes ``phase: Failed`` (PodGC, Kueue's FailureRecoveryPolicy):
+        only the phase and a DisruptionTarget condition; the container states stay as they were."""
+        ns = namespace or self.namespace
+
+        def failed(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            st["phase"] = "Failed"
+            st.setdefault("conditions", []).append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+        if self.server.get("", "pods", ns, pod) is not None:
+            self.server.update("", "pods", ns, pod, failed, status=True)
 
     def pod_gc(self) -> None:
-        """PodGC: force-delete Terminating pods on not-Ready out-of-service nodes, and pods of deleted nodes."""
+        """PodGC: pods of deleted nodes, and Terminating pods on not-Ready out-of-service nodes, are
+        marked Failed (phase only, as the real PodGC does) and force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
@@ -598,14 +652,19 @@ class FakeCluster:
                 continue
             nobj = nodes.get(node)
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-            if nobj is None:
-                self.server.delete("", "pods", ns, name, grace=0)
-                continue
-            oos = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in (nobj.get("spec") or {}).get("taints") or [])
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in (nobj.get("status") or {}).get("conditions") or [])
-            if oos and not ready and pod["metadata"].get("deletionTimestamp"):
-                self.server.delete("", "pods", ns, name, grace=0)
+            oos = nobj is not None and any(t.get("key") == OUT_OF_SERVICE_TAINT
+                                           for t in (nobj.get("spec") or {}).get("taints") or [])
+            ready = nobj is not None and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                             for c in (nobj.get("status") or {}).get("conditions") or [])
+            if nobj is None or (oos and not ready and pod["metadata"].get("deletionTimestamp")):
+                if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    self.mark_failed(name, ns)
+                if not (pod["metadata"].get("deletionTimestamp")
+                        and int(pod["metadata"].get("deletionGracePeriodSeconds") or 0) == 0):
+                    try:
+                        self.server.delete("", "pods", ns, name, grace=0)
+                    except ApiFailure:
+                        pass  # gone already
 
     def step(self, *, honour_grace: bool = True) -> None:
         """One pass of every controller, in the order a healthy cluster converges."""

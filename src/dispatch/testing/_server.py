@@ -578,6 +578,14 @@ class FakeApiServer:
                     current_grace = int(meta.get("deletionGracePeriodSeconds") or 0)
                     if grace != 0 or current_grace == 0:
                         return copy.deepcopy(current)
+                    if finalizers:  # a force delete of a terminating pod a finalizer holds: grace becomes 0
+                        new = copy.deepcopy(current)
+                        new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
+                        new["metadata"]["deletionGracePeriodSeconds"] = 0
+                        new["metadata"]["resourceVersion"] = str(self._bump())
+                        self._objects[key] = new
+                        self._record("MODIFIED", key, new)
+                        return copy.deepcopy(new)
                 if grace > 0:
                     new = copy.deepcopy(current)
                     new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
