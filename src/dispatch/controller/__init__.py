@@ -112,11 +112,15 @@ def run_from_cli(
     foreign: str = DEFAULTS.foreign,
     log_level: str = LOG_LEVEL,
     controller_name: str = DEFAULTS.controller_name,
+    guard_port: int | None = DEFAULTS.guard_port,
+    guard_cert_dir: str = DEFAULTS.guard_cert_dir,
+    guard_webhook: str = DEFAULTS.guard_webhook,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
     ``namespace=None`` serves Workloads in all namespaces. ``metrics_port`` serves /healthz, /readyz and
-    /metrics (0 picks a free port). In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
+    /metrics (0 picks a free port). ``guard_port`` serves the guard webhook over HTTPS (None: no guard).
+    In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
     """
     configure_logging(log_level)
     log = structlog.get_logger("dispatch.controller")
@@ -127,7 +131,8 @@ def run_from_cli(
         namespace=namespace, workers=workers, batch=max(1, batch), leader_elect=leader_elect, lease_name=lease_name,
         lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
-        controller_name=controller_name,
+        controller_name=controller_name, guard_port=guard_port, guard_cert_dir=guard_cert_dir,
+        guard_webhook=guard_webhook,
     )
 
     async def main() -> int:

@@ -25,6 +25,7 @@ from .. import _names as n
 from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
+from ._guard import Running, start
 from ._http import serve
 from ._informer import Informer, error_reason
 from ._leader import LeaderElector
@@ -74,6 +75,17 @@ class Config:
     field_manager: str = n.FIELD_MANAGER
     controller_name: str = n.CONTROLLER_NAME
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
+    guard_port: int | None = None
+    """Serve the guard (the validating webhook, ``_guard``) over HTTPS on this port; None: no guard."""
+    guard_host: str = "0.0.0.0"
+    guard_cert_dir: str = ""
+    """``tls.crt``/``tls.key`` here are used (cert-manager); else a CA and certificate are made here ("": a
+    private temporary directory)."""
+    guard_webhook: str = "dispatch-guard"
+    """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
+    guard_hosts: tuple[str, ...] = ("dispatch-guard.dispatch-system.svc",
+                                    "dispatch-guard.dispatch-system.svc.cluster.local", "localhost", "127.0.0.1")
+    """The names a generated serving certificate is valid for."""
 
 
 DEFAULTS = Config()
@@ -117,6 +129,7 @@ class Controller:
         self.queue = WorkQueue()
         self.leading = asyncio.Event()
         self.http_port: int | None = None
+        self.guard: Running | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
@@ -277,6 +290,10 @@ class Controller:
                                  readyz=self.readyz, registry=self.metrics.registry)
             sock = server.sockets[0] if server.sockets else None
             self.http_port = int(sock.getsockname()[1]) if sock is not None else None
+        c = self.config
+        if c.guard_port is not None:
+            self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
+                                     hosts=c.guard_hosts, webhook=c.guard_webhook)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
@@ -311,4 +328,6 @@ class Controller:
             if server is not None:
                 server.close()
                 await server.wait_closed()
+            if self.guard is not None:
+                await self.guard.close()
             log.info("controller stopped", identity=self.identity)
