@@ -440,6 +440,19 @@ def kueue_raise_token(workload_uid: str, generation: int | None) -> str:
     return f"{workload_uid}/{generation or 0}"
 
 
+KUEUE_WRITES_SINCE_RAISE = 2
+"""Spec writes a Kueue-mode start may follow its raise by: the raise itself, and Kueue's own write of the
+pod set information into its runtime patch entry (Kueue writes that, suspended, before it unsuspends)."""
+
+
+def _raised_on(token: str, workload_uid: str) -> int | None:
+    """The generation a Kueue-mode raise of this Workload was made on, from its token (None: not one)."""
+    head, sep, gen = token.rpartition("/")
+    if not sep or head != workload_uid or not gen.isdigit():
+        return None
+    return int(gen)
+
+
 def starts_execution(operation: str, old: TrainJobView | None, new: TrainJobView) -> bool:
     """A write that starts an execution: a create that is not suspended, or ``spec.suspend`` true to false."""
     if operation == "CREATE":
@@ -506,10 +519,12 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     if workload is not None:
         if not workload.admitted or workload.evicted or workload.finished or workload.deleting:
             return f"{what}: Kueue manages it and has not admitted workload {workload.ref.name}"
-        expected = kueue_raise_token(workload.ref.uid, (old.ref.generation or 0) - 1)
-        if old.token != expected or new.token != old.token:
-            return (f"{what}: A={a} was not raised for this admission of workload {workload.ref.name} "
-                    "(the TrainJob's spec changed since the raise, or another admission raised it)")
+        raised_on = _raised_on(old.token, workload.ref.uid)
+        writes = (old.ref.generation or 0) - raised_on if raised_on is not None else -1
+        if new.token != old.token or not 1 <= writes <= KUEUE_WRITES_SINCE_RAISE:
+            why = (f"{writes} spec writes since the raise; a start and a stop since would make it run twice"
+                   if writes >= 0 else "its admission token names no raise for this workload")
+            return f"{what}: A={a} was not raised for this admission of workload {workload.ref.name} ({why})"
         return None
     if new.started != a:
         return (f"{what}: an unsuspend must mark {ANNOTATION_STARTED}={a} in the same write "
@@ -530,12 +545,14 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
     * it is above the ``started`` mark (the highest A dispatch's own unsuspend started);
     * plain mode (no Workload): the same write marks ``started`` = A, as dispatch's unsuspend does;
     * Kueue mode (a Workload owns the TrainJob): Kueue admitted that Workload, and the TrainJob's token
-      is this Workload's uid with the generation just below the current one. The raise bumps the
-      generation by one and any unsuspend bumps it again, so the token matches only while no spec
-      write (in particular no start) happened since A was raised; the token cannot be forged without
-      raising A, and a raised A must equal the record's, which only rises. Kueue's own unsuspend,
-      made after dispatch raised A and set its check Ready, passes; a bare ``kubectl patch`` of a held
-      or evicted object does not.
+      names this Workload and the generation G the raise was made on, with the object now at G+1 or
+      G+2. Every spec write bumps the generation: the raise makes it G+1, and a start followed by a
+      stop (the only way back to suspended after running A) adds two more, so at G+2 or below A has
+      not run since its raise; G+2 leaves room for Kueue's own write of the pod set information,
+      which it makes (still suspended) before it unsuspends. The token cannot be changed without
+      raising A (``identity_change``), and a raised A must equal the record's, which only rises.
+      Kueue's unsuspend after dispatch raised A and set its check Ready passes; a bare ``kubectl
+      patch`` of a held, evicted or already-run object does not.
     """
     if not (new.labelled or (old is not None and old.labelled)):
         return None

@@ -67,10 +67,11 @@ def plain_start() -> tuple[TrainJobView, TrainJobView]:
     return old, tj(suspend=False, a=3, started=3, token="t", generation=7)
 
 
-def kueue_start() -> tuple[TrainJobView, TrainJobView]:
-    """Kueue's unsuspend after the controller raised A=3 on generation 5 (the raise made it 6)."""
-    old = tj(a=3, started=0, token=kueue_token(workload(), 5), generation=6)
-    return old, tj(suspend=False, a=3, started=0, token=kueue_token(workload(), 5), generation=7)
+def kueue_start(gen: int = 7) -> tuple[TrainJobView, TrainJobView]:
+    """Kueue's unsuspend after the controller raised A=3 on generation 5 (the raise made it 6, Kueue's
+    write of the pod set information 7, as the real Kueue does)."""
+    old = tj(a=3, started=0, token=kueue_token(workload(), 5), generation=gen)
+    return old, tj(suspend=False, a=3, started=0, token=kueue_token(workload(), 5), generation=gen + 1)
 
 
 # --------------------------------------------------------------------------- what counts as starting
@@ -99,9 +100,21 @@ def test_dispatch_release_unsuspend_is_allowed() -> None:
     assert d.guard("UPDATE", old, new, CLEAR, record(3)) is None
 
 
-def test_kueue_unsuspend_after_the_raise_is_allowed() -> None:
-    old, new = kueue_start()
+@pytest.mark.parametrize("gen", [6, 7])
+def test_kueue_unsuspend_after_the_raise_is_allowed(gen: int) -> None:
+    """Right after the raise (6), or after Kueue's own pod set write (7)."""
+    old, new = kueue_start(gen)
     assert d.guard("UPDATE", old, new, CLEAR, record(3), workload()) is None
+
+
+@pytest.mark.parametrize(("gen", "writes"), [(5, 0), (8, 3), (9, 4)])
+def test_kueue_start_after_a_start_and_a_stop_is_denied(gen: int, writes: int) -> None:
+    """Raised on 5: at 8 the object can have been started (7) and stopped (8) since; 5 means no raise."""
+    old, new = kueue_start(gen)
+    msg = d.guard("UPDATE", old, new, CLEAR, record(3), workload())
+    assert msg == ("trainjob llama-s1 cannot start: A=3 was not raised for this admission of workload "
+                   f"trainjob-llama-s1-abc ({writes} spec writes since the raise; a start and a stop since "
+                   "would make it run twice)")
 
 
 # --------------------------------------------------------------------------- pods and layers
@@ -213,17 +226,19 @@ def test_evicted_workload_is_denied() -> None:
 
 
 def test_kueue_restart_of_a_started_a_is_denied() -> None:
-    """A=3 was started by Kueue (generation 7), then suspended (8): the token names generation 5."""
-    old = tj(a=3, started=0, token=kueue_token(workload(), 5), generation=8)
-    new = tj(suspend=False, a=3, started=0, token=kueue_token(workload(), 5), generation=9)
+    """A=3 raised on 5 (6), Kueue's pod set write (7), started (8), then suspended (9)."""
+    old = tj(a=3, started=0, token=kueue_token(workload(), 5), generation=9)
+    new = tj(suspend=False, a=3, started=0, token=kueue_token(workload(), 5), generation=10)
     msg = d.guard("UPDATE", old, new, CLEAR, record(3), workload())
     assert msg is not None and "was not raised for this admission" in msg
 
 
-def test_kueue_token_of_another_workload_is_denied() -> None:
-    old = tj(a=3, token="other-wl/5", generation=6)
-    new = tj(suspend=False, a=3, token="other-wl/5", generation=7)
-    assert "was not raised for this admission" in (d.guard("UPDATE", old, new, CLEAR, record(3), workload()) or "")
+@pytest.mark.parametrize("token", ["other-wl/5", "plain-release-token", f"{WL_UID}/x", ""])
+def test_kueue_token_not_of_this_workload_is_denied(token: str) -> None:
+    old = tj(a=3, token=token, generation=6)
+    new = tj(suspend=False, a=3, token=token, generation=7)
+    msg = d.guard("UPDATE", old, new, CLEAR, record(3), workload()) or ""
+    assert msg.endswith("(its admission token names no raise for this workload)")
 
 
 def test_kueue_start_with_a_changed_token_is_denied() -> None:
