@@ -11,6 +11,7 @@ afterwards, so other tests on the same testbed never meet them.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import json
 import subprocess
@@ -27,6 +28,7 @@ from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
+from dispatch.controller import _guard as g_
 from dispatch.errors import PodsRemain
 
 from .testbed_harness import (
@@ -123,25 +125,39 @@ async def guard_on(tmp: Path) -> AsyncIterator[Guarded]:
     path = running_testbed_kubeconfig()
     if path is None:
         pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
-    async with controller_env(path) as (kube, ns, _):
-        port, name = free_port(), f"dispatch-guard-{ns}"
-        hook, policy, binding = scoped(ns, port, name)
-        await kube.create(api.VALIDATING_WEBHOOKS, hook)
-        await kube.create(POLICIES, policy)
-        await kube.create(BINDINGS, binding)
-        try:
-            async with subprocess_controller(ns, "--guard-port", str(port), "--guard-cert-dir", str(tmp / "certs"),
-                                             "--guard-webhook", name, log=tmp / "controller.log") as proc:
-                async def published() -> bool:
-                    got = await kube.get(api.VALIDATING_WEBHOOKS, name)
-                    return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
-                await until(published, what="the guard's CA in the caBundle")
-                await until(lambda: _probe_denied(kube, ns), what="the guard answering")
-                yield Guarded(kube, ns, port, name, proc, AsyncAdapter(kube))
-        finally:
-            await kube.delete(BINDINGS, name)
-            await kube.delete(POLICIES, name)
-            await kube.delete(api.VALIDATING_WEBHOOKS, name)
+    async with controller_env(path) as (kube, ns, _), installed(kube, ns, tmp) as got:
+        yield got
+
+
+@asynccontextmanager
+async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path | None = None,
+                    publish: bool = True) -> AsyncIterator[Guarded]:
+    """The guard for ``ns``: its configuration and policy, and a controller serving it. ``publish=False``:
+    the test puts the CA into the caBundle itself (the controller is not allowed to)."""
+    port, name = free_port(), f"dispatch-guard-{ns}"
+    hook, policy, binding = scoped(ns, port, name)
+    if not publish:
+        ca = g_.generate_certs(tmp / "certs", ["localhost", "127.0.0.1"]).ca_pem
+        assert ca is not None
+        for w in hook["webhooks"]:
+            w["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    await kube.create(api.VALIDATING_WEBHOOKS, hook)
+    await kube.create(POLICIES, policy)
+    await kube.create(BINDINGS, binding)
+    try:
+        async with subprocess_controller(ns, "--guard-port", str(port), "--guard-cert-dir", str(tmp / "certs"),
+                                         "--guard-webhook", name if publish else "", log=tmp / "controller.log",
+                                         kubeconfig_path=kubeconfig_path) as proc:
+            async def published() -> bool:
+                got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+                return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
+            await until(published, what="the guard's CA in the caBundle")
+            await until(lambda: _probe_denied(kube, ns), what="the guard answering")
+            yield Guarded(kube, ns, port, name, proc, AsyncAdapter(kube))
+    finally:
+        await kube.delete(BINDINGS, name)
+        await kube.delete(POLICIES, name)
+        await kube.delete(api.VALIDATING_WEBHOOKS, name)
 
 
 async def release(g: Guarded, name: str) -> int:
@@ -322,3 +338,4 @@ async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:
     await g.adapter.release("kh-s1")
     await until(lambda: is_running(g.kube, "kh-s1"), what="running again as A=2")
     assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, "kh-s1"))] == ["2"]
+
