@@ -18,6 +18,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from prometheus_client import CollectorRegistry
 
 from dispatch import AsyncAdapter, JobSpec
 from dispatch import _api as api
@@ -78,14 +79,18 @@ async def test_a_start_is_denied_naming_the_pod_and_other_writes_pass(
     foreign_old = copy.deepcopy(old)
     foreign_old["metadata"]["labels"] = {}
 
+    registry = CollectorRegistry()
     running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
-                            hosts=["localhost", "127.0.0.1"], webhook="")
+                            hosts=["localhost", "127.0.0.1"], webhook="", registry=registry)
     try:
         ca = tmp_path / "certs" / "ca.crt"
         answers = await post(running.port, ca, [review(old, start), review(old, noted), review(foreign_old, foreign)])
         answers += await post(running.port, ca, [b"{}"], path="/other")
         answers += await post(running.port, ca, [b"not json"])
         assert running.guard.reviews == 3 and running.guard.denials == 1
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "denied"}) == 1
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "allowed"}) == 2
+        assert registry.get_sample_value("dispatch_guard_review_seconds_count") == 3
     finally:
         await running.close()
     (s1, denied), (s2, noted_a), (s3, foreign_a), (s4, _), (s5, bad) = answers

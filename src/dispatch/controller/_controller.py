@@ -293,7 +293,7 @@ class Controller:
         c = self.config
         if c.guard_port is not None:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
-                                     hosts=c.guard_hosts, webhook=c.guard_webhook)
+                                     hosts=c.guard_hosts, webhook=c.guard_webhook, registry=self.metrics.registry)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]

@@ -27,6 +27,7 @@ import json
 import os
 import ssl
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
 from .. import _decision as d
@@ -187,11 +189,17 @@ def response(uid: str, denial: str | None) -> Obj:
 class Guard:
     """Answers AdmissionReviews of TrainJob writes with ``_decision.guard`` over a fresh read."""
 
-    def __init__(self, kube: k.Kube) -> None:
+    def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None) -> None:
         self.kube = kube
         self._cores: dict[str, Core] = {}
         self.reviews = 0
         self.denials = 0
+        reg = registry if registry is not None else CollectorRegistry()
+        self._answers = Counter("dispatch_guard_reviews", "TrainJob writes the guard answered, by answer.",
+                                ["answer"], registry=reg)
+        self._seconds = Histogram("dispatch_guard_review_seconds", "Time to answer one AdmissionReview.",
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+                                  registry=reg)
 
     def _core(self, namespace: str) -> Core:
         found = self._cores.get(namespace)
@@ -223,12 +231,17 @@ class Guard:
             raise ValueError("not an AdmissionReview: no request")
         uid = str(request.get("uid") or "")
         self.reviews += 1
+        started = time.monotonic()
+        answer = "denied"
         try:
             denial = await asyncio.wait_for(self.decide(request), timeout)
+            answer = "allowed" if denial is None else "denied"
         except TimeoutError:
-            denial = f"the guard could not read the object's pods within {timeout:.1f}s; retry"
+            denial, answer = f"the guard could not read the object's pods within {timeout:.1f}s; retry", "error"
         except DispatchError as exc:
-            denial = f"the guard could not read the object's pods: {exc}"
+            denial, answer = f"the guard could not read the object's pods: {exc}", "error"
+        self._answers.labels(answer).inc()
+        self._seconds.observe(time.monotonic() - started)
         if denial is not None:
             self.denials += 1
             obj = request.get("object") or {}
@@ -347,11 +360,11 @@ class Running:
 
 
 async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
-                webhook: str) -> Running:
+                webhook: str, registry: CollectorRegistry | None = None) -> Running:
     """Serve the guard on ``host:port`` (0: any free port) and, when ``webhook`` names the configuration,
     keep this replica's CA in its caBundle."""
     certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts)
-    guard = Guard(kube)
+    guard = Guard(kube, registry)
     server = await serve(guard, host, port, certs)
     sock = server.sockets[0] if server.sockets else None
     bound = int(sock.getsockname()[1]) if sock is not None else port
