@@ -23,6 +23,7 @@ import json
 import statistics
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -86,8 +87,9 @@ async def main() -> None:
         hook, _policy, _binding = scoped(ns, port, name)
         adapter = AsyncAdapter(kube)
         with tempfile.TemporaryDirectory() as tmp:
+            metrics_port = free_port()
             async with subprocess_controller(ns, "--guard-port", str(port), "--guard-cert-dir", str(Path(tmp) / "c"),
-                                             "--guard-webhook", name):
+                                             "--guard-webhook", name, "--metrics-port", str(metrics_port)):
                 await adapter.open(JobSpec(job_id="plain", submission="s1"))
                 await until(lambda: _settled(adapter, "plain-s1"), what="plain opened")
                 await adapter.release("plain-s1")
@@ -119,13 +121,30 @@ async def main() -> None:
                             samples["release"][setting].append(await _cycle(kube, adapter, "plain-s1", release))
                             samples["kueue"][setting].append(await _cycle(kube, adapter, "queued-s1", kueue))
                 await kube.delete(api.VALIDATING_WEBHOOKS, name)
-    out: dict[str, object] = {"rounds_per_setting": per_block * a.blocks}
+                answered = _scrape(metrics_port)
+    out: dict[str, object] = {"rounds_per_setting": per_block * a.blocks, "guard_answers": answered}
     for fig, by in samples.items():
         off, on = summary(by["off"]), summary(by["on"])
         out[fig] = {"without_guard": off, "with_guard": on,
                     "ratio_p50": round(on["p50_ms"] / off["p50_ms"], 2) if off["p50_ms"] else None,
                     "ratio_p90": round(on["p90_ms"] / off["p90_ms"], 2) if off["p90_ms"] else None}
     print(json.dumps(out, indent=2))
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """The guard's own figures from the controller's /metrics: answers by kind, mean answer time."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("dispatch_guard_"):
+            key, _, value = line.rpartition(" ")
+            values[key] = float(value)
+    count = values.get("dispatch_guard_review_seconds_count", 0.0)
+    out = {k.split("answer=")[1].strip('"}'): v for k, v in values.items()
+           if k.startswith("dispatch_guard_reviews_total{")}
+    total = values.get("dispatch_guard_review_seconds_sum", 0.0)
+    out["mean_answer_ms"] = round(total / count * 1000, 1) if count else 0.0
+    return out
 
 
 async def _probe_is(kube: k.Kube, ns: str, denied: bool) -> bool:
