@@ -16,13 +16,22 @@ from dataclasses import dataclass
 
 from ._identity import RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
+from ._names import (
+    ANNOTATION_ADMISSION,
+    ANNOTATION_STARTED,
+    ANNOTATION_TOKEN,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    PATCH_MANAGER,
+)
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import TrainJobView
 from ._views import PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
-    "Verdict", "cessation", "decide", "ends", "explain", "next_admission", "object_pods", "releasable", "remaining",
+    "Verdict", "cessation", "decide", "ends", "explain", "guard", "next_admission", "object_pods", "releasable",
+    "remaining",
     "waiting_message",
 ]
 
@@ -515,3 +524,143 @@ def explain(
     if state is State.FAILED:
         return Cause("Failed", "; ".join(parts))
     return Cause("Closing", "; ".join(parts))
+
+
+# --------------------------------------------------------------------------- the guard (admission webhook)
+
+
+def kueue_raise_token(workload_uid: str, generation: int | None) -> str:
+    """The token of a Kueue-mode raise of A: the Workload's uid and the TrainJob generation the raise was
+    made on (the controller writes it; ``controller._reconcile.kueue_token`` must agree)."""
+    return f"{workload_uid}/{generation or 0}"
+
+
+KUEUE_WRITES_SINCE_RAISE = 2
+"""Spec writes a Kueue-mode start may follow its raise by: the raise itself, and Kueue's own write of the
+pod set information into its runtime patch entry (Kueue writes that, suspended, before it unsuspends)."""
+
+
+def _raised_on(token: str, workload_uid: str) -> int | None:
+    """The generation a Kueue-mode raise of this Workload was made on, from its token (None: not one)."""
+    head, sep, gen = token.rpartition("/")
+    if not sep or head != workload_uid or not gen.isdigit():
+        return None
+    return int(gen)
+
+
+def starts_execution(operation: str, old: TrainJobView | None, new: TrainJobView) -> bool:
+    """A write that starts an execution: a create that is not suspended, or ``spec.suspend`` true to false."""
+    if operation == "CREATE":
+        return not new.suspended
+    return operation == "UPDATE" and old is not None and old.suspended and not new.suspended
+
+
+def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
+    """Why an update of a dispatch TrainJob would undo what an admission relies on, or None.
+
+    A (the annotation), the ``started`` mark and the A in dispatch's runtime patch entry only rise: a
+    lowered or removed one would let an A that has run be started again. The identity labels and the
+    entry itself stay: without them the pods of the next execution would not carry the identity the
+    record counts for. The token changes only together with a raise of A: the Kueue-mode start check
+    trusts it to say which spec generation A was raised on.
+    """
+    what = f"trainjob {new.name}"
+    for label, before, after in ((LABEL_JOB_ID, old.job_id, new.job_id),
+                                 (LABEL_SUBMISSION, old.submission, new.submission)):
+        if before and after != before:
+            verb = "remove" if not after else f"change it to {after!r}"
+            return f"{what}: dispatch's identity label {label}={before} is kept; this write would {verb}"
+    if new.problems:
+        return f"{what}: {'; '.join(new.problems)}"
+    for key, was, now in ((ANNOTATION_ADMISSION, old.admission, new.admission),
+                          (ANNOTATION_STARTED, old.started, new.started)):
+        if now < was:
+            verb = "remove it" if not now else f"lower it to {now}"
+            return f"{what}: annotation {key} only rises ({was}); this write would {verb}"
+    if old.patch_targets and not new.patch_targets:
+        return f"{what}: dispatch's runtime patch entry ({PATCH_MANAGER}) is kept; this write would remove it"
+    if new.patch_admission < old.patch_admission:
+        return (f"{what}: the A in dispatch's runtime patch entry only rises ({old.patch_admission}); "
+                f"this write would lower it to {new.patch_admission}")
+    if new.token != old.token and new.admission <= old.admission:
+        return (f"{what}: annotation {ANNOTATION_TOKEN} changes only with a raise of "
+                f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
+    return None
+
+
+def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, record: RecordView | None,
+               workload: WorkloadView | None) -> str | None:
+    """Why the A a starting write carries is not a fresh, armed one, or None."""
+    what = f"trainjob {new.name} cannot start"
+    if operation == "CREATE" or old is None:
+        return (f"{what}: a dispatch TrainJob is created suspended and started by `dispatch release` "
+                "(or Kueue through dispatch's admission check)")
+    if not new.dispatch_object:
+        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    a = new.admission
+    if record is None:
+        return f"{what}: {describe_missing(new.job_id, new.submission)} is missing, so no A was issued to it"
+    if record.trainjob_uid != new.ref.uid or record.admission != a:
+        return (f"{what}: A={a} was not issued to it ({record.describe()} issued A={record.admission}); "
+                "`dispatch release` issues a new A")
+    problem = record_problem(new, record, ())
+    if problem:
+        return f"{what}: {problem}"
+    if new.patch_admission != a:
+        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={a}"
+    if a <= old.started:
+        return (f"{what}: A={a} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
+                "`dispatch release` issues a new A")
+    if workload is not None:
+        if not workload.admitted or workload.evicted or workload.finished or workload.deleting:
+            return f"{what}: Kueue manages it and has not admitted workload {workload.ref.name}"
+        raised_on = _raised_on(old.token, workload.ref.uid)
+        writes = (old.ref.generation or 0) - raised_on if raised_on is not None else -1
+        if new.token != old.token or not 1 <= writes <= KUEUE_WRITES_SINCE_RAISE:
+            why = (f"{writes} spec writes since the raise; a start and a stop since would make it run twice"
+                   if writes >= 0 else "its admission token names no raise for this workload")
+            return f"{what}: A={a} was not raised for this admission of workload {workload.ref.name} ({why})"
+        return None
+    if new.started != a:
+        return (f"{what}: an unsuspend must mark {ANNOTATION_STARTED}={a} in the same write "
+                "(`dispatch release` does)")
+    return None
+
+
+def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
+          record: RecordView | None, workload: WorkloadView | None = None) -> str | None:
+    """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
+
+    Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
+    must keep their identity (``identity_change``). A write that starts an execution is denied while
+    one consistent read (``verdict``) shows a pod of the object that may still run or a layer that has
+    not confirmed its suspension, and unless the A it starts is fresh and armed:
+
+    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it;
+    * it is above the ``started`` mark (the highest A dispatch's own unsuspend started);
+    * plain mode (no Workload): the same write marks ``started`` = A, as dispatch's unsuspend does;
+    * Kueue mode (a Workload owns the TrainJob): Kueue admitted that Workload, and the TrainJob's token
+      names this Workload and the generation G the raise was made on, with the object now at G+1 or
+      G+2. Every spec write bumps the generation: the raise makes it G+1, and a start followed by a
+      stop (the only way back to suspended after running A) adds two more, so at G+2 or below A has
+      not run since its raise; G+2 leaves room for Kueue's own write of the pod set information,
+      which it makes (still suspended) before it unsuspends. The token cannot be changed without
+      raising A (``identity_change``), and a raised A must equal the record's, which only rises.
+      Kueue's unsuspend after dispatch raised A and set its check Ready passes; a bare ``kubectl
+      patch`` of a held, evicted or already-run object does not.
+    """
+    if not (new.labelled or (old is not None and old.labelled)):
+        return None
+    if operation == "UPDATE" and old is not None and old.labelled:
+        change = identity_change(old, new)
+        if change:
+            return change
+    if not starts_execution(operation, old, new):
+        return None
+    if not new.labelled:
+        return None
+    if verdict is None:
+        return f"trainjob {new.name} cannot start: the guard could not read its pods"
+    if not verdict.admissible:
+        return f"trainjob {new.name} cannot start: {verdict.detail()}"
+    return _not_armed(operation, old, new, record, workload)

@@ -27,6 +27,9 @@ from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec, State
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
 
+from .test_guard_testbed import held_with_terminating_pod as guard_held
+from .test_guard_testbed import installed as guard_installed
+from .test_guard_testbed import unsuspend as guard_unsuspend
 from .testbed_harness import (
     LAUNCHERS,
     A,
@@ -447,6 +450,35 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
     assert "forbidden" not in text.lower(), text[-2000:]
     events = [e for e in (await kube.list(k.EVENTS)).items if e.get("reason") == "AdmissionProceeds"]
     assert events
+
+
+async def test_the_guard_reads_with_only_the_controllers_service_account(
+        rbac: tuple[k.Kube, str], tmp_path: Path) -> None:
+    """The controller's own token (deploy/base/rbac.yaml): the guard's consistent read needs nothing more,
+    and its caBundle write is allowed on its own webhook configuration only."""
+    kube, ns = rbac
+    wh = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
+    assert await _can(kube, "controller", ns, "get", *wh, name="dispatch-guard")
+    assert await _can(kube, "controller", ns, "patch", *wh, name="dispatch-guard")
+    assert not await _can(kube, "controller", ns, "patch", *wh, name="other")
+    assert not await _can(kube, "controller", ns, "list", *wh)
+    token = subprocess.run(
+        [_kubectl(), "--kubeconfig", str(kubeconfig()), "-n", ns, "create", "token", "controller"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    admin = yaml.safe_load(kubeconfig().read_text())
+    cluster = admin["clusters"][0]
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+              "users": [{"name": "sa", "user": {"token": token}}],
+              "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": "sa", "namespace": ns}}],
+              "current-context": "sa"}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    async with guard_installed(kube, ns, tmp_path, kubeconfig_path=path, publish=False) as got:
+        name, pods = await guard_held(got, "sa")
+        denied = guard_unsuspend(ns, name)
+        assert denied.returncode != 0 and f"cannot start: remaining pods: {pods[0]} on " in denied.stderr
+    text = (tmp_path / "controller.log").read_text()
+    assert "forbidden" not in text.lower(), text[-2000:]
 
 
 def _kubectl() -> str:

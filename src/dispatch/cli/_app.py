@@ -569,6 +569,16 @@ def controller(
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
     ] = DEFAULTS.controller_name,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
+    guard_port: Annotated[
+        int | None, typer.Option("--guard-port", min=0, max=65535,
+                                 help="Serve the guard (validating webhook) over HTTPS on this port (default: none).")
+    ] = DEFAULTS.guard_port,
+    guard_cert_dir: Annotated[
+        str, typer.Option("--guard-cert-dir", help="tls.crt/tls.key to serve the guard with (else made there).")
+    ] = DEFAULTS.guard_cert_dir,
+    guard_webhook: Annotated[
+        str, typer.Option("--guard-webhook", help="ValidatingWebhookConfiguration whose caBundle to keep ('': none).")
+    ] = DEFAULTS.guard_webhook,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -600,6 +610,9 @@ def controller(
             foreign=foreign,
             log_level=log_level,
             controller_name=controller_name,
+            guard_port=guard_port,
+            guard_cert_dir=guard_cert_dir,
+            guard_webhook=guard_webhook,
         )
     if isinstance(result, int) and result:
         raise typer.Exit(result)

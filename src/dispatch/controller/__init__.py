@@ -118,6 +118,9 @@ def run_from_cli(
     metrics_bind_address: str | None = None,
     metrics_secure: bool = False,
     metrics_cert_dir: str | None = None,
+    guard_port: int | None = DEFAULTS.guard_port,
+    guard_cert_dir: str = DEFAULTS.guard_cert_dir,
+    guard_webhook: str = DEFAULTS.guard_webhook,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
@@ -126,6 +129,8 @@ def run_from_cli(
     ``metrics_bind_address`` (``HOST:PORT``) moves /metrics to a listener of its own, ``127.0.0.1:PORT`` to
     keep it on the pod, and ``metrics_secure`` serves it there over HTTPS to authorized callers only
     (``metrics_cert_dir`` holds tls.crt/tls.key; self-signed without it).
+    /metrics (0 picks a free port). ``guard_port`` serves the guard webhook over HTTPS (None: no guard).
+    In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
     """
     configure_logging(log_level)
     log = structlog.get_logger("dispatch.controller")
@@ -148,6 +153,8 @@ def run_from_cli(
         lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
         controller_name=controller_name, metrics_serving=serving,
+        guard_port=guard_port, guard_cert_dir=guard_cert_dir,
+        guard_webhook=guard_webhook,
     )
 
     async def main() -> int:

@@ -35,6 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default=LOG_LEVEL)
     p.add_argument("--controller-name", default=DEFAULTS.controller_name,
                    help="own the AdmissionChecks with this spec.controllerName (default: dispatch's)")
+    p.add_argument("--guard-port", type=int, default=DEFAULTS.guard_port,
+                   help="serve the guard (validating webhook) over HTTPS on this port (default: no guard)")
+    p.add_argument("--guard-cert-dir", default=DEFAULTS.guard_cert_dir,
+                   help="tls.crt/tls.key to serve with (else a CA and certificate are made there)")
+    p.add_argument("--guard-webhook", default=DEFAULTS.guard_webhook,
+                   help="ValidatingWebhookConfiguration whose caBundle to keep ('' : none)")
     a = p.parse_args(argv)
     return run_from_cli(
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
@@ -42,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         identity=a.identity, workers=a.workers, batch=a.batch, resync_seconds=a.resync_seconds, foreign=a.foreign,
         log_level=a.log_level, controller_name=a.controller_name, metrics_bind_address=a.metrics_bind_address,
         metrics_secure=a.metrics_secure, metrics_cert_dir=a.metrics_cert_dir,
+        guard_port=a.guard_port,
+        guard_cert_dir=a.guard_cert_dir, guard_webhook=a.guard_webhook,
     )
 
 

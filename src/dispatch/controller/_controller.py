@@ -26,6 +26,7 @@ from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._finalizers import FinalizerKeeper
+from ._guard import Running, start
 from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, error_reason
 from ._leader import LeaderElector
@@ -77,6 +78,17 @@ class Config:
     field_manager: str = n.FIELD_MANAGER
     controller_name: str = n.CONTROLLER_NAME
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
+    guard_port: int | None = None
+    """Serve the guard (the validating webhook, ``_guard``) over HTTPS on this port; None: no guard."""
+    guard_host: str = "0.0.0.0"
+    guard_cert_dir: str = ""
+    """``tls.crt``/``tls.key`` here are used (cert-manager); else a CA and certificate are made here ("": a
+    private temporary directory)."""
+    guard_webhook: str = "dispatch-guard"
+    """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
+    guard_hosts: tuple[str, ...] = ("dispatch-guard.dispatch-system.svc",
+                                    "dispatch-guard.dispatch-system.svc.cluster.local", "localhost", "127.0.0.1")
+    """The names a generated serving certificate is valid for."""
 
 
 DEFAULTS = Config()
@@ -121,6 +133,7 @@ class Controller:
         self.leading = asyncio.Event()
         self.http_port: int | None = None
         self.metrics_port: int | None = None
+        self.guard: Running | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
@@ -307,6 +320,10 @@ class Controller:
             metrics_server = await serve_metrics(self.config.metrics_serving, registry=self.metrics.registry,
                                                  kube=self.kube)
             self.metrics_port = int(metrics_server.sockets[0].getsockname()[1]) if metrics_server.sockets else None
+        c = self.config
+        if c.guard_port is not None:
+            self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
+                                     hosts=c.guard_hosts, webhook=c.guard_webhook, registry=self.metrics.registry)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
@@ -342,4 +359,9 @@ class Controller:
                 if srv is not None:
                     srv.close()
                     await srv.wait_closed()
+            if server is not None:
+                server.close()
+                await server.wait_closed()
+            if self.guard is not None:
+                await self.guard.close()
             log.info("controller stopped", identity=self.identity)
