@@ -25,7 +25,7 @@ from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
-from ._core import Core, Target
+from ._core import Core, Snapshot, Target
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
 from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
@@ -41,6 +41,8 @@ from .errors import (
 )
 
 T = TypeVar("T")
+SETTLE_SECONDS = 10.0
+"""How long a release waits for lower layers to acknowledge a suspension before it reports them."""
 
 
 class AsyncAdapter:
@@ -51,6 +53,7 @@ class AsyncAdapter:
         self.core = Core(kube)
         self.read_only = read_only
         self.conflict_retries = conflict_retries
+        self.settle_seconds = SETTLE_SECONDS
 
     @classmethod
     def connect(
@@ -236,11 +239,8 @@ class AsyncAdapter:
             # An earlier object of the same name or submission may still have pods: refuse before writing
             # anything (release reads again before it admits).
             target = Target(name, spec.job_id, spec.submission)
-            snap = await self.core.read_one(target)
-            if await self.core.free(snap.object_pods(target), snap.nodes):
-                snap = await self.core.read_one(target)
-            verdict = snap.verdict(target)
-            if not verdict.admissible:
+            verdict = (await self.core.read_one(target)).verdict(target)
+            if verdict.remaining:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
         record = await self.core.claim(spec.job_id, spec.submission, name)
@@ -332,10 +332,7 @@ class AsyncAdapter:
                 return ident
             target = Target.of(tj)
             record = await self.core.record(tj.job_id, tj.submission)
-            snap = await self.core.read_one(target)
-            if await self.core.free(snap.object_pods(target), snap.nodes):
-                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
-            verdict = snap.verdict(target)
+            snap, verdict = await self._settled_read(target)
             if not verdict.admissible:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
@@ -355,6 +352,25 @@ class AsyncAdapter:
             if await self.core.unsuspend(raised, plan.admission, self.conflict_retries):
                 return Identity(tj.job_id, tj.submission, plan.admission)
         raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
+
+    async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
+        """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
+        not yet acknowledged a suspension (a Job just created suspended gets its Suspended condition within
+        moments). Safety is unchanged: admission still needs each acknowledgement; this only spares the
+        caller a retry for what the Job controller is about to write."""
+        delay = 0.1
+        deadline = time.monotonic() + self.settle_seconds
+        while True:
+            snap = await self.core.read_one(target)
+            if await self.core.free(snap.object_pods(target), snap.nodes):
+                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
+            verdict = snap.verdict(target)
+            if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
+                return snap, verdict
+            if time.monotonic() + delay > deadline:
+                return snap, verdict
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:

@@ -155,7 +155,15 @@ def _job_blocker(job: JobView) -> str | None:
         return f"job {job.name} is not suspended yet"
     if job.suspended_confirmed:
         return None
-    return f"job {job.name} has not confirmed its suspension yet"
+    return f"job {job.name} {UNCONFIRMED}"
+
+
+UNCONFIRMED = "has not confirmed its suspension yet"
+
+
+def only_unconfirmed(verdict: Verdict) -> bool:
+    """Whether every blocker is a child Job that has not yet acknowledged its suspension (no pod remains)."""
+    return not verdict.remaining and bool(verdict.blockers) and all(b.endswith(UNCONFIRMED) for b in verdict.blockers)
 
 
 def decide(
