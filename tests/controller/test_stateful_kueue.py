@@ -290,7 +290,7 @@ def _step(rng: random.Random, sm: NeverTwoExecutionsUnderKueue) -> Callable[[], 
     return sm.cache_goes_stale
 
 
-WALKS = 150
+WALKS = 200
 
 
 def test_seeded_random_walks_reach_re_admission_after_waiting_and_never_overlap() -> None:
