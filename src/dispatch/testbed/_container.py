@@ -111,7 +111,12 @@ def token(namespace: str = SA_NAMESPACE, name: str = SA_NAME, seconds: int = 24 
 def apply_deploy() -> str:
     """``kubectl apply --server-side -k deploy/``: the shipped namespace, ServiceAccount, roles, Deployment
     and AdmissionCheck, as a person installs them (the Deployment's pods only pretend to run on KWOK)."""
-    return _kubectl("apply", "--server-side", "--field-manager=dispatch-install", "-k", str(repo_dir() / "deploy"))
+    out = _kubectl("apply", "--server-side", "--field-manager=dispatch-install", "-k", str(repo_dir() / "deploy"))
+    # The guard's webhook points at the Deployment's Service, whose pods only pretend to run on KWOK: with
+    # failurePolicy Fail it would deny every start of every dispatch TrainJob on the testbed. The guard is
+    # installed by its own scenarios (tests/controller/test_guard_testbed.py), pointed at a real process.
+    _kubectl("delete", "validatingwebhookconfiguration", "dispatch-guard", "--ignore-not-found")
+    return out
 
 
 def deployment_args() -> list[str]:
@@ -178,8 +183,15 @@ def podman_argv(args: list[str] | None, *, image: str | None, name: str, namespa
         "--volume", f"{secrets}:{IN_CLUSTER_DIR}:ro",
         "--env", f"KUBERNETES_SERVICE_HOST={API_HOST}", "--env", f"KUBERNETES_SERVICE_PORT={api_port()}",
         "--env", f"POD_NAME={name}", "--env", f"POD_NAMESPACE={namespace}",
-        image, *(deployment_args() if args is None else args),
+        image, *(_host_network_args(deployment_args()) if args is None else args),
     ]
+
+
+def _host_network_args(args: list[str]) -> list[str]:
+    """The Deployment's arguments without the guard's: on the testbed the containers share the host network
+    (two replicas would both bind the guard's port) and have no emptyDir for its certificates. The guard is
+    exercised by its own testbed scenarios (tests/controller/test_guard_testbed.py)."""
+    return [a for a in args if not a.startswith(("--guard-port", "--guard-cert-dir"))]
 
 
 def run(args: list[str] | None = None, *, image: str | None = None, name: str | None = None,
