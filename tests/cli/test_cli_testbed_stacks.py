@@ -16,7 +16,11 @@ from .cli_harness import Cli
 
 @pytest.fixture(autouse=True)
 def _no_stack(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(_paths.STACK_ENV, raising=False)  # restored afterwards even if a command sets it
+    # setenv first so the original state (often: unset) is recorded and restored even when a command
+    # sets the variable; a bare delenv of an unset name records nothing, and the selection then leaked
+    # into every later test of this process (the testbed tests then expected the other stack).
+    monkeypatch.setenv(_paths.STACK_ENV, "unset-by-fixture")
+    monkeypatch.delenv(_paths.STACK_ENV)
 
 
 def test_unknown_stack_is_refused_naming_the_known_ones(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:

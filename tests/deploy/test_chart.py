@@ -143,25 +143,85 @@ def test_metrics_modes(tools: tuple[Path, Path]) -> None:
     c = container(secure)
     assert c["args"][:4] == ["--leader-elect", "--metrics-port=8081", "--metrics-bind-address=:8443",
                              "--metrics-secure"]
-    [svc] = [d for d in secure if d["kind"] == "Service"]
+    [svc] = metrics_services(secure)
     assert svc["spec"]["ports"] == [{"name": "https", "port": 8443, "targetPort": "metrics"}]
     assert any(d["metadata"]["name"] == "dispatch-metrics-reader" for d in secure)
 
     mounted = container(chart(tools, "metrics.certSecret=dispatch-metrics-tls"))
     assert "--metrics-cert-dir=/etc/dispatch/metrics-certs" in mounted["args"]
-    assert mounted["volumeMounts"] == [{"name": "metrics-certs", "mountPath": "/etc/dispatch/metrics-certs",
-                                        "readOnly": True}]
+    assert mounted["volumeMounts"] == [GUARD_MOUNT, {"name": "metrics-certs", "mountPath": "/etc/dispatch/metrics-certs",
+                                                     "readOnly": True}]
 
     local = chart(tools, "metrics.mode=localhost")
     assert "--metrics-bind-address=127.0.0.1:8443" in container(local)["args"]
     assert "--metrics-secure" not in container(local)["args"]
-    assert not [d for d in local if d["kind"] == "Service"]            # nothing to reach from outside the pod
-    assert [p["name"] for p in container(local)["ports"]] == ["probes"]
+    assert not metrics_services(local)            # nothing to reach from outside the pod
+    assert [p["name"] for p in container(local)["ports"]] == ["probes", "guard"]
 
     plain = chart(tools, "metrics.mode=plain")
     assert not any(a.startswith("--metrics-bind-address") for a in container(plain)["args"])
-    [svc] = [d for d in plain if d["kind"] == "Service"]
+    [svc] = metrics_services(plain)
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8081, "targetPort": "probes"}]
+
+
+GUARD_MOUNT = {"name": "guard-certs", "mountPath": "/var/run/dispatch-guard"}
+
+
+def metrics_services(docs: list[Obj]) -> list[Obj]:
+    return [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "dispatch-controller-metrics"]
+
+
+def guard_objects(docs: list[Obj]) -> list[tuple[str, str]]:
+    return sorted((d["kind"], d["metadata"]["name"]) for d in docs if "guard" in d["metadata"]["name"]
+                  or d["kind"].startswith("ValidatingAdmissionPolicy"))
+
+
+def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Path]) -> None:
+    on = chart(tools)
+    assert guard_objects(on) == [("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                 ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
+                                 ("ValidatingWebhookConfiguration", "dispatch-guard")]
+    c = container(on)
+    assert c["args"][4:6] == ["--guard-port=9443", "--guard-cert-dir=/var/run/dispatch-guard"]
+    assert {"name": "guard", "containerPort": 9443} in c["ports"] and c["volumeMounts"] == [GUARD_MOUNT]
+
+    # In another namespace the webhook calls the Service there (the controller's certificate follows it).
+    [hook] = [d for d in _docs(subprocess.run(
+        [str(tools[0]), "template", "dispatch", str(CHART), "--namespace", "ml-platform"],
+        capture_output=True, text=True, check=True).stdout) if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert hook["webhooks"][0]["clientConfig"]["service"] == {
+        "name": "dispatch-guard", "namespace": "ml-platform", "path": "/validate-trainjob", "port": 443}
+
+    off = chart(tools, "guard.enabled=false")
+    # The CEL policy needs no server, so it stays: A and the started mark still only rise.
+    assert guard_objects(off) == [("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity")]
+    c = container(off)
+    assert not [a for a in c["args"] if a.startswith("--guard")]
+    assert "volumeMounts" not in c and [p["name"] for p in c["ports"]] == ["probes", "metrics"]
+
+
+def test_the_guard_with_cert_manager(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "guard.certManager.enabled=true")
+    [hook] = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert hook["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/dispatch-guard"}
+    [cert] = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["spec"]["secretName"] == "dispatch-guard-tls"
+    assert cert["spec"]["dnsNames"] == [f"dispatch-guard.{NAMESPACE}.svc", f"dispatch-guard.{NAMESPACE}.svc.cluster.local"]
+    assert cert["spec"]["issuerRef"] == {"name": "dispatch-guard-selfsigned", "kind": "Issuer"}
+    assert [d["spec"] for d in docs if d["kind"] == "Issuer"] == [{"selfSigned": {}}]
+    c = container(docs)
+    assert "--guard-webhook=" in c["args"]           # cert-manager keeps the caBundle, not the controller
+    assert c["volumeMounts"] == [{**GUARD_MOUNT, "readOnly": True}]
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    assert {"name": "guard-certs", "secret": {"secretName": "dispatch-guard-tls"}} in dep["spec"]["template"]["spec"][
+        "volumes"]
+
+    own = chart(tools, "guard.certManager.enabled=true", "guard.certManager.issuerRef.name=corp-ca",
+                "guard.certManager.issuerRef.kind=ClusterIssuer")
+    [cert] = [d for d in own if d["kind"] == "Certificate"]
+    assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert not [d for d in own if d["kind"] == "Issuer"]
 
 
 def test_bad_values_fail_naming_them(tools: tuple[Path, Path]) -> None:
@@ -169,6 +229,10 @@ def test_bad_values_fail_naming_them(tools: tuple[Path, Path]) -> None:
     assert got.returncode != 0 and 'metrics.mode must be secure, localhost or plain, not "open"' in got.stderr
     got = render(tools, "metrics.mode=plain", "metrics.certSecret=x", check=False)
     assert got.returncode != 0 and "metrics.certSecret is for metrics.mode=secure" in got.stderr
+    got = render(tools, "guard.enabled=false", "guard.certManager.enabled=true", check=False)
+    assert got.returncode != 0 and "guard.certManager is for guard.enabled=true" in got.stderr
+    got = render(tools, "guard.port=8443", check=False)
+    assert got.returncode != 0 and "guard.port must differ from metrics.port" in got.stderr
 
 
 @pytest.mark.parametrize("sets", [(), ("metrics.mode=localhost",), ("metrics.certSecret=dispatch-metrics-tls",
@@ -198,7 +262,7 @@ def test_the_monitoring_extras_render_with_kustomize(tools: tuple[Path, Path]) -
     [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
     assert json.loads(cm["data"]["dispatch-dashboard.json"])["uid"] == "dispatch-admission"
     [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    [svc] = [d for d in kustomized(tools) if d["kind"] == "Service"]
+    [svc] = metrics_services(kustomized(tools))
     assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]]
     assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
 

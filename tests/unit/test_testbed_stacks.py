@@ -60,7 +60,8 @@ def fake_src(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("DISPATCH_TESTBED_SRC", str(src))
     monkeypatch.setenv("DISPATCH_TESTBED_BUILD_SCRIPT", str(script))
     monkeypatch.setenv("STANDIN_DIR", str(tmp_path))
-    monkeypatch.delenv(_paths.STACK_ENV, raising=False)
+    monkeypatch.setenv(_paths.STACK_ENV, "unset-by-fixture")  # records the original state for undo
+    monkeypatch.delenv(_paths.STACK_ENV)
     return src
 
 

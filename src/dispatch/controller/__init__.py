@@ -128,9 +128,8 @@ def run_from_cli(
     /metrics (0 picks a free port). In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
     ``metrics_bind_address`` (``HOST:PORT``) moves /metrics to a listener of its own, ``127.0.0.1:PORT`` to
     keep it on the pod, and ``metrics_secure`` serves it there over HTTPS to authorized callers only
-    (``metrics_cert_dir`` holds tls.crt/tls.key; self-signed without it).
-    /metrics (0 picks a free port). ``guard_port`` serves the guard webhook over HTTPS (None: no guard).
-    In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
+    (``metrics_cert_dir`` holds tls.crt/tls.key; self-signed without it). ``guard_port`` serves the guard
+    webhook over HTTPS (None: no guard), with a certificate for its Service in ``lease_namespace``.
     """
     configure_logging(log_level)
     log = structlog.get_logger("dispatch.controller")

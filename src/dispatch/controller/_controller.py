@@ -86,9 +86,19 @@ class Config:
     private temporary directory)."""
     guard_webhook: str = "dispatch-guard"
     """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
-    guard_hosts: tuple[str, ...] = ("dispatch-guard.dispatch-system.svc",
-                                    "dispatch-guard.dispatch-system.svc.cluster.local", "localhost", "127.0.0.1")
-    """The names a generated serving certificate is valid for."""
+    guard_hosts: tuple[str, ...] = ()
+    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
+    the guard Service in the controller's own namespace)."""
+
+
+GUARD_SERVICE = "dispatch-guard"
+
+
+def guard_hosts_in(namespace: str) -> tuple[str, ...]:
+    """The names the API server may call the guard by: its Service in ``namespace`` (where the controller
+    runs, so a Helm release in another namespace still gets a certificate that matches), and loopback."""
+    svc = f"{GUARD_SERVICE}.{namespace}.svc"
+    return svc, f"{svc}.cluster.local", "localhost", "127.0.0.1"
 
 
 DEFAULTS = Config()
@@ -323,7 +333,8 @@ class Controller:
         c = self.config
         if c.guard_port is not None:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
-                                     hosts=c.guard_hosts, webhook=c.guard_webhook, registry=self.metrics.registry)
+                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace),
+                                     webhook=c.guard_webhook, registry=self.metrics.registry)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
