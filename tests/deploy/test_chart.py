@@ -149,8 +149,8 @@ def test_metrics_modes(tools: tuple[Path, Path]) -> None:
 
     mounted = container(chart(tools, "metrics.certSecret=dispatch-metrics-tls"))
     assert "--metrics-cert-dir=/etc/dispatch/metrics-certs" in mounted["args"]
-    assert mounted["volumeMounts"] == [GUARD_MOUNT, {"name": "metrics-certs", "mountPath": "/etc/dispatch/metrics-certs",
-                                                     "readOnly": True}]
+    assert mounted["volumeMounts"] == [
+        GUARD_MOUNT, {"name": "metrics-certs", "mountPath": "/etc/dispatch/metrics-certs", "readOnly": True}]
 
     local = chart(tools, "metrics.mode=localhost")
     assert "--metrics-bind-address=127.0.0.1:8443" in container(local)["args"]
@@ -207,7 +207,8 @@ def test_the_guard_with_cert_manager(tools: tuple[Path, Path]) -> None:
     assert hook["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/dispatch-guard"}
     [cert] = [d for d in docs if d["kind"] == "Certificate"]
     assert cert["spec"]["secretName"] == "dispatch-guard-tls"
-    assert cert["spec"]["dnsNames"] == [f"dispatch-guard.{NAMESPACE}.svc", f"dispatch-guard.{NAMESPACE}.svc.cluster.local"]
+    assert cert["spec"]["dnsNames"] == [f"dispatch-guard.{NAMESPACE}.svc",
+                                        f"dispatch-guard.{NAMESPACE}.svc.cluster.local"]
     assert cert["spec"]["issuerRef"] == {"name": "dispatch-guard-selfsigned", "kind": "Issuer"}
     assert [d["spec"] for d in docs if d["kind"] == "Issuer"] == [{"selfSigned": {}}]
     c = container(docs)
