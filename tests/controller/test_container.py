@@ -89,13 +89,15 @@ async def test_the_image_as_deployed_turns_the_check_active_and_serves_secure_me
 
     await _set_inactive(admin)
     assert _active(await admin.get(k.ADMISSION_CHECKS, "dispatch"))["status"] == "False"
-    probes, metrics = free_port(), free_port()
-    # The Deployment's own arguments (leader election in dispatch-system, probes, secure metrics), on free
-    # host ports: the container shares the host's network.
+    probes, metrics, guard = free_port(), free_port(), free_port()
+    # The Deployment's own arguments (leader election in dispatch-system, probes, secure metrics, the guard
+    # with its certificates in the emptyDir), on free host ports: the container shares the host's network.
     args = [a.replace("--metrics-port=8081", f"--metrics-port={probes}")
             .replace("--metrics-bind-address=:8443", f"--metrics-bind-address=:{metrics}")
+            .replace("--guard-port=9443", f"--guard-port={guard}")
             for a in _container.deployment_args()]
     assert args != _container.deployment_args() and "--metrics-secure" in args and "--leader-elect" in args
+    assert f"--guard-port={guard}" in args and "--guard-cert-dir=/var/run/dispatch-guard" in args
     log = tmp_path / "controller.log"
     ctr = _container.run(args, log=log)
     suffix = uuid.uuid4().hex[:6]
@@ -137,6 +139,16 @@ async def test_the_image_as_deployed_turns_the_check_active_and_serves_secure_me
                 got = await https.get("/metrics", headers={"Authorization": f"Bearer {scraper}"})
                 return got.status_code == 200 and "dispatch_leader 1.0" in got.text
             await until(scraped, timeout=30, what="an authorized scrape")
+        # the guard, served from the image with a certificate it made in the emptyDir: a review of a TrainJob
+        # without dispatch's labels is allowed (nothing of dispatch's starts); a GET is refused
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "u-1", "operation": "CREATE", "namespace": "default",
+            "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                       "metadata": {"name": "plain", "namespace": "default"}, "spec": {}}}}
+        async with httpx2.AsyncClient(base_url=f"https://127.0.0.1:{guard}", verify=False, timeout=15) as https:
+            answer = (await https.post("/validate-trainjob", json=review)).json()
+            assert answer["response"] == {"uid": "u-1", "allowed": True}
+            assert (await https.get("/validate-trainjob")).status_code == 405
         async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{probes}", timeout=15) as plain:
             assert (await plain.get("/metrics")).status_code == 404       # not on the plain probe port
             assert (await plain.get("/healthz")).status_code == 200

@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import yaml
 
@@ -110,8 +110,12 @@ def token(namespace: str = SA_NAMESPACE, name: str = SA_NAME, seconds: int = 24 
 
 def apply_deploy() -> str:
     """``kubectl apply --server-side -k deploy/``: the shipped namespace, ServiceAccount, roles, Deployment
-    and AdmissionCheck, as a person installs them (the Deployment's pods only pretend to run on KWOK)."""
-    out = _kubectl("apply", "--server-side", "--field-manager=dispatch-install", "-k", str(repo_dir() / "deploy"))
+    and AdmissionCheck, as a person installs them (the Deployment's pods only pretend to run on KWOK).
+
+    kubectl's own field manager, as the README's install does: the admission policy's ``matchConstraints``
+    is an atomic struct the API server fills with defaults, so an apply by a second manager after the
+    README's would conflict on it."""
+    out = _kubectl("apply", "--server-side", "-k", str(repo_dir() / "deploy"))
     # The guard's webhook points at the Deployment's Service, whose pods only pretend to run on KWOK: with
     # failurePolicy Fail it would deny every start of every dispatch TrainJob on the testbed. The guard is
     # installed by its own scenarios (tests/controller/test_guard_testbed.py), pointed at a real process.
@@ -119,13 +123,25 @@ def apply_deploy() -> str:
     return out
 
 
-def deployment_args() -> list[str]:
-    """The controller's arguments in the shipped Deployment (so the container runs as the pod would)."""
+def _deployment_pod() -> dict[str, Any]:
     docs = yaml.safe_load_all((repo_dir() / "deploy" / "base" / "deployment.yaml").read_text())
     for doc in docs:
         if doc and doc.get("kind") == "Deployment":
-            return [str(a) for a in doc["spec"]["template"]["spec"]["containers"][0].get("args") or []]
+            return dict(doc["spec"]["template"]["spec"])
     raise RuntimeError("deploy/base/deployment.yaml has no Deployment")
+
+
+def deployment_args() -> list[str]:
+    """The controller's arguments in the shipped Deployment (so the container runs as the pod would)."""
+    return [str(a) for a in _deployment_pod()["containers"][0].get("args") or []]
+
+
+def empty_dir_mounts() -> list[str]:
+    """Where the shipped Deployment mounts an emptyDir (the guard's certificates): a tmpfs in the container,
+    writable by its user, is the same thing on a read-only root."""
+    pod = _deployment_pod()
+    empty = {v["name"] for v in pod.get("volumes") or [] if "emptyDir" in v}
+    return [str(m["mountPath"]) for m in pod["containers"][0].get("volumeMounts") or [] if m["name"] in empty]
 
 
 @dataclass
@@ -180,6 +196,7 @@ def podman_argv(args: list[str] | None, *, image: str | None, name: str, namespa
         *PODMAN, "run", "--rm", *(["--detach"] if detach else []), "--name", name, "--network", "host", *LIMITS,
         "--read-only", "--read-only-tmpfs=false", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
         "--user", "65532:65532",
+        *[arg for path in empty_dir_mounts() for arg in ("--tmpfs", f"{path}:rw,mode=1777,size=16m")],
         "--volume", f"{secrets}:{IN_CLUSTER_DIR}:ro",
         "--env", f"KUBERNETES_SERVICE_HOST={API_HOST}", "--env", f"KUBERNETES_SERVICE_PORT={api_port()}",
         "--env", f"POD_NAME={name}", "--env", f"POD_NAMESPACE={namespace}",
@@ -188,9 +205,9 @@ def podman_argv(args: list[str] | None, *, image: str | None, name: str, namespa
 
 
 def _host_network_args(args: list[str]) -> list[str]:
-    """The Deployment's arguments without the guard's: on the testbed the containers share the host network
-    (two replicas would both bind the guard's port) and have no emptyDir for its certificates. The guard is
-    exercised by its own testbed scenarios (tests/controller/test_guard_testbed.py)."""
+    """The Deployment's arguments without the guard's: on the testbed the containers share the host network,
+    so two replicas would both bind the guard's port. The guard is exercised by its own testbed scenarios
+    (tests/controller/test_guard_testbed.py) and, served from the image, by tests/controller/test_container.py."""
     return [a for a in args if not a.startswith(("--guard-port", "--guard-cert-dir"))]
 
 
