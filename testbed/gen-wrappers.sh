@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Regenerate the wrapper Go modules under testbed/gomod/ from testbed/versions.env.
+# Regenerate one stack's wrapper Go modules (testbed/stacks/NAME/gomod/) from its versions.env.
+# Usage: gen-wrappers.sh [--stack NAME] [all|k8s|kwok|jobset|trainer|kueue]
 # Only needed when versions change; the generated go.mod/go.sum are committed.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=testbed/stack.sh
+. "$here/stack.sh"
 # shellcheck source=/dev/null
-. "$here/versions.env"
+. "$sdir/versions.env"
 export GOTOOLCHAIN=local GOFLAGS=-modcacherw
-only="${1:-all}"
+only="${args[0]:-all}"
 
 k8s_wrapper() {
-  local d="$here/gomod/k8s" gomod minor
+  local d="$sdir/gomod/k8s" gomod minor
   mkdir -p "$d"; rm -f "$d/go.mod" "$d/go.sum"
   gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
   minor="v0.${K8S_VERSION#v1.}"
@@ -31,7 +34,7 @@ k8s_wrapper() {
 }
 
 ctl_wrapper() { # name module version toolpkg
-  local name="$1" mod="$2" ver="$3" tool="$4" d="$here/gomod/$1" up
+  local name="$1" mod="$2" ver="$3" tool="$4" d="$sdir/gomod/$1" up
   mkdir -p "$d"; rm -f "$d/go.mod" "$d/go.sum"
   up="$(go mod download -json "$mod@$ver" | python3 -c 'import json,sys; j=json.load(sys.stdin); print(j["Dir"])')"
   ( cd "$d"
@@ -41,8 +44,8 @@ ctl_wrapper() { # name module version toolpkg
     # Seed checksums from the upstream go.sum so resolution matches upstream.
     [ -f "$up/go.sum" ] && cp "$up/go.sum" go.sum && chmod u+w go.sum
     # Extra per-component replaces (served neighbour versions), one "module=module@version" per line.
-    if [ -f "$here/gomod/$name.replace" ]; then
-      grep -v '^#' "$here/gomod/$name.replace" | while read -r r; do [ -n "$r" ] && go mod edit -replace="$r"; done
+    if [ -f "$sdir/gomod/$name.replace" ]; then
+      grep -v '^#' "$sdir/gomod/$name.replace" | while read -r r; do [ -n "$r" ] && go mod edit -replace="$r"; done
     fi
     go mod tidy
   )

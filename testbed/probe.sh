@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Check that every Go module needed to build the testbed can be downloaded, before spending
 # half an hour compiling. Prints, in plain words, each module version that cannot be had.
-# Exit status: 0 if everything is available, 1 otherwise.
+# Usage: probe.sh [--stack NAME]. Exit status: 0 if everything is available, 1 otherwise.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=testbed/stack.sh
+. "$here/stack.sh"
 # shellcheck source=/dev/null
-. "$here/versions.env"
+. "$sdir/versions.env"
 export GOTOOLCHAIN=local GOFLAGS=-modcacherw
 missing=0
 report="$(mktemp)"
-for d in "$here"/gomod/*/; do
+for d in "$sdir"/gomod/*/; do
   name="$(basename "$d")"
   [ -f "$d/go.mod" ] || continue
   echo "probe: $name ..."
@@ -32,7 +34,7 @@ if [ -s "$report" ]; then
   grep -oE '[A-Za-z0-9._~/-]+@v[0-9][A-Za-z0-9.+_-]*' "$report" | sort -u | sed 's/^/  missing: /'
   echo "probe: raw errors:"; sort -u "$report"
 else
-  echo "probe: all module versions needed by the testbed are available (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, jobset $JOBSET_VERSION, trainer $TRAINER_VERSION, kueue $KUEUE_VERSION)."
+  echo "probe: all module versions needed by testbed stack $stack are available (k8s $K8S_VERSION, etcd $ETCD_VERSION, kwok $KWOK_VERSION, jobset $JOBSET_VERSION, trainer $TRAINER_VERSION, kueue $KUEUE_VERSION)."
 fi
 rm -f "$report"
 exit "$missing"

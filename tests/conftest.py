@@ -9,6 +9,10 @@ import pytest
 from dispatch import Adapter
 from dispatch.testing import FakeCluster
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""The roles the ``adapter`` fixture holds: every library test runs with the shipped writer's permissions."""
+READER = ("dispatch-reader", "dispatch-node-reader")
+
 
 @pytest.fixture
 def cluster() -> FakeCluster:
@@ -21,13 +25,13 @@ def cluster() -> FakeCluster:
 
 @pytest.fixture
 def adapter(cluster: FakeCluster) -> Iterator[Adapter]:
-    with Adapter.connect("default", transport=cluster.transport()) as a:
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as a:
         yield a
 
 
 @pytest.fixture
 def reader(cluster: FakeCluster) -> Iterator[Adapter]:
-    with Adapter.connect("default", transport=cluster.transport(), read_only=True) as a:
+    with Adapter.connect("default", transport=cluster.transport(roles=READER), read_only=True) as a:
         yield a
 
 

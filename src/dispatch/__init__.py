@@ -15,7 +15,8 @@ from ._names import (
     LABEL_SUBMISSION,
     PATCH_MANAGER,
 )
-from ._records import Cause, Cessation, Identity, JobSpec, RemainingPod, State, Status
+from ._records import Cause, Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
+from ._views import POD_FINALIZER
 from .errors import (
     DispatchError,
     FieldCause,
@@ -39,6 +40,7 @@ __all__ = [
     "LABEL_JOB_ID",
     "LABEL_SUBMISSION",
     "PATCH_MANAGER",
+    "POD_FINALIZER",
     "Adapter",
     "AsyncAdapter",
     "Cause",
@@ -50,6 +52,7 @@ __all__ = [
     "InvalidInput",
     "JobSpec",
     "NotFound",
+    "PodEnd",
     "PodsRemain",
     "ReadOnly",
     "Refused",

@@ -9,6 +9,7 @@ loop thread (as lightkube pairs ``Client`` with ``AsyncClient``).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 import uuid
@@ -24,11 +25,11 @@ from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
-from ._core import Core, Target
+from ._core import Core, Snapshot, Target
 from ._follow import Follower, selections
-from ._records import Cessation, Identity, JobSpec, RemainingPod, State, Status
+from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
-from ._views import JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
+from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
 from .errors import (
     FieldCause,
     Forbidden,
@@ -41,6 +42,8 @@ from .errors import (
 )
 
 T = TypeVar("T")
+SETTLE_SECONDS = 10.0
+"""How long a release waits for lower layers to acknowledge a suspension before it reports them."""
 
 
 class AsyncAdapter:
@@ -51,6 +54,7 @@ class AsyncAdapter:
         self.core = Core(kube)
         self.read_only = read_only
         self.conflict_retries = conflict_retries
+        self.settle_seconds = SETTLE_SECONDS
 
     @classmethod
     def connect(
@@ -95,7 +99,7 @@ class AsyncAdapter:
     # ------------------------------------------------------------------ reads
 
     def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
-                note: str = "", *, kueue: bool | None = None) -> Status:
+                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = ()) -> Status:
         managed = bool(tj.queue) if kueue is None else kueue
         return Status(
             name=tj.name,
@@ -108,6 +112,9 @@ class AsyncAdapter:
             created=tj.created,
             remaining=verdict.remaining if verdict else (),
             resource_version=tj.ref.resource_version,
+            managed=tj.labelled,
+            created_by=tj.created_by,
+            warnings=tuple(w for w in warnings if w),
         )
 
     async def inspect(self, name: str) -> Status:
@@ -115,7 +122,9 @@ class AsyncAdapter:
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
         if tj.state is State.RUNNING:
-            return self._status(tj, None)
+            jobs = [JobView.from_obj(j) for j in
+                    await self._list_or_empty(k.JOBS, labels=f"{n.JOBSET_NAME_LABEL}={name}")]
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name)])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -123,7 +132,8 @@ class AsyncAdapter:
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
-                            kueue=workload is not None or bool(tj.queue))
+                            kueue=workload is not None or bool(tj.queue),
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name)])
 
     async def find(
         self,
@@ -131,8 +141,11 @@ class AsyncAdapter:
         job_id: str | None = None,
         submission: str | None = None,
         state: State | Collection[State] | None = None,
+        unmanaged: bool = False,
     ) -> list[Status]:
-        """Status of many objects with a constant number of list calls, however many match."""
+        """Status of many objects with a constant number of list calls, however many match.
+
+        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which)."""
         problems = []
         for field, value in (("job_id", job_id), ("submission", submission)):
             if value is not None and n.label_value_problem(value):
@@ -141,8 +154,10 @@ class AsyncAdapter:
         selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
         if submission:
             selector.append(f"{n.LABEL_SUBMISSION}={submission}")
+        if unmanaged and not (job_id or submission):
+            selector = []
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector))).items
+            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector) or None)).items
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
@@ -163,7 +178,7 @@ class AsyncAdapter:
         nodes = await self._all_nodes(pods)
         workloads: dict[str, kq.WorkloadView] = {}
         ours: set[str] | None = None
-        if any(t.queue for t in idle):
+        if idle:  # Kueue may manage an object without the queue-name label: its Workload says so
             ours = await self.core.our_checks()
             for w in await self._list_or_empty(k.WORKLOADS):
                 uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
@@ -186,10 +201,13 @@ class AsyncAdapter:
                 out.append(self._status(t, None))
                 continue
             mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
+            own_jobs = jobs_of.get(t.name, [])
             verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=mine, nodes=nodes,
-                               jobset=jobsets.get(t.name), jobs=jobs_of.get(t.name, []))
-            wl = workloads.get(t.ref.uid) if t.queue else None
-            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl)))
+                               jobset=jobsets.get(t.name), jobs=own_jobs)
+            wl = workloads.get(t.ref.uid)
+            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
+                                    kueue=wl is not None or bool(t.queue),
+                                    warnings=[d.jobs_replacement_warning(own_jobs, t.name)]))
         return sorted(out, key=lambda s: s.name)
 
     async def _list_or_empty(self, res: k.Res, labels: str | None = None) -> list[dict[str, object]]:
@@ -227,7 +245,7 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        replicated = await self._runtime_jobs(spec)
+        replicated, warning = await self._runtime_jobs(spec)
         body = tr.trainjob_body(spec, name, self.namespace, replicated)
         if spec.termination_grace_period_seconds is not None:
             await self._check_grace_kept(body)
@@ -236,7 +254,7 @@ class AsyncAdapter:
             # anything (release reads again before it admits).
             target = Target(name, spec.job_id, spec.submission)
             verdict = (await self.core.read_one(target)).verdict(target)
-            if not verdict.admissible:
+            if verdict.remaining:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
         record = await self.core.claim(spec.job_id, spec.submission, name)
@@ -255,9 +273,11 @@ class AsyncAdapter:
                               "name or submission", reason="AlreadyExists", code=exc.code) from exc
             raise
         if hold or spec.queue is not None:
-            return self._status(created, d.Verdict((), ()))
+            return self._status(created, d.Verdict((), ()), warnings=[warning])
         await self.release(name)
-        return await self.inspect(name)
+        status = await self.inspect(name)
+        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
+                                                                         *status.warnings])))
 
     async def _check_grace_kept(self, body: dict[str, object]) -> None:
         """Trainer before v2.3 prunes terminationGracePeriodSeconds from runtime patches silently; a
@@ -278,7 +298,9 @@ class AsyncAdapter:
                 )],
             )
 
-    async def _runtime_jobs(self, spec: JobSpec) -> list[str]:
+    async def _runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
+        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
+        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
         res = k.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else k.RUNTIMES
         try:
             runtime = await self._kube.get(res, spec.runtime)
@@ -294,7 +316,8 @@ class AsyncAdapter:
         names = tr.runtime_jobs(runtime)
         if not names:
             raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
-        return names
+        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+                                                    tr.runtime_replacement_policies(runtime))
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -323,8 +346,7 @@ class AsyncAdapter:
                 return ident
             target = Target.of(tj)
             record = await self.core.record(tj.job_id, tj.submission)
-            snap = await self.core.read_one(target)
-            verdict = snap.verdict(target)
+            snap, verdict = await self._settled_read(target)
             if not verdict.admissible:
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
@@ -345,13 +367,29 @@ class AsyncAdapter:
                 return Identity(tj.job_id, tj.submission, plan.admission)
         raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
+    async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
+        """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
+        not yet acknowledged a suspension (a Job just created suspended gets its Suspended condition within
+        moments). Safety is unchanged: admission still needs each acknowledgement; this only spares the
+        caller a retry for what the Job controller is about to write."""
+        delay = 0.1
+        deadline = time.monotonic() + self.settle_seconds
+        while True:
+            snap = await self.core.read_one(target)
+            if await self.core.free(snap.object_pods(target), snap.nodes):
+                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
+            verdict = snap.verdict(target)
+            if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
+                return snap, verdict
+            if time.monotonic() + delay > deadline:
+                return snap, verdict
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:
         if not tj.labelled:
-            raise Refused(
-                f"trainjob {tj.name} has no {n.LABEL_JOB_ID}/{n.LABEL_SUBMISSION} labels; it is not a dispatch "
-                "object", reason="NotDispatchObject",
-            )
+            raise Refused(f"trainjob {tj.name} is {d.unmanaged_text(tj)}", reason="NotDispatchObject")
         if tj.problems:
             raise Refused(f"trainjob {tj.name} cannot be admitted: {'; '.join(tj.problems)}",
                           reason="InvalidObject")
@@ -389,6 +427,7 @@ class AsyncAdapter:
         target = Target.of(tj)
         snap = await self.core.read_one(target, lower=False)
         mine = snap.object_pods(target)
+        await self.core.free(mine, snap.nodes)
         if tj.labelled:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:
@@ -402,6 +441,45 @@ class AsyncAdapter:
         return d.remaining(mine, snap.nodes)
 
     # ------------------------------------------------------------------ admin
+
+    async def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
+        """Remove dispatch's finalizer from one pod, so its deletion can complete.
+
+        Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
+        Node is deleted or out-of-service) is released. With it, the operator's word that the pod's node
+        is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
+        out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
+        the pod's end itself. Returns how the end was proven (``operator-confirmed`` for the word)."""
+        problem = n.dns1123_subdomain_problem(pod)
+        if problem:
+            n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
+        self._writer("release a pod")
+        for _ in range(self.conflict_retries):
+            obj = await self._kube.get_or_none(k.PODS, pod)
+            if obj is None:
+                raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
+            view = PodView.from_obj(obj)
+            if not view.ours:
+                raise Refused(f"pod {pod} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
+                              reason="NotHeld")
+            nodes = await self.core.nodes([view])
+            node = nodes.get(view.node) if view.node else None
+            proof = view.end(node)
+            if proof == "unproven":
+                where = f"node {view.node} is {node.state_text() if node else 'not readable'}" if view.node \
+                    else "it has no node and is not being deleted"
+                if not node_confirmed_down:
+                    raise Refused(
+                        f"pod {pod}'s end is unproven: its kubelet has not confirmed it and {where}; once "
+                        f"{view.node or 'its node'} is confirmed shut down, pass --node-confirmed-down "
+                        "(or taint the node node.kubernetes.io/out-of-service)", reason="Unproven")
+                if node is not None and node.exists and node.readable and node.ready == "True":
+                    raise Refused(f"node {view.node} is Ready=True: its kubelet is answering and will confirm "
+                                  f"pod {pod}'s end itself; it is not down", reason="NodeReady")
+                proof = "operator-confirmed"
+            if await self.core.remove_finalizer(view, forbidden_ok=False):
+                return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
+        raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
@@ -548,8 +626,8 @@ class Adapter:
         return self._run(self._core.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
-             state: State | Collection[State] | None = None) -> list[Status]:
-        return self._run(self._core.find(job_id=job_id, submission=submission, state=state))
+             state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
+        return self._run(self._core.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
 
     def ceased(self, name: str) -> Cessation:
         return self._run(self._core.ceased(name))
@@ -568,6 +646,9 @@ class Adapter:
 
     def forget(self, job_id: str, submission: str) -> bool:
         return self._run(self._core.forget(job_id, submission))
+
+    def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
+        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down))
 
     def migrate(self) -> tuple[int, int]:
         return self._run(self._core.migrate())

@@ -63,6 +63,10 @@ RESOURCE_FLAVORS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "resourceflavors", "Resou
 SUBMISSION_RECORDS = Res(n.DOMAIN, "v1alpha1", "submissionrecords", "SubmissionRecord", status=False)
 """dispatch's own kind: one identity record per submission (``_identity``)."""
 
+VALIDATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+                          "ValidatingWebhookConfiguration", namespaced=False, status=False)
+"""The guard's own webhook configuration (the controller keeps its caBundle); not served by the fake."""
+
 ALL: tuple[Res, ...] = (
     PODS, NODES, NAMESPACES, EVENTS, CONFIGMAPS, JOBS, LEASES, TRAINJOBS, CLUSTER_RUNTIMES, RUNTIMES,
     JOBSETS, WORKLOADS, ADMISSION_CHECKS, CLUSTER_QUEUES, LOCAL_QUEUES, RESOURCE_FLAVORS, SUBMISSION_RECORDS,

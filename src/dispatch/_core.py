@@ -27,7 +27,7 @@ from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._kube import Kube
-from ._views import JobSetView, JobView, NodeView, PodView, name_of, parse_count
+from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, name_of, parse_count
 from .errors import DispatchError, Forbidden, NotFound, Refused, Unreachable
 
 READ_ATTEMPTS = 3
@@ -172,6 +172,39 @@ class Core:
         except Forbidden:
             return NodeView.unreadable(name)
 
+    # ------------------------------------------------------------------ dispatch's pod finalizer
+
+    async def free(self, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
+        """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
+        returns the names freed. A pod that changed since it was read keeps its finalizer until the next
+        pass (or the controller) looks again; one this caller may not patch is left to the controller."""
+        proven = d.releasable(pods, nodes)
+        done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
+        return [p.name for p, ok in zip(proven, done, strict=True) if ok]
+
+    async def remove_finalizer(self, pod: PodView, *, forbidden_ok: bool = True) -> bool:
+        """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
+        on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
+        status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
+        this caller lacks ``patch`` on pods."""
+        if POD_FINALIZER not in pod.finalizers:
+            return False
+        patch = {"metadata": {"resourceVersion": pod.resource_version,
+                              "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
+        try:
+            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+        except NotFound:
+            return False
+        except Forbidden:
+            if forbidden_ok:
+                return False
+            raise
+        except Unreachable as exc:
+            if exc.code == 409:
+                return False
+            raise
+        return True
+
     # ------------------------------------------------------------------ TrainJobs and Workloads
 
     async def trainjob(self, name: str) -> tr.TrainJobView:
@@ -258,6 +291,10 @@ class Core:
         for _ in range(5):
             record = await self.record(job_id, submission)
             if record is None:
+                other = await self._live_trainjob_of(job_id, submission)  # opened before records, or record lost
+                if other is not None:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
                 floor = await self._legacy_floor(job_id, submission)
                 try:
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
@@ -271,7 +308,13 @@ class Core:
                               reason="RecordInvalid")
             holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
             held = holder is not None and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid)
-            if record.trainjob == trainjob and not held:
+            if not held:
+                # the record's holder may have been edited: any live TrainJob of the submission holds it
+                other = await self._live_trainjob_of(job_id, submission)
+                if other is not None and other.name != trainjob:
+                    raise Refused(f"submission {job_id}/{submission} already exists as trainjob {other.name}; "
+                                  "choose a new submission", reason="AlreadyExists")
+            if record.trainjob == trainjob and not held and not record.trainjob_uid:
                 return record  # the same open again: its claim stands
             if held or (record.trainjob and not record.trainjob_uid and holder is None):
                 what = (f"as trainjob {record.trainjob}" if held
@@ -289,6 +332,12 @@ class Core:
             return ident.RecordView.from_obj(obj)
         raise Unreachable(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                           code=409)
+
+    async def _live_trainjob_of(self, job_id: str, submission: str) -> tr.TrainJobView | None:
+        listed = (await self.kube.list(api.TRAINJOBS, labels=f"{n.LABEL_JOB_ID}={job_id},"
+                                                              f"{n.LABEL_SUBMISSION}={submission}")).items
+        live = [v for v in map(tr.TrainJobView.from_obj, listed) if not v.deleting]
+        return live[0] if live else None
 
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
@@ -427,7 +476,7 @@ class Core:
 
     # ------------------------------------------------------------------ Kueue check writes
 
-    async def write_check(self, workload: kq.WorkloadView, entry: dict[str, object], *, field_manager: str
+    async def write_check(self, workload: kq.Addressed, entry: dict[str, object], *, field_manager: str
                           ) -> None:
         """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion."""
         await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),

@@ -16,13 +16,23 @@ from dataclasses import dataclass
 
 from ._identity import RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
-from ._records import Cause, Cessation, RemainingPod, State
+from ._names import (
+    ANNOTATION_ADMISSION,
+    ANNOTATION_STARTED,
+    ANNOTATION_TOKEN,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    PATCH_MANAGER,
+)
+from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import TrainJobView
-from ._views import TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
+from ._views import PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
-    "Verdict", "cessation", "decide", "explain", "next_admission", "object_pods", "remaining", "waiting_message",
+    "Verdict", "cessation", "decide", "ends", "explain", "guard", "next_admission", "object_pods", "releasable",
+    "remaining",
+    "waiting_message",
 ]
 
 MESSAGE_LIMIT = 8000
@@ -42,16 +52,47 @@ def object_pods(pods: Iterable[PodView], *, name: str, job_id: str, submission: 
 
 
 def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[RemainingPod, ...]:
-    """The pods that may still run, each with its node and node state."""
+    """The pods that may still run (every pod whose end its kubelet has not confirmed), each with its
+    node and node state."""
     out = []
     for pod in pods:
         if not pod.may_run:
             continue
         node = nodes.get(pod.node) if pod.node else None
         state = node.state_text() if node else ("not readable" if pod.node else "")
+        held = pod.ours and pod.deleting and pod.deletion_grace == 0 and pod.end(node) == PROOF_UNPROVEN
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
-                                pod.deletion_timestamp))
+                                pod.deletion_timestamp, held=held))
     return tuple(out)
+
+
+def ends(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[PodEnd, ...]:
+    """How each pod's end is proven (``kubelet-confirmed``, ``node-deleted``, ``out-of-service``,
+    ``not-scheduled``) or ``unproven``."""
+    return tuple(PodEnd(p.name, p.node, p.end(nodes.get(p.node) if p.node else None), p.phase, p.ours)
+                 for p in pods)
+
+
+def releasable(pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[PodView]:
+    """Pods carrying dispatch's finalizer whose end is proven: the finalizer may go (nothing else may
+    remove it, so a pod that may still run stays visible to the rule, even after a force delete)."""
+    return [p for p in pods if p.ours and p.end(nodes.get(p.node) if p.node else None) in PROVEN]
+
+
+def stuck_text(pods: Sequence[RemainingPod]) -> str:
+    """Why a pod deleted for good (force delete, PodGC) is still in the API: its end is unproven."""
+    out = []
+    for p in pods:
+        if not p.held:
+            continue
+        marked = (f", marked {p.phase} by someone other than its kubelet" if p.phase in TERMINAL_PHASES else "")
+        where = f"node {p.node} is {p.node_state}" if p.node else "it has no node"
+        out.append(
+            f"pod {p.name} was deleted for good{marked}, but its end is unproven (its kubelet has not "
+            f"confirmed it and {where}, neither deleted nor out-of-service), so dispatch's finalizer keeps it; "
+            f"once {p.node or 'its node'} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+            f"`dispatch admin release-pod {p.name} --node-confirmed-down`")
+    return "; ".join(out)
 
 
 def describe_pods(pods: Sequence[RemainingPod]) -> str:
@@ -94,6 +135,9 @@ class Verdict:
         parts = []
         if self.remaining:
             parts.append(remaining_detail(self.remaining))
+            stuck = stuck_text(self.remaining)
+            if stuck:
+                parts.append(stuck)
         parts.extend(self.blockers)
         return "; ".join(parts)
 
@@ -111,7 +155,15 @@ def _job_blocker(job: JobView) -> str | None:
         return f"job {job.name} is not suspended yet"
     if job.suspended_confirmed:
         return None
-    return f"job {job.name} has not confirmed its suspension yet"
+    return f"job {job.name} {UNCONFIRMED}"
+
+
+UNCONFIRMED = "has not confirmed its suspension yet"
+
+
+def only_unconfirmed(verdict: Verdict) -> bool:
+    """Whether every blocker is a child Job that has not yet acknowledged its suspension (no pod remains)."""
+    return not verdict.remaining and bool(verdict.blockers) and all(b.endswith(UNCONFIRMED) for b in verdict.blockers)
 
 
 def decide(
@@ -126,7 +178,9 @@ def decide(
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
-    A pod blocks unless it is Succeeded or Failed. A JobSet or child Job whose suspension has not
+    A pod blocks unless its kubelet confirmed its end (Succeeded or Failed, every container terminated;
+    a Failed phase written by PodGC or Kueue onto a pod of an unreachable node proves nothing). A JobSet
+    or child Job whose suspension has not
     taken effect blocks too: it could still start a pod after the read (the suspended TrainJob alone
     does not prove the layers below have caught up).
     """
@@ -154,37 +208,67 @@ def cessation(
 ) -> Cessation:
     """Whether the object's processes are proven gone.
 
-    True once the object is not admitted and every pod that may run sits on a Node that is deleted or
-    tainted out-of-service. A Node that could not be read proves nothing.
+    True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
+    Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
+    not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
+    per pod how.
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     rest = remaining(views, nodes)
+    proofs = ends(views, nodes)
     admitted = trainjob is not None and not trainjob.suspended and not trainjob.deleting
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
-        return Cessation(False, f"{name} is admitted and running", rest)
-    unproven = []
-    for pod in rest:
-        node = nodes.get(pod.node) if pod.node else None
-        if pod.node is None:
-            if pod.terminating:
-                continue
-            unproven.append(pod)
-            continue
-        if node is None or not node.proven_down:
-            unproven.append(pod)
+        return Cessation(False, f"{name} is admitted and running", rest, proofs)
+    open_ends = {e.name for e in proofs if not e.proven}
+    unproven = [p for p in rest if p.name in open_ends]
     if not unproven:
         if rest:
-            return Cessation(True, "every remaining pod is on a node that is gone or out-of-service", rest)
-        return Cessation(True, "no pod of the object may still run", rest)
+            return Cessation(True, "every remaining pod is on a node that is gone or out-of-service", rest, proofs)
+        return Cessation(True, "no pod of the object may still run", rest, proofs)
     unreadable = [p for p in unproven if p.node_state == "not readable"]
     if unreadable:
         return Cessation(
             False,
             "cannot prove cessation: nodes not readable (needs get on nodes): "
             + describe_pods(unreadable),
-            rest,
+            rest, proofs,
         )
-    return Cessation(False, "pods may still run: " + describe_pods(unproven), rest)
+    reason = "pods may still run: " + describe_pods(unproven)
+    unconfirmed = [p for p in unproven if p.phase in TERMINAL_PHASES]
+    if unconfirmed:
+        reason += ("; a Failed or Succeeded phase not reported by the pod's kubelet proves nothing: "
+                   + ", ".join(p.name for p in unconfirmed))
+    stuck = stuck_text(unproven)
+    if stuck:
+        reason += "; " + stuck
+    return Cessation(False, reason, rest, proofs)
+
+
+# --------------------------------------------------------------------------- pod replacement
+
+
+REPLACEMENT_RISK = ("the Job controller then starts a replacement as soon as a pod is deleting, so a pod on a lost "
+                    "node can run beside its replacement, two processes of one rank with one A; set "
+                    "podReplacementPolicy: Failed in the runtime's Job template (Trainer's runtime patches cannot "
+                    "set it)")
+
+
+def runtime_replacement_warning(kind: str, name: str, policies: Mapping[str, str]) -> str | None:
+    """Warn when a runtime's replicatedJobs do not set ``podReplacementPolicy: Failed``."""
+    unsafe = sorted(rj for rj, policy in policies.items() if policy != "Failed")
+    if not unsafe:
+        return None
+    return (f"{kind} {name}: replicatedJob{'s' if len(unsafe) > 1 else ''} {', '.join(unsafe)} "
+            f"{'do' if len(unsafe) > 1 else 'does'} not set podReplacementPolicy: Failed; " + REPLACEMENT_RISK)
+
+
+def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
+    """Warn when a child Job of the object replaces deleting pods at once (TerminatingOrFailed)."""
+    unsafe = sorted(f"{j.name} ({j.replacement_policy or 'unset'})" for j in jobs
+                    if j.jobset_name == name and not j.finished and j.replacement_policy != "Failed")
+    if not unsafe:
+        return None
+    return f"podReplacementPolicy is not Failed on job {', '.join(unsafe)}; " + REPLACEMENT_RISK
 
 
 # --------------------------------------------------------------------------- admission numbers
@@ -253,7 +337,8 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
         if seen > 0:
             return (f"{describe_missing(trainjob.job_id, trainjob.submission)} of {ident} is missing, but "
                     f"trainjob {trainjob.name} has run as A={seen}; dispatch will not guess the next A "
-                    "(restore the record, or an admin runs `dispatch admin forget` and re-opens)")
+                    "(restore the record from a backup, or close this object, which records the highest A it "
+                    "and its pods carry, and open the submission again)")
         return None
     if record.problems:
         return f"{record.describe()} of {ident} does not parse: {'; '.join(record.problems)}"
@@ -341,7 +426,8 @@ def truncate(message: str) -> str:
 def waiting_text(verdict: Verdict) -> str:
     """The Pending message: the seed's exact form for pods, then any JobSet/Job not yet suspended."""
     if verdict.remaining:
-        return truncate(waiting_message(verdict.remaining, verdict.blockers))
+        stuck = stuck_text(verdict.remaining)
+        return truncate(waiting_message(verdict.remaining, [stuck, *verdict.blockers] if stuck else verdict.blockers))
     return truncate("waiting for the previous execution to stop: " + "; ".join(verdict.blockers))
 
 
@@ -353,6 +439,11 @@ def refused_text(trainjob: str, error: object) -> str:
     """The Pending message when raising A was refused (a webhook, RBAC, a bad record)."""
     return truncate(f"{WAITING_PREFIX}a writable admission number: raising A on trainjob {trainjob} "
                     f"was refused: {error}")
+
+
+def failed_text(error: object) -> str:
+    """The Pending message when a decision's read or write failed (an RBAC gap, an unreachable API)."""
+    return truncate(f"{WAITING_PREFIX}dispatch's decision to succeed: {error}")
 
 
 def record_text(problem: str) -> str:
@@ -388,11 +479,32 @@ def workload_note(workload: WorkloadView | None) -> str:
     return ""
 
 
+def unmanaged_text(trainjob: TrainJobView) -> str:
+    who = f"created by {trainjob.created_by}" if trainjob.created_by else "not created by dispatch"
+    return (f"not managed by dispatch ({who}, without dispatch's job-id/submission labels): it has no "
+            "execution identity (no A), and dispatch does not hold or release it")
+
+
+UNMANAGED_HINT = "to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library)"
+
+
+def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:
+    """The cause of a TrainJob dispatch does not manage: what it is, and what still applies to it."""
+    parts = [unmanaged_text(trainjob)]
+    if check is not None:
+        parts.append(f"admission check {check.name} {check.state}" + (f": {check.message}" if check.message else ""))
+    if verdict is not None and not verdict.admissible and trainjob.state is not State.RUNNING:
+        parts.append(verdict.detail())
+    return Cause("NotManaged", "; ".join(parts))
+
+
 def explain(
     trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
 ) -> Cause:
     """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
     state = trainjob.state
+    if not trainjob.labelled:
+        return unmanaged_cause(trainjob, verdict, check)
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"
@@ -420,3 +532,143 @@ def explain(
     if state is State.FAILED:
         return Cause("Failed", "; ".join(parts))
     return Cause("Closing", "; ".join(parts))
+
+
+# --------------------------------------------------------------------------- the guard (admission webhook)
+
+
+def kueue_raise_token(workload_uid: str, generation: int | None) -> str:
+    """The token of a Kueue-mode raise of A: the Workload's uid and the TrainJob generation the raise was
+    made on (the controller writes it; ``controller._reconcile.kueue_token`` must agree)."""
+    return f"{workload_uid}/{generation or 0}"
+
+
+KUEUE_WRITES_SINCE_RAISE = 2
+"""Spec writes a Kueue-mode start may follow its raise by: the raise itself, and Kueue's own write of the
+pod set information into its runtime patch entry (Kueue writes that, suspended, before it unsuspends)."""
+
+
+def _raised_on(token: str, workload_uid: str) -> int | None:
+    """The generation a Kueue-mode raise of this Workload was made on, from its token (None: not one)."""
+    head, sep, gen = token.rpartition("/")
+    if not sep or head != workload_uid or not gen.isdigit():
+        return None
+    return int(gen)
+
+
+def starts_execution(operation: str, old: TrainJobView | None, new: TrainJobView) -> bool:
+    """A write that starts an execution: a create that is not suspended, or ``spec.suspend`` true to false."""
+    if operation == "CREATE":
+        return not new.suspended
+    return operation == "UPDATE" and old is not None and old.suspended and not new.suspended
+
+
+def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
+    """Why an update of a dispatch TrainJob would undo what an admission relies on, or None.
+
+    A (the annotation), the ``started`` mark and the A in dispatch's runtime patch entry only rise: a
+    lowered or removed one would let an A that has run be started again. The identity labels and the
+    entry itself stay: without them the pods of the next execution would not carry the identity the
+    record counts for. The token changes only together with a raise of A: the Kueue-mode start check
+    trusts it to say which spec generation A was raised on.
+    """
+    what = f"trainjob {new.name}"
+    for label, before, after in ((LABEL_JOB_ID, old.job_id, new.job_id),
+                                 (LABEL_SUBMISSION, old.submission, new.submission)):
+        if before and after != before:
+            verb = "remove" if not after else f"change it to {after!r}"
+            return f"{what}: dispatch's identity label {label}={before} is kept; this write would {verb}"
+    if new.problems:
+        return f"{what}: {'; '.join(new.problems)}"
+    for key, was, now in ((ANNOTATION_ADMISSION, old.admission, new.admission),
+                          (ANNOTATION_STARTED, old.started, new.started)):
+        if now < was:
+            verb = "remove it" if not now else f"lower it to {now}"
+            return f"{what}: annotation {key} only rises ({was}); this write would {verb}"
+    if old.patch_targets and not new.patch_targets:
+        return f"{what}: dispatch's runtime patch entry ({PATCH_MANAGER}) is kept; this write would remove it"
+    if new.patch_admission < old.patch_admission:
+        return (f"{what}: the A in dispatch's runtime patch entry only rises ({old.patch_admission}); "
+                f"this write would lower it to {new.patch_admission}")
+    if new.token != old.token and new.admission <= old.admission:
+        return (f"{what}: annotation {ANNOTATION_TOKEN} changes only with a raise of "
+                f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
+    return None
+
+
+def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, record: RecordView | None,
+               workload: WorkloadView | None) -> str | None:
+    """Why the A a starting write carries is not a fresh, armed one, or None."""
+    what = f"trainjob {new.name} cannot start"
+    if operation == "CREATE" or old is None:
+        return (f"{what}: a dispatch TrainJob is created suspended and started by `dispatch release` "
+                "(or Kueue through dispatch's admission check)")
+    if not new.dispatch_object:
+        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    a = new.admission
+    if record is None:
+        return f"{what}: {describe_missing(new.job_id, new.submission)} is missing, so no A was issued to it"
+    if record.trainjob_uid != new.ref.uid or record.admission != a:
+        return (f"{what}: A={a} was not issued to it ({record.describe()} issued A={record.admission}); "
+                "`dispatch release` issues a new A")
+    problem = record_problem(new, record, ())
+    if problem:
+        return f"{what}: {problem}"
+    if new.patch_admission != a:
+        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={a}"
+    if a <= old.started:
+        return (f"{what}: A={a} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
+                "`dispatch release` issues a new A")
+    if workload is not None:
+        if not workload.admitted or workload.evicted or workload.finished or workload.deleting:
+            return f"{what}: Kueue manages it and has not admitted workload {workload.ref.name}"
+        raised_on = _raised_on(old.token, workload.ref.uid)
+        writes = (old.ref.generation or 0) - raised_on if raised_on is not None else -1
+        if new.token != old.token or not 1 <= writes <= KUEUE_WRITES_SINCE_RAISE:
+            why = (f"{writes} spec writes since the raise; a start and a stop since would make it run twice"
+                   if writes >= 0 else "its admission token names no raise for this workload")
+            return f"{what}: A={a} was not raised for this admission of workload {workload.ref.name} ({why})"
+        return None
+    if new.started != a:
+        return (f"{what}: an unsuspend must mark {ANNOTATION_STARTED}={a} in the same write "
+                "(`dispatch release` does)")
+    return None
+
+
+def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
+          record: RecordView | None, workload: WorkloadView | None = None) -> str | None:
+    """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
+
+    Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
+    must keep their identity (``identity_change``). A write that starts an execution is denied while
+    one consistent read (``verdict``) shows a pod of the object that may still run or a layer that has
+    not confirmed its suspension, and unless the A it starts is fresh and armed:
+
+    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it;
+    * it is above the ``started`` mark (the highest A dispatch's own unsuspend started);
+    * plain mode (no Workload): the same write marks ``started`` = A, as dispatch's unsuspend does;
+    * Kueue mode (a Workload owns the TrainJob): Kueue admitted that Workload, and the TrainJob's token
+      names this Workload and the generation G the raise was made on, with the object now at G+1 or
+      G+2. Every spec write bumps the generation: the raise makes it G+1, and a start followed by a
+      stop (the only way back to suspended after running A) adds two more, so at G+2 or below A has
+      not run since its raise; G+2 leaves room for Kueue's own write of the pod set information,
+      which it makes (still suspended) before it unsuspends. The token cannot be changed without
+      raising A (``identity_change``), and a raised A must equal the record's, which only rises.
+      Kueue's unsuspend after dispatch raised A and set its check Ready passes; a bare ``kubectl
+      patch`` of a held, evicted or already-run object does not.
+    """
+    if not (new.labelled or (old is not None and old.labelled)):
+        return None
+    if operation == "UPDATE" and old is not None and old.labelled:
+        change = identity_change(old, new)
+        if change:
+            return change
+    if not starts_execution(operation, old, new):
+        return None
+    if not new.labelled:
+        return None
+    if verdict is None:
+        return f"trainjob {new.name} cannot start: the guard could not read its pods"
+    if not verdict.admissible:
+        return f"trainjob {new.name} cannot start: {verdict.detail()}"
+    return _not_armed(operation, old, new, record, workload)

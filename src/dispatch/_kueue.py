@@ -141,18 +141,29 @@ class WorkloadView:
 class WorkloadHint:
     """What a batch's reads may be narrowed by, as a cache last saw it: the owner's uid (Workloads are
     listed by it) and the pod sets' identity (TrainJobs are listed by it). Never trusted beyond that:
-    whatever a hint misses is read by a get."""
+    whatever a hint misses is read by a get. ``ref`` and ``checks`` (the cached resourceVersion and check
+    entries) let a failed batch explain itself on the Workload, a write conditioned on that version."""
 
     owner_uid: str
     pod_set_identity: tuple[str, str] | None
+    ref: Ref
+    checks: tuple[CheckEntry, ...]
 
     @staticmethod
     def of(view: WorkloadView) -> WorkloadHint:
-        return WorkloadHint(view.owner.uid if view.owner is not None else "", view.pod_set_identity)
+        return WorkloadHint(view.owner.uid if view.owner is not None else "", view.pod_set_identity, view.ref,
+                            view.checks)
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> WorkloadHint:
         return WorkloadHint.of(WorkloadView.from_obj(obj))
+
+    def entry(self, names: Collection[str]) -> CheckEntry | None:
+        return next((c for c in self.checks if c.name in names), None)
+
+
+Addressed = WorkloadView | WorkloadHint
+"""What a check write needs of a Workload: its ``ref`` (name, namespace, resourceVersion)."""
 
 
 def checks_owned(checks: Iterable[Mapping[str, Any]], controller_name: str) -> set[str]:
@@ -186,15 +197,15 @@ def entry_body(name: str, state: str, message: str, since: str, pod_set_updates:
     return entry
 
 
-def check_status_body(workload: WorkloadView, entry: Obj) -> Obj:
+def check_status_body(workload: Addressed, entry: Obj) -> Obj:
     """Server-side apply body of our one ``status.admissionChecks`` entry, conditioned on the Workload's
     resourceVersion: only our entry is sent, so Kueue's and other controllers' entries (same list-map,
     other keys) are merged, not replaced, which a merge patch could not do."""
+    ref = workload.ref
     return {
         "apiVersion": api.WORKLOADS.api_version,
         "kind": "Workload",
-        "metadata": {"name": workload.ref.name, "namespace": workload.ref.namespace,
-                     "resourceVersion": workload.ref.resource_version},
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "resourceVersion": ref.resource_version},
         "status": {"admissionChecks": [entry]},
     }
 

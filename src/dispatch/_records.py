@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Cause", "Cessation", "Identity", "JobSpec", "RemainingPod", "State", "Status"]
+__all__ = ["Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status"]
 
 
 class State(enum.StrEnum):
@@ -50,6 +50,8 @@ class RemainingPod:
     admission: int | None = None
     deletion_timestamp: str | None = None
     """When the pod was asked to stop by (its deletionTimestamp: the deletion time plus its grace period)."""
+    held: bool = False
+    """Deleted for good (a force delete, PodGC) with its end unproven: only dispatch's finalizer keeps it."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class RemainingPod:
             "terminating": self.terminating,
             "admission": self.admission,
             "deletionTimestamp": self.deletion_timestamp,
+            "held": self.held,
         }
 
     def describe(self) -> str:
@@ -95,6 +98,13 @@ class Status:
     created: datetime | None = None
     remaining: tuple[RemainingPod, ...] = ()
     resource_version: str = ""
+    managed: bool = True
+    """Whether dispatch manages the object (its identity labels); others are shown, never admitted."""
+    created_by: str = ""
+    """Who created the TrainJob, as its managedFields tell (``dispatch``, ``kubectl-client-side-apply``, ...)."""
+    warnings: tuple[str, ...] = ()
+    """What could break the promise and is not dispatch's to fix (a runtime whose Jobs replace a
+    deleting pod at once, say)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON/YAML output; every field, nothing lost."""
@@ -113,7 +123,32 @@ class Status:
             "created": self.created.isoformat() if self.created else None,
             "remaining": [p.to_dict() for p in self.remaining],
             "resourceVersion": self.resource_version,
+            "managed": self.managed,
+            "createdBy": self.created_by,
+            "warnings": list(self.warnings),
         }
+
+
+@dataclass(frozen=True)
+class PodEnd:
+    """How one pod's end is proven: ``kubelet-confirmed`` (a terminal phase and every container
+    terminated, as its kubelet reports), ``node-deleted``, ``out-of-service`` (the operator's taint),
+    ``not-scheduled`` (deleted before any node ran it), or ``unproven`` (it may still run)."""
+
+    name: str
+    node: str | None
+    proof: str
+    phase: str
+    finalizer: bool = False
+    """The pod still carries dispatch's finalizer (it stays in the API until dispatch releases it)."""
+
+    @property
+    def proven(self) -> bool:
+        return self.proof != "unproven"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "node": self.node, "proof": self.proof, "phase": self.phase,
+                "finalizer": self.finalizer}
 
 
 @dataclass(frozen=True)
@@ -123,6 +158,8 @@ class Cessation:
     ceased: bool
     reason: str
     remaining: tuple[RemainingPod, ...] = ()
+    ends: tuple[PodEnd, ...] = ()
+    """Every pod of the object still in the API, with how its end is proven (or ``unproven``)."""
 
     def __bool__(self) -> bool:
         return self.ceased
@@ -132,6 +169,7 @@ class Cessation:
             "ceased": self.ceased,
             "reason": self.reason,
             "remaining": [p.describe() for p in self.remaining],
+            "ends": [e.to_dict() for e in self.ends],
         }
 
 

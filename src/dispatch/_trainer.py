@@ -29,6 +29,7 @@ from ._names import (
 )
 from ._records import Identity, JobSpec, State
 from ._views import (
+    POD_FINALIZER,
     Ref,
     annotations_of,
     condition_true,
@@ -63,6 +64,13 @@ def _parse_time(value: object) -> datetime | None:
         return None
 
 
+def _creator(obj: Obj) -> str:
+    for entry in items(meta(obj).get("managedFields")):
+        if text(entry.get("operation")) in ("Update", "Apply") and text(entry.get("manager")):
+            return text(entry.get("manager"))[:64]
+    return ""
+
+
 @dataclass(frozen=True)
 class TrainJobView:
     """A TrainJob as dispatch reads it, parsed once."""
@@ -88,6 +96,8 @@ class TrainJobView:
     created: datetime | None
     problems: tuple[str, ...] = ()
     """Fields dispatch owns that do not parse (a bad A annotation, say): the object is refused, alone."""
+    created_by: str = ""
+    """The field manager of the create (managedFields' first Update/Apply entry), if the server recorded it."""
     patch_entry: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -140,6 +150,7 @@ class TrainJobView:
             patch_targets=tuple(targets),
             created=_parse_time(meta(obj).get("creationTimestamp")),
             problems=tuple(problems),
+            created_by=_creator(obj),
             patch_entry=entry,
             labels=labels,
         )
@@ -184,6 +195,13 @@ def runtime_jobs(runtime: Obj) -> list[str]:
     return [text(rj.get("name")) for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))]
 
 
+def runtime_replacement_policies(runtime: Obj) -> dict[str, str]:
+    """``podReplacementPolicy`` of each replicatedJob's Job template in a runtime ("" when unset)."""
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    return {text(rj.get("name")): text(mapping(mapping(rj.get("template")).get("spec")).get("podReplacementPolicy"))
+            for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))}
+
+
 def identity_labels(job_id: str, submission: str, admission: int | None = None) -> dict[str, str]:
     """The labels every pod of an execution carries (and the TrainJob, without A)."""
     out = {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission}
@@ -207,8 +225,10 @@ def identity_env() -> list[Obj]:
 
 
 def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
-    """dispatch's own runtime patch entry: identity labels (and the user's pod settings) per replicatedJob."""
-    pod_template: Obj = {"metadata": {"labels": dict(labels)}}
+    """dispatch's own runtime patch entry: identity labels, dispatch's pod finalizer (so a pod that may
+    still run stays in the API even after a force delete, until dispatch proves its end) and the user's
+    pod settings, per replicatedJob."""
+    pod_template: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
     if spec.pod_annotations:
         pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
     pod_spec: Obj = {}
@@ -294,7 +314,10 @@ def raise_body(tj: TrainJobView, admission: int, token: str) -> Obj:
     tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
     for rj in tmpl_spec.get("replicatedJobs") or []:
         template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
-        template.setdefault("metadata", {}).setdefault("labels", {}).update(labels)
+        tmeta = template.setdefault("metadata", {})
+        tmeta.setdefault("labels", {}).update(labels)
+        if POD_FINALIZER not in (tmeta.get("finalizers") or []):
+            tmeta["finalizers"] = [*(tmeta.get("finalizers") or []), POD_FINALIZER]
     return {
         "apiVersion": api.TRAINJOBS.api_version,
         "kind": "TrainJob",

@@ -27,6 +27,15 @@ Obj = Mapping[str, Any]
 MAX_DIGITS = 18
 """A stored count has at most 18 digits: far above any real A, and always inside a signed 64-bit int."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+PROOF_KUBELET = "kubelet-confirmed"
+"""Terminal phase and every container terminated, as its kubelet reports."""
+PROOF_NODE_DELETED = "node-deleted"
+PROOF_OUT_OF_SERVICE = "out-of-service"
+"""The Node carries ``node.kubernetes.io/out-of-service``: an operator confirmed it is shut down."""
+PROOF_NOT_SCHEDULED = "not-scheduled"
+"""Deleted before it was ever bound to a Node: no process was started."""
+PROOF_UNPROVEN = "unproven"
+PROVEN = frozenset({PROOF_KUBELET, PROOF_NODE_DELETED, PROOF_OUT_OF_SERVICE, PROOF_NOT_SCHEDULED})
 POD_FINALIZER = f"{DOMAIN}/execution"
 """dispatch's finalizer on every pod of a dispatch object: the pod stays visible (even after a force
 delete) until dispatch has proven its process gone."""
@@ -175,12 +184,26 @@ class PodView:
     namespace: str = ""
     finalizers: tuple[str, ...] = ()
     resource_version: str = ""
+    containers_terminated: bool = False
+    """Every container of the pod has a status, and each is in a terminated state (what a kubelet reports
+    once it has stopped them). PodGC, Kueue's failure recovery and anyone else who writes a Failed phase
+    onto a pod of an unreachable node leave the container states as they were."""
+    deletion_grace: int | None = None
+    """``deletionGracePeriodSeconds``: 0 once the pod was force-deleted (or PodGC or its kubelet deleted it
+    for good); then only a finalizer keeps it in the API."""
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
         m = meta(obj)
         labels = labels_of(obj)
         deletion = text(m.get("deletionTimestamp")) or None
+        status = mapping(obj.get("status"))
+        spec = mapping(obj.get("spec"))
+        names = {text(c.get("name")) for c in items(spec.get("containers"))}
+        states = {text(c.get("name")): mapping(c.get("state")) for c in items(status.get("containerStatuses"))}
+        terminated = bool(names) and all(
+            name in states and "terminated" in states[name] and "running" not in states[name]
+            and "waiting" not in states[name] for name in names)
         return PodView(
             name=text(m.get("name")),
             uid=text(m.get("uid")) or text(m.get("name")),
@@ -196,12 +219,41 @@ class PodView:
             finalizers=tuple(f for f in (m.get("finalizers") or []) if isinstance(f, str))
             if isinstance(m.get("finalizers"), list) else (),
             resource_version=text(m.get("resourceVersion")),
+            containers_terminated=terminated,
+            deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
         )
 
     @property
+    def kubelet_confirmed(self) -> bool:
+        """The pod's end as its kubelet reports it: a terminal phase (Succeeded or Failed) and every
+        container's state ``terminated``. A terminal phase alone proves nothing: PodGC and Kueue write
+        Failed onto pods of unreachable nodes whose containers may still run."""
+        return self.phase in TERMINAL_PHASES and self.containers_terminated
+
+    @property
     def may_run(self) -> bool:
-        """Any pod not Succeeded or Failed may have a running container, Terminating or not."""
-        return self.phase not in TERMINAL_PHASES
+        """Any pod whose end its kubelet has not confirmed may have a running container."""
+        return not self.kubelet_confirmed
+
+    @property
+    def ours(self) -> bool:
+        """Carries dispatch's finalizer (so it stays in the API until dispatch releases it)."""
+        return POD_FINALIZER in self.finalizers
+
+    def end(self, node: NodeView | None) -> str:
+        """How this pod's end is proven (a ``PROOF_*`` value), given what is known of its Node."""
+        if self.kubelet_confirmed:
+            return PROOF_KUBELET
+        if self.node is None:
+            # Never bound: no kubelet ever started it. Once deleting, the scheduler never binds it.
+            return PROOF_NOT_SCHEDULED if self.deleting else PROOF_UNPROVEN
+        if node is None or not node.readable:
+            return PROOF_UNPROVEN
+        if not node.exists:
+            return PROOF_NODE_DELETED
+        if node.out_of_service:
+            return PROOF_OUT_OF_SERVICE
+        return PROOF_UNPROVEN
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:
         """The two independent selections of the rule: dispatch's labels, or JobSet's jobset-name."""
@@ -237,6 +289,8 @@ class JobView:
     suspended_confirmed: bool
     finished: bool
     started: bool
+    replacement_policy: str = ""
+    """``spec.podReplacementPolicy`` (the API defaults it to TerminatingOrFailed without a podFailurePolicy)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobView:
@@ -247,4 +301,5 @@ class JobView:
             name_of(obj), labels_of(obj).get(JOBSET_NAME_LABEL, ""), is_suspended(obj),
             condition_true(obj, "Suspended"),
             condition_true(obj, "Complete") or condition_true(obj, "Failed"), started,
+            text(mapping(obj.get("spec")).get("podReplacementPolicy")),
         )

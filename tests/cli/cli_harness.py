@@ -14,6 +14,9 @@ from dispatch import Adapter
 from dispatch.cli import CliState, Settings, app
 from dispatch.testing import FakeCluster
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+READER = ("dispatch-reader", "dispatch-node-reader")
+
 
 @dataclass
 class Cli:
@@ -27,7 +30,8 @@ class Cli:
     def __call__(self, *args: str, input: str | None = None) -> Result:
         def connect(settings: Settings) -> Adapter:
             self.connected.append(settings)
-            transport = self.transport() if self.transport else self.cluster.transport()
+            roles = READER if settings.read_only else WRITER  # exactly the shipped roles the CLI is run with
+            transport = self.transport() if self.transport else self.cluster.transport(roles=roles)
             return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only)
 
         runner = CliRunner()

@@ -21,8 +21,10 @@ from .cli_harness import Cli
 
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
+    "managed", "createdBy",
+    "warnings",
 }
-POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp"}
+POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held"}
 
 
 def trainjob(cli: Cli, name: str) -> dict[str, Any]:
@@ -469,8 +471,9 @@ def test_ceased_through_a_frozen_node_and_the_out_of_service_taint(cli: Cli, run
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
     data = cli.json("ceased", name)
-    assert set(data) == {"name", "ceased", "reason", "remaining", "pods"}
+    assert set(data) == {"name", "ceased", "reason", "remaining", "pods", "ends"}
     assert data["ceased"] is False
+    assert [(e["proof"], e["finalizer"]) for e in data["ends"]] == [("unproven", True)]
     assert "Ready=Unknown" in data["remaining"][0]
     assert data["pods"][0]["nodeState"] == "Ready=Unknown"
     table = cli("ceased", name)
@@ -670,14 +673,20 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
 
     monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
     result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
-                 "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug")
+                 "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug",
+                 "--metrics-bind-address", ":8443", "--metrics-secure", "--metrics-cert-dir", "/certs")
     assert result.exit_code == 0, result.output
     assert calls == [{
         "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
         "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
         "workers": 8, "batch": 16, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
-        "controller_name": "dispatch.phpboyscout.uk/admission",
+        "controller_name": "dispatch.phpboyscout.uk/admission", "metrics_bind_address": ":8443",
+        "metrics_secure": True, "metrics_cert_dir": "/certs",
+        "guard_port": None, "guard_cert_dir": "",
+        "guard_webhook": "dispatch-guard",
     }]
+    cli("controller", "--guard-port", "9443", "--guard-cert-dir", "certs", "--guard-webhook", "")
+    assert (calls[-1]["guard_port"], calls[-1]["guard_cert_dir"], calls[-1]["guard_webhook"]) == (9443, "certs", "")
     cli("controller", "-n", "other")
     assert calls[-1]["namespace"] == "other"
     assert calls[-1]["leader_elect"] is True
@@ -713,6 +722,8 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
     assert params == {
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
         "identity", "workers", "batch", "resync_seconds", "foreign", "log_level", "controller_name",
+        "metrics_bind_address", "metrics_secure", "metrics_cert_dir",
+        "guard_port", "guard_cert_dir", "guard_webhook",
     }
 
 

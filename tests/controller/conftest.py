@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -54,14 +55,28 @@ def kueue(cluster: FakeCluster) -> FakeKueue:
 
 @pytest.fixture
 async def kube(cluster: FakeCluster) -> AsyncIterator[k.Kube]:
-    kb = k.Kube.connect(namespace="default", transport=cluster.transport())
+    """The controller's client: exactly the shipped ``dispatch-controller`` role (and its Lease Role)."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
     yield kb
+    await kb.aclose()
+    assert cluster.server.denied == [], "a request the shipped roles do not allow"
+
+
+@pytest.fixture
+async def adapter(cluster: FakeCluster) -> AsyncIterator[AsyncAdapter]:
+    """The user's library: exactly the shipped writer role (with the node reader)."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport(
+        roles=("dispatch-writer", "dispatch-node-reader")))
+    yield AsyncAdapter(kb)
     await kb.aclose()
 
 
 @pytest.fixture
-def adapter(kube: k.Kube) -> AsyncAdapter:
-    return AsyncAdapter(kube)
+async def admin(cluster: FakeCluster) -> AsyncIterator[k.Kube]:
+    """An unrestricted client, for tests of mechanisms (leader election on a Lease of their own) not roles."""
+    kb = k.Kube.connect(namespace="default", transport=cluster.transport())
+    yield kb
+    await kb.aclose()
 
 
 BASE = Config(resync_seconds=3600, workers=2)
@@ -89,3 +104,25 @@ def pods_summary(cluster: FakeCluster, name: str = NAME) -> list[tuple[str, str,
     return [(p["metadata"]["name"], p["status"]["phase"],
              p["metadata"]["labels"].get("dispatch.phpboyscout.uk/admission"),
              bool(p["metadata"].get("deletionTimestamp"))) for p in cluster.pods(name)]
+
+
+# ------------------------------------------------------------------ the controller's image on the testbed
+
+
+@pytest.fixture(scope="session")
+def controller_image() -> str:
+    """The image built from this tree by scripts/build-image (layers cached; the base made once)."""
+    from dispatch.testbed import _container
+
+    why = _container.podman_missing()
+    if why and not (os.environ.get("CI") and os.geteuid() == 0):   # in CI, scripts/build-image installs them
+        pytest.skip(f"the controller's image needs podman: {why}")
+    return _container.build_image()
+
+
+@pytest.fixture(scope="session")
+def shipped(testbed_kubeconfig: str, controller_image: str) -> str:
+    """deploy/ applied to the testbed (server-side), so the image runs under the shipped roles only."""
+    from dispatch.testbed import _container
+
+    return _container.apply_deploy()

@@ -538,10 +538,10 @@ async def test_watch_expiry_relists_and_keeps_working(
 
 
 async def test_every_namespace_is_served_when_none_is_given(
-    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube, adapter: AsyncAdapter
 ) -> None:
     cluster.server.create("", "namespaces", "", {"metadata": {"name": "team-a"}})
-    other = AsyncAdapter(kube.in_namespace("team-a"))
+    other = AsyncAdapter(adapter.kube.in_namespace("team-a"))
     await other.open(SPEC)
     wl = kueue.workload_for(NAME, namespace="team-a")
     async with running(kube, namespace=None):
@@ -551,10 +551,10 @@ async def test_every_namespace_is_served_when_none_is_given(
 
 
 async def test_one_namespace_only_when_given(
-    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube, adapter: AsyncAdapter
 ) -> None:
     cluster.server.create("", "namespaces", "", {"metadata": {"name": "team-a"}})
-    await AsyncAdapter(kube.in_namespace("team-a")).open(SPEC)
+    await AsyncAdapter(adapter.kube.in_namespace("team-a")).open(SPEC)
     wl = kueue.workload_for(NAME, namespace="team-a")
     async with running(kube, namespace="default"):
         await quiet()

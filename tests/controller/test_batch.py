@@ -57,8 +57,9 @@ async def build(kinds: Sequence[str]) -> World:
         cluster.add_node(node)
     kueue = FakeKueue(cluster)
     kueue.install()
-    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
-    adapter = AsyncAdapter(kube)
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport("dispatch-controller"))  # the shipped role
+    adapter = AsyncAdapter(k.Kube.connect(namespace=NS, transport=cluster.transport(
+        roles=("dispatch-writer", "dispatch-node-reader"))))
     rec = reconciler_for(kube)
     names: list[str] = []
     for i, kind in enumerate(kinds):
@@ -98,6 +99,8 @@ async def build(kinds: Sequence[str]) -> World:
             stray_pod(cluster, f"stray-{i}", "node-1", {"dispatch.phpboyscout.uk/job-id": "batch",
                                                         "dispatch.phpboyscout.uk/submission": f"s{i}"})
         names.append(wl)
+    await adapter.aclose()
+    assert cluster.server.denied == []
     return World(cluster, kueue, kube, rec, names)
 
 
@@ -136,6 +139,7 @@ def drop_our_check(cluster: FakeCluster, wl: str) -> None:
 
 def result(world: World) -> dict[str, tuple[Any, ...]]:
     """What deciding left behind: each check's state, message (pod suffixes folded), pod-set labels, and A."""
+    assert world.cluster.server.denied == []  # the reconciler holds exactly the shipped controller role
     out: dict[str, tuple[Any, ...]] = {}
     for wl in world.workloads:
         obj = world.kueue.workload(wl)

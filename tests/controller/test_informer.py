@@ -10,6 +10,8 @@ import pytest
 
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch._views import POD_FINALIZER
+from dispatch.controller import Config, Controller
 from dispatch.controller._informer import INITIAL_BACKOFF, MAX_BACKOFF, Informer
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._queue import WorkQueue
@@ -46,8 +48,11 @@ def pod(name: str, jobset: str, *, node: str = "node-0", phase: str = "Running",
     labels = {n.JOBSET_NAME_LABEL: jobset}
     if job_id:
         labels |= {n.LABEL_JOB_ID: job_id, n.LABEL_SUBMISSION: "s1"}
+    status: dict[str, Any] = {"phase": phase}
+    if phase in ("Succeeded", "Failed"):   # ended as its kubelet reports it: every container terminated
+        status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 1}}}]
     return {"metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "labels": labels},
-            "spec": {"nodeName": node}, "status": {"phase": phase}}
+            "spec": {"nodeName": node, "containers": [{"name": "node"}]}, "status": status}
 
 
 def workload(name: str, owner: str) -> dict[str, Any]:
@@ -221,3 +226,37 @@ def test_a_workload_relist_requeues_only_changed_workloads_and_drops_the_gone() 
     router.list_workloads([b])
     assert drain(queue) == {f"{NS}/wl-b"}
     assert set(router.workloads) == {f"{NS}/wl-b"} and router.pending == {f"{NS}/wl-b"}
+
+
+async def test_the_controllers_pod_and_node_lists_reach_the_router_and_the_finalizer_keeper_page_by_page() -> None:
+    """Both pod selections and the Node list feed routing and the finalizer keeper from the same pages;
+    a Node missing from a later complete list proves the end of the keeper's pods on it."""
+    cluster = FakeCluster()
+    for node in ("node-0", "node-1"):
+        cluster.add_node(node)
+    for i in range(5):
+        obj = pod(f"p{i}", "llama-s1", node=f"node-{i % 2}", job_id="llama")
+        obj["metadata"]["finalizers"] = [POD_FINALIZER]
+        cluster.server.create("", "pods", NS, obj)
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
+    ctl = Controller(kube, Config(namespace=NS, resync_seconds=3600))
+    try:
+        for name in ("pods", "dispatch-pods", "nodes"):
+            ctl.informers[name].page_size = 2
+            await ctl.informers[name]._list(name == "nodes")
+        pages = [q for m, p, q in cluster.server.requests if m == "GET" and p.endswith("/pods")]
+        assert len(pages) == 6 and all(q.get("limit") == "2" for q in pages)   # 3 pages per selection
+        uids = {str(o["metadata"]["uid"]) for o in cluster.server.objects("", "pods", NS)}   # the server's
+        assert len(uids) == 5
+        assert set(ctl.router.pod_index("pods").live) == uids == set(ctl.router.pod_index("dispatch-pods").live)
+        assert set(ctl.finalizers.signatures) == {f"{NS}/p{i}" for i in range(5)}
+        assert ctl.finalizers.on_node_of == {"node-0": {f"{NS}/p0", f"{NS}/p2", f"{NS}/p4"},
+                                             "node-1": {f"{NS}/p1", f"{NS}/p3"}}
+        assert drain(ctl.finalizers.queue) == set()          # running pods on live Nodes: nothing proven
+        assert set(ctl.router.nodes) == {"node-0", "node-1"}
+        cluster.server.delete("", "nodes", "", "node-1")
+        await ctl.informers["nodes"]._list(True)
+        assert drain(ctl.finalizers.queue) == {f"{NS}/p1", f"{NS}/p3"}
+        assert set(ctl.router.nodes) == {"node-0"}
+    finally:
+        await kube.aclose()

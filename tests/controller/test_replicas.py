@@ -27,9 +27,9 @@ def workload_writes(ctl: Controller) -> float:
 
 
 async def test_one_leader_decides_and_a_standby_takes_over_when_it_stops(
-    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+    cluster: FakeCluster, kueue: FakeKueue, admin: k.Kube, adapter: AsyncAdapter
 ) -> None:
-    adapter = AsyncAdapter(kube)
+    kube = admin  # its Lease is in "default", which the shipped Lease Role does not cover
     stack = AsyncExitStack()
     async with AsyncExitStack() as outer:
         b_cm = running(kube, BASE, identity="b", **FAST)
@@ -55,8 +55,9 @@ async def test_one_leader_decides_and_a_standby_takes_over_when_it_stops(
 
 
 async def test_a_leader_that_vanishes_is_replaced_after_its_lease_expires(
-    cluster: FakeCluster, kube: k.Kube
+    cluster: FakeCluster, admin: k.Kube
 ) -> None:
+    kube = admin  # a Lease of the test's own
     changes: list[tuple[str, bool]] = []
     a = LeaderElector(kube, name="l", namespace="default", identity="a", lease_seconds=1, retry_seconds=0.05,
                       on_change=lambda v: changes.append(("a", v)))
@@ -75,8 +76,9 @@ async def test_a_leader_that_vanishes_is_replaced_after_its_lease_expires(
 
 
 async def test_a_leader_that_cannot_renew_steps_down_after_the_deadline(
-    cluster: FakeCluster, kube: k.Kube
+    cluster: FakeCluster, admin: k.Kube
 ) -> None:
+    kube = admin  # a Lease of the test's own
     changes: list[bool] = []
     e = LeaderElector(kube, name="l", namespace="default", identity="a", lease_seconds=1.0, renew_deadline=0.3,
                       retry_seconds=0.05, on_change=changes.append)
@@ -92,14 +94,13 @@ async def test_a_leader_that_cannot_renew_steps_down_after_the_deadline(
 
 
 async def test_two_replicas_without_leader_election_still_admit_each_execution_once(
-    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+    cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube, adapter: AsyncAdapter
 ) -> None:
     """Both replicas decide every Workload at once; the RV preconditions let one write win each time."""
-    adapter = AsyncAdapter(kube)
     names = [f"j-s{i}" for i in range(12)]
     for i in range(12):
         await adapter.open(JobSpec(job_id="j", submission=f"s{i}", queue="lq-dispatch"))
-    kb2 = k.Kube.connect(namespace="default", transport=cluster.transport())
+    kb2 = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
     async with running(kube, BASE, identity="a", workers=4), running(kb2, BASE, identity="b", workers=4):
         wls = [kueue.workload_for(name) for name in names]
         await until(lambda: all(ready(kueue, wl) for wl in wls), timeout=10)

@@ -3,9 +3,11 @@
 A hypothesis state machine drives the fake Kueue (admitting Workloads whose checks are Ready, preempting
 them, releasing and re-reserving quota as soon as JobSet reports no active Job, which is while pods may
 still be Terminating), the fake cluster's controllers and kubelets one step at a time, nodes freezing,
-being tainted out-of-service or deleted, pods finishing or force-deleted on reachable nodes, injected API
-errors, and the admission check itself: one Workload at a time, batches with fresh, stale or no hints,
-two replicas deciding at once, and a replica that dies between raising A and setting Ready. After every
+being tainted out-of-service or deleted, pods finishing or force-deleted (on reachable and on frozen nodes:
+dispatch's finalizer keeps a force-deleted pod that may still run in the API), injected API errors, and
+the controller itself: one Workload at a time, batches with fresh, stale or no hints, two replicas
+deciding at once, a replica that dies between raising A and setting Ready, and its finalizer keeper
+releasing pods whose end is proven. After every
 step the history checker asserts that no two admission numbers of one object ever ran at once and that A
 rose with each execution.
 """
@@ -26,6 +28,7 @@ from dispatch import AsyncAdapter, DispatchError, JobSpec
 from dispatch import _kube as k
 from dispatch._kueue import WorkloadHint
 from dispatch.controller._events import EventRecorder
+from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
 from dispatch.controller.testing import KUEUE, FakeKueue
@@ -57,7 +60,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.cluster = FakeCluster()
-        self.cluster.add_runtime()
+        self.cluster.add_runtime(replacement_policy="Failed")
         for node in NODES:
             self.cluster.add_node(node)
         self.kueue = FakeKueue(self.cluster)
@@ -67,7 +70,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         self.stale: dict[str, WorkloadHint] = {}
 
         async def open_all() -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport(
+                roles=("dispatch-writer", "dispatch-node-reader")))
             try:
                 for name in OBJECTS:
                     await AsyncAdapter(kube).open(spec(name))
@@ -86,7 +90,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         """Run one reconciler per plan at once (replicas): (Workload names, hints, dies mid-admission)."""
 
         async def one(names: list[str], hints: str, dies: bool) -> None:
-            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
             metrics = Metrics.create()
             rec = Reconciler(kube, check_names=lambda: {"dispatch"}, metrics=metrics,
                              events=EventRecorder(kube, metrics, instance="fuzz"))
@@ -126,11 +130,28 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     # Few rules with many variants each: hypothesis picks rules uniformly, so the deciding, Kueue and
     # cluster steps stay frequent enough for preemption, waiting and re-admission to happen often.
 
-    @rule(mode=st.sampled_from(["one", "batch", "two-replicas", "dies-mid-admission"]),
+    async def _release_finalizers(self) -> None:
+        """One pass of the controller's finalizer keeper over every pod it would watch."""
+        kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for key in sorted(keeper.signatures):
+                try:
+                    await keeper.release(key)
+                except DispatchError:
+                    pass
+        finally:
+            await kube.aclose()
+
+    @rule(mode=st.sampled_from(["one", "batch", "two-replicas", "dies-mid-admission", "finalizers"]),
           names=st.lists(st.sampled_from(OBJECTS), min_size=1, max_size=3, unique=True),
           other=st.sampled_from(OBJECTS), hints=st.sampled_from(["fresh", "stale", "none"]))
     def decide(self, mode: str, names: list[str], other: str, hints: str) -> None:
         wls = [self.workloads[n] for n in names]
+        if mode == "finalizers":
+            asyncio.run(self._release_finalizers())
+            return
         if mode == "one":
             plans = [(wls[:1], "none", False)]
         elif mode == "batch":
@@ -205,13 +226,13 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20), event=st.sampled_from(["Succeeded", "Failed", "force-deleted"]))
     def pod_event(self, index: int, event: str) -> None:
-        """A pod finishes, or is force-deleted on a reachable node (on a lost node no API read could
-        tell its process is gone, so that is left out, as in the plain-mode machine)."""
+        """A pod finishes, or is force-deleted, on a reachable node or a frozen one (there its process
+        goes on, and only dispatch's finalizer keeps it visible to the rule)."""
         pods = self.cluster.pods()
         pod = pods[index % len(pods)]
         if event != "force-deleted":
             self.cluster.finish_pod(pod["metadata"]["name"], event)
-        elif pod["spec"].get("nodeName") not in self.cluster.frozen:
+        else:
             self.cluster.force_delete(pod["metadata"]["name"])
 
     @rule(status=st.sampled_from([409, 500, 503, 429, "timeout", "connect"]), after=st.booleans(),
@@ -225,6 +246,11 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     def no_two_executions_overlap(self) -> None:
         if hasattr(self, "cluster"):
             self.cluster.history.check()
+
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
 
 
 NeverTwoExecutionsUnderKueue.TestCase.settings = settings(
@@ -242,7 +268,7 @@ def _step(rng: random.Random, sm: NeverTwoExecutionsUnderKueue) -> Callable[[], 
                          "api_error"])
     if choice == "decide":
         names = rng.sample(OBJECTS, rng.randint(1, 3))
-        mode = rng.choice(["one", "batch", "two-replicas", "dies-mid-admission"])
+        mode = rng.choice(["one", "batch", "two-replicas", "dies-mid-admission", "finalizers"])
         return lambda: sm.decide(mode, names, rng.choice(OBJECTS), rng.choice(["fresh", "stale", "none"]))
     if choice == "kueue_step":
         step, name = rng.choice(["sync", "settle", "preempt", "preempt-and-requeue"]), rng.choice(OBJECTS)
@@ -265,7 +291,7 @@ def _step(rng: random.Random, sm: NeverTwoExecutionsUnderKueue) -> Callable[[], 
     return sm.cache_goes_stale
 
 
-WALKS = 150
+WALKS = 200
 
 
 def test_seeded_random_walks_reach_re_admission_after_waiting_and_never_overlap() -> None:

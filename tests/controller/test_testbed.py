@@ -11,6 +11,7 @@ from __future__ import annotations
 
 # ruff: noqa: ASYNC221  (test harness: subprocesses and files, off the hot path)
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -26,11 +27,17 @@ from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec, State
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
 
+from .test_guard_testbed import held_with_terminating_pod as guard_held
+from .test_guard_testbed import installed as guard_installed
+from .test_guard_testbed import unsuspend as guard_unsuspend
 from .testbed_harness import (
+    LAUNCHERS,
     A,
+    Launcher,
     all_terminating,
     check_of,
     cond,
+    container_controller,
     controller_env,
     controller_name,
     hold_pods,
@@ -40,6 +47,7 @@ from .testbed_harness import (
     release_pods,
     running_pods,
     running_testbed_kubeconfig,
+    scrape,
     subprocess_controller,
     until,
     workload_of,
@@ -66,6 +74,15 @@ def kubeconfig() -> Path:
     return path
 
 
+@pytest.fixture(params=["process", "container"])
+def launch(request: pytest.FixtureRequest) -> Launcher:
+    """How the controller is started: ``python -m dispatch.controller`` with the admin kubeconfig, or its
+    image with only the shipped ServiceAccount's token and roles (skipped when podman is absent)."""
+    if request.param == "container":
+        request.getfixturevalue("shipped")
+    return LAUNCHERS[str(request.param)]
+
+
 @pytest.fixture
 async def env(testbed_kubeconfig: str) -> AsyncIterator[tuple[k.Kube, str, str]]:
     """(admin Kube in a fresh namespace, namespace, ClusterQueue name); both removed afterwards."""
@@ -76,10 +93,12 @@ async def env(testbed_kubeconfig: str) -> AsyncIterator[tuple[k.Kube, str, str]]
 # ---------------------------------------------------------------- the issue's scenario
 
 
-async def test_preempted_trainjob_is_readmitted_only_after_its_old_pods_go(env: tuple[k.Kube, str, str]) -> None:
+async def test_preempted_trainjob_is_readmitted_only_after_its_old_pods_go(
+    env: tuple[k.Kube, str, str], launch: Launcher
+) -> None:
     kube, ns, _ = env
     adapter = AsyncAdapter(kube)
-    async with subprocess_controller(ns):
+    async with launch(ns):
         await adapter.open(JobSpec(job_id="low", submission="s1", queue="lq", priority_class="ctl-low",
                                    resources_per_node={"cpu": "3"}))
         await until(lambda: adapter.inspect("low-s1"), what="low opened")
@@ -187,12 +206,16 @@ async def test_two_replicas_with_leader_election_admit_once(env: tuple[k.Kube, s
         assert [p["metadata"]["labels"][A] for p in pods] == ["1"]
 
 
+@pytest.mark.parametrize("started", ["in-process", "container"])
 async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_real_kueue(
-    env: tuple[k.Kube, str, str],
+    env: tuple[k.Kube, str, str], started: str, request: pytest.FixtureRequest,
 ) -> None:
     """Twelve Workloads pending at once, each with a pod that may still run: the controller decides them
     in batches (set-based selectors and Kueue's pod-set labels on the real API server), names each one's
-    pod, and admits each with A=1 once its pod goes."""
+    pod, and admits each with A=1 once its pod goes. In process, or from its image under the shipped
+    roles (where a missing verb, such as listing TrainJobs, stalls every batch)."""
+    if started == "container":
+        request.getfixturevalue("shipped")
     kube, ns, cq = env
     adapter = AsyncAdapter(kube)
     # Active before any controller runs (as the controller would write it), so Kueue reserves quota for
@@ -213,10 +236,27 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
         wls = (await kube.list(k.WORKLOADS)).items
         return len(wls) == len(names) and all(cond(w, "QuotaReserved") for w in wls)
     await until(all_reserved, timeout=120, what="quota reserved for every Workload")
-    ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns), batch=64))
-    stop = asyncio.Event()
-    task = asyncio.create_task(ctl.run(stop))
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        if started == "container":
+            launched = await stack.enter_async_context(container_controller(ns, "--batch", "64",
+                                                                            "--resync-seconds", "3600"))
+
+            async def sample(name: str) -> float:
+                return await scrape(launched.port, name)
+        else:
+            ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns),
+                                          batch=64))
+            stop = asyncio.Event()
+            task = asyncio.create_task(ctl.run(stop))
+
+            async def halt() -> None:
+                stop.set()
+                await asyncio.wait_for(task, 15)
+            stack.push_async_callback(halt)
+
+            async def sample(name: str) -> float:
+                return ctl.metrics.registry.get_sample_value(name) or 0.0
+
         async def all_waiting() -> bool:
             for i, name in enumerate(names):
                 message = check_of(await workload_of(kube, name)).get("message", "")
@@ -224,16 +264,13 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
                     return False
             return True
         await until(all_waiting, timeout=60, what="every check Pending naming its own pod")
-        decided = ctl.metrics.registry.get_sample_value("dispatch_batch_size_sum") or 0.0
-        reads = ctl.metrics.registry.get_sample_value("dispatch_batch_size_count") or 0.0
+        decided = await sample("dispatch_batch_size_sum")
+        reads = await sample("dispatch_batch_size_count")
         assert decided > reads, (decided, reads)  # fewer shared reads than Workloads: batches held several
         for i in range(len(names)):
             await kube.delete(k.PODS, f"left-{i}", grace_seconds=0)
         for name in names:
             await until(functools.partial(is_running, kube, name), timeout=120, what=f"{name} running")
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 15)
     for name in names:
         pods = running_pods(await pods_of(kube, name))
         assert [p["metadata"]["labels"][A] for p in pods] == ["1"], name
@@ -320,6 +357,8 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "", True),
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "status", False),
     ("writer", "delete", "", "pods", "", False),
+    ("writer", "patch", "", "pods", "", True),  # removes dispatch's pod finalizer once a pod's end is proven
+    ("reader", "patch", "", "pods", "", False),
     ("writer", "update", "trainer.kubeflow.org", "trainjobs", "", False),
     ("writer", "list", "", "secrets", "", False),
     ("controller", "watch", "kueue.x-k8s.io", "workloads", "", True),
@@ -336,6 +375,8 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "watch", "jobset.x-k8s.io", "jobsets", "", True),
     ("controller", "patch", "jobset.x-k8s.io", "jobsets", "", False),
     ("controller", "delete", "", "pods", "", False),
+    ("controller", "get", "", "pods", "", True),  # the finalizer keeper reads each pod afresh
+    ("controller", "patch", "", "pods", "", True),  # and removes dispatch's pod finalizer
     ("controller", "get", "", "pods", "log", False),
     ("controller", "watch", "", "nodes", "", True),
     ("controller", "patch", "", "nodes", "", False),
@@ -347,6 +388,10 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("writer", "delete", "", "configmaps", "", False),
     ("controller", "create", "", "configmaps", "", False),
     ("controller", "delete", "", "configmaps", "", False),
+    ("controller", "create", "authentication.k8s.io", "tokenreviews", "", True),
+    ("controller", "create", "authorization.k8s.io", "subjectaccessreviews", "", True),
+    ("reader", "create", "authentication.k8s.io", "tokenreviews", "", False),
+    ("writer", "create", "authorization.k8s.io", "subjectaccessreviews", "", False),
     # identity records: created and raised by writers and the controller, deleted by nobody of theirs
     ("reader", "get", "dispatch.phpboyscout.uk", "submissionrecords", "", True),
     ("reader", "patch", "dispatch.phpboyscout.uk", "submissionrecords", "", False),
@@ -376,7 +421,8 @@ async def test_each_role_can_do_exactly_what_it_needs(rbac: tuple[k.Kube, str]) 
         assert not await _can(kube, sa, ns, "get", "", "configmaps", name="other")
     for doc in _rbac_docs():
         for rule in doc.get("rules", []):
-            assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"]
+            for field in ("verbs", "resources", "apiGroups", "nonResourceURLs"):  # the metrics reader: URLs only
+                assert "*" not in rule.get(field, []), (doc["metadata"]["name"], rule)
 
 
 async def test_the_controller_runs_with_only_its_service_accounts_token(
@@ -404,6 +450,35 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
     assert "forbidden" not in text.lower(), text[-2000:]
     events = [e for e in (await kube.list(k.EVENTS)).items if e.get("reason") == "AdmissionProceeds"]
     assert events
+
+
+async def test_the_guard_reads_with_only_the_controllers_service_account(
+        rbac: tuple[k.Kube, str], tmp_path: Path) -> None:
+    """The controller's own token (deploy/base/rbac.yaml): the guard's consistent read needs nothing more,
+    and its caBundle write is allowed on its own webhook configuration only."""
+    kube, ns = rbac
+    wh = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
+    assert await _can(kube, "controller", ns, "get", *wh, name="dispatch-guard")
+    assert await _can(kube, "controller", ns, "patch", *wh, name="dispatch-guard")
+    assert not await _can(kube, "controller", ns, "patch", *wh, name="other")
+    assert not await _can(kube, "controller", ns, "list", *wh)
+    token = subprocess.run(
+        [_kubectl(), "--kubeconfig", str(kubeconfig()), "-n", ns, "create", "token", "controller"],
+        check=True, capture_output=True, text=True).stdout.strip()
+    admin = yaml.safe_load(kubeconfig().read_text())
+    cluster = admin["clusters"][0]
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+              "users": [{"name": "sa", "user": {"token": token}}],
+              "contexts": [{"name": "sa", "context": {"cluster": cluster["name"], "user": "sa", "namespace": ns}}],
+              "current-context": "sa"}
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    async with guard_installed(kube, ns, tmp_path, kubeconfig_path=path, publish=False) as got:
+        name, pods = await guard_held(got, "sa")
+        denied = guard_unsuspend(ns, name)
+        assert denied.returncode != 0 and f"cannot start: remaining pods: {pods[0]} on " in denied.stderr
+    text = (tmp_path / "controller.log").read_text()
+    assert "forbidden" not in text.lower(), text[-2000:]
 
 
 def _kubectl() -> str:

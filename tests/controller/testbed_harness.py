@@ -18,12 +18,14 @@ import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dispatch import AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch.errors import NotFound
 from dispatch.testbed import ANN_HOLD_DELETE
 
 Obj = dict[str, Any]
@@ -54,8 +56,11 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
                  "preemption": {"withinClusterQueue": "LowerPriority"},
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default",
-                     "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "8Gi"}]}]}],
+                 # `pods` covered: Kueue v0.19 skips the checks of a Workload that gets no flavor (one whose
+                 # pods request none of the covered resources), so a check-gated queue must cover `pods`.
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
+                     "resources": [{"name": "cpu", "nominalQuota": "4"}, {"name": "memory", "nominalQuota": "8Gi"},
+                                   {"name": "pods", "nominalQuota": "1000"}]}]}],
                  "admissionChecksStrategy": {"admissionChecks": [{"name": cq}]}}})
     await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                                     "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
@@ -71,8 +76,11 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
         for tj in (await kube.list(k.TRAINJOBS)).items:
             await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
         for pod in (await kube.list(k.PODS)).items:
-            await kube.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"annotations": {
-                ANN_HOLD_DELETE: None}}})
+            try:
+                await kube.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"annotations": {
+                    ANN_HOLD_DELETE: None}}})
+            except NotFound:  # gone since the list (its TrainJob's deletion took it)
+                pass
         await kube.delete(k.NAMESPACES, ns)
         await kube.delete(CLUSTERQUEUES, cq)
         await kube.delete(k.ADMISSION_CHECKS, cq)
@@ -93,23 +101,72 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class Launched:
+    """A controller started by a launcher: its process and the host port of its probes and /metrics."""
+
+    proc: subprocess.Popen[bytes]
+    port: int
+    container: str = ""
+    """The container's name (podman), for a launcher that runs the image."""
+
+
 @asynccontextmanager
 async def subprocess_controller(ns: str, *extra: str, kubeconfig_path: Path | None = None,
-                                log: Path | None = None) -> AsyncIterator[subprocess.Popen[bytes]]:
+                                log: Path | None = None) -> AsyncIterator[Launched]:
     """``python -m dispatch.controller`` for one namespace, as the Deployment runs it."""
     logfile = open(log or os.devnull, "wb")  # noqa: SIM115
+    port = free_port()
     argv = [sys.executable, "-m", "dispatch.controller",
             "--kubeconfig", str(kubeconfig_path or running_testbed_kubeconfig()),
-            "--namespace", ns, "--metrics-port", str(free_port()), "--controller-name", controller_name(ns), *extra]
+            "--namespace", ns, "--metrics-port", str(port), "--controller-name", controller_name(ns), *extra]
     if "--leader-elect" not in extra:
         argv.append("--no-leader-elect")
     proc = subprocess.Popen(argv, stderr=logfile)
     try:
-        yield proc
+        yield Launched(proc, port)
     finally:
         proc.terminate()
         proc.wait(10)
         logfile.close()
+
+
+@asynccontextmanager
+async def container_controller(ns: str, *extra: str, kubeconfig_path: Path | None = None,
+                               log: Path | None = None) -> AsyncIterator[Launched]:
+    """The controller's image for one namespace, as a pod of the shipped Deployment runs it: only the
+    ServiceAccount token of ``dispatch-system/dispatch-controller`` and the shipped roles (deploy/ must be
+    applied). ``kubeconfig_path`` is ignored: a pod has none. Yields once ``/readyz`` answers."""
+    from dispatch.testbed import _container
+
+    port = free_port()
+    args = ["--namespace", ns, "--metrics-port", str(port), "--controller-name", controller_name(ns), *extra]
+    if "--leader-elect" not in extra:
+        args.append("--no-leader-elect")
+    ctr = _container.run(args, log=log)
+    try:
+        await asyncio.to_thread(_container.wait_ready, port, 90.0, ctr)
+        yield Launched(ctr.proc, port, ctr.name)
+    finally:
+        await asyncio.to_thread(ctr.stop)
+
+
+Launcher = Callable[..., AbstractAsyncContextManager[Launched]]
+LAUNCHERS: dict[str, Launcher] = {"process": subprocess_controller, "container": container_controller}
+
+
+async def scrape(port: int, sample: str) -> float:
+    """One sample's value from the controller's plain /metrics on ``port`` (0 when it has none yet)."""
+    import httpx2
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx2.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"http://127.0.0.1:{port}/metrics")).raise_for_status().text
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == sample and not s.labels:
+                return float(s.value)
+    return 0.0
 
 
 async def until(pred: Callable[[], Any], timeout: float = 60.0, what: str = "condition",

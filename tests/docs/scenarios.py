@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
-from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
+from dispatch import AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch import _names as n
+from dispatch._identity import record_name
 from dispatch.controller import Metrics, Reconciler
 from dispatch.controller._events import EventRecorder
 from dispatch.controller.testing import FakeKueue
@@ -24,9 +27,11 @@ NODES = ("node-0", "node-1", "node-2", "node-3")
 
 
 def fresh(namespace: str = "default") -> FakeCluster:
-    """A cluster with Trainer's default runtime and four Ready nodes; nothing opened yet."""
+    """A cluster with Trainer's default runtime, set up as dispatch recommends (its Jobs'
+    podReplacementPolicy is Failed, so ``open`` and ``status`` print no warning), and four Ready nodes;
+    nothing opened yet."""
     cluster = FakeCluster(namespace)
-    cluster.add_runtime()
+    cluster.add_runtime(replacement_policy="Failed")
     for node in NODES:
         cluster.add_node(node)
     return cluster
@@ -149,26 +154,86 @@ def readmitted() -> FakeCluster:
     return cluster
 
 
+def unmanaged() -> FakeCluster:
+    """running, plus a TrainJob the Kubeflow SDK created in the same namespace (no dispatch labels or
+    runtime patch; its managedFields name the SDK), held."""
+    cluster = running()
+    cluster.server.create("trainer.kubeflow.org", "trainjobs", cluster.namespace, {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": "uafe94fe6d9a", "managedFields": [{"manager": "kubeflow-sdk", "operation": "Update"}]},
+        "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True},
+    })
+    cluster.settle()
+    return cluster
+
+
+def _delete_record(cluster: FakeCluster) -> None:
+    """What an admin's ``kubectl delete submissionrecord`` does (writers may not delete records)."""
+    cluster.server.delete(n.DOMAIN, "submissionrecords", cluster.namespace, record_name("llama", "s1"))
+
+
+def record_missing() -> FakeCluster:
+    """llama-s1 ran as A=1 and was held; its pod is gone; then its identity record was deleted."""
+    cluster = held_terminating()
+    cluster.advance(60)
+    cluster.settle()
+    _delete_record(cluster)
+    return cluster
+
+
+def kueue_record_missing() -> FakeCluster:
+    """llama-s1 under Kueue ran as A=1 and was preempted; its pod has gone; its identity record was
+    deleted; dispatch's check has decided the re-admission since."""
+
+    async def decide(cluster: FakeCluster, kueue: FakeKueue, reconciler: Reconciler, workload: str) -> None:
+        cluster.advance(60)
+        cluster.settle()
+        kueue.sync()
+        _delete_record(cluster)
+        await reconciler.reconcile(cluster.namespace, workload)
+
+    return _kueue(decide)
+
+
+def legacy_ledger() -> FakeCluster:
+    """A namespace used by a dispatch version from before identity records: its ConfigMap
+    ``dispatch-admissions`` remembers llama/s1 at A=3 and llama/s2 at A=1 (keys ``<len>.<job-id>.<submission>``,
+    as that version wrote them); no TrainJob of either exists any more."""
+    cluster = fresh()
+    cluster.server.create("", "configmaps", cluster.namespace, {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "dispatch-admissions"},
+        "data": {"5.llama.s1": "3", "5.llama.s2": "1"},
+    })
+    return cluster
+
+
+def _resolve(entry: dict[str, object], labels: dict[str, str]) -> str:
+    """One container env entry as the kubelet resolves it: a value, or a fieldRef to one pod label."""
+    if "value" in entry:
+        return str(entry["value"])
+    path = entry["valueFrom"]["fieldRef"]["fieldPath"]  # type: ignore[index]
+    found = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+    assert found, f"{entry['name']}: a fieldRef the page's pod cannot resolve: {path}"
+    return labels[found[1]]
+
+
 def trainer_pod_environment(cluster: FakeCluster, workdir: Path) -> dict[str, str]:
-    """What the kubelet gives the running trainer pod of llama-s1 through the downward API, per the
-    runtime on the fencing page: the identity labels as environment variables, all labels as a file,
-    and an empty checkpoint volume."""
+    """What the running trainer pod of llama-s1 gets: the TrainJob's trainer env as dispatch wrote it
+    (Trainer puts it on the trainer container; the kubelet resolves each fieldRef against the pod's own
+    labels), plus what the runtime on the fencing page adds: the labels file and the checkpoint root."""
     running = [p for p in cluster.pods("llama-s1") if not p["metadata"].get("deletionTimestamp")]
     assert len(running) == 1, running
     labels = running[0]["metadata"]["labels"]
+    trainjob = cluster.server.get("trainer.kubeflow.org", "trainjobs", cluster.namespace, "llama-s1")
+    assert trainjob is not None
+    env = {e["name"]: _resolve(e, labels) for e in trainjob["spec"]["trainer"].get("env", [])}
     podinfo = workdir / "podinfo"
     podinfo.mkdir()
     # the downward API's format: one key="value" per line, values quoted as Go quotes them
     (podinfo / "labels").write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sorted(labels.items())))
     checkpoints = workdir / "checkpoints"
     checkpoints.mkdir()
-    return {
-        "TRAINING_JOB_ID": labels[LABEL_JOB_ID],
-        "TRAINING_SUBMISSION": labels[LABEL_SUBMISSION],
-        "TRAINING_ADMISSION": labels[LABEL_ADMISSION],
-        "PODINFO_DIR": str(podinfo),
-        "CHECKPOINT_ROOT": str(checkpoints),
-    }
+    return {**env, "PODINFO_DIR": str(podinfo), "CHECKPOINT_ROOT": str(checkpoints)}
 
 
 ENVIRONMENTS: dict[str, Callable[[FakeCluster, Path], dict[str, str]]] = {
@@ -195,4 +260,8 @@ SCENARIOS: dict[str, Callable[[], FakeCluster]] = {
     "controller-down": controller_down,
     "readmitted": readmitted,
     "trainer-pod": readmitted,
+    "unmanaged": unmanaged,
+    "legacy-ledger": legacy_ledger,
+    "record-missing": record_missing,
+    "kueue-record-missing": kueue_record_missing,
 }

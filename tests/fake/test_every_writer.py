@@ -57,6 +57,7 @@ def test_a_child_job_that_has_not_confirmed_its_suspension_blocks_even_if_it_nev
             c for c in obj.get("status", {}).get("conditions", []) if c.get("type") != "Suspended"]
 
     cluster.server.update("batch", "jobs", NS, job, lagging, status=True)
+    adapter.core.settle_seconds = 0.3  # the Job controller is not stepped here: it will never confirm
     with pytest.raises(PodsRemain, match=f"job {job} has not confirmed its suspension yet"):
         adapter.release(NAME)
     assert adapter.inspect(NAME).cause.detail.endswith(f"job {job} has not confirmed its suspension yet")

@@ -22,6 +22,8 @@ from dispatch._identity import record_name
 from dispatch.testing import FakeCluster
 
 NS = "default"
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+ADMIN = ("dispatch-admin", *WRITER)
 NAME = "llama-s1"
 SPEC = JobSpec(job_id="llama", submission="s1")
 RECORD = record_name("llama", "s1")
@@ -68,8 +70,8 @@ def test_two_concurrent_opens_of_one_submission_exactly_one_wins(cluster: FakeCl
     """Interleave the second open's requests at every point of the first: exactly one TrainJob exists."""
 
     async def main() -> list[object]:
-        a = AsyncAdapter.connect(NS, transport=cluster.transport())
-        b = AsyncAdapter.connect(NS, transport=cluster.transport())
+        a = AsyncAdapter.connect(NS, transport=cluster.transport(roles=WRITER))
+        b = AsyncAdapter.connect(NS, transport=cluster.transport(roles=WRITER))
         gate = asyncio.Event()
         seen = {"n": 0}
 
@@ -141,15 +143,40 @@ def test_the_same_open_again_resumes_its_claim(adapter: Adapter, cluster: FakeCl
     assert adapter.open(SPEC).name == NAME
 
 
+def test_a_trainjob_deleted_behind_dispatchs_back_can_be_opened_again_and_goes_on_counting(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC, hold=False)
+    cluster.server.delete("trainer.kubeflow.org", "trainjobs", NS, NAME)   # kubectl delete, not dispatch close
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    adapter.open(SPEC)
+    assert adapter.release(NAME).admission == 2
+
+
+def test_a_hand_edited_holder_does_not_let_a_second_object_claim_a_held_submission(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    adapter.open(SPEC)
+    cluster.server.update(n.DOMAIN, "submissionrecords", NS, RECORD,
+                          lambda o: o["spec"]["trainJob"].update(name="nobody", uid=""))
+    with pytest.raises(Refused, match="already exists as trainjob llama-s1"):
+        adapter.open(JobSpec(job_id="llama", submission="s1", name="second"))
+    cluster.server.delete(n.DOMAIN, "submissionrecords", NS, RECORD)
+    with pytest.raises(Refused, match="already exists as trainjob llama-s1"):
+        adapter.open(JobSpec(job_id="llama", submission="s1", name="third"))
+
+
 # ---------------------------------------------------------------- A rises exactly once per admission
 
 
 def test_concurrent_releases_of_one_object_admit_once_with_one_number(cluster: FakeCluster) -> None:
-    with Adapter.connect(NS, transport=cluster.transport()) as a:
+    with Adapter.connect(NS, transport=cluster.transport(roles=WRITER)) as a:
         a.open(SPEC)
 
     async def main() -> list[object]:
-        adapters = [AsyncAdapter.connect(NS, transport=cluster.transport()) for _ in range(4)]
+        adapters = [AsyncAdapter.connect(NS, transport=cluster.transport(roles=WRITER)) for _ in range(4)]
         try:
             return list(await asyncio.gather(*(x.release(NAME) for x in adapters), return_exceptions=True))
         finally:
@@ -205,12 +232,12 @@ def test_twenty_concurrent_releases_in_one_namespace_see_no_conflict_on_dispatch
     cluster: FakeCluster,
 ) -> None:
     names = [f"job-s{i}" for i in range(20)]
-    with Adapter.connect(NS, transport=cluster.transport()) as a:
+    with Adapter.connect(NS, transport=cluster.transport(roles=WRITER)) as a:
         for i in range(20):
             a.open(JobSpec(job_id="job", submission=f"s{i}"))
 
     async def main() -> list[object]:
-        adapters = [AsyncAdapter.connect(NS, transport=cluster.transport()) for _ in names]
+        adapters = [AsyncAdapter.connect(NS, transport=cluster.transport(roles=WRITER)) for _ in names]
         try:
             return list(await asyncio.gather(*(x.release(name) for x, name in zip(adapters, names, strict=True)),
                                              return_exceptions=True))
@@ -311,19 +338,19 @@ def test_close_records_a_before_it_deletes(adapter: Adapter, cluster: FakeCluste
 # ---------------------------------------------------------------- admin and migration
 
 
-def test_forget_is_refused_while_held_and_then_lets_the_submission_count_from_one(
-    adapter: Adapter, cluster: FakeCluster
-) -> None:
+def test_forget_is_refused_while_held_and_then_lets_the_submission_count_from_one(cluster: FakeCluster) -> None:
+    adapter = Adapter.connect(NS, transport=cluster.transport(roles=ADMIN))
     adapter.open(SPEC, hold=False)
     with pytest.raises(Refused, match="close it first"):
         adapter.forget("llama", "s1")
     adapter.close(NAME)
     assert adapter.forget("llama", "s1") is True
     assert record(cluster) is None
+    adapter.shutdown()
 
 
-def test_migrate_folds_the_old_ledger_and_existing_objects_into_records(adapter: Adapter, cluster: FakeCluster
-                                                                        ) -> None:
+def test_migrate_folds_the_old_ledger_and_existing_objects_into_records(cluster: FakeCluster) -> None:
+    adapter = Adapter.connect(NS, transport=cluster.transport(roles=ADMIN))
     cluster.server.create("", "configmaps", NS, {"apiVersion": "v1", "kind": "ConfigMap",
                                                  "metadata": {"name": "dispatch-admissions"},
                                                  "data": {"5.llama.s9": "4", "3.job.s.1": "2"}})
@@ -331,6 +358,7 @@ def test_migrate_folds_the_old_ledger_and_existing_objects_into_records(adapter:
     assert record_a(cluster, "llama", "s9") == 4 and record_a(cluster, "job", "s.1") == 2
     assert cluster.server.get("", "configmaps", NS, "dispatch-admissions") is None
     assert adapter.open(JobSpec(job_id="llama", submission="s9"), hold=False).identity.admission == 5
+    adapter.shutdown()
 
 
 def test_the_first_open_after_an_upgrade_continues_from_the_old_ledger(adapter: Adapter, cluster: FakeCluster

@@ -13,6 +13,7 @@ from dispatch import (
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
+    POD_FINALIZER,
     Adapter,
     JobSpec,
     PodsRemain,
@@ -22,6 +23,7 @@ from dispatch import (
     Unreachable,
 )
 from dispatch._trainer import TrainJobView
+from dispatch._views import PodView
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -117,15 +119,32 @@ def test_succeeded_or_failed_pods_do_not_block_even_while_waiting_to_be_deleted(
     adapter: Adapter, cluster: FakeCluster, phase: str
 ) -> None:
     adapter.open(SPEC)
+    # Changed with the force-delete fix: this pod used to carry the phase alone. A terminal phase proves
+    # the end only as its kubelet reports it, with every container terminated (the next test: the same
+    # phase written by someone else, containers still running, blocks).
     cluster.server.create("", "pods", "default", {
         "metadata": {"name": "done", "labels": {"jobset.sigs.k8s.io/jobset-name": NAME},
                      "finalizers": ["batch.kubernetes.io/job-tracking"]},
         "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "x"}]},
-        "status": {"phase": phase},
+        "status": {"phase": phase, "containerStatuses": [{"name": "c", "state": {"terminated": {"exitCode": 0}}}]},
     })
     cluster.server.delete("", "pods", "default", "done")  # waits on its finalizer
     assert cluster.server.get("", "pods", "default", "done") is not None
     assert adapter.release(NAME).admission == 1
+
+
+@pytest.mark.parametrize("phase", ["Succeeded", "Failed"])
+def test_a_terminal_phase_its_kubelet_did_not_report_blocks(adapter: Adapter, cluster: FakeCluster,
+                                                             phase: str) -> None:
+    adapter.open(SPEC)
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": "marked", "labels": {"jobset.sigs.k8s.io/jobset-name": NAME}},
+        "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "x"}]},
+        "status": {"phase": phase, "containerStatuses": [{"name": "c", "state": {"running": {}}}]},
+    })
+    with pytest.raises(PodsRemain, match="marked on node-0"):
+        adapter.release(NAME)
+    assert not adapter.ceased(NAME)
 
 
 @pytest.mark.parametrize("phase", ["Pending", "Running", "Unknown"])
@@ -320,8 +339,13 @@ def test_on_a_lost_node_pods_stay_until_the_out_of_service_taint_and_then_admiss
     cluster.taint_out_of_service("node-0")
     assert adapter.ceased(NAME).ceased  # proven before PodGC even runs
     cluster.settle()
-    assert cluster.server.get("", "pods", "default", pod) is None
+    # Changed with the force-delete fix: PodGC's delete no longer removes the pod by itself. dispatch's
+    # finalizer keeps it (marked Failed by PodGC) until a dispatch writer proves its end, here by the taint.
+    left = cluster.server.get("", "pods", "default", pod)
+    assert left is not None and left["status"]["phase"] == "Failed"
+    assert left["metadata"]["finalizers"] == [POD_FINALIZER]
     assert adapter.release(NAME).admission == 2
+    assert cluster.server.get("", "pods", "default", pod) is None
     cluster.settle()
     cluster.history.check()
 
@@ -479,7 +503,11 @@ def test_a_closed_and_reopened_submission_never_reuses_an_admission_number(
     cluster.settle()
     cluster.advance(60)
     cluster.settle()
-    assert cluster.pods(NAME) == []
+    # Changed with the force-delete fix: the pods ended after close, so close could not free them then;
+    # with no controller running they stay, ended as their kubelet reports and held only by dispatch's
+    # finalizer, until a dispatch writer (this open) frees them.
+    assert all(PodView.from_obj(p).kubelet_confirmed and p["metadata"]["finalizers"] == [POD_FINALIZER]
+               for p in cluster.pods(NAME))
     assert adapter.open(SPEC, hold=False).identity.admission == 3
     cluster.settle()
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"3"}

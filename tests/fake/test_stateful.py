@@ -2,13 +2,15 @@
 
 A hypothesis state machine drives two writers (a sync adapter and two concurrent async releases), the fake
 cluster's controllers and kubelets one step at a time, nodes freezing, thawing, being deleted or tainted,
-pods finishing or being force-deleted on reachable nodes, and injected API errors (409, 500, timeouts, lost
+pods finishing or being force-deleted (on reachable and frozen nodes), pods of frozen nodes marked Failed by
+someone other than their kubelet (PodGC, Kueue), and injected API errors (409, 500, timeouts, lost
 replies) — including cluster events fired *inside* a call, between its read and its write. After every
 step the history checker asserts that no two admission numbers of one object ever ran at once and that A
 rose with each execution.
 
-Force deletion on an unreachable node is left out on purpose: Kubernetes documents that such a pod may
-keep running, and the seed's promise rests on the pod object (no API-visible proof exists once it is gone).
+Force deletion on an unreachable node used to be left out: such a pod may keep running and, once gone from
+the API, nothing could see it. dispatch's finalizer now keeps it in the API until its end is proven, so
+the machine force-deletes pods on frozen nodes too.
 """
 
 from __future__ import annotations
@@ -22,8 +24,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec
+from dispatch import _names as n
+from dispatch._identity import record_name
 from dispatch.testing import FakeCluster
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""Writers hold exactly the shipped writer role."""
 OBJECTS = ("a-s1", "b-s1")
 NODES = ("node-0", "node-1", "node-2")
 EXAMPLES = int(os.environ.get("DISPATCH_STATEFUL_EXAMPLES", "1000" if os.environ.get("CI") else "150"))
@@ -43,12 +49,13 @@ class NeverTwoExecutions(RuleBasedStateMachine):
     @initialize()
     def setup(self) -> None:
         self.cluster = FakeCluster()
-        self.cluster.add_runtime()
+        self.cluster.add_runtime(replacement_policy="Failed")
         for node in NODES:
             self.cluster.add_node(node)
-        self.adapter = Adapter.connect("default", transport=self.cluster.transport())
+        self.adapter = Adapter.connect("default", transport=self.cluster.transport(roles=WRITER))
         self.tainted: set[str] = set()
         self.admissions: dict[str, list[int]] = {o: [] for o in OBJECTS}
+        self.forgotten: set[str] = set()
         for name in OBJECTS:
             self.adapter.open(spec(name))
 
@@ -100,8 +107,8 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         """Two writers release the same object at once; the resourceVersion preconditions fence them."""
 
         async def both() -> list[object]:
-            one = AsyncAdapter.connect("default", transport=self.cluster.transport())
-            two = AsyncAdapter.connect("default", transport=self.cluster.transport())
+            one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             try:
                 return list(await asyncio.gather(one.release(name), two.release(name), return_exceptions=True))
             finally:
@@ -133,6 +140,61 @@ class NeverTwoExecutions(RuleBasedStateMachine):
     def inspect_and_ceased(self, name: str) -> None:
         self._call(lambda: self.adapter.inspect(name))
         self._call(lambda: self.adapter.ceased(name))
+
+    @rule(name=st.sampled_from(OBJECTS), hold=st.booleans())
+    def open_under_another_name(self, name: str, hold: bool) -> None:
+        """A second open of the same submission under another TrainJob name: refused while one holds it."""
+        job_id, submission = name.split("-")
+        alt = JobSpec(job_id=job_id, submission=submission, num_nodes=2, name=f"{name}-x")
+        result = self._call(lambda: self.adapter.open(alt, hold=hold))
+        self._record(name, getattr(result, "identity", None))
+
+    @rule(name=st.sampled_from(OBJECTS))
+    def concurrent_opens_of_one_submission(self, name: str) -> None:
+        job_id, submission = name.split("-")
+
+        async def both() -> list[object]:
+            one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            try:
+                return list(await asyncio.gather(
+                    one.open(JobSpec(job_id=job_id, submission=submission, num_nodes=2, name=f"{name}-p"),
+                             hold=False),
+                    two.open(JobSpec(job_id=job_id, submission=submission, num_nodes=2, name=f"{name}-q"),
+                             hold=False),
+                    return_exceptions=True))
+            finally:
+                await one.aclose()
+                await two.aclose()
+
+        results = asyncio.run(both())
+        for r in results:
+            if isinstance(r, BaseException) and not isinstance(r, DispatchError):
+                raise r
+        assert sum(1 for r in results if not isinstance(r, BaseException)) <= 1, results
+
+    @rule(path=st.sampled_from([r"/submissionrecords", r"/trainjobs$", r"/trainjobs/"]),
+          method=st.sampled_from(["POST", "PATCH"]))
+    def lost_reply(self, path: str, method: str) -> None:
+        """The server applies the write and the reply is lost."""
+        self.cluster.server.inject(method=method, path=path, status="timeout", after=True)
+
+    @rule(name=st.sampled_from(OBJECTS), edit=st.sampled_from(["delete", "release-claim", "token"]))
+    def third_party_edits_the_record(self, name: str, edit: str) -> None:
+        """Someone else edits a submission's identity record (an admin deletes it, a writer patches it)."""
+        job_id, submission = name.split("-")
+        rname = record_name(job_id, submission)
+        if self.cluster.server.get(n.DOMAIN, "submissionrecords", "default", rname) is None:
+            return
+        if edit == "delete":
+            self.cluster.server.delete(n.DOMAIN, "submissionrecords", "default", rname)
+            self.forgotten.add(name)
+        elif edit == "release-claim":
+            self.cluster.server.update(n.DOMAIN, "submissionrecords", "default", rname,
+                                       lambda o: o["spec"]["trainJob"].update(name="", uid=""))
+        else:
+            self.cluster.server.update(n.DOMAIN, "submissionrecords", "default", rname,
+                                       lambda o: o["spec"].update(token="someone-else"))
 
     # ------------------------------------------------------------------ the cluster
 
@@ -204,11 +266,22 @@ class NeverTwoExecutions(RuleBasedStateMachine):
 
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20))
-    def force_delete_on_a_reachable_node(self, index: int) -> None:
+    def force_delete(self, index: int) -> None:
         pods = self.cluster.pods()
         pod = pods[index % len(pods)]
-        if pod["spec"].get("nodeName") not in self.cluster.frozen:
-            self.cluster.force_delete(pod["metadata"]["name"])
+        self.cluster.force_delete(pod["metadata"]["name"])
+
+    @precondition(lambda self: bool(self.cluster.pods()))
+    @rule(index=st.integers(0, 20))
+    def marked_failed_by_someone_else(self, index: int) -> None:
+        """Only while the object is held: in a running Job, a Failed phase is the Job controller's cue for
+        a replacement of that rank, which is Kueue's and the operator's trade-off, not dispatch's rule."""
+        pods = self.cluster.pods()
+        pod = pods[index % len(pods)]
+        tj = self.cluster.server.get("trainer.kubeflow.org", "trainjobs", "default",
+                                     pod["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name", ""))
+        if tj is not None and tj["spec"].get("suspend"):
+            self.cluster.mark_failed(pod["metadata"]["name"])
 
     @rule(status=st.sampled_from([409, 500, 503, 429, "timeout", "connect"]), after=st.booleans(),
           method=st.sampled_from(["GET", "PATCH", None]))
@@ -221,6 +294,36 @@ class NeverTwoExecutions(RuleBasedStateMachine):
     def no_two_executions_overlap(self) -> None:
         if hasattr(self, "cluster"):
             self.cluster.history.check()
+
+    @invariant()
+    def a_is_never_reused_and_each_execution_has_one(self) -> None:
+        """Per submission, every A a process ran with is at most its record's A (so the next is above it),
+        unless an admin deleted the record; a running TrainJob's pods all carry the A it reports."""
+        if not hasattr(self, "cluster"):
+            return
+        for name in OBJECTS:
+            job_id, submission = name.split("-")
+            rec = self.cluster.server.get(n.DOMAIN, "submissionrecords", "default", record_name(job_id, submission))
+            ran = [p.admission for p in self.cluster.history.processes
+                   if p.obj_name.startswith(name) and p.admission]
+            if rec is not None and ran and name not in self.forgotten:
+                assert max(ran) <= rec["spec"]["admission"], (name, ran, rec["spec"])
+        for tj in self.cluster.server.objects("trainer.kubeflow.org", "trainjobs", "default"):
+            if tj["spec"].get("suspend") is True:
+                continue
+            a = tj["metadata"].get("annotations", {}).get(n.ANNOTATION_ADMISSION)
+            live = [p for p in self.cluster.pods(tj["metadata"]["name"])
+                    if not p["metadata"].get("deletionTimestamp")
+                    and p["status"].get("phase") not in ("Succeeded", "Failed")]
+            fresh = [p for p in live if p["metadata"]["labels"].get(n.LABEL_ADMISSION) != a]
+            # a pod of the previous execution may still run while a new one was admitted only if the rule let it:
+            # pods not carrying the TrainJob's A must be Terminating (checked above) or belong to none
+            assert not fresh, (tj["metadata"]["name"], a, [p["metadata"]["labels"] for p in fresh])
+
+    @invariant()
+    def the_shipped_roles_allowed_every_request(self) -> None:
+        if hasattr(self, "cluster"):
+            assert self.cluster.server.denied == []
 
 
 NeverTwoExecutions.TestCase.settings = settings(

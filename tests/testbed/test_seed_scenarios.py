@@ -14,6 +14,7 @@ import pytest
 
 from dispatch import LABEL_ADMISSION, Adapter, JobSpec, PodsRemain, State
 from dispatch import testbed as tb
+from dispatch._views import PodView
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -48,6 +49,21 @@ def live(ns: str, name: str) -> list[Obj]:
     return [
         p for p in pods(ns, name) if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]
     ]
+
+
+def admitted(adapter: Adapter, name: str, expect: int) -> bool:
+    """One release attempt: True once it admits (as ``expect``), False while pods remain."""
+    try:
+        got = adapter.release(name).admission
+    except PodsRemain:
+        return False
+    assert got == expect
+    return True
+
+
+def ended(ns: str, name: str) -> bool:
+    """Every pod of the object ended as its kubelet reports (terminal phase, containers terminated)."""
+    return all(PodView.from_obj(p).kubelet_confirmed for p in pods(ns, name))
 
 
 def wait_for(what: str, cond: Callable[[], bool], timeout: float = 90.0) -> None:
@@ -128,7 +144,9 @@ def test_suspended_pods_stay_terminating_while_jobset_active_is_already_zero(ada
         adapter.release(name)
     assert f"{pod} on " in str(err.value)
     assert adapter.inspect(name).state is State.HELD
-    wait_for("the pod gone", lambda: not pods(ns, name), timeout=90)
+    # Changed with dispatch's pod finalizer: the pod no longer goes by itself; it ends (its kubelet reports
+    # Failed, containers terminated) and dispatch's finalizer holds it until release frees it.
+    wait_for("the pod ended as its kubelet reports", lambda: ended(ns, name), timeout=90)
     assert adapter.release(name).admission == 2
     wait_for("the new pod Running", lambda: len(live(ns, name)) == 1)
     assert admissions_running(ns, name) == {"2"}
@@ -171,7 +189,8 @@ def test_a_pod_without_dispatch_labels_still_blocks_through_jobset_name(adapter:
     with pytest.raises(PodsRemain, match=pod):
         adapter.release(name)
     tb.kubectl("annotate", "pod", pod, "-n", ns, f"{tb.ANN_HOLD_DELETE}-")
-    wait_for("the pod gone", lambda: not pods(ns, name))
+    # Changed with dispatch's pod finalizer: the pod ends and stays, held, until release frees it.
+    wait_for("the pod ended as its kubelet reports", lambda: ended(ns, name))
     assert adapter.release(name).admission == 2
 
 
@@ -181,7 +200,9 @@ def test_a_succeeded_pod_waiting_for_deletion_does_not_block(adapter: Adapter, n
     tb.kubectl("annotate", "pod", first, "-n", ns, f"{tb.ANN_COMPLETE}=true")
     wait_for("one rank Succeeded", lambda: get("pod", first, "-n", ns)["status"]["phase"] == "Succeeded")
     adapter.hold(name)
-    wait_for("the other rank gone", lambda: second not in [p["metadata"]["name"] for p in pods(ns, name)])
+    # Changed with dispatch's pod finalizer: the other rank no longer goes by itself; it ends as its kubelet
+    # reports and dispatch's finalizer holds it until release frees it.
+    wait_for("the other rank ended", lambda: PodView.from_obj(get("pod", second, "-n", ns)).kubelet_confirmed)
     assert get("pod", first, "-n", ns)["status"]["phase"] == "Succeeded"  # kept across the suspend
     assert adapter.release(name).admission == 2
 
@@ -213,8 +234,11 @@ def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> Non
         cessation = adapter.ceased(name)
         assert cessation.ceased, cessation.reason
         assert adapter.inspect(name).cause.detail.endswith("(Ready=Unknown, out-of-service)")
-        wait_for("PodGC removes the pod", lambda: not pods(ns, name), timeout=120)
-        assert adapter.release(name).admission == 2
+        # Changed with dispatch's pod finalizer: PodGC can no longer remove the pod by itself; release
+        # proves its end by the taint and removes dispatch's finalizer. The pod then goes once PodGC has
+        # marked it Failed and the Job controller dropped its own finalizer, and release admits.
+        wait_for("release to free the pod and admit", lambda: admitted(adapter, name, 2), timeout=150)
+        assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:
         tb.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
         tb.thaw(node)
@@ -235,8 +259,11 @@ def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> No
         status = adapter.inspect(name)
         assert status.cause.detail == f"remaining pods: {pod} on {node} (gone)", status.cause
         assert adapter.ceased(name).ceased
-        wait_for("PodGC removes the orphaned pod", lambda: not pods(ns, name), timeout=150)
-        assert adapter.release(name).admission == 2
+        # Changed with dispatch's pod finalizer: PodGC can no longer remove the orphaned pod by itself;
+        # release proves its end by the Node's deletion and removes dispatch's finalizer; once PodGC marked
+        # it Failed and the Job controller dropped its own finalizer, it goes and release admits.
+        wait_for("release to free the pod and admit", lambda: admitted(adapter, name, 2), timeout=150)
+        assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:
         for key in ("resourceVersion", "uid", "creationTimestamp", "managedFields"):
             saved["metadata"].pop(key, None)

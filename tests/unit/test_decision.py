@@ -33,40 +33,66 @@ SELECTIONS = {
 }
 
 
+CONTAINERS = ["kubelet", "running", "none"]
+"""What the pod's container statuses say: every container terminated (what its kubelet reports once it
+stopped them), still running (what PodGC or Kueue leave when they write Failed onto a pod of an
+unreachable node), or no statuses at all."""
+
+
 def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
-        labels: dict[str, str] | None = None) -> d.PodView:
-    return d.PodView.from_obj(pod_obj(name, phase=phase, node=node, deleting=deleting, labels=labels))
+        labels: dict[str, str] | None = None, containers: str | None = None) -> d.PodView:
+    return d.PodView.from_obj(pod_obj(name, phase=phase, node=node, deleting=deleting, labels=labels,
+                                      containers=containers))
 
 
 def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
-            labels: dict[str, str] | None = None) -> dict[str, Any]:
+            labels: dict[str, str] | None = None, containers: str | None = None) -> dict[str, Any]:
+    """A pod; ``containers`` defaults to what a kubelet reports for ``phase`` (terminated containers
+    for Succeeded and Failed, running ones otherwise)."""
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"]}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec: dict[str, Any] = {"nodeName": node} if node else {}
-    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
+    spec["containers"] = [{"name": "node", "image": "example.invalid/train"}]
+    status: dict[str, Any] = {"phase": phase}
+    if containers is None:
+        containers = "kubelet" if phase in ("Succeeded", "Failed") else "running"
+    if containers == "kubelet":
+        status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 0}}}]
+    elif containers == "running":
+        status["containerStatuses"] = [{"name": "node", "state": {"running": {}}}]
+    return {"metadata": meta, "spec": spec, "status": status}
 
 
 @pytest.mark.parametrize(
-    ("phase", "deleting", "node_state", "selection"),
-    list(itertools.product(PHASES, [False, True], NODE_STATES, SELECTIONS)),
+    ("phase", "deleting", "node_state", "selection", "containers"),
+    list(itertools.product(PHASES, [False, True], NODE_STATES, SELECTIONS, CONTAINERS)),
 )
-def test_every_combination(phase: str, deleting: bool, node_state: str, selection: str) -> None:
+def test_every_combination(phase: str, deleting: bool, node_state: str, selection: str, containers: str) -> None:
     view = NODE_STATES[node_state]
     nodes = {"n": view}
     verdict = d.decide(name=NAME, job_id="llama", submission="s1",
-                       pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection])], nodes=nodes)
+                       pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection],
+                                 containers=containers)], nodes=nodes)
     selected = selection in ("dispatch", "jobset", "both")
-    blocks = selected and phase not in ("Succeeded", "Failed")
+    # Changed with the force-delete fix: this used to read "any Succeeded/Failed pod does not block".
+    # A terminal phase proves the end only with every container terminated, as its kubelet reports;
+    # PodGC and Kueue write Failed onto pods of unreachable nodes and leave the containers running.
+    blocks = selected and not (phase in ("Succeeded", "Failed") and containers == "kubelet")
     assert verdict.admissible is (not blocks)
     if blocks:
         assert verdict.remaining[0].terminating is deleting
         assert verdict.detail().startswith("remaining pods: p on n (")
     # the node state never changes the admission verdict: only cessation cares where a pod sits
     cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1",
-                            pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection])], nodes=nodes)
+                            pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection],
+                                      containers=containers)], nodes=nodes)
     proven = node_state in ("unknown+oos", "ready+oos", "gone")
     assert cessation.ceased is (not blocks or proven)
+    if selected:
+        expected = ("kubelet-confirmed" if not blocks else "node-deleted" if node_state == "gone"
+                    else "out-of-service" if proven else "unproven")
+        assert [e.proof for e in cessation.ends] == [expected]
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from rich.table import Table
 from .. import __version__
 from .._records import State, Status
 from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
-from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, guard
+from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, EXIT_USAGE, guard
 from ._output import (
     emit,
     identity_dict,
@@ -325,7 +325,7 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
 # ------------------------------------------------------------------------------------------ admin
 
 admin_app = typer.Typer(
-    help="Identity-record administration (needs the dispatch-admin role).",
+    help="Identity-record and pod-finalizer administration (needs the dispatch-admin role).",
     no_args_is_help=True,
     rich_markup_mode=None,
 )
@@ -360,6 +360,34 @@ def admin_forget(
     emit(state, {"jobId": job_id, "submission": submission, "forgotten": forgotten}, human)
 
 
+@admin_app.command("release-pod", epilog=EXIT_CODES_HELP)
+def admin_release_pod(
+    ctx: typer.Context,
+    pod: Annotated[str, typer.Argument(metavar="POD")],
+    node_confirmed_down: Annotated[bool, typer.Option(
+        "--node-confirmed-down",
+        help="Confirm the pod's node is shut down (its processes are gone): that is the proof of the pod's end.",
+    )] = False,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """Remove dispatch's finalizer from a pod, so its deletion completes.
+
+    Without --node-confirmed-down only a pod whose end is proven is released (its kubelet confirmed it,
+    or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
+    proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
+    while the pod's Node is Ready.
+    """
+    state = _state(ctx, output, namespace)
+    with guard(state):
+        end = state.adapter().release_pod(pod, node_confirmed_down=node_confirmed_down)
+
+    def human() -> None:
+        state.out.print(f"released pod {escape(pod)} (end: {end.proof})")
+
+    emit(state, {"pod": pod, "released": True, **end.to_dict()}, human)
+
+
 @admin_app.command("migrate", epilog=EXIT_CODES_HELP)
 def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
     """Fold the old dispatch-admissions ConfigMap and every dispatch TrainJob's A into identity records.
@@ -384,6 +412,7 @@ def status(
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
     submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Every TrainJob of the namespace, dispatch's or not.")] = False,
     state_filter: Annotated[
         list[State] | None,
         typer.Option(
@@ -402,7 +431,7 @@ def status(
     states, or the Kueue admission check.
     """
     state = _state(ctx, output, namespace)
-    if name is not None and (job_id or submission or state_filter):
+    if name is not None and (job_id or submission or state_filter or every):
         raise typer.BadParameter(
             "give a NAME or filters (--job-id, --submission, --state), not both", ctx=ctx, param_hint="NAME"
         )
@@ -411,7 +440,7 @@ def status(
         if name is not None:
             one = adapter.inspect(name)
         else:
-            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None)
+            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None, unmanaged=every)
     if name is not None:
         print_status(state, one)
     else:
@@ -498,6 +527,19 @@ def controller(
         int, typer.Option("--metrics-port", min=0, max=65535,
                           help="Port of /healthz, /readyz and /metrics (0: any free).")
     ] = METRICS_PORT,
+    metrics_bind_address: Annotated[
+        str | None,
+        typer.Option("--metrics-bind-address", metavar="HOST:PORT",
+                     help="Serve /metrics on a listener of its own (127.0.0.1:PORT keeps it on the host)."),
+    ] = None,
+    metrics_secure: Annotated[
+        bool, typer.Option("--metrics-secure", help="HTTPS on --metrics-bind-address, for callers the API server "
+                                                    "authenticates and authorizes for get /metrics.")
+    ] = False,
+    metrics_cert_dir: Annotated[
+        str | None, typer.Option("--metrics-cert-dir", help="tls.crt and tls.key of secure metrics "
+                                                            "(default: self-signed).")
+    ] = None,
     leader_elect: Annotated[
         bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
     ] = True,
@@ -527,6 +569,16 @@ def controller(
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
     ] = DEFAULTS.controller_name,
     log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
+    guard_port: Annotated[
+        int | None, typer.Option("--guard-port", min=0, max=65535,
+                                 help="Serve the guard (validating webhook) over HTTPS on this port (default: none).")
+    ] = DEFAULTS.guard_port,
+    guard_cert_dir: Annotated[
+        str, typer.Option("--guard-cert-dir", help="tls.crt/tls.key to serve the guard with (else made there).")
+    ] = DEFAULTS.guard_cert_dir,
+    guard_webhook: Annotated[
+        str, typer.Option("--guard-webhook", help="ValidatingWebhookConfiguration whose caBundle to keep ('': none).")
+    ] = DEFAULTS.guard_webhook,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -545,6 +597,9 @@ def controller(
             context=s.context,
             namespace=namespace or s.namespace,
             metrics_port=metrics_port,
+            metrics_bind_address=metrics_bind_address,
+            metrics_secure=metrics_secure,
+            metrics_cert_dir=metrics_cert_dir,
             leader_elect=leader_elect,
             lease_namespace=lease_namespace,
             lease_name=lease_name,
@@ -555,6 +610,9 @@ def controller(
             foreign=foreign,
             log_level=log_level,
             controller_name=controller_name,
+            guard_port=guard_port,
+            guard_cert_dir=guard_cert_dir,
+            guard_webhook=guard_webhook,
         )
     if isinstance(result, int) and result:
         raise typer.Exit(result)
@@ -567,6 +625,50 @@ def _testbed(state: CliState) -> Any:
     from .. import testbed
 
     return testbed
+
+
+StackOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--stack",
+        envvar="DISPATCH_TESTBED_STACK",
+        show_envvar=True,
+        metavar="NAME",
+        help="Testbed stack of versions (see `dispatch testbed stacks`; default: testbed/stacks/default).",
+    ),
+]
+
+
+def _select_stack(ctx: typer.Context, stack: str | None) -> None:
+    """Select the stack for this command and the build/start processes it runs; refuse unknown names."""
+    if stack is None:
+        return
+    from .. import testbed
+
+    try:
+        testbed.select_stack(stack)
+    except ValueError as exc:
+        _state(ctx).err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+@testbed_app.callback()
+def testbed_root(ctx: typer.Context, stack: StackOpt = None) -> None:
+    _select_stack(ctx, stack)
+
+
+@testbed_app.command("stacks")
+def testbed_stacks(ctx: typer.Context) -> None:
+    """The stacks of versions the testbed can build (the selected one marked *)."""
+    state = _state(ctx)
+    tb = _testbed(state)
+    try:
+        selected = tb.stack()
+        for name in tb.stacks():
+            pins = " ".join(f"{k.removesuffix('_VERSION').lower()}={v}" for k, v in tb.versions(name).items())
+            state.out.print(f"{'*' if name == selected else ' '} {name:10} {pins}", highlight=False)
+    except Exception as exc:
+        raise _testbed_fail(state, exc) from None
 
 
 def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
@@ -682,6 +784,7 @@ def demo(
             help=f"Seconds each step may take before the demo fails ({STEP_TIMEOUT.range})."
         ),
     ] = 120.0,
+    stack: StackOpt = None,
 ) -> None:
     """Walk through the promise on the local testbed (built and started if needed).
 
@@ -691,6 +794,7 @@ def demo(
     """
     from ._demo import DemoFailed, run_demo
 
+    _select_stack(ctx, stack)
     state = _state(ctx)
     with guard(state):
         try:

@@ -231,9 +231,8 @@ def _part_one(story: Story, node: str) -> None:
         {_testbed().ANN_DELETE_DELAY: DELETE_DELAY},
     )
 
-    story.step(f"Release {name}: it is admitted, execution A=1")
-    identity = a.release(name)
-    story.say(f"admitted: {identity}")
+    story.step(f"Release {name}: it is admitted, execution A=1 (once every layer has confirmed the suspension)")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 1)
 
@@ -270,7 +269,7 @@ def _part_two(story: Story, node: str) -> None:
         JobSpec(job_id="demo", submission="lost", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
         node, {},
     )
-    story.say(f"admitted: {a.release(name)}")
+    story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.running_pod(name, 1)
 
     story.step(f"Freeze {node}: its kubelet stops answering, so Kubernetes cannot know whether the pod runs")
@@ -325,11 +324,26 @@ def _namespace(keep: bool) -> Iterator[str]:
             _kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+def _testbed_intro(tb: Any) -> str:
+    """Say up front what starting the testbed will cost: a first build is long, later runs are not."""
+    if tb.is_up():
+        return f"Using the running local testbed (stack {tb.stack()})..."
+    if tb.is_built():
+        return f"Starting the local testbed (stack {tb.stack()}; this takes under a minute)..."
+    minutes = max(1, round(tb.build_estimate() / 60)) if tb.build_estimate() else None
+    how_long = f"about {minutes} minutes" if minutes else "tens of minutes"
+    return (
+        f"First run: building the local testbed (stack {tb.stack()}) from Go modules takes {how_long} on 2 cores; "
+        "later runs start in seconds. Progress follows, one line per component; the Go tool's output goes to "
+        "the log file named below."
+    )
+
+
 def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.0) -> None:
     """Tell the story; raise DemoFailed if a step goes otherwise or the promise is ever broken."""
     tb = _testbed()
     console.print("[bold]dispatch demo[/]: one object never has two executions at once\n")
-    console.print("Bringing up the local testbed (built from source on first use: this can take a while)...")
+    console.print(_testbed_intro(tb), highlight=False)
     kubeconfig = Path(tb.up())
     console.print(f"testbed up; kubeconfig {kubeconfig}")
     regular = tb.regular_nodes()[0]

@@ -12,6 +12,7 @@ from types import FrameType
 import typer
 from rich.markup import escape
 
+from .._decision import UNMANAGED_HINT
 from ..errors import (
     DispatchError,
     Forbidden,
@@ -129,6 +130,10 @@ def explain(exc: DispatchError) -> tuple[str, str]:
     if isinstance(exc, Refused):
         if exc.reason == "AlreadyExists":
             return message, "choose a new --submission"
+        if exc.reason == "NotDispatchObject":
+            return message, UNMANAGED_HINT
+        if exc.reason == "RecordInvalid":
+            return message, "see `dispatch admin --help`; an admin restores or forgets the identity record"
         if "queue" in message.lower() and "kueue" in message.lower():
             return message, "is Kueue installed, and does the LocalQueue exist in this namespace?"
         return message, "the cluster refused the request; retrying it unchanged will fail the same way"

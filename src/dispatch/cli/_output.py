@@ -77,17 +77,23 @@ def status_table(statuses: Sequence[Status], *, title: str | None = None) -> Tab
     table.add_column("A", justify="right", no_wrap=True)
     table.add_column("MODE", no_wrap=True)
     table.add_column("AGE", justify="right", no_wrap=True)
+    mixed = any(not s.managed for s in statuses)  # the DISPATCH column shows when some are not dispatch's
+    if mixed:
+        table.add_column("DISPATCH", no_wrap=True)
     table.add_column("CAUSE", overflow="fold")
     for s in statuses:
-        table.add_row(
+        cells: list[str | Text] = [
             s.name,
             state_text(s.state.value),
-            f"{s.identity.job_id}/{s.identity.submission}",
-            str(s.identity.admission),
+            f"{s.identity.job_id}/{s.identity.submission}" if s.managed else "-",
+            str(s.identity.admission) if s.managed else "-",
             s.mode if not s.queue else f"{s.mode} ({s.queue})",
             age(s.created),
-            Text(str(s.cause)),
-        )
+        ]
+        if mixed:
+            cells.append("yes" if s.managed else "no")
+        cells.append(Text(str(s.cause)))
+        table.add_row(*cells)
     return table
 
 
@@ -120,6 +126,8 @@ def pods_table(pods: Iterable[RemainingPod], *, waited: Callable[[RemainingPod],
 def print_status(state: CliState, status: Status) -> None:
     def human() -> None:
         state.out.print(status_table([status]))
+        for warning in status.warnings:
+            state.err.print(Text(f"warning: {warning}"))
         if status.remaining:
             state.out.print()
             state.out.print("[bold]remaining pods[/] (a previous execution may still run):")
@@ -131,7 +139,7 @@ def print_status(state: CliState, status: Status) -> None:
 def print_statuses(state: CliState, statuses: Sequence[Status]) -> None:
     def human() -> None:
         if not statuses:
-            state.err.print("no dispatch objects found")
+            state.err.print("no dispatch objects found (`dispatch status --all` lists every TrainJob)")
             return
         state.out.print(status_table(statuses))
 

@@ -41,6 +41,7 @@ from .. import _kube as k
 from ..errors import DispatchError, Refused
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON
 from ._controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, Config, Controller, default_identity
+from ._http import Authorizer, MetricsServing
 from ._metrics import Metrics
 from ._reconcile import WAITING_PREFIX, Outcome, Reconciler
 
@@ -51,9 +52,11 @@ __all__ = [
     "LOG_LEVEL",
     "METRICS_PORT",
     "WAITING_PREFIX",
+    "Authorizer",
     "Config",
     "Controller",
     "Metrics",
+    "MetricsServing",
     "Outcome",
     "Reconciler",
     "configure_logging",
@@ -112,22 +115,45 @@ def run_from_cli(
     foreign: str = DEFAULTS.foreign,
     log_level: str = LOG_LEVEL,
     controller_name: str = DEFAULTS.controller_name,
+    metrics_bind_address: str | None = None,
+    metrics_secure: bool = False,
+    metrics_cert_dir: str | None = None,
+    guard_port: int | None = DEFAULTS.guard_port,
+    guard_cert_dir: str = DEFAULTS.guard_cert_dir,
+    guard_webhook: str = DEFAULTS.guard_webhook,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
     ``namespace=None`` serves Workloads in all namespaces. ``metrics_port`` serves /healthz, /readyz and
     /metrics (0 picks a free port). In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
+    ``metrics_bind_address`` (``HOST:PORT``) moves /metrics to a listener of its own, ``127.0.0.1:PORT`` to
+    keep it on the pod, and ``metrics_secure`` serves it there over HTTPS to authorized callers only
+    (``metrics_cert_dir`` holds tls.crt/tls.key; self-signed without it). ``guard_port`` serves the guard
+    webhook over HTTPS (None: no guard), with a certificate for its Service in ``lease_namespace``.
     """
     configure_logging(log_level)
     log = structlog.get_logger("dispatch.controller")
     if foreign not in ("ready", "ignore"):
         log.error("invalid option", option="foreign", value=foreign, allowed=["ready", "ignore"])
         return 1
+    serving: MetricsServing | None = None
+    if metrics_bind_address is not None:
+        try:
+            serving = MetricsServing.parse(metrics_bind_address, secure=metrics_secure, cert_dir=metrics_cert_dir)
+        except ValueError as exc:
+            log.error("invalid option", option="metrics-bind-address", error=str(exc))
+            return 1
+    elif metrics_secure or metrics_cert_dir is not None:
+        log.error("invalid option", option="metrics-secure",
+                  error="secure metrics need their own listener: pass --metrics-bind-address (e.g. :8443)")
+        return 1
     config = Config(
         namespace=namespace, workers=workers, batch=max(1, batch), leader_elect=leader_elect, lease_name=lease_name,
         lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
-        controller_name=controller_name,
+        controller_name=controller_name, metrics_serving=serving,
+        guard_port=guard_port, guard_cert_dir=guard_cert_dir,
+        guard_webhook=guard_webhook,
     )
 
     async def main() -> int:

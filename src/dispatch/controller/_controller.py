@@ -25,8 +25,10 @@ from .. import _names as n
 from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
-from ._http import serve
-from ._informer import Informer, Sink, error_reason
+from ._finalizers import FinalizerKeeper
+from ._guard import Running, start
+from ._http import MetricsServing, serve, serve_metrics
+from ._informer import Informer, Pages, Sink, Tee, error_reason
 from ._leader import LeaderElector
 from ._metrics import Metrics
 from ._queue import WorkQueue
@@ -69,11 +71,34 @@ class Config:
     metrics_host: str = "0.0.0.0"
     metrics_port: int | None = None
     """None serves no HTTP; 0 picks a free port (tests)."""
+    metrics_serving: MetricsServing | None = None
+    """/metrics on a listener of its own (localhost, or HTTPS with TokenReview/SubjectAccessReview)."""
     foreign: ForeignPolicy = "ready"
     events: bool = True
     field_manager: str = n.FIELD_MANAGER
     controller_name: str = n.CONTROLLER_NAME
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
+    guard_port: int | None = None
+    """Serve the guard (the validating webhook, ``_guard``) over HTTPS on this port; None: no guard."""
+    guard_host: str = "0.0.0.0"
+    guard_cert_dir: str = ""
+    """``tls.crt``/``tls.key`` here are used (cert-manager); else a CA and certificate are made here ("": a
+    private temporary directory)."""
+    guard_webhook: str = "dispatch-guard"
+    """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
+    guard_hosts: tuple[str, ...] = ()
+    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
+    the guard Service in the controller's own namespace)."""
+
+
+GUARD_SERVICE = "dispatch-guard"
+
+
+def guard_hosts_in(namespace: str) -> tuple[str, ...]:
+    """The names the API server may call the guard by: its Service in ``namespace`` (where the controller
+    runs, so a Helm release in another namespace still gets a certificate that matches), and loopback."""
+    svc = f"{GUARD_SERVICE}.{namespace}.svc"
+    return svc, f"{svc}.cluster.local", "localhost", "127.0.0.1"
 
 
 DEFAULTS = Config()
@@ -117,6 +142,8 @@ class Controller:
         self.queue = WorkQueue()
         self.leading = asyncio.Event()
         self.http_port: int | None = None
+        self.metrics_port: int | None = None
+        self.guard: Running | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
@@ -129,9 +156,18 @@ class Controller:
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
         )
         self.reconciler.on_written = self.router.written
+        self.finalizers = FinalizerKeeper(kube, self.metrics)
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
+        f = self.finalizers
+
+        def both_events(first: Callable[[str, Obj], None], second: Callable[[str, Obj], None]
+                        ) -> Callable[[str, Obj], None]:
+            def call(etype: str, obj: Obj) -> None:
+                first(etype, obj)
+                second(etype, obj)
+            return call
 
         def informer(res: k.Res, namespace: str | None, labels: str | None,
                      on_list: Sink | Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
@@ -142,10 +178,17 @@ class Controller:
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
             "workloads": informer(api.WORKLOADS, ns, None, r.workload_sink, r.on_workload),
             # Both selections of the rule: a pod found only by dispatch's labels wakes its Workload too.
-            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, r.pod_index("pods"), r.pod_index("pods").on_event),
-            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID, r.pod_index("dispatch-pods"),
-                                      r.pod_index("dispatch-pods").on_event),
-            "nodes": informer(api.NODES, None, None, r.node_sink, r.on_node),
+            # Both also feed the finalizer keeper, which releases dispatch's pod finalizer in either mode;
+            # each page goes to both as it arrives (the router keeps routing signatures, the keeper only
+            # the pods that carry our finalizer).
+            "pods": informer(api.PODS, ns, n.JOBSET_NAME_LABEL, Tee(r.pod_index("pods"), Pages(page=f.list_pods)),
+                             both_events(r.pod_index("pods").on_event, f.on_pod)),
+            "dispatch-pods": informer(api.PODS, ns, n.LABEL_JOB_ID,
+                                      Tee(r.pod_index("dispatch-pods"), Pages(page=f.list_pods)),
+                                      both_events(r.pod_index("dispatch-pods").on_event, f.on_pod)),
+            "nodes": informer(api.NODES, None, None,
+                              Tee(r.node_sink, Pages(begin=f.nodes_begin, page=f.nodes_page, end=f.nodes_end)),
+                              both_events(r.on_node, f.on_node)),
             # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
             # confirmation event-driven too.
             "jobsets": informer(api.JOBSETS, ns, None, r.lower_sink("jobsets"), r.on_lower),
@@ -237,6 +280,7 @@ class Controller:
             await asyncio.sleep(self.config.resync_seconds)
             if self.leading.is_set():
                 self.router.requeue_all()
+                self.finalizers.requeue_all()
 
     # ------------------------------------------------------------------ leadership and probes
 
@@ -275,14 +319,25 @@ class Controller:
         server: asyncio.Server | None = None
         if self.config.metrics_port is not None:
             server = await serve(self.config.metrics_host, self.config.metrics_port, healthz=self.healthz,
-                                 readyz=self.readyz, registry=self.metrics.registry)
+                                 readyz=self.readyz, registry=self.metrics.registry,
+                                 metrics=self.config.metrics_serving is None)
             sock = server.sockets[0] if server.sockets else None
             self.http_port = int(sock.getsockname()[1]) if sock is not None else None
+        metrics_server: asyncio.Server | None = None
+        if self.config.metrics_serving is not None:
+            metrics_server = await serve_metrics(self.config.metrics_serving, registry=self.metrics.registry,
+                                                 kube=self.kube)
+            self.metrics_port = int(metrics_server.sockets[0].getsockname()[1]) if metrics_server.sockets else None
+        c = self.config
+        if c.guard_port is not None:
+            self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
+                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace),
+                                     webhook=c.guard_webhook, registry=self.metrics.registry)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]
         jobs += [self._worker() for _ in range(max(1, self.config.workers))]
-        jobs += [self._resync(), self.checks.run(self.leading)]
+        jobs += [self._resync(), self.checks.run(self.leading), self.finalizers.run(self.leading)]
         if self.config.leader_elect:
             self.elector = LeaderElector(
                 self.kube, name=self.config.lease_name, namespace=self.config.lease_namespace,
@@ -309,7 +364,13 @@ class Controller:
             if self.elector is not None:
                 await self.elector.release()
             self._leadership(False)
+            for srv in (server, metrics_server):
+                if srv is not None:
+                    srv.close()
+                    await srv.wait_closed()
             if server is not None:
                 server.close()
                 await server.wait_closed()
+            if self.guard is not None:
+                await self.guard.close()
             log.info("controller stopped", identity=self.identity)

@@ -62,6 +62,46 @@ class Collect:
         self._on_list(items)
 
 
+class Pages:
+    """A sink over three callables (each optional): ``page`` alone reduces each page as it arrives."""
+
+    def __init__(self, *, begin: Callable[[], None] | None = None, page: Callable[[list[Obj]], None] | None = None,
+                 end: Callable[[], None] | None = None) -> None:
+        self._begin, self._page, self._end = begin, page, end
+
+    def begin(self) -> None:
+        if self._begin is not None:
+            self._begin()
+
+    def page(self, items: list[Obj]) -> None:
+        if self._page is not None:
+            self._page(items)
+
+    def end(self) -> None:
+        if self._end is not None:
+            self._end()
+
+
+class Tee:
+    """One list to several sinks, each page to each in turn (the router and the finalizer keeper both
+    read the pod and Node lists; still one page decoded at a time)."""
+
+    def __init__(self, *sinks: Sink) -> None:
+        self.sinks = sinks
+
+    def begin(self) -> None:
+        for sink in self.sinks:
+            sink.begin()
+
+    def page(self, items: list[Obj]) -> None:
+        for sink in self.sinks:
+            sink.page(items)
+
+    def end(self) -> None:
+        for sink in self.sinks:
+            sink.end()
+
+
 def error_reason(exc: DispatchError) -> str:
     if exc.code == 409:
         return "Conflict"

@@ -130,13 +130,14 @@ class Reconciler:
 
     # ------------------------------------------------------------------ writes
 
-    async def _write_check(self, workload: kq.WorkloadView, entry: Obj) -> None:
+    async def _write_check(self, workload: kq.Addressed, entry: Obj) -> None:
         await self.core(workload.ref.namespace).write_check(workload, entry, field_manager=self.field_manager)
         self._metrics.writes.labels("workload").inc()
-        self.written[workload.key] = (str(entry["state"]), str(entry["message"]))
-        self.on_written(workload.key)
+        key = f"{workload.ref.namespace}/{workload.ref.name}"
+        self.written[key] = (str(entry["state"]), str(entry["message"]))
+        self.on_written(key)
 
-    async def _pending(self, workload: kq.WorkloadView, entry: kq.CheckEntry, message: str) -> None:
+    async def _pending(self, workload: kq.Addressed, entry: kq.CheckEntry, message: str) -> None:
         await self._write_check(workload, kq.entry_body(entry.name, "Pending", message,
                                                         entry.last_transition or now_text()))
 
@@ -172,11 +173,34 @@ class Reconciler:
         except Exception as exc:
             for name in unique:
                 out.setdefault(name, exc)
+            if isinstance(exc, DispatchError):
+                await self._explain_failure(unique, hints or {}, exc, out)
         finally:
             share = (time.perf_counter() - started) / max(1, len(unique))
             for _ in unique:
                 self._metrics.reconcile_seconds.observe(share)
         return out
+
+    async def _explain_failure(self, names: Sequence[str], hints: Mapping[str, kq.WorkloadHint],
+                               exc: DispatchError, out: Mapping[str, Outcome | Exception]) -> None:
+        """A decision that failed says so in the Workload's own check message and a Warning Event, so
+        ``dispatch status`` explains the stall (a 403 of a missing RBAC rule, say), not only a log line.
+        Best effort: written only when the message changes, conditioned on the cached resourceVersion
+        (the hint's: what the cache last saw of the Workload's check entries and version)."""
+        checks = self._check_names()
+        message = d.failed_text(exc)
+        for name in names:
+            if out.get(name) is not exc or name not in hints:
+                continue
+            hint = hints[name]
+            entry = hint.entry(checks)
+            if entry is None or entry.state != "Pending" or entry.message == message:
+                continue
+            try:
+                await self._pending(hint, entry, message)
+            except DispatchError:
+                continue
+            await self._events.emit(api.WORKLOADS, hint.ref, "AdmissionStalled", message, warning=True)
 
     async def _workloads(self, ns: str, names: list[str],
                          hints: Mapping[str, kq.WorkloadHint]) -> dict[str, Obj | None]:

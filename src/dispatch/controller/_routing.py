@@ -23,7 +23,8 @@ from typing import Any
 
 from .. import _kueue as kq
 from .. import _names as n
-from .._views import NodeView, PodView, labels_of, meta, name_of, text
+from .._views import NodeView, PodView, Ref, labels_of, meta, name_of, text
+from ._informer import Pages
 from ._queue import WorkQueue
 
 Obj = dict[str, Any]
@@ -50,6 +51,9 @@ class RoutedWorkload:
 
     key: str
     namespace: str
+    ref: Ref
+    """Name, namespace, uid, resourceVersion as last seen: a failed batch's explanation is written
+    conditioned on it."""
     owner: kq.Owner | None
     pod_set_identity: tuple[str, str] | None
     checks: tuple[kq.CheckEntry, ...]
@@ -61,12 +65,13 @@ class RoutedWorkload:
     @staticmethod
     def of(view: kq.WorkloadView) -> RoutedWorkload:
         return RoutedWorkload(
-            view.key, _intern(view.ref.namespace), view.owner, view.pod_set_identity, view.checks,
+            view.key, _intern(view.ref.namespace), view.ref, view.owner, view.pod_set_identity, view.checks,
             view.active, view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
 
     @property
     def hint(self) -> kq.WorkloadHint:
-        return kq.WorkloadHint(self.owner.uid if self.owner is not None else "", self.pod_set_identity)
+        return kq.WorkloadHint(self.owner.uid if self.owner is not None else "", self.pod_set_identity, self.ref,
+                               self.checks)
 
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return next((c for c in self.checks if c.name in names), None)
@@ -117,23 +122,6 @@ class PodIndex:
         self._router.route_pod(sig, gone=etype == "DELETED")
 
 
-class _Sink:
-    """An informer sink over three router methods."""
-
-    def __init__(self, begin: Callable[[], None], page: Callable[[list[Obj]], None],
-                 end: Callable[[], None]) -> None:
-        self._begin, self._page, self._end = begin, page, end
-
-    def begin(self) -> None:
-        self._begin()
-
-    def page(self, items: list[Obj]) -> None:
-        self._page(items)
-
-    def end(self) -> None:
-        self._end()
-
-
 class Router:
     """The controller's indexes of Workloads, pods and Nodes, kept from informer events."""
 
@@ -160,8 +148,8 @@ class Router:
         self._workloads_listed = False
         self._lower_listed: set[str] = set()
         self._nodes_next: dict[str, NodeView] | None = None
-        self.workload_sink = _Sink(self._workloads_begin, self._workloads_page, self._workloads_end)
-        self.node_sink = _Sink(self._nodes_begin, self._nodes_page, self._nodes_end)
+        self.workload_sink = Pages(begin=self._workloads_begin, page=self._workloads_page, end=self._workloads_end)
+        self.node_sink = Pages(begin=self._nodes_begin, page=self._nodes_page, end=self._nodes_end)
 
     # ------------------------------------------------------------------ Workloads
 
@@ -316,9 +304,9 @@ class Router:
             if key in self.pending:
                 self.queue.add(key)
 
-    def lower_sink(self, kind: str) -> _Sink:
+    def lower_sink(self, kind: str) -> Pages:
         """JobSets and Jobs route by event only; a list keeps nothing of them."""
-        return _Sink(lambda: None, lambda items: None, lambda: self._lower_end(kind))
+        return Pages(end=lambda: self._lower_end(kind))
 
     def _lower_end(self, kind: str) -> None:
         if kind not in self._lower_listed:

@@ -10,8 +10,11 @@ job reports inactive, which is exactly when pods may still be Terminating).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
+
+import httpx2
 
 from .. import _names as n
 from ..testing import FakeCluster
@@ -212,3 +215,56 @@ class FakeKueue:
             _set(obj, "QuotaReserved", True, "QuotaReserved")
             _set(obj, "Requeued", True, "Preempted")
         self.server.update(KUEUE, "workloads", ns, wl["metadata"]["name"], requeue, status=True)
+
+
+# ------------------------------------------------------------------ TokenReview / SubjectAccessReview
+
+
+class AccessReviews:
+    """The API server's TokenReview and SubjectAccessReview, in front of the fake cluster's transport.
+
+    The fake API server stores objects and has no authentication, so secure metrics are tested through
+    this separate layer: it answers the two review endpoints from a table of tokens and grants (a
+    token's user, its groups; which user may ``get`` which non-resource path) and passes every other
+    request to the fake cluster. ``reviews`` records each review asked for, in order.
+    """
+
+    TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+    ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.cluster = cluster
+        self.users: dict[str, tuple[str, list[str]]] = {}
+        self.grants: set[tuple[str, str, str]] = set()
+        self.reviews: list[tuple[str, Obj]] = []
+        self.fail = False
+        """While True, both endpoints answer 500 (the API server unreachable from the reviewer's view)."""
+
+    def add_user(self, token: str, username: str, groups: Sequence[str] = ("system:authenticated",)) -> None:
+        self.users[token] = (username, list(groups))
+
+    def allow(self, username: str, path: str = "/metrics", verb: str = "get") -> None:
+        self.grants.add((username, verb, path))
+
+    def transport(self) -> httpx2.MockTransport:
+        return httpx2.MockTransport(self.handle)
+
+    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+        path = request.url.path
+        if request.method != "POST" or path not in (self.TOKEN_REVIEWS, self.ACCESS_REVIEWS):
+            return await self.cluster.server.handle(request)
+        body: Obj = json.loads(request.content or b"{}")
+        self.reviews.append(("token" if path == self.TOKEN_REVIEWS else "access", body))
+        if self.fail:
+            return httpx2.Response(500, json={"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                                              "reason": "InternalError", "code": 500, "message": "unavailable"})
+        spec: Obj = body.get("spec") or {}
+        if path == self.TOKEN_REVIEWS:
+            found = self.users.get(str(spec.get("token", "")))
+            status: Obj = {"authenticated": False, "error": "invalid bearer token"} if found is None else {
+                "authenticated": True, "user": {"username": found[0], "uid": f"uid-{found[0]}", "groups": found[1]}}
+        else:
+            attrs: Obj = spec.get("nonResourceAttributes") or {}
+            allowed = (spec.get("user"), attrs.get("verb"), attrs.get("path")) in self.grants
+            status = {"allowed": allowed} if allowed else {"allowed": False, "reason": "no grant"}
+        return httpx2.Response(201, json={**body, "status": status})

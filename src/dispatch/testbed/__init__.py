@@ -3,7 +3,8 @@
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, KWOK, JobSet, Kubeflow Trainer
 and Kueue, all built from Go modules and run as local processes. Use :func:`up` then point a client at
 :func:`kubeconfig_path`; :func:`freeze`/:func:`thaw` make a node's kubelet (its KWOK process) vanish and
-come back. See ``testbed/README.md`` in the repo.
+come back. Several stacks of versions live side by side (``testbed/stacks/NAME``), picked by
+:func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See ``testbed/README.md`` in the repo.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 from dispatch.testbed._cluster import (
     ComponentStatus,
     build,
+    build_estimate,
     down,
     env,
     freezable_nodes,
     freeze,
+    is_built,
     is_up,
     kubectl,
     regular_nodes,
@@ -23,7 +26,7 @@ from dispatch.testbed._cluster import (
     up,
 )
 from dispatch.testbed._manifests import ANN_COMPLETE, ANN_DELETE_DELAY, ANN_FAIL, ANN_HOLD_DELETE
-from dispatch.testbed._paths import kubeconfig_path, runtime_dir, versions
+from dispatch.testbed._paths import kubeconfig_path, runtime_dir, select_stack, stack, stacks, versions
 
 __all__ = [
     "ANN_COMPLETE",
@@ -32,15 +35,20 @@ __all__ = [
     "ANN_HOLD_DELETE",
     "ComponentStatus",
     "build",
+    "build_estimate",
     "down",
     "env",
     "freezable_nodes",
     "freeze",
+    "is_built",
     "is_up",
     "kubeconfig_path",
     "kubectl",
     "regular_nodes",
     "runtime_dir",
+    "select_stack",
+    "stack",
+    "stacks",
     "status",
     "thaw",
     "up",

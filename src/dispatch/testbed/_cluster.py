@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import selectors
 import shutil
 import signal
 import socket
@@ -24,12 +25,14 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import yaml
 
 from dispatch.testbed import _manifests as mf
 from dispatch.testbed import _paths
-from dispatch.testbed._pki import ensure_pki
+from dispatch.testbed._pki import ensure_pki, install_kueue_metrics_cert
+from dispatch.testbed._progress import BuildProgress, read_build_times
 
 REGULAR_NODES = ["node-0", "node-1"]
 FREEZABLE_NODES = ["node-2", "node-3"]
@@ -55,29 +58,85 @@ def _log(msg: str) -> None:
 # --------------------------------------------------------------------------------------------- build
 
 
-def build(quiet: bool = False) -> Path:
-    """Build (or reuse) all binaries; returns their directory. Cached by versions and Go version."""
-    script = _paths.source_dir() / "build.sh"
-    cache = Path(os.environ.get("DISPATCH_TESTBED_CACHE")
-                 or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dispatch-testbed")
-    cache.mkdir(parents=True, exist_ok=True)
-    # Two builds at once (a test run starting while `build` runs) would compile everything twice on
-    # two cores and race on the same output files: the second waits, then finds the first's stamp.
-    with (cache / ".build.lock").open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(
-            ["bash", str(script)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL if quiet else None,
-            text=True,
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise RuntimeError(f"testbed build failed (exit {proc.returncode}); run {script} to see why")
-    lines = proc.stdout.strip().splitlines()
+def build(quiet: bool = False, out: TextIO | None = None) -> Path:
+    """Build (or reuse) the selected stack's binaries; returns their directory.
+
+    Cached per stack by versions, wrapper modules and Go version. Progress goes to ``out`` (default
+    stderr) one line per component; the Go tool's output goes to a log file the first lines name, and its
+    tail is shown if the build fails. ``DISPATCH_TESTBED_BUILD_SCRIPT`` names a stand-in build script
+    (tests use one that only prints the events).
+    """
+    stack = _paths.stack()
+    script = Path(os.environ.get("DISPATCH_TESTBED_BUILD_SCRIPT") or _paths.source_dir() / "build.sh")
+    stream: TextIO | None = None if quiet else (out if out is not None else sys.stderr)
+    progress = BuildProgress(
+        stream,
+        stack,
+        _paths.versions(stack),
+        read_build_times(_paths.stack_dir(stack) / "build-times"),
+        tty=stream is not None and out is None and stream.isatty(),
+    )
+    # The lock (one per cache key, so two stacks build side by side) is taken inside build.sh.
+    rc, stdout = _run_build(["bash", str(script), "--stack", stack], progress)
+    progress.finish(rc == 0)
+    if rc != 0:
+        where = f"; the Go tool's output is in {progress.log}" if progress.log else ""
+        said = f": {progress.other[-1]}" if progress.other else ""
+        raise RuntimeError(f"testbed build of stack {stack} failed (exit {rc}){said}{where}")
+    lines = stdout.strip().splitlines()
     if not lines:
         raise RuntimeError("testbed build printed no output directory")
     return Path(lines[-1])
+
+
+def is_built() -> bool:
+    """True if the selected stack's binaries are in the cache (so ``up`` starts in seconds)."""
+    script = _paths.source_dir() / "build.sh"
+    proc = subprocess.run(
+        ["bash", str(script), "--stack", _paths.stack(), "--check"], capture_output=True, text=True, check=False
+    )
+    return proc.returncode == 0
+
+
+def build_estimate() -> float:
+    """Seconds a cold build of the selected stack takes on 2 cores (its measured ``build-times``)."""
+    return sum(read_build_times(_paths.stack_dir() / "build-times").values())
+
+
+def _run_build(argv: list[str], progress: BuildProgress) -> tuple[int, str]:
+    """Run the build, feeding its stderr lines to ``progress`` as they come (ticking once a second)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, "out")
+    sel.register(proc.stderr, selectors.EVENT_READ, "err")
+    out = bytearray()
+    err = bytearray()
+    open_ = 2
+    while open_:
+        events = sel.select(timeout=1.0)
+        if not events:
+            progress.tick()
+        for key, _ in events:
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                open_ -= 1
+                continue
+            if key.data == "out":
+                out += chunk
+                continue
+            err += chunk
+            while b"\n" in err:
+                line, _, rest = err.partition(b"\n")
+                err = bytearray(rest)
+                progress.feed(line.decode(errors="replace"))
+    if err:
+        progress.feed(err.decode(errors="replace"))
+    sel.close()
+    proc.stdout.close()
+    proc.stderr.close()
+    return proc.wait(), out.decode(errors="replace")
 
 
 def _bin_dir() -> Path:
@@ -263,7 +322,8 @@ def _healthy(name: str) -> bool:
 
 
 def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
-    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    deadline = t0 + timeout
     pending = list(names)
     while pending:
         for n in list(pending):
@@ -271,7 +331,7 @@ def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
                 raise RuntimeError(f"{n} exited during start-up; see {_paths.runtime_dir()}/logs/{n}.log")
             if _healthy(n):
                 pending.remove(n)
-                _log(f"{n} is healthy")
+                _log(f"{n:<24} healthy after {time.monotonic() - t0:.1f}s")
         if pending and time.monotonic() > deadline:
             raise RuntimeError(f"timed out waiting for {', '.join(pending)} (logs in {_paths.runtime_dir()}/logs)")
         if pending:
@@ -365,7 +425,8 @@ def status(verbose: bool = False) -> list[ComponentStatus]:
         healthy = pid is not None and not frozen and _healthy(n)
         out.append(ComponentStatus(n, pid, pid is not None, healthy, frozen))
     if verbose:
-        print(f"runtime dir: {_paths.runtime_dir()}  kubeconfig: {_paths.kubeconfig_path()}")
+        stack = (_read_state() or {}).get("stack", "-")
+        print(f"stack: {stack}  runtime dir: {_paths.runtime_dir()}  kubeconfig: {_paths.kubeconfig_path()}")
         for s in out:
             state = "frozen" if s.frozen else ("healthy" if s.healthy else ("running" if s.running else "stopped"))
             print(f"  {s.name:26} pid {s.pid if s.pid is not None else '-':>8}  {state}")
@@ -382,8 +443,15 @@ def up() -> Path:
 
     Safe to call from several processes at once: they serialise on a lock and later ones find it up.
     """
+    stack = _paths.stack()
     with _locked():
         if is_up():
+            running = (_read_state() or {}).get("stack")
+            if running and running != stack:
+                raise RuntimeError(
+                    f"the testbed in {_paths.runtime_dir()} runs stack {running}, not {stack}: take it down first "
+                    "(`dispatch testbed down`) or use another DISPATCH_TESTBED_DIR and DISPATCH_TESTBED_PORT_OFFSET"
+                )
             return _paths.kubeconfig_path()
         if any(s.running for s in status()):
             _log("partially running testbed found; restarting it")
@@ -422,7 +490,8 @@ def _up() -> Path:
     pki = rt / "pki"
     ensure_pki(pki)
     _write_kubeconfig(rt)
-    _state_file().write_text(json.dumps({"bin": str(bin_dir)}))
+    _state_file().write_text(json.dumps({"bin": str(bin_dir), "stack": _paths.stack()}))
+    _log(f"starting stack {_paths.stack()} in {rt} (usually under a minute)")
     kubeconfig = str(_paths.kubeconfig_path())
     mods = _paths.modules()
     bundle = mf.ca_bundle(pki)
@@ -433,7 +502,7 @@ def _up() -> Path:
     trainer_tmp = rt / "trainer-tmp"  # trainer has no certDir setting: it uses $TMPDIR/k8s-webhook-server/...
     _install_cert(pki, trainer_tmp / "k8s-webhook-server" / "serving-certs")
     try:
-        _install_cert(pki, KUEUE_METRICS_CERT_DIR)
+        install_kueue_metrics_cert(KUEUE_METRICS_CERT_DIR)
     except PermissionError as e:
         raise RuntimeError(f"Kueue needs {KUEUE_METRICS_CERT_DIR} (hard-coded); run as root or create it") from e
 

@@ -303,8 +303,24 @@ def kwok_stages(kwok: Path) -> list[Obj]:
                 deleting,
                 not_held,
                 {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "DoesNotExist"},
             ],
             {"delete": True},
+            delay,
+        )
+    )
+    # Like a kubelet that comes back to a pod someone else marked Failed (PodGC, Kueue) while its node was
+    # unreachable: it stops the containers and reports them terminated (the phase stays), then removes it.
+    stages.append(
+        pod_stage(
+            "dispatch-pod-delete-terminal-running",
+            [
+                deleting,
+                not_held,
+                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
+                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "Exists"},
+            ],
+            {"statusTemplate": terminated("{{ .status.phase }}", 137, "Error"), "delete": True},
             delay,
         )
     )
@@ -393,24 +409,19 @@ def kueue_fixtures() -> list[Obj]:
     api = "kueue.x-k8s.io/v1beta2"
 
     def cq(name: str, checks: list[str]) -> Obj:
+        covered = ["cpu", "memory"]
+        quota: list[Obj] = [{"name": "cpu", "nominalQuota": "8"}, {"name": "memory", "nominalQuota": "32Gi"}]
+        if checks:
+            # Kueue v0.19 runs a ClusterQueue's admission checks only for the flavors a Workload is assigned;
+            # a Workload whose pods request none of the covered resources gets no flavor and is admitted
+            # without any check. Covering `pods` (which every pod counts against) assigns a flavor always.
+            covered.append("pods")
+            quota.append({"name": "pods", "nominalQuota": "1000"})
         spec: Obj = {
             "namespaceSelector": {},
             "queueingStrategy": "BestEffortFIFO",
             "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
-            "resourceGroups": [
-                {
-                    "coveredResources": ["cpu", "memory"],
-                    "flavors": [
-                        {
-                            "name": "default",
-                            "resources": [
-                                {"name": "cpu", "nominalQuota": "8"},
-                                {"name": "memory", "nominalQuota": "32Gi"},
-                            ],
-                        }
-                    ],
-                }
-            ],
+            "resourceGroups": [{"coveredResources": covered, "flavors": [{"name": "default", "resources": quota}]}],
         }
         if checks:
             spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}

@@ -8,18 +8,62 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+STACK_ENV = "DISPATCH_TESTBED_STACK"
+_STACK_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
 
 def source_dir() -> Path:
-    """The repo's ``testbed/`` directory (wrapper Go modules, versions, build script)."""
+    """The repo's ``testbed/`` directory (stacks, build scripts)."""
     env = os.environ.get("DISPATCH_TESTBED_SRC")
     if env:
         return Path(env)
     return Path(__file__).resolve().parents[3] / "testbed"
+
+
+def stacks() -> list[str]:
+    """Names of the stacks in ``testbed/stacks/`` (each a versions.env plus its wrapper Go modules)."""
+    base = source_dir() / "stacks"
+    return sorted(p.parent.name for p in base.glob("*/versions.env"))
+
+
+def default_stack() -> str:
+    """The stack used when none is named (``testbed/stacks/default``)."""
+    return (source_dir() / "stacks" / "default").read_text().strip()
+
+
+def stack() -> str:
+    """The selected stack: ``$DISPATCH_TESTBED_STACK``, else the default; refused if unknown.
+
+    The selection lives in the environment (not in a module global) so that the build script, pytest
+    workers and subprocesses all see the same stack.
+    """
+    name = os.environ.get(STACK_ENV, "").strip() or default_stack()
+    check_stack(name)
+    return name
+
+
+def check_stack(name: str) -> None:
+    """Raise ``ValueError`` naming the known stacks unless ``name`` is one of them."""
+    known = stacks()
+    if not _STACK_NAME.fullmatch(name) or name not in known:
+        raise ValueError(f"unknown testbed stack {name!r} (known: {', '.join(known) or 'none'})")
+
+
+def select_stack(name: str) -> None:
+    """Select ``name`` for this process and its children (sets ``$DISPATCH_TESTBED_STACK``)."""
+    check_stack(name)
+    os.environ[STACK_ENV] = name
+
+
+def stack_dir(name: str | None = None) -> Path:
+    """Directory of ``name`` (default: the selected stack)."""
+    return source_dir() / "stacks" / (name or stack())
 
 
 def runtime_dir() -> Path:
@@ -40,10 +84,10 @@ def kubeconfig_path() -> Path:
     return runtime_dir() / "kubeconfig"
 
 
-def versions() -> dict[str, str]:
-    """Component versions pinned in ``testbed/versions.env``."""
+def versions(name: str | None = None) -> dict[str, str]:
+    """Component versions pinned in the stack's ``versions.env`` (default: the selected stack)."""
     out: dict[str, str] = {}
-    for line in (source_dir() / "versions.env").read_text().splitlines():
+    for line in (stack_dir(name) / "versions.env").read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#") and "=" in line:
             k, v = line.split("=", 1)
@@ -75,10 +119,14 @@ def _go_env() -> dict[str, str]:
     return env
 
 
-@functools.cache
 def modules() -> Modules:
-    """Locate (downloading only if absent) the module directories for the pinned versions."""
-    v = versions()
+    """Locate (downloading only if absent) the module directories for the selected stack's versions."""
+    return _modules(stack())
+
+
+@functools.cache
+def _modules(name: str) -> Modules:
+    v = versions(name)
     go = _go()
     cache = Path(
         subprocess.run(

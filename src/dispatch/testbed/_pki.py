@@ -7,7 +7,9 @@ the testbed only ever talks to 127.0.0.1 and fewer moving parts make start-up fa
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import ipaddress
+import os
 from pathlib import Path
 
 from cryptography import x509
@@ -133,3 +135,53 @@ def ensure_pki(pki: Path) -> None:
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     _write_cert(pki / "admin.crt", leaf)  # written last: its presence marks a complete PKI
+
+
+def _pair_matches(crt: Path, key: Path) -> bool:
+    try:
+        cert = x509.load_pem_x509_certificate(crt.read_bytes())
+        priv = serialization.load_pem_private_key(key.read_bytes(), password=None)
+    except (OSError, ValueError, TypeError):
+        return False
+    pub = serialization.PublicFormat.SubjectPublicKeyInfo
+    return bool(
+        cert.public_key().public_bytes(serialization.Encoding.PEM, pub)
+        == priv.public_key().public_bytes(serialization.Encoding.PEM, pub)
+    )
+
+
+def install_kueue_metrics_cert(d: Path) -> None:
+    """Make sure ``d`` holds a matching tls.crt/tls.key pair, keeping one that is already there.
+
+    Kueue reads its metrics certificate from one hard-coded directory (``/etc/kueue/metrics/certs``) at
+    start-up and watches it afterwards, so every testbed on the machine shares it. The testbed turns
+    Kueue's metrics off, so any valid pair will do: keeping an existing one means a second testbed never
+    rewrites files that a running Kueue may be re-reading, and a pair is only ever written whole (new
+    files renamed into place, under a lock) so a Kueue starting meanwhile never reads half of one.
+    """
+    d.mkdir(parents=True, exist_ok=True)
+    with (d.parent / ".dispatch-testbed.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _pair_matches(d / "tls.crt", d / "tls.key"):
+            return
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dispatch-testbed-kueue-metrics")])
+        now = dt.datetime.now(dt.UTC)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(hours=1))
+            .not_valid_after(now + dt.timedelta(days=3650))
+            .add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
+            )
+            .sign(key, hashes.SHA256())
+        )
+        tmp_key, tmp_crt = d / ".tls.key.new", d / ".tls.crt.new"
+        _write_key(tmp_key, key)
+        _write_cert(tmp_crt, cert)
+        os.replace(tmp_key, d / "tls.key")
+        os.replace(tmp_crt, d / "tls.crt")

@@ -17,6 +17,8 @@ checker reads. Typical use::
 """
 
 from ._cluster import FakeCluster, History, Process
+from ._rbac import Binding, Policy, RbacError
 from ._server import ApiFailure, FakeApiServer, Fault, Kind
 
-__all__ = ["ApiFailure", "FakeApiServer", "FakeCluster", "Fault", "History", "Kind", "Process"]
+__all__ = ["ApiFailure", "Binding", "FakeApiServer", "FakeCluster", "Fault", "History", "Kind", "Policy", "Process",
+           "RbacError"]

@@ -4,25 +4,30 @@
 step at a time, so a test (or a hypothesis state machine) chooses the interleaving: a lagging JobSet,
 a kubelet that has not yet confirmed a pod's termination, a frozen node, an operator's taint. It also
 tracks the *processes* the pods stand for, which outlive their API objects when a node is lost, and
-keeps the history the checker reads: no two admission numbers of one object may ever run at once.
+keeps the history the checker reads: no two executions of one submission may ever run at once.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx2
 
 from .._names import (
+    ANNOTATION_ADMISSION,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
 )
+from ._rbac import Binding, Policy
 from ._server import ApiFailure, FakeApiServer
 
 Obj = dict[str, Any]
@@ -50,6 +55,10 @@ def _set_cond(obj: Obj, ctype: str, status: bool, reason: str = "") -> None:
                   "lastTransitionTime": "2026-01-01T00:00:00Z", "message": ""})
 
 
+def _number(text: str | None) -> int | None:
+    return int(text) if text and text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 @dataclass
 class Process:
     """What a running pod stands for: a process that ends only when something proves it ended."""
@@ -64,6 +73,38 @@ class Process:
     admission: int | None
     started: int
     ended: int | None = None
+    rank: str = ""
+    """The pod's place in its execution: child Job and completion index (one process per rank may run)."""
+    trainjob_uid: str = ""
+    run: int | None = None
+    """Which resume of its TrainJob, as the fake's controllers passed it down, created the pod: pods created
+    from one resume are one execution (A alone cannot tell two apart when A was not raised between them)."""
+    reported: int | None = None
+    """The A its TrainJob's annotation reported when that resume was seen (the admission's A)."""
+
+    @property
+    def subject(self) -> tuple[str, ...]:
+        """What must never have two executions at once: the submission, or the TrainJob if not dispatch's."""
+        if self.job_id and self.submission:
+            return (self.namespace, "submission", self.job_id, self.submission)
+        return (self.namespace, "trainjob", self.obj_name)
+
+    @property
+    def execution(self) -> tuple[object, ...]:
+        if self.run is not None:
+            return (self.trainjob_uid, self.run)
+        return (self.obj_name, self.admission)
+
+    def describe(self) -> str:
+        end = "running" if self.ended is None else str(self.ended)
+        return (f"{self.pod} of {self.obj_name} (A={self.admission}, run {self.run}, rank {self.rank or '?'}) "
+                f"on {self.node}, {self.started}-{end}")
+
+
+def _subject_words(subject: tuple[str, ...]) -> str:
+    if subject[1] == "submission":
+        return f"submission {subject[2]}/{subject[3]} in {subject[0]}"
+    return f"TrainJob {subject[2]} in {subject[0]}"
 
 
 @dataclass
@@ -78,30 +119,56 @@ class History:
         return self.clock
 
     def check(self) -> None:
-        """Assert no two admission numbers of one object overlap, and A rises with each execution."""
-        by_object: dict[tuple[str, str], list[Process]] = {}
+        """Assert the promise on everything that ran: one execution at a time, each with one A, A rising.
+
+        - An overlap is two processes of one submission (job-id and submission, in one namespace) of two
+          executions alive at once, whatever their A and whatever TrainJob name they run under; two
+          processes of one rank of one execution alive at once are an overlap too.
+        - Each execution has exactly one A: every pod of it carries the A its TrainJob reported when the
+          execution was admitted.
+        - A strictly increases per submission from each execution to the next, across incarnations.
+        Processes of TrainJobs without dispatch's labels are held to the first rule per TrainJob name.
+        """
+        groups: dict[tuple[str, ...], list[Process]] = {}
         for p in self.processes:
-            by_object.setdefault((p.namespace, p.obj_name), []).append(p)
-        for obj, procs in by_object.items():
-            for a in procs:
-                for b in procs:
-                    if a.admission == b.admission:
-                        continue
-                    a_end = a.ended if a.ended is not None else 1 << 60
-                    b_end = b.ended if b.ended is not None else 1 << 60
-                    if a.started < b_end and b.started < a_end:
+            groups.setdefault(p.subject, []).append(p)
+        for subject, procs in groups.items():
+            what = _subject_words(subject)
+            ordered = sorted(procs, key=lambda p: p.started)
+            for i, a in enumerate(ordered):
+                a_end = a.ended if a.ended is not None else 1 << 60
+                for b in ordered[i + 1:]:
+                    if b.started >= a_end:
+                        break
+                    if a.execution != b.execution:
                         raise AssertionError(
-                            f"two executions of {obj[1]} overlap: A={a.admission} ({a.pod} on {a.node}, "
-                            f"{a.started}-{a.ended}) and A={b.admission} ({b.pod} on {b.node}, "
-                            f"{b.started}-{b.ended})"
-                        )
-            starts: dict[int | None, int] = {}
-            for p in procs:
-                starts[p.admission] = min(starts.get(p.admission, p.started), p.started)
-            ordered = sorted(starts.items(), key=lambda kv: kv[1])
-            numbers = [a for a, _ in ordered]
-            if None in numbers or numbers != sorted(set(n for n in numbers if n is not None)):
-                raise AssertionError(f"admission numbers of {obj[1]} did not rise with each execution: {numbers}")
+                            f"two executions of {what} overlap: {a.describe()} and {b.describe()}")
+                    if a.rank and a.rank == b.rank:
+                        raise AssertionError(
+                            f"two processes of one rank of one execution of {what} overlap: "
+                            f"{a.describe()} and {b.describe()}")
+            executions: dict[tuple[object, ...], list[Process]] = {}
+            for p in ordered:
+                executions.setdefault(p.execution, []).append(p)
+            for ps in executions.values():
+                first = ps[0]
+                other = next((p for p in ps if p.admission != first.admission), None)
+                if other is not None:
+                    raise AssertionError(
+                        f"one execution of {what} runs with two admission numbers: {first.describe()} and "
+                        f"{other.describe()}")
+                if first.run is not None and first.reported != first.admission:
+                    raise AssertionError(
+                        f"an execution of {what} carries A={first.admission} but its TrainJob reported "
+                        f"A={first.reported} at admission: {first.describe()}")
+            if subject[1] != "submission":
+                continue
+            starts = [ps[0] for ps in executions.values()]  # in order of first start (dicts keep insertion order)
+            for prev, cur in itertools.pairwise(starts):
+                if prev.admission is None or cur.admission is None or cur.admission <= prev.admission:
+                    raise AssertionError(
+                        f"admission numbers of {what} did not strictly rise from one execution to the next: "
+                        f"{prev.describe()} then {cur.describe()}")
 
 
 class FakeCluster:
@@ -117,13 +184,22 @@ class FakeCluster:
         self._pod_seq = 0
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
+        self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
+        self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
+        self._jobset_runs: dict[str, tuple[str, int]] = {}
+        self._job_runs: dict[str, tuple[str, int]] = {}
+        self._pod_runs: dict[str, tuple[str, int]] = {}
         self.server.add_admission("trainjobs", self._trainer_webhook)
         self.server.create("", "namespaces", "", {"metadata": {"name": namespace}})
 
     # ------------------------------------------------------------------ wiring
 
-    def transport(self) -> httpx2.MockTransport:
-        return self.server.transport()
+    def transport(self, role: str | None = None, *, roles: Iterable[str | Binding] = (), user: str | None = None,
+                  rbac: str | Path | Policy | None = None) -> httpx2.MockTransport:
+        """A transport to the cluster's API; with ``role``/``roles``, limited to those shipped roles
+        (see ``FakeApiServer.transport``)."""
+        return self.server.transport(role, roles=roles, user=user, rbac=rbac)
 
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""
@@ -131,11 +207,15 @@ class FakeCluster:
 
     # ------------------------------------------------------------------ fixtures
 
-    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",)) -> None:
+    def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",), *,
+                    replacement_policy: str | None = None) -> None:
+        """A ClusterTrainingRuntime; ``replacement_policy`` sets its Jobs' ``podReplacementPolicy``
+        (unset, as in the runtimes Trainer ships: the Job API then defaults it to TerminatingOrFailed)."""
+        job_spec: Obj = {} if replacement_policy is None else {"podReplacementPolicy": replacement_policy}
         self.server.create(TRAINER, "clustertrainingruntimes", "", {
             "metadata": {"name": name},
             "spec": {"template": {"spec": {"replicatedJobs": [
-                {"name": rj, "replicas": 1, "template": {"spec": {"template": {"spec": {
+                {"name": rj, "replicas": 1, "template": {"spec": {**job_spec, "template": {"spec": {
                     "containers": [{"name": rj, "image": "example.invalid/train"}]}}}}}
                 for rj in replicated
             ]}}},
@@ -192,11 +272,17 @@ class FakeCluster:
         meta = pod["metadata"]
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
+        tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
         proc = Process(
             pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
             job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
-            admission=int(adm) if adm and adm.isdigit() else None, started=self.history.tick(),
+            admission=_number(adm) if adm is not None else None, started=self.history.tick(),
+            rank=(f"{labels['batch.kubernetes.io/job-name']}#"
+                  f"{labels.get('batch.kubernetes.io/job-completion-index', '')}"
+                  if labels.get("batch.kubernetes.io/job-name") else ""),
+            trainjob_uid=tj_uid, run=run,
+            reported=self._reported.get((tj_uid, run)) if run is not None else None,
         )
         self._processes[meta["uid"]] = proc
         self.history.processes.append(proc)
@@ -235,21 +321,29 @@ class FakeCluster:
                 continue
             ns, name = meta["namespace"], meta["name"]
             suspend = bool((tj.get("spec") or {}).get("suspend"))
+            runs, was_suspended = self._runs.get(meta["uid"], (0, True))
+            if was_suspended and not suspend:
+                runs += 1
+                adm = ((meta.get("annotations") or {}).get(ANNOTATION_ADMISSION))
+                self._reported[(meta["uid"], runs)] = _number(adm) if adm is not None else None
+            self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
             desired = self._jobset_spec(tj)
             if desired is None:
                 continue
             if js is None:
-                self.server.create(JOBSET, "jobsets", ns, {
+                made = self.server.create(JOBSET, "jobsets", ns, {
                     "metadata": {"name": name, "ownerReferences": [
                         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
                          "uid": meta["uid"], "controller": True}]},
                     "spec": desired,
                 }, admit=False)
+                self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
                 def mutate(obj: Obj, desired: Obj = desired) -> None:
                     obj["spec"] = desired
                 self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
+                self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
@@ -273,6 +367,9 @@ class FakeCluster:
                         continue
                     ptmpl = ((prj.get("template") or {}).get("spec") or {}).get("template") or {}
                     labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
+                    for fin in (ptmpl.get("metadata") or {}).get("finalizers") or []:
+                        if fin not in pod_meta.setdefault("finalizers", []):
+                            pod_meta["finalizers"].append(fin)
                     annotations = (ptmpl.get("metadata") or {}).get("annotations")
                     if annotations:
                         pod_meta.setdefault("annotations", {}).update(annotations)
@@ -311,10 +408,14 @@ class FakeCluster:
                                                           "kind": "JobSet", "name": name, "uid": meta["uid"],
                                                           "controller": True}]},
                         "spec": {"suspend": suspend, "parallelism": rj["template"]["spec"].get("parallelism", 1),
+                                 # The API's default without a podFailurePolicy.
+                                 "podReplacementPolicy": rj["template"]["spec"].get("podReplacementPolicy")
+                                 or "TerminatingOrFailed",
                                  "template": copy.deepcopy(template)},
                     })
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
+                    self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
                 elif bool(job["spec"].get("suspend")) != suspend:
                     def mutate(obj: Obj, template: Obj = template, suspend: bool = suspend) -> None:
                         obj["spec"]["suspend"] = suspend
@@ -324,6 +425,8 @@ class FakeCluster:
                     self.server.update("batch", "jobs", ns, job_name, mutate, status=False)
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
+                    if not suspend:
+                        self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
                 active = 1 if int((job.get("status") or {}).get("active") or 0) > 0 else 0
                 statuses.append({"name": rj["name"], "active": active, "ready": 0, "succeeded": 0, "failed": 0,
                                  "suspended": 1 if job["spec"].get("suspend") else 0})
@@ -336,8 +439,11 @@ class FakeCluster:
     # ------------------------------------------------------------------ Job controller
 
     def job_sync(self) -> None:
-        """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods
-        (TerminatingOrFailed: a replacement starts as soon as the old pod is marked for deletion)."""
+        """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods.
+
+        A replacement follows the Job's ``podReplacementPolicy``, as the real controller does: with
+        ``TerminatingOrFailed`` (the default) it starts as soon as the old pod has a deletionTimestamp;
+        with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone."""
         for job in self.server.objects("batch", "jobs"):
             meta = job["metadata"]
             ns, name = meta["namespace"], meta["name"]
@@ -360,10 +466,13 @@ class FakeCluster:
                 active = []
             else:
                 want = int(job["spec"].get("parallelism") or 1)
+                occupied = active + succeeded
+                if job["spec"].get("podReplacementPolicy") == "Failed":
+                    occupied = occupied + terminating
                 if not _cond(job, "Complete"):
                     for index in range(want):
                         if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
-                               for p in active + succeeded):
+                               for p in occupied):
                             continue
                         self._create_pod(job, index)
                         active.append({})
@@ -389,15 +498,24 @@ class FakeCluster:
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
         labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
-        self.server.create("", "pods", job["metadata"]["namespace"], {
+        made = self.server.create("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
+                         "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
                          "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                               "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
                                               "controller": True}]},
             "spec": spec,
             "status": {"phase": "Pending"},
         })
+        self._pass_run(self._job_runs, job["metadata"]["uid"], self._pod_runs, made["metadata"]["uid"])
+
+    @staticmethod
+    def _pass_run(source: dict[str, tuple[str, int]], owner: str, target: dict[str, tuple[str, int]],
+                  uid: str) -> None:
+        """A layer built from its owner's current template belongs to the owner's current run."""
+        if owner in source:
+            target[uid] = source[owner]
 
     # ------------------------------------------------------------------ scheduler, kubelets, PodGC
 
@@ -442,29 +560,53 @@ class FakeCluster:
                 continue
             if meta["uid"] in self._finish_requested and phase == "Running":
                 final = self._finish_requested.pop(meta["uid"])
-
-                def finish(obj: Obj, final: str = final) -> None:
-                    obj.setdefault("status", {})["phase"] = final
-                self.server.update("", "pods", ns, name, finish, status=True)
-                proc = self._processes.get(meta["uid"])
-                if proc:
-                    self._end(proc)
+                self._kubelet_stopped(pod, final, 0 if final == "Succeeded" else 1)
+                continue
+            if phase in ("Succeeded", "Failed") and meta["uid"] in self._processes:
+                # Someone else wrote a terminal phase (PodGC, Kueue): the kubelet stops the containers.
+                self._kubelet_stopped(pod, phase, 137)
                 continue
             if phase == "Pending":
                 def run(obj: Obj) -> None:
-                    obj.setdefault("status", {})["phase"] = "Running"
+                    st = obj.setdefault("status", {})
+                    st["phase"] = "Running"
+                    st["containerStatuses"] = [{"name": c.get("name", ""), "state": {"running": {}}}
+                                               for c in (obj.get("spec") or {}).get("containers") or []]
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
 
+    def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
+        """The kubelet reports the pod's containers stopped: a terminal phase and every container
+        terminated (a phase that is already terminal is kept), and the process ends."""
+        meta = pod["metadata"]
+
+        def stopped(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            if st.get("phase") not in ("Succeeded", "Failed"):
+                st["phase"] = phase
+            st["containerStatuses"] = [
+                {"name": c.get("name", ""), "state": {"terminated": {"exitCode": exit_code}}}
+                for c in (obj.get("spec") or {}).get("containers") or []]
+        try:
+            self.server.update("", "pods", meta["namespace"], meta["name"], stopped, status=True)
+        except ApiFailure:
+            pass
+        proc = self._processes.get(meta["uid"])
+        if proc:
+            self._end(proc)
+
     def confirm_termination(self, pod: str, namespace: str | None = None) -> None:
-        """The kubelet confirms a deleted pod's containers stopped: the process ends, the object goes."""
+        """The kubelet confirms a deleted pod's containers stopped: it writes a terminal phase (Failed,
+        unless it had already ended) with every container terminated, the process ends, and the object
+        goes (or stays, Failed, while a finalizer holds it)."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
-        proc = self._processes.get(obj["metadata"]["uid"])
-        if proc:
-            self._end(proc)
+        if (obj.get("status") or {}).get("containerStatuses") is None or \
+                obj["metadata"]["uid"] in self._processes or \
+                (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            self._kubelet_stopped(obj, "Failed", 137)
         try:
             self.server.delete("", "pods", ns, pod, grace=0)
         except ApiFailure:
@@ -477,19 +619,32 @@ class FakeCluster:
             self._finish_requested[obj["metadata"]["uid"]] = phase
 
     def force_delete(self, pod: str, namespace: str | None = None) -> None:
-        """Delete with grace 0. On a reachable node the kubelet kills it; on a lost node it may run on."""
+        """``kubectl delete --force --grace-period=0``. On a reachable node the kubelet kills it (and
+        reports so); on a lost node it may run on. A finalizer keeps the object, with a deletionTimestamp."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        proc = self._processes.get(obj["metadata"]["uid"])
-        if proc and node not in self.frozen:
-            self._end(proc)
+        if node and node not in self.frozen and node not in self.deleted_nodes:
+            self._kubelet_stopped(obj, "Failed", 137)
+
+    def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
+        """Someone other than the kubelet writes ``phase: Failed`` (PodGC, Kueue's FailureRecoveryPolicy):
+        only the phase and a DisruptionTarget condition; the container states stay as they were."""
+        ns = namespace or self.namespace
+
+        def failed(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            st["phase"] = "Failed"
+            st.setdefault("conditions", []).append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+        if self.server.get("", "pods", ns, pod) is not None:
+            self.server.update("", "pods", ns, pod, failed, status=True)
 
     def pod_gc(self) -> None:
-        """PodGC: force-delete Terminating pods on not-Ready out-of-service nodes, and pods of deleted nodes."""
+        """PodGC: pods of deleted nodes, and Terminating pods on not-Ready out-of-service nodes, are
+        marked Failed (phase only, as the real PodGC does) and force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
@@ -497,14 +652,19 @@ class FakeCluster:
                 continue
             nobj = nodes.get(node)
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
-            if nobj is None:
-                self.server.delete("", "pods", ns, name, grace=0)
-                continue
-            oos = any(t.get("key") == OUT_OF_SERVICE_TAINT for t in (nobj.get("spec") or {}).get("taints") or [])
-            ready = any(c.get("type") == "Ready" and c.get("status") == "True"
-                        for c in (nobj.get("status") or {}).get("conditions") or [])
-            if oos and not ready and pod["metadata"].get("deletionTimestamp"):
-                self.server.delete("", "pods", ns, name, grace=0)
+            oos = nobj is not None and any(t.get("key") == OUT_OF_SERVICE_TAINT
+                                           for t in (nobj.get("spec") or {}).get("taints") or [])
+            ready = nobj is not None and any(c.get("type") == "Ready" and c.get("status") == "True"
+                                             for c in (nobj.get("status") or {}).get("conditions") or [])
+            if nobj is None or (oos and not ready and pod["metadata"].get("deletionTimestamp")):
+                if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                    self.mark_failed(name, ns)
+                if not (pod["metadata"].get("deletionTimestamp")
+                        and int(pod["metadata"].get("deletionGracePeriodSeconds") or 0) == 0):
+                    try:
+                        self.server.delete("", "pods", ns, name, grace=0)
+                    except ApiFailure:
+                        pass  # gone already
 
     def step(self, *, honour_grace: bool = True) -> None:
         """One pass of every controller, in the order a healthy cluster converges."""

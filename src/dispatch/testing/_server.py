@@ -21,12 +21,14 @@ from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
 import httpx2
 
 from .._api import ALL, Res
+from ._rbac import Attributes, Binding, Forbidden, Identity, Policy, shipped_policy
 
 Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
@@ -55,18 +57,22 @@ Admission = Callable[[str, Obj | None, Obj], str | None]
 class ApiFailure(Exception):
     """Internal: becomes a Status response."""
 
-    def __init__(self, code: int, reason: str, message: str, causes: Iterable[Obj] = ()) -> None:
+    def __init__(self, code: int, reason: str, message: str, causes: Iterable[Obj] = (),
+                 details: Obj | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.causes = list(causes)
+        self.details = dict(details or {})
 
     def body(self) -> Obj:
         out: Obj = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
-                    "message": self.message, "reason": self.reason, "code": self.code}
-        if self.causes:
-            out["details"] = {"causes": self.causes}
+                    "message": self.message, "code": self.code}
+        if self.reason:
+            out["reason"] = self.reason
+        if self.causes or self.details:
+            out["details"] = {**self.details, **({"causes": self.causes} if self.causes else {})}
         return out
 
 @dataclass
@@ -299,6 +305,8 @@ class FakeApiServer:
         self._kinds = {(kd.group, kd.plural): kd for kd in KINDS}
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.denied: list[tuple[str, str, str]] = []
+        """(user, method, path) of each request a role-bound transport was refused (403)."""
         self.bytes_sent = 0
         self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
         self.compacted_below = 0
@@ -309,9 +317,24 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ plumbing
 
-    def transport(self) -> httpx2.MockTransport:
-        """The transport to hand to ``Adapter.connect(transport=...)``."""
-        return httpx2.MockTransport(self.handle)
+    def transport(self, role: str | None = None, *, roles: Iterable[str | Binding] = (), user: str | None = None,
+                  rbac: str | Path | Policy | None = None) -> httpx2.MockTransport:
+        """The transport to hand to ``Adapter.connect(transport=...)``.
+
+        With ``role`` or ``roles`` its requests are authorized as a user holding those roles of the shipped
+        RBAC (``deploy/base/rbac.yaml``, or ``rbac``: a path, YAML text or ``Policy``) and denied with the
+        real 403; without, they are unrestricted (the test acts as the cluster's admin).
+        """
+        wanted = ([role] if role is not None else []) + list(roles)
+        if not wanted:
+            return httpx2.MockTransport(self.handle)
+        policy = rbac if isinstance(rbac, Policy) else (shipped_policy() if rbac is None else Policy.load(rbac))
+        identity = policy.identity(wanted, user=user)
+
+        async def handle(request: httpx2.Request) -> httpx2.Response:
+            return await self.handle(request, identity)
+
+        return httpx2.MockTransport(handle)
 
     def kind(self, group: str, plural: str) -> Kind:
         try:
@@ -412,8 +435,9 @@ class FakeApiServer:
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now_text(self.clock())
             meta["generation"] = 1
-            meta["resourceVersion"] = str(self._bump())
             meta.pop("deletionTimestamp", None)
+            check_size(kind, key, body)
+            meta["resourceVersion"] = str(self._bump())
             self._objects[key] = body
             self._record("ADDED", key, body)
             return copy.deepcopy(body)
@@ -427,6 +451,7 @@ class FakeApiServer:
                 raise ApiFailure(409, "AlreadyExists", f'{kind.plural} "{name}" already exists')
             body = copy.deepcopy(obj)
             self._validate(kind, "CREATE", None, body)
+            check_size(kind, key, body, stored=False)
             prune = self.prune.get(kind.plural)
             return prune(body) if prune else body
 
@@ -505,9 +530,11 @@ class FakeApiServer:
             self._validate(kind, "UPDATE", current, new)
         if new.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
-        meta["resourceVersion"] = str(self._bump())
         if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+            meta["resourceVersion"] = str(self._bump())
             return self._remove(key, new)
+        check_size(kind, key, new)
+        meta["resourceVersion"] = str(self._bump())
         self._objects[key] = new
         self._record("MODIFIED", key, new)
         return copy.deepcopy(new)
@@ -551,6 +578,14 @@ class FakeApiServer:
                     current_grace = int(meta.get("deletionGracePeriodSeconds") or 0)
                     if grace != 0 or current_grace == 0:
                         return copy.deepcopy(current)
+                    if finalizers:  # a force delete of a terminating pod a finalizer holds: grace becomes 0
+                        new = copy.deepcopy(current)
+                        new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
+                        new["metadata"]["deletionGracePeriodSeconds"] = 0
+                        new["metadata"]["resourceVersion"] = str(self._bump())
+                        self._objects[key] = new
+                        self._record("MODIFIED", key, new)
+                        return copy.deepcopy(new)
                 if grace > 0:
                     new = copy.deepcopy(current)
                     new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
@@ -701,7 +736,7 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ HTTP
 
-    async def handle(self, request: httpx2.Request) -> httpx2.Response:
+    async def handle(self, request: httpx2.Request, identity: Identity | None = None) -> httpx2.Response:
         method = request.method
         path = request.url.path
         await asyncio.sleep(0)  # a scheduling point, so concurrent clients interleave per request
@@ -718,12 +753,23 @@ class FakeApiServer:
         if fault is not None and not fault.after:
             return self._fail(fault, request)
         try:
+            if identity is not None:
+                identity.authorize(method, path, params, request.headers.get("content-type", ""), self._exists)
             response = await self._dispatch(method, path, params, request)
         except ApiFailure as exc:
             response = self._json(exc.code, exc.body())
+        except Forbidden as exc:
+            with self._lock:
+                self.denied.append((identity.user if identity else "", method, path))
+            response = self._json(403, exc.body)
         if fault is not None:
             return self._fail(fault, request)
         return response
+
+    def _exists(self, a: Attributes) -> bool:
+        kind = self._kinds.get((a.group, a.resource))
+        return kind is not None and self.get(a.group, a.resource, a.namespace if kind.namespaced else "",
+                                             a.name) is not None
 
     def _fail(self, fault: Fault, request: httpx2.Request) -> httpx2.Response:
         if fault.status == "timeout":
@@ -759,6 +805,8 @@ class FakeApiServer:
         sub = rest[2] if len(rest) > 2 else None
         ns = namespace or ""
         body: Obj = {}
+        if len(request.content) > REQUEST_BODY_LIMIT:
+            raise ApiFailure(413, "RequestEntityTooLarge", f"Request entity too large: limit is {REQUEST_BODY_LIMIT}")
         if request.content:
             try:
                 body = json.loads(request.content)
@@ -883,6 +931,61 @@ class FakeApiServer:
             for key in list(self._versions):
                 obj = self._objects.get(key)
                 self._versions[key] = [(int(obj["metadata"]["resourceVersion"]), copy.deepcopy(obj))] if obj else []
+
+CONFIGMAP_DATA_LIMIT = 1024 * 1024
+"""ConfigMap ``data`` values plus decoded ``binaryData`` (keys are not counted), as core validation counts."""
+ANNOTATIONS_LIMIT = 256 * 1024
+"""All annotation keys and values of one object together (object-meta validation)."""
+ETCD_REQUEST_LIMIT = 1536 * 1024
+"""etcd's default ``--max-request-bytes``: a larger write fails with "etcdserver: request is too large"."""
+ETCD_SEND_LIMIT = 2 * 1024 * 1024
+"""The API server's etcd client refuses to send a gRPC message larger than this."""
+ETCD_SIZE_ADJUST = -41
+"""The real write's gRPC message size minus this fake's estimate (its JSON plus the storage key), measured
+on the real testbed with ConfigMaps of 22,000 to 36,000 keys: the real limits fall on the same object."""
+REQUEST_BODY_LIMIT = 3 * 1024 * 1024
+"""The API server reads at most this much of a request body (413 beyond)."""
+
+
+def check_size(kind: Kind, key: Key, obj: Obj, *, stored: bool = True) -> None:
+    """Refuse what the real API server refuses for size: annotations over 256 KiB and a ConfigMap over
+    1 MiB of data (422, by validation), and a write larger than etcd accepts (500, from etcd or its client).
+
+    The real server stores managed fields too, except when a create, update or merge patch is retried
+    without them after etcd refused it; this fake keeps none, so a server-side apply of a large object
+    fails later here than on the real server.
+    """
+    name = (obj.get("metadata") or {}).get("name", "")
+    what = kind.kind if not kind.group else f"{kind.kind}.{kind.group}"
+    annotations = (obj.get("metadata") or {}).get("annotations") or {}
+    if sum(len(str(a).encode()) + len(str(v).encode()) for a, v in annotations.items()) > ANNOTATIONS_LIMIT:
+        message = f"Too long: may not be more than {ANNOTATIONS_LIMIT} bytes"
+        raise ApiFailure(422, "Invalid", f'{what} "{name}" is invalid: metadata.annotations: {message}',
+                         [{"reason": "FieldValueTooLong", "message": message, "field": "metadata.annotations"}],
+                         details={"name": name, "group": kind.group, "kind": kind.kind} if kind.group
+                         else {"name": name, "kind": kind.kind})
+    if kind.group == "" and kind.plural == "configmaps":
+        total = sum(len(str(v).encode()) for v in (obj.get("data") or {}).values())
+        for value in (obj.get("binaryData") or {}).values():
+            try:
+                total += len(base64.b64decode(str(value), validate=True))
+            except ValueError:
+                total += len(str(value))
+        if total > CONFIGMAP_DATA_LIMIT:
+            message = f"Too long: may not be more than {CONFIGMAP_DATA_LIMIT} bytes"
+            raise ApiFailure(422, "Invalid", f'ConfigMap "{name}" is invalid: []: {message}',
+                             [{"reason": "FieldValueTooLong", "message": message, "field": "[]"}],
+                             details={"name": name, "kind": "ConfigMap"})
+    if stored:
+        storage_key = f"/registry/{kind.group + '/' if kind.group else ''}{kind.plural}/" + (
+            f"{key[2]}/{key[3]}" if key[2] else key[3])
+        size = len(json.dumps(obj, separators=(",", ":")).encode()) + len(storage_key) + ETCD_SIZE_ADJUST
+        if size > ETCD_SEND_LIMIT:
+            raise ApiFailure(500, "", "rpc error: code = ResourceExhausted desc = trying to send message larger "
+                                      f"than max ({size} vs. {ETCD_SEND_LIMIT})")
+        if size > ETCD_REQUEST_LIMIT:
+            raise ApiFailure(500, "", "etcdserver: request is too large")
+
 
 def _strip_identity(config: Obj) -> Obj:
     out = copy.deepcopy(config)

@@ -1,0 +1,174 @@
+"""Releasing dispatch's pod finalizer, in both modes.
+
+Every pod of a dispatch object carries ``dispatch.phpboyscout.uk/execution`` (from dispatch's runtime
+patch), so a pod that may still run stays in the API, even after ``kubectl delete --force``, and stays
+visible to the rule. This part of the controller removes it once the pod's end is proven: its kubelet
+reported a terminal phase with every container terminated, or its Node is deleted or tainted
+out-of-service (or it was deleted before it was ever scheduled). Plain-mode objects get the same
+service: the pod informers select by labels, not by Kueue.
+
+The informers only say which pods to look at. Each removal reads the pod and its Node afresh and is
+conditioned on the pod's resourceVersion, so a pod that changed since (a new status, another
+finalizer) is looked at again, never overwritten. A pod whose end stays unproven keeps its finalizer;
+``status`` explains it and an operator can release it (``dispatch admin release-pod``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+import structlog
+
+from .. import _api as api
+from .._core import Core
+from .._kube import Kube
+from .._views import PROVEN, NodeView, PodView, name_of
+from ..errors import DispatchError
+from ._metrics import Metrics
+from ._queue import WorkQueue
+
+log = structlog.get_logger("dispatch.controller")
+
+Obj = dict[str, Any]
+
+
+class FinalizerKeeper:
+    """Watches pods that carry dispatch's finalizer and removes it once each one's end is proven."""
+
+    def __init__(self, kube: Kube, metrics: Metrics, *, workers: int = 2) -> None:
+        self._kube = kube
+        self._metrics = metrics
+        self._cores: dict[str, Core] = {}
+        self.workers = workers
+        self.queue = WorkQueue()
+        self.on_node_of: dict[str, set[str]] = {}
+        """Pod keys (``namespace/name``) carrying our finalizer, by the Node they sit on."""
+        self.node_of: dict[str, str] = {}
+        self.signatures: dict[str, tuple[object, ...]] = {}
+        self.released = 0
+        self._nodes_seen: set[str] = set()
+
+    def _core(self, namespace: str) -> Core:
+        found = self._cores.get(namespace)
+        if found is None:
+            found = self._cores[namespace] = Core(self._kube.in_namespace(namespace))
+        return found
+
+    # ------------------------------------------------------------------ routing
+
+    def _forget(self, key: str) -> None:
+        self.signatures.pop(key, None)
+        node = self.node_of.pop(key, None)
+        if node is not None:
+            keys = self.on_node_of.get(node)
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del self.on_node_of[node]
+
+    def on_pod(self, etype: str, obj: Obj) -> None:
+        pod = PodView.from_obj(obj)
+        key = f"{pod.namespace}/{pod.name}"
+        if etype == "DELETED" or not pod.ours:
+            self._forget(key)
+            return
+        node = sys.intern(pod.node) if pod.node else pod.node  # one string per Node, not per pod
+        if node and self.node_of.get(key) != node:
+            self._forget(key)
+            self.node_of[key] = node
+            self.on_node_of.setdefault(node, set()).add(key)
+        signature = (node, pod.kubelet_confirmed, pod.deleting)
+        if self.signatures.get(key) == signature:
+            return
+        self.signatures[key] = signature
+        # Worth a look: ended as its kubelet reports, or being deleted (its node may be proven down; a
+        # running pod's node proven down is routed by ``on_node``).
+        if pod.kubelet_confirmed or pod.deleting:
+            self.queue.add(key)
+
+    def list_pods(self, items: Iterable[Obj]) -> None:
+        for obj in items:
+            self.on_pod("ADDED", obj)
+
+    def on_node(self, etype: str, obj: Obj) -> None:
+        """A Node deleted or tainted out-of-service proves the end of every pod on it."""
+        view = NodeView.gone(name_of(obj)) if etype == "DELETED" else NodeView.from_obj(obj)
+        if view.proven_down:
+            for key in sorted(self.on_node_of.get(view.name, ())):
+                self.queue.add(key)
+
+    def list_nodes(self, items: Iterable[Obj]) -> None:
+        self.nodes_begin()
+        self.nodes_page(items)
+        self.nodes_end()
+
+    # A Node list a page at a time (the controller's informer pages it): a Node that holds our pods and
+    # is missing from a complete list is gone.
+    def nodes_begin(self) -> None:
+        self._nodes_seen = set()
+
+    def nodes_page(self, items: Iterable[Obj]) -> None:
+        for obj in items:
+            self._nodes_seen.add(name_of(obj))
+            self.on_node("ADDED", obj)
+
+    def nodes_end(self) -> None:
+        seen, self._nodes_seen = self._nodes_seen, set()
+        for node in list(self.on_node_of):
+            if node not in seen:
+                self.on_node("DELETED", {"metadata": {"name": node}})
+
+    # ------------------------------------------------------------------ work
+
+    async def release(self, key: str) -> str:
+        """Look at one pod afresh; remove our finalizer if its end is proven. Returns what happened."""
+        namespace, _, name = key.partition("/")
+        core = self._core(namespace)
+        obj = await core.kube.get_or_none(api.PODS, name)
+        if obj is None:
+            return "gone"
+        pod = PodView.from_obj(obj)
+        if not pod.ours:
+            return "not-ours"
+        nodes = await core.nodes([pod])
+        proof = pod.end(nodes.get(pod.node) if pod.node else None)
+        if proof not in PROVEN:
+            return "unproven"
+        if not await core.remove_finalizer(pod, forbidden_ok=False):
+            return "conflict"
+        self._metrics.writes.labels("pod-finalizer").inc()
+        self.released += 1
+        log.info("pod finalizer released", pod=key, proof=proof)
+        return proof
+
+    async def _worker(self, leading: asyncio.Event) -> None:
+        while True:
+            await leading.wait()
+            key = await self.queue.get()
+            try:
+                outcome = await self.release(key)
+            except DispatchError as exc:
+                log.warning("pod finalizer release failed", pod=key, error=str(exc))
+                self.queue.add_after(key, self.queue.backoff(key))
+            except Exception as exc:  # a bug must not stop the other pods' releases
+                log.error("pod finalizer release crashed", pod=key, error=repr(exc),
+                          exc_info=(type(exc), exc, exc.__traceback__))
+                self.queue.add_after(key, self.queue.backoff(key))
+            else:
+                if outcome == "conflict":
+                    self.queue.add_after(key, self.queue.backoff(key))
+                else:
+                    self.queue.forget(key)
+            finally:
+                self.queue.done(key)
+
+    async def run(self, leading: asyncio.Event) -> None:
+        await asyncio.gather(*(self._worker(leading) for _ in range(max(1, self.workers))))
+
+    def requeue_all(self) -> None:
+        for key in sorted(self.signatures):
+            self.queue.add(key)
+

@@ -1,0 +1,375 @@
+"""The guard: a validating admission webhook, so the API server itself refuses an unsafe start.
+
+dispatch's verbs and its Kueue check only start an execution once no pod of the previous one may run,
+but any writer with patch on TrainJobs could unsuspend one by hand. The API server sends every write
+that could start an execution of a dispatch TrainJob, or touch its identity, here first (the
+ValidatingWebhookConfiguration in ``deploy/base/guard.yaml``, ``failurePolicy: Fail``), and this server
+answers with the same consistent read the admission protocol takes (``_core.Core.read``, with the
+controller's own ServiceAccount) and the pure decision ``_decision.guard``.
+
+* **stateless**: every replica serves (leader or not); each answer is one fresh read.
+* **within the API server's timeout**: the read gets most of the ``timeout`` the API server puts in the
+  URL; a read that does not finish in time is a denial naming why, never a silent allow.
+* **TLS**: ``--guard-cert-dir`` holding ``tls.crt``/``tls.key`` (cert-manager's Secret, mounted) is used
+  as is; otherwise the controller makes its own CA and serving certificate there and adds the CA to the
+  ``caBundle`` of its webhook configuration (each replica its own CA; the bundle keeps the newest few, and
+  each replica re-adds its own periodically).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import os
+import ssl
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import structlog
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from .. import _api as api
+from .. import _decision as d
+from .. import _kube as k
+from .._core import Core, Target
+from .._trainer import TrainJobView
+from ..errors import DispatchError, NotFound, Unreachable
+
+log = structlog.get_logger("dispatch.guard")
+
+Obj = dict[str, Any]
+
+PATH = "/validate-trainjob"
+BUNDLE_KEEP = 8
+"""CAs kept in the caBundle: every live replica's, across a few restarts."""
+REPUBLISH_SECONDS = 60.0
+DEFAULT_TIMEOUT = 10.0
+"""The API server's webhook timeout when its URL names none (``timeoutSeconds`` defaults to 10)."""
+MAX_BODY = 8 * 1024 * 1024
+
+
+# --------------------------------------------------------------------------- certificates
+
+
+@dataclass(frozen=True)
+class Certs:
+    """The serving certificate's files, and the CA to publish (None: someone else publishes it)."""
+
+    cert: Path
+    key: Path
+    ca_pem: bytes | None
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=not ca,
+                         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
+                         encipher_only=False, decipher_only=False)
+
+
+def generate_certs(directory: Path, hosts: Sequence[str], *, days: int = 365) -> Certs:
+    """A fresh CA and a serving certificate for ``hosts`` (DNS names or IP addresses) in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC)
+    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"dispatch-guard-ca-{os.urandom(4).hex()}")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .add_extension(_key_usage(ca=True), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "guard")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(start).not_valid_after(end)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_key_usage(ca=False), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
+    _write(directory / "tls.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                    serialization.NoEncryption()), 0o600)
+    _write(directory / "ca.crt", ca_pem, 0o644)
+    _write(directory / "tls.crt", leaf.public_bytes(serialization.Encoding.PEM), 0o644)
+    return Certs(directory / "tls.crt", directory / "tls.key", ca_pem)
+
+
+def load_or_generate(directory: Path | None, hosts: Sequence[str]) -> Certs:
+    """``tls.crt``/``tls.key`` already in ``directory`` (cert-manager, or an earlier start) are used, with
+    its ``ca.crt`` if present; otherwise a new CA and certificate are made there (a private temporary
+    directory when none is given)."""
+    if directory is not None and (directory / "tls.crt").is_file() and (directory / "tls.key").is_file():
+        ca = directory / "ca.crt"
+        return Certs(directory / "tls.crt", directory / "tls.key", ca.read_bytes() if ca.is_file() else None)
+    return generate_certs(directory or Path(tempfile.mkdtemp(prefix="dispatch-guard-")), hosts)
+
+
+def merged_bundle(existing: bytes, ours: bytes, *, keep: int = BUNDLE_KEEP) -> bytes:
+    """``existing`` with ``ours`` added: expired CAs dropped, the newest ``keep`` kept (ours always)."""
+    now = dt.datetime.now(dt.UTC)
+    mine = x509.load_pem_x509_certificate(ours)
+    try:
+        others = x509.load_pem_x509_certificates(existing) if existing.strip() else []
+    except ValueError:
+        others = []  # an unparseable bundle is replaced: the API server could not have used it either
+    kept = [c for c in others if c != mine and c.not_valid_after_utc > now]
+    kept.sort(key=lambda c: c.not_valid_before_utc, reverse=True)
+    chosen = [mine, *kept[: max(0, keep - 1)]]
+    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chosen)
+
+
+async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
+    """Make every webhook of configuration ``webhook`` trust ``ca_pem``; True if anything was written."""
+    for _ in range(5):
+        obj = await kube.get(api.VALIDATING_WEBHOOKS, webhook)
+        hooks = list(obj.get("webhooks") or [])
+        changed = False
+        for hook in hooks:
+            client = hook.setdefault("clientConfig", {})
+            current = base64.b64decode(client.get("caBundle") or "")
+            bundle = merged_bundle(current, ca_pem)
+            if bundle != current:
+                client["caBundle"] = base64.b64encode(bundle).decode()
+                changed = True
+        if not changed:
+            return False
+        body = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}, "webhooks": hooks}
+        try:
+            await kube.merge_patch(api.VALIDATING_WEBHOOKS, webhook, body)
+            return True
+        except Unreachable as exc:
+            if exc.code != 409:
+                raise
+    return False
+
+
+# --------------------------------------------------------------------------- the review
+
+
+def _view(obj: object) -> TrainJobView | None:
+    return TrainJobView.from_obj(obj) if isinstance(obj, dict) and obj else None
+
+
+def response(uid: str, denial: str | None) -> Obj:
+    out: Obj = {"uid": uid, "allowed": denial is None}
+    if denial is not None:
+        out["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": out}
+
+
+class Guard:
+    """Answers AdmissionReviews of TrainJob writes with ``_decision.guard`` over a fresh read."""
+
+    def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None) -> None:
+        self.kube = kube
+        self._cores: dict[str, Core] = {}
+        self.reviews = 0
+        self.denials = 0
+        reg = registry if registry is not None else CollectorRegistry()
+        self._answers = Counter("dispatch_guard_reviews", "TrainJob writes the guard answered, by answer.",
+                                ["answer"], registry=reg)
+        self._seconds = Histogram("dispatch_guard_review_seconds", "Time to answer one AdmissionReview.",
+                                  buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+                                  registry=reg)
+
+    def _core(self, namespace: str) -> Core:
+        found = self._cores.get(namespace)
+        if found is None:
+            found = self._cores[namespace] = Core(self.kube.in_namespace(namespace))
+        return found
+
+    async def decide(self, request: Obj) -> str | None:
+        """The denial for one AdmissionRequest, or None."""
+        operation = str(request.get("operation") or "")
+        new = _view(request.get("object"))
+        old = _view(request.get("oldObject"))
+        if new is None:
+            return None  # a DELETE (or a connect): nothing starts
+        if not (new.labelled or (old is not None and old.labelled)):
+            return None
+        if not d.starts_execution(operation, old, new) or not new.labelled:
+            return d.guard(operation, old, new, None, None)
+        core = self._core(str(request.get("namespace") or new.ref.namespace))
+        target = Target.of(new)
+        snap, record, workload = await asyncio.gather(
+            core.read_one(target), core.record(new.job_id, new.submission),
+            core.workload_of(new) if operation == "UPDATE" else _none())
+        return d.guard(operation, old, new, snap.verdict(target), record, workload)
+
+    async def review(self, body: Obj, timeout: float) -> Obj:
+        request = body.get("request")
+        if not isinstance(request, dict):
+            raise ValueError("not an AdmissionReview: no request")
+        uid = str(request.get("uid") or "")
+        self.reviews += 1
+        started = time.monotonic()
+        answer = "denied"
+        try:
+            denial = await asyncio.wait_for(self.decide(request), timeout)
+            answer = "allowed" if denial is None else "denied"
+        except TimeoutError:
+            denial, answer = f"the guard could not read the object's pods within {timeout:.1f}s; retry", "error"
+        except DispatchError as exc:
+            denial, answer = f"the guard could not read the object's pods: {exc}", "error"
+        self._answers.labels(answer).inc()
+        self._seconds.observe(time.monotonic() - started)
+        if denial is not None:
+            self.denials += 1
+            obj = request.get("object") or {}
+            log.info("guard denied", operation=request.get("operation"), namespace=request.get("namespace"),
+                     name=request.get("name") or obj.get("metadata", {}).get("name"),
+                     user=(request.get("userInfo") or {}).get("username"), message=denial)
+        return response(uid, denial)
+
+
+async def _none() -> None:
+    return None
+
+
+# --------------------------------------------------------------------------- HTTPS
+
+
+def _timeout_of(target: str) -> float:
+    """Most of the time the API server allows (``?timeout=10s``), so an answer arrives before it gives up."""
+    raw = parse_qs(urlsplit(target).query).get("timeout", [""])[0]
+    try:
+        seconds = float(raw.rstrip("s")) if raw.endswith("s") else DEFAULT_TIMEOUT
+    except ValueError:
+        seconds = DEFAULT_TIMEOUT
+    return max(0.5, seconds * 0.8)
+
+
+def _reply(status: int, body: bytes, ctype: str = "application/json") -> bytes:
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+              413: "Payload Too Large"}.get(status, "Error")
+    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+async def serve(guard: Guard, host: str, port: int, certs: Certs) -> asyncio.Server:
+    """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(certs.cert, certs.key)
+    context.set_alpn_protocols(["http/1.1"])
+
+    async def one(reader: asyncio.StreamReader) -> bytes | None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split()
+        method, target = (parts[0], parts[1]) if len(parts) >= 2 else ("", "/")
+        headers = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length") or 0)
+        if length > MAX_BODY:
+            return None
+        body = await reader.readexactly(length) if length else b""
+        if urlsplit(target).path != PATH:
+            return _reply(404, b'{"error":"not found"}')
+        if method != "POST":
+            return _reply(405, b'{"error":"POST an AdmissionReview"}')
+        try:
+            review = json.loads(body)
+            answer = await guard.review(review if isinstance(review, dict) else {}, _timeout_of(target))
+        except ValueError as exc:
+            return _reply(400, json.dumps({"error": str(exc)}).encode())
+        return _reply(200, json.dumps(answer).encode())
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                try:
+                    reply = await asyncio.wait_for(one(reader), timeout=120)
+                except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+                    return
+                if reply is None:
+                    writer.write(_reply(413, b'{"error":"too large"}'))
+                    return
+                writer.write(reply)
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
+            return
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_BODY)
+
+
+async def keep_published(kube: k.Kube, webhook: str, ca_pem: bytes, every: float = REPUBLISH_SECONDS) -> None:
+    """Keep this replica's CA in the webhook configuration's caBundle (another replica may prune it)."""
+    while True:
+        try:
+            if await publish_ca(kube, webhook, ca_pem):
+                log.info("guard CA published", webhook=webhook)
+        except NotFound:
+            log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
+        except DispatchError as exc:
+            log.warning("guard CA not published", webhook=webhook, error=str(exc))
+        await asyncio.sleep(every)
+
+
+@dataclass
+class Running:
+    """A started guard: its server, the port it listens on, and the background job keeping its CA."""
+
+    guard: Guard
+    server: asyncio.Server
+    port: int
+    certs: Certs
+    publisher: asyncio.Task[None] | None
+
+    async def close(self) -> None:
+        if self.publisher is not None:
+            self.publisher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.publisher
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
+                webhook: str, registry: CollectorRegistry | None = None) -> Running:
+    """Serve the guard on ``host:port`` (0: any free port) and, when ``webhook`` names the configuration,
+    keep this replica's CA in its caBundle."""
+    certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts)
+    guard = Guard(kube, registry)
+    server = await serve(guard, host, port, certs)
+    sock = server.sockets[0] if server.sockets else None
+    bound = int(sock.getsockname()[1]) if sock is not None else port
+    publisher = None
+    if webhook and certs.ca_pem is not None:
+        publisher = asyncio.create_task(keep_published(kube, webhook, certs.ca_pem))
+    log.info("guard serving", port=bound, path=PATH, webhook=webhook or None, cert=str(certs.cert))
+    return Running(guard, server, bound, certs, publisher)

@@ -1,0 +1,78 @@
+"""The controller's finalizer keeper on the fake cluster: both modes, event-driven, never on unproven ends."""
+
+from __future__ import annotations
+
+from dispatch import POD_FINALIZER, AsyncAdapter, JobSpec
+from dispatch import _kube as k
+from dispatch.controller._finalizers import FinalizerKeeper
+from dispatch.controller._metrics import Metrics
+from dispatch.testing import FakeCluster
+
+from .conftest import quiet, running, until
+
+PLAIN = JobSpec(job_id="plain", submission="s1", node_selector={"kubernetes.io/hostname": "node-0"})
+
+
+def pod_of(cluster: FakeCluster, name: str) -> dict[str, object] | None:
+    return cluster.server.get("", "pods", "default", name)
+
+
+async def test_the_controller_releases_a_plain_mode_pod_once_its_kubelet_confirms_its_end(
+    adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube
+) -> None:
+    await adapter.open(PLAIN)
+    await adapter.release("plain-s1")
+    cluster.settle()
+    first = cluster.pods("plain-s1")[0]["metadata"]["name"]
+    async with running(kube) as ctl:
+        await adapter.hold("plain-s1")
+        cluster.settle()
+        cluster.advance(60)
+        cluster.settle()  # the kubelet confirms; only the controller removes dispatch's finalizer now
+        await until(lambda: pod_of(cluster, first) is None, what="the pod released and gone")
+        assert ctl.finalizers.released == 1
+        assert ctl.metrics.writes.labels("pod-finalizer")._value.get() == 1
+
+
+async def test_the_controller_keeps_a_force_deleted_pod_of_a_frozen_node_until_the_taint(
+    adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube
+) -> None:
+    await adapter.open(PLAIN)
+    await adapter.release("plain-s1")
+    cluster.settle()
+    first = cluster.pods("plain-s1")[0]["metadata"]["name"]
+    async with running(kube) as ctl:
+        cluster.freeze_node("node-0")
+        cluster.force_delete(first)
+        cluster.pod_gc()
+        await until(lambda: f"default/{first}" in ctl.finalizers.signatures, what="the keeper sees the pod")
+        await until(lambda: len(ctl.finalizers.queue) == 0, what="the keeper took the pod")
+        await quiet(0.5)  # and looked at it: the end is unproven, so nothing is written
+        assert pod_of(cluster, first) is not None
+        assert ctl.finalizers.released == 0
+        cluster.taint_out_of_service("node-0")  # the Node's change routes the pods on it
+        await until(lambda: pod_of(cluster, first) is None, what="released by the taint")
+    cluster.history.check()
+
+
+async def test_routing_queues_pods_of_a_node_that_becomes_proven_down() -> None:
+    cluster = FakeCluster()
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport())
+    keeper = FinalizerKeeper(kube, Metrics.create())
+    pod = {"metadata": {"name": "p", "namespace": "default", "finalizers": [POD_FINALIZER], "resourceVersion": "1"},
+           "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
+           "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
+    keeper.on_pod("ADDED", pod)
+    assert len(keeper.queue) == 0  # running, not deleting: nothing to look at
+    keeper.on_node("MODIFIED", {"metadata": {"name": "n"}, "status": {"conditions": [{"type": "Ready",
+                                                                                      "status": "Unknown"}]}})
+    assert len(keeper.queue) == 0  # Ready=Unknown proves nothing
+    keeper.on_node("MODIFIED", {"metadata": {"name": "n"}, "spec": {"taints": [
+        {"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]}})
+    assert len(keeper.queue) == 1
+    keeper.on_pod("DELETED", pod)
+    assert keeper.on_node_of == {} and keeper.signatures == {}
+    foreign = {"metadata": {"name": "q", "namespace": "default"}, "spec": {"nodeName": "n"}, "status": {}}
+    keeper.on_pod("ADDED", foreign)
+    assert "default/q" not in keeper.signatures  # without dispatch's finalizer: not ours
+    await kube.aclose()

@@ -1,0 +1,154 @@
+"""The guard's HTTPS server on the fake cluster: AdmissionReviews in, the same consistent read, answers out.
+
+The server is reached over real TLS, verified against the CA it generated, with two reviews on one
+kept-alive connection (as the API server sends them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import datetime as dt
+import json
+import ssl
+from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from prometheus_client import CollectorRegistry
+
+from dispatch import AsyncAdapter, JobSpec
+from dispatch import _api as api
+from dispatch import _kube as k
+from dispatch.controller import _guard as g
+from dispatch.testing import FakeCluster
+
+NAME = "llama-s1"
+Obj = dict[str, Any]
+
+
+async def held_with_terminating_pod(adapter: AsyncAdapter, cluster: FakeCluster) -> str:
+    await adapter.open(JobSpec(job_id="llama", submission="s1"))
+    await adapter.release(NAME)
+    cluster.settle()
+    pod = str(cluster.pods(NAME)[0]["metadata"]["name"])
+    await adapter.hold(NAME)
+    cluster.settle()  # the grace period is not over: the pod stays Terminating
+    return pod
+
+
+def review(old: Obj | None, new: Obj, operation: str = "UPDATE") -> bytes:
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": "req-1", "operation": operation, "namespace": "default", "name": new["metadata"]["name"],
+        "object": new, "oldObject": old, "userInfo": {"username": "someone"}}}).encode()
+
+
+async def post(port: int, ca: Path, bodies: list[bytes], path: str = g.PATH) -> list[tuple[int, Obj]]:
+    """POST each body on one TLS connection verified against ``ca``; (status, JSON) per answer."""
+    ctx = ssl.create_default_context(cafile=str(ca))
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=ctx, server_hostname="localhost")
+    out = []
+    try:
+        for body in bodies:
+            writer.write(f"POST {path}?timeout=10s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            await writer.drain()
+            head = (await reader.readuntil(b"\r\n\r\n")).decode()
+            length = int(next(line.split(":")[1] for line in head.split("\r\n") if line.lower().startswith(
+                "content-length")))
+            out.append((int(head.split()[1]), json.loads(await reader.readexactly(length))))
+    finally:
+        writer.close()
+    return out
+
+
+async def test_a_start_is_denied_naming_the_pod_and_other_writes_pass(
+        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+    pod = await held_with_terminating_pod(adapter, cluster)
+    old = cluster.server.get(api.TRAINJOBS.group, "trainjobs", "default", NAME)
+    assert old is not None
+    start = copy.deepcopy(old)
+    start["spec"]["suspend"] = False
+    noted = copy.deepcopy(old)
+    noted["metadata"].setdefault("annotations", {})["team"] = "vision"
+    foreign = copy.deepcopy(start)
+    foreign["metadata"]["labels"] = {}
+    foreign_old = copy.deepcopy(old)
+    foreign_old["metadata"]["labels"] = {}
+
+    registry = CollectorRegistry()
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="", registry=registry)
+    try:
+        ca = tmp_path / "certs" / "ca.crt"
+        answers = await post(running.port, ca, [review(old, start), review(old, noted), review(foreign_old, foreign)])
+        answers += await post(running.port, ca, [b"{}"], path="/other")
+        answers += await post(running.port, ca, [b"not json"])
+        assert running.guard.reviews == 3 and running.guard.denials == 1
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "denied"}) == 1
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "allowed"}) == 2
+        assert registry.get_sample_value("dispatch_guard_review_seconds_count") == 3
+    finally:
+        await running.close()
+    (s1, denied), (s2, noted_a), (s3, foreign_a), (s4, _), (s5, bad) = answers
+    assert (s1, s2, s3, s4, s5) == (200, 200, 200, 404, 400)
+    response = denied["response"]
+    assert response["uid"] == "req-1" and response["allowed"] is False
+    assert response["status"]["code"] == 403
+    assert response["status"]["message"].startswith(f"trainjob {NAME} cannot start: remaining pods: {pod} on node-")
+    assert noted_a["response"] == {"uid": "req-1", "allowed": True}
+    assert foreign_a["response"]["allowed"] is True
+    assert "error" in bad
+
+
+async def test_a_read_that_does_not_finish_in_time_is_a_denial(
+        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube) -> None:
+    await held_with_terminating_pod(adapter, cluster)
+    old = cluster.server.get(api.TRAINJOBS.group, "trainjobs", "default", NAME)
+    assert old is not None
+    start = copy.deepcopy(old)
+    start["spec"]["suspend"] = False
+
+    answer = (await g.Guard(kube).review(json.loads(review(old, start)), timeout=0.0))["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["message"].startswith("the guard could not read the object's pods within")
+
+
+def test_timeout_is_most_of_what_the_api_server_allows() -> None:
+    assert g._timeout_of("/validate-trainjob?timeout=10s") == 8.0
+    assert g._timeout_of("/validate-trainjob?timeout=30s") == 24.0
+    assert g._timeout_of("/validate-trainjob") == 8.0
+    assert g._timeout_of("/validate-trainjob?timeout=bogus") == 8.0
+
+
+def test_existing_certificates_are_used_as_they_are(tmp_path: Path) -> None:
+    first = g.load_or_generate(tmp_path, ["localhost"])
+    again = g.load_or_generate(tmp_path, ["localhost"])
+    assert again == first and first.ca_pem is not None
+    (tmp_path / "ca.crt").unlink()  # cert-manager's Secret without ca.crt: someone else publishes the CA
+    assert g.load_or_generate(tmp_path, ["localhost"]).ca_pem is None
+
+
+def _ca(days_from_now: int, minutes_ago: int = 0) -> bytes:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"ca-{days_from_now}-{minutes_ago}")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=30, minutes=minutes_ago))
+            .not_valid_after(now + dt.timedelta(days=days_from_now)).sign(key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def test_the_bundle_keeps_every_live_replicas_ca_and_drops_expired_ones() -> None:
+    ours, other, expired = _ca(10), _ca(10, minutes_ago=5), _ca(-1)
+    bundle = g.merged_bundle(other + expired, ours)
+    assert bundle == ours + other
+    assert g.merged_bundle(bundle, ours) == bundle  # publishing again changes nothing
+    many = b"".join(_ca(10, minutes_ago=m) for m in range(12))
+    kept = x509.load_pem_x509_certificates(g.merged_bundle(many, ours, keep=4))
+    assert len(kept) == 4 and kept[0] == x509.load_pem_x509_certificate(ours)
+    assert g.merged_bundle(b"garbage", ours) == ours

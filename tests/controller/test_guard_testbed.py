@@ -1,0 +1,341 @@
+"""The guard on the real control plane: the API server itself refuses an unsafe start.
+
+Each test works in a namespace of its own (the controller harness's: a ClusterQueue and AdmissionCheck of
+its own) and installs the guard scoped to that namespace only: the ValidatingWebhookConfiguration and the
+CEL policy of ``deploy/base/guard.yaml``, their selectors narrowed to the test's namespace and the webhook
+pointed at a ``python -m dispatch.controller --guard-port`` process on this host (which also decides the
+namespace's Kueue checks, and publishes its own CA into the configuration's caBundle). Both are removed
+afterwards, so other tests on the same testbed never meet them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import json
+import subprocess
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import _api as api
+from dispatch import _kube as k
+from dispatch import testbed as tb
+from dispatch.controller import _guard as g_
+from dispatch.errors import PodsRemain
+
+from .testbed_harness import (
+    A,
+    check_of,
+    controller_env,
+    free_port,
+    hold_pods,
+    is_running,
+    pods_of,
+    release_pods,
+    running_pods,
+    running_testbed_kubeconfig,
+    subprocess_controller,
+    until,
+    workload_of,
+)
+
+pytestmark = pytest.mark.testbed
+
+Obj = dict[str, Any]
+GUARD_YAML = Path(__file__).resolve().parents[2] / "deploy" / "base" / "guard.yaml"
+POLICIES = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 namespaced=False, status=False)
+BINDINGS = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", namespaced=False, status=False)
+DENIED = 'admission webhook "guard.dispatch.phpboyscout.uk" denied the request: '
+
+
+def guard_docs() -> dict[str, Obj]:
+    return {d["kind"]: d for d in yaml.safe_load_all(GUARD_YAML.read_text()) if d}
+
+
+def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
+    """The deployed guard's objects, renamed and narrowed to ``ns``, the webhook at ``127.0.0.1:port``."""
+    docs = guard_docs()
+    only_ns = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    hook = copy.deepcopy(docs["ValidatingWebhookConfiguration"])
+    hook["metadata"] = {"name": name}
+    for w in hook["webhooks"]:
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate-trainjob"}
+        w["namespaceSelector"] = only_ns
+    policy = copy.deepcopy(docs["ValidatingAdmissionPolicy"])
+    policy["metadata"] = {"name": name}
+    binding = copy.deepcopy(docs["ValidatingAdmissionPolicyBinding"])
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": only_ns}
+    return hook, policy, binding
+
+
+def kubectl(ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return tb.kubectl("-n", ns, *args, check=False)
+
+
+def unsuspend(ns: str, name: str) -> subprocess.CompletedProcess[str]:
+    """What anyone with patch on TrainJobs can type."""
+    return kubectl(ns, "patch", "trainjob", name, "--type", "merge", "-p", '{"spec":{"suspend":false}}')
+
+
+@dataclass
+class Guarded:
+    kube: k.Kube
+    ns: str
+    port: int
+    webhook: str
+    proc: subprocess.Popen[bytes]
+    adapter: AsyncAdapter
+
+
+async def _probe_denied(kube: k.Kube, ns: str) -> bool:
+    """Whether the guard answers yet: a dry-run create of an unsuspended dispatch TrainJob is refused."""
+    body = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+            "metadata": {"name": "guard-probe", "namespace": ns,
+                         "labels": {"dispatch.phpboyscout.uk/job-id": "probe",
+                                    "dispatch.phpboyscout.uk/submission": "s1"}},
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False}}
+    try:
+        await kube.create(api.TRAINJOBS, body, dry_run=True)
+    except Exception as exc:
+        return "is created suspended" in str(exc)
+    return False
+
+
+@pytest.fixture
+async def g(testbed_kubeconfig: str, tmp_path: Path) -> AsyncIterator[Guarded]:
+    """The guard installed for a fresh namespace of its own, removed afterwards."""
+    async with guard_on(tmp_path) as got:
+        yield got
+
+
+@asynccontextmanager
+async def guard_on(tmp: Path) -> AsyncIterator[Guarded]:
+    path = running_testbed_kubeconfig()
+    if path is None:
+        pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
+    async with controller_env(path) as (kube, ns, _), installed(kube, ns, tmp) as got:
+        yield got
+
+
+@asynccontextmanager
+async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path | None = None,
+                    publish: bool = True) -> AsyncIterator[Guarded]:
+    """The guard for ``ns``: its configuration and policy, and a controller serving it. ``publish=False``:
+    the test puts the CA into the caBundle itself (the controller is not allowed to)."""
+    port, name = free_port(), f"dispatch-guard-{ns}"
+    hook, policy, binding = scoped(ns, port, name)
+    if not publish:
+        ca = g_.generate_certs(tmp / "certs", ["localhost", "127.0.0.1"]).ca_pem
+        assert ca is not None
+        for w in hook["webhooks"]:
+            w["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    await kube.create(api.VALIDATING_WEBHOOKS, hook)
+    await kube.create(POLICIES, policy)
+    await kube.create(BINDINGS, binding)
+    try:
+        async with subprocess_controller(ns, "--guard-port", str(port), "--guard-cert-dir", str(tmp / "certs"),
+                                         "--guard-webhook", name if publish else "", log=tmp / "controller.log",
+                                         kubeconfig_path=kubeconfig_path) as proc:
+            async def published() -> bool:
+                got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+                return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
+            await until(published, what="the guard's CA in the caBundle")
+            await until(lambda: _probe_denied(kube, ns), what="the guard answering")
+            yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(kube))
+    finally:
+        await kube.delete(BINDINGS, name)
+        await kube.delete(POLICIES, name)
+        await kube.delete(api.VALIDATING_WEBHOOKS, name)
+
+
+async def release(g: Guarded, name: str) -> int:
+    """``dispatch release``, again while the Job controller has not yet confirmed the fresh Jobs' suspension
+    (release refuses then, naming the Job)."""
+    for _ in range(100):
+        try:
+            return (await g.adapter.release(name)).admission
+        except PodsRemain as exc:
+            if exc.remaining:
+                raise
+            await asyncio.sleep(0.2)
+    raise AssertionError(f"{name}: its Jobs never confirmed their suspension")
+
+
+async def held_with_terminating_pod(g: Guarded, job_id: str) -> tuple[str, list[str]]:
+    """A plain-mode object that ran as A=1, held, its pod kept Terminating."""
+    name = f"{job_id}-s1"
+    await g.adapter.open(JobSpec(job_id=job_id, submission="s1"))
+    await release(g, name)
+    await until(lambda: is_running(g.kube, name), what=f"{name} running")
+    pods = await hold_pods(g.kube, name)
+    await g.adapter.hold(name)
+
+    async def terminating() -> bool:
+        got = await pods_of(g.kube, name)
+        return bool(got) and all(p["metadata"].get("deletionTimestamp") for p in got)
+    await until(terminating, what="the old pod Terminating")
+    return name, pods
+
+
+async def gone(g: Guarded, pods: list[str]) -> None:
+    await release_pods(g.kube, pods)
+
+    async def no_pods() -> bool:
+        names = {p["metadata"]["name"] for p in (await g.kube.list(k.PODS)).items}
+        return not names & set(pods)
+    await until(no_pods, what="the old pods gone")
+
+
+# ---------------------------------------------------------------- plain mode
+
+
+async def test_a_bare_unsuspend_is_refused_while_the_pod_terminates_and_after_without_a_new_a(g: Guarded) -> None:
+    name, pods = await held_with_terminating_pod(g, "bare")
+    node = (await g.kube.get(k.PODS, pods[0]))["spec"]["nodeName"]
+    denied = unsuspend(g.ns, name)
+    assert denied.returncode != 0
+    print("DENIED (pod terminating):", denied.stderr.strip())
+    assert (f"{DENIED}trainjob {name} cannot start: remaining pods: {pods[0]} on {node} (Ready=True)"
+            in denied.stderr)
+    tj = await g.kube.get(k.TRAINJOBS, name)
+    assert tj["spec"]["suspend"] is True
+
+    await gone(g, pods)
+    again = unsuspend(g.ns, name)
+    print("DENIED (pod gone, A not armed):", again.stderr.strip())
+    assert again.returncode != 0
+    assert (f"{DENIED}trainjob {name} cannot start: A=1 has already started (annotation "
+            "dispatch.phpboyscout.uk/started=1); `dispatch release` issues a new A") in again.stderr
+    # a hand-made start mark does not help: A=1 was not issued again
+    marked = kubectl(g.ns, "patch", "trainjob", name, "--type", "merge", "-p", json.dumps(
+        {"metadata": {"annotations": {"dispatch.phpboyscout.uk/started": "1"}}, "spec": {"suspend": False}}))
+    assert marked.returncode != 0 and "A=1 has already started" in marked.stderr
+
+    assert await release(g, name) == 2
+    await until(lambda: is_running(g.kube, name), what="running as A=2")
+    assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, name))] == ["2"]
+
+
+async def test_identity_cannot_be_lowered_removed_or_forged(g: Guarded) -> None:
+    await g.adapter.open(JobSpec(job_id="ident", submission="s1"))
+    await release(g, "ident-s1")
+    await until(lambda: is_running(g.kube, "ident-s1"), what="running")
+    lowered = kubectl(g.ns, "annotate", "--overwrite", "trainjob", "ident-s1", f"{ANNOTATION_ADMISSION}=0")
+    print("DENIED (lower A):", lowered.stderr.strip())
+    assert lowered.returncode != 0
+    assert "annotation dispatch.phpboyscout.uk/admission only rises; it is never lowered or removed" \
+        in lowered.stderr
+    removed = kubectl(g.ns, "label", "trainjob", "ident-s1", "dispatch.phpboyscout.uk/job-id-")
+    assert removed.returncode != 0 and "identity labels" in removed.stderr
+    forged = kubectl(g.ns, "annotate", "--overwrite", "trainjob", "ident-s1",
+                     "dispatch.phpboyscout.uk/admission-token=forged")
+    print("DENIED (forge token):", forged.stderr.strip())
+    assert forged.returncode != 0
+    assert (f"{DENIED}trainjob ident-s1: annotation dispatch.phpboyscout.uk/admission-token changes only "
+            "with a raise of dispatch.phpboyscout.uk/admission (A stays 1)") in forged.stderr
+    dropped = kubectl(g.ns, "patch", "trainjob", "ident-s1", "--type", "json", "-p",
+                      '[{"op":"remove","path":"/spec/runtimePatches/0/trainingRuntimeSpec"}]')
+    assert dropped.returncode != 0
+    tj = await g.kube.get(k.TRAINJOBS, "ident-s1")
+    assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
+    assert "dispatch.phpboyscout.uk/job-id" in tj["metadata"]["labels"]
+    # writes that start nothing and keep the identity pass
+    noted = kubectl(g.ns, "annotate", "trainjob", "ident-s1", "team=vision")
+    assert noted.returncode == 0, noted.stderr
+
+
+async def test_a_trainjob_without_dispatch_labels_is_untouched(g: Guarded) -> None:
+    body = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+            "metadata": {"name": "plain", "namespace": g.ns},
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": True}}
+    await g.kube.create(api.TRAINJOBS, body)
+    started = unsuspend(g.ns, "plain")
+    assert started.returncode == 0, started.stderr
+    assert (await g.kube.get(k.TRAINJOBS, "plain"))["spec"]["suspend"] is False
+
+
+async def test_with_the_guard_down_nothing_starts_and_other_writes_pass(g: Guarded) -> None:
+    name, pods = await held_with_terminating_pod(g, "down")
+    await gone(g, pods)
+    await g.adapter.open(JobSpec(job_id="run", submission="s1"))
+    await release(g, "run-s1")
+    g.proc.terminate()
+    g.proc.wait(10)
+    denied = unsuspend(g.ns, name)
+    print("DENIED (guard down):", denied.stderr.strip())
+    assert denied.returncode != 0 and 'failed calling webhook "guard.dispatch.phpboyscout.uk"' in denied.stderr
+    refused = await _refused(g.adapter.release(name))
+    assert 'failed calling webhook "guard.dispatch.phpboyscout.uk"' in refused
+    assert (await g.kube.get(k.TRAINJOBS, name))["spec"]["suspend"] is True
+    noted = kubectl(g.ns, "annotate", "trainjob", name, "team=vision")
+    assert noted.returncode == 0, noted.stderr
+    await g.adapter.hold("run-s1")  # a hold starts nothing: it passes with the guard down
+    assert (await g.kube.get(k.TRAINJOBS, "run-s1"))["spec"]["suspend"] is True
+
+
+async def _refused(call: Any) -> str:
+    try:
+        await call
+    except Exception as exc:
+        return str(exc)
+    raise AssertionError("the write was not refused")
+
+
+# ---------------------------------------------------------------- Kueue mode
+
+
+async def test_kueue_preemption_readmits_through_the_guard_and_a_bare_unsuspend_is_refused(g: Guarded) -> None:
+    kube, adapter = g.kube, g.adapter
+    await adapter.open(JobSpec(job_id="low", submission="s1", queue="lq", priority_class="ctl-low",
+                               resources_per_node={"cpu": "3"}))
+    await until(lambda: is_running(kube, "low-s1"), what="low running (Kueue's unsuspend passed the guard)")
+    old = await hold_pods(kube, "low-s1")
+    await adapter.open(JobSpec(job_id="high", submission="s1", queue="lq", priority_class="ctl-high",
+                               resources_per_node={"cpu": "3"}))
+    await until(lambda: is_running(kube, "high-s1"), what="high running")
+    await adapter.close("high-s1")
+
+    async def waiting() -> bool:
+        return bool(check_of(await workload_of(kube, "low-s1")).get("message", "").startswith(
+            f"waiting for pods of the previous execution to go: {old[0]} on "))
+    await until(waiting, what="the check waiting for the old pod")
+    denied = unsuspend(g.ns, "low-s1")
+    print("DENIED (Kueue mode, pod terminating):", denied.stderr.strip())
+    assert denied.returncode != 0
+    assert f"{DENIED}trainjob low-s1 cannot start: remaining pods: {old[0]} on " in denied.stderr
+    await release_pods(kube, old)
+    await until(lambda: is_running(kube, "low-s1"), what="low running again")
+    pods = running_pods(await pods_of(kube, "low-s1"))
+    assert [p["metadata"]["labels"][A] for p in pods] == ["2"]
+    assert (await kube.get(k.TRAINJOBS, "low-s1"))["metadata"]["annotations"][ANNOTATION_ADMISSION] == "2"
+
+
+async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:
+    await g.adapter.open(JobSpec(job_id="kh", submission="s1", queue="lq"))
+    await until(lambda: is_running(g.kube, "kh-s1"), what="running")
+    pods = await hold_pods(g.kube, "kh-s1")
+    await g.adapter.hold("kh-s1")
+    await gone(g, pods)
+    denied = unsuspend(g.ns, "kh-s1")
+    print("DENIED (Kueue mode, held, pod gone):", denied.stderr.strip())
+    assert denied.returncode != 0
+    wl = await workload_of(g.kube, "kh-s1")
+    assert wl is not None
+    assert (f"{DENIED}trainjob kh-s1 cannot start: Kueue manages it and has not admitted workload "
+            f"{wl['metadata']['name']}") in denied.stderr
+    await g.adapter.release("kh-s1")
+    await until(lambda: is_running(g.kube, "kh-s1"), what="running again as A=2")
+    assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, "kh-s1"))] == ["2"]
+

@@ -1,0 +1,1 @@
+"""Checks of what users install: the Helm chart against deploy/, the monitoring extras."""

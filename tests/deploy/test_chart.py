@@ -1,0 +1,283 @@
+"""The Helm chart (charts/dispatch) and the kustomize manifests (deploy/) install the same controller.
+
+``helm template`` with default values and ``kubectl kustomize deploy/`` must give the same objects, field
+for field, except for the differences listed in ``ALLOWED`` (Helm's own labels). The values a person
+changes (image, replicas, the namespace served, resources, metrics) must land where they mean to, bad
+values must fail with a message naming them, and what the chart renders must be accepted by the real API
+server (``kubectl apply --dry-run=server``). helm is built from its Go module (testbed/build-helm.sh);
+kubectl is the testbed's.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytestmark = pytest.mark.testbed
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "dispatch"
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "dispatch-system"
+Obj = dict[str, Any]
+
+# What the chart may add that deploy/ has not: Helm's bookkeeping labels, on objects and pod templates.
+# (The one other difference, kept out of the comparison by rendering with --include-crds: `helm install`
+# applies crds/ before the templates, and `helm upgrade` leaves the CRD alone.)
+ALLOWED = {"helm.sh/chart", "app.kubernetes.io/managed-by", "app.kubernetes.io/instance", "app.kubernetes.io/version"}
+
+
+@pytest.fixture(scope="module")
+def tools() -> tuple[Path, Path]:
+    if shutil.which("go") is None:
+        pytest.skip("the Go toolchain is needed to build helm and kubectl")
+    from dispatch.testbed import _tools
+
+    return _tools.helm(), _tools.kubectl()
+
+
+def _docs(text: str) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def render(tools: tuple[Path, Path], *sets: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    helm, _ = tools
+    argv = [str(helm), "template", "dispatch", str(CHART), "--namespace", NAMESPACE, "--include-crds"]
+    for s in sets:
+        argv += ["--set", s]
+    return subprocess.run(argv, capture_output=True, text=True, check=check)
+
+
+def chart(tools: tuple[Path, Path], *sets: str) -> list[Obj]:
+    return _docs(render(tools, *sets).stdout)
+
+
+def kustomized(tools: tuple[Path, Path]) -> list[Obj]:
+    _, kubectl = tools
+    return _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY)], capture_output=True, text=True,
+                                check=True).stdout)
+
+
+def key(obj: Obj) -> tuple[str, str, str, str]:
+    meta = obj["metadata"]
+    return obj["apiVersion"], obj["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def without_allowed(obj: Obj) -> Obj:
+    out = copy.deepcopy(obj)
+    holders = [out["metadata"]]
+    template = (out.get("spec") or {}).get("template")
+    if isinstance(template, dict) and "metadata" in template:
+        holders.append(template["metadata"])
+    for meta in holders:
+        labels = {k: v for k, v in (meta.get("labels") or {}).items() if k not in ALLOWED}
+        if labels:
+            meta["labels"] = labels
+        else:
+            meta.pop("labels", None)
+    return out
+
+
+def by_key(docs: list[Obj]) -> dict[tuple[str, str, str, str], Obj]:
+    out = {key(d): d for d in docs}
+    assert len(out) == len(docs), "two objects with the same kind, namespace and name"
+    return out
+
+
+def container(docs: list[Obj]) -> Obj:
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    return dict(dep["spec"]["template"]["spec"]["containers"][0])
+
+
+def test_the_chart_lints(tools: tuple[Path, Path]) -> None:
+    helm, _ = tools
+    got = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    assert got.returncode == 0, got.stdout + got.stderr
+
+
+def test_the_charts_crd_and_version_are_deploys(tools: tuple[Path, Path]) -> None:
+    """Helm installs crds/ verbatim (never templated, upgraded or deleted): it must be deploy/'s file."""
+    import dispatch
+
+    assert (CHART / "crds" / "submissionrecords.yaml").read_text() == (DEPLOY / "base" / "crd.yaml").read_text()
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    kustomization = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text())
+    assert meta["appVersion"] == dispatch.__version__ == kustomization["images"][0]["newTag"]
+
+
+def test_the_chart_and_deploy_render_the_same_objects(tools: tuple[Path, Path]) -> None:
+    rendered = by_key(chart(tools, "createNamespace=true"))
+    shipped = by_key(kustomized(tools))
+    assert sorted(rendered) == sorted(shipped), "after changing deploy/, run scripts/sync-chart"
+    drift = {k: (without_allowed(rendered[k]), shipped[k]) for k in shipped
+             if without_allowed(rendered[k]) != shipped[k]}
+    assert drift == {}, ("after changing deploy/, run scripts/sync-chart (RBAC, CRD, monitoring files) and edit "
+                         "the chart's other templates to match:\n"
+                         + json.dumps({"/".join(k): v for k, v in drift.items()}, indent=1)[:4000])
+    for obj in rendered.values():       # the allowed difference is really there: Helm's labels on everything
+        if obj["kind"] != "CustomResourceDefinition":     # but crds/, which Helm does not template
+            assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm", key(obj)
+
+
+def test_values_land_where_they_mean_to(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "image.repository=registry.example/dispatch", "image.tag=9.9.9", "replicas=3",
+                 "controller.namespace=team-a", "resources.requests.cpu=250m", "resources.limits.memory=1Gi",
+                 "controller.workers=8", "controller.logLevel=debug")
+    c = container(docs)
+    assert c["image"] == "registry.example/dispatch:9.9.9"
+    assert next(d for d in docs if d["kind"] == "Deployment")["spec"]["replicas"] == 3
+    assert "--namespace=team-a" in c["args"] and "--workers=8" in c["args"] and "--log-level=debug" in c["args"]
+    assert c["resources"] == {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
+    assert not [d for d in docs if d["kind"] == "Namespace"]        # the release's namespace by default
+
+
+def test_metrics_modes(tools: tuple[Path, Path]) -> None:
+    secure = chart(tools)
+    c = container(secure)
+    assert c["args"][:4] == ["--leader-elect", "--metrics-port=8081", "--metrics-bind-address=:8443",
+                             "--metrics-secure"]
+    [svc] = metrics_services(secure)
+    assert svc["spec"]["ports"] == [{"name": "https", "port": 8443, "targetPort": "metrics"}]
+    assert any(d["metadata"]["name"] == "dispatch-metrics-reader" for d in secure)
+
+    mounted = container(chart(tools, "metrics.certSecret=dispatch-metrics-tls"))
+    assert "--metrics-cert-dir=/etc/dispatch/metrics-certs" in mounted["args"]
+    assert mounted["volumeMounts"] == [
+        GUARD_MOUNT, {"name": "metrics-certs", "mountPath": "/etc/dispatch/metrics-certs", "readOnly": True}]
+
+    local = chart(tools, "metrics.mode=localhost")
+    assert "--metrics-bind-address=127.0.0.1:8443" in container(local)["args"]
+    assert "--metrics-secure" not in container(local)["args"]
+    assert not metrics_services(local)            # nothing to reach from outside the pod
+    assert [p["name"] for p in container(local)["ports"]] == ["probes", "guard"]
+
+    plain = chart(tools, "metrics.mode=plain")
+    assert not any(a.startswith("--metrics-bind-address") for a in container(plain)["args"])
+    [svc] = metrics_services(plain)
+    assert svc["spec"]["ports"] == [{"name": "http", "port": 8081, "targetPort": "probes"}]
+
+
+GUARD_MOUNT = {"name": "guard-certs", "mountPath": "/var/run/dispatch-guard"}
+
+
+def metrics_services(docs: list[Obj]) -> list[Obj]:
+    return [d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "dispatch-controller-metrics"]
+
+
+def guard_objects(docs: list[Obj]) -> list[tuple[str, str]]:
+    return sorted((d["kind"], d["metadata"]["name"]) for d in docs if "guard" in d["metadata"]["name"]
+                  or d["kind"].startswith("ValidatingAdmissionPolicy"))
+
+
+def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Path]) -> None:
+    on = chart(tools)
+    assert guard_objects(on) == [("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                 ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
+                                 ("ValidatingWebhookConfiguration", "dispatch-guard")]
+    c = container(on)
+    assert c["args"][4:6] == ["--guard-port=9443", "--guard-cert-dir=/var/run/dispatch-guard"]
+    assert {"name": "guard", "containerPort": 9443} in c["ports"] and c["volumeMounts"] == [GUARD_MOUNT]
+
+    # In another namespace the webhook calls the Service there (the controller's certificate follows it).
+    [hook] = [d for d in _docs(subprocess.run(
+        [str(tools[0]), "template", "dispatch", str(CHART), "--namespace", "ml-platform"],
+        capture_output=True, text=True, check=True).stdout) if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert hook["webhooks"][0]["clientConfig"]["service"] == {
+        "name": "dispatch-guard", "namespace": "ml-platform", "path": "/validate-trainjob", "port": 443}
+
+    off = chart(tools, "guard.enabled=false")
+    # The CEL policy needs no server, so it stays: A and the started mark still only rise.
+    assert guard_objects(off) == [("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity")]
+    c = container(off)
+    assert not [a for a in c["args"] if a.startswith("--guard")]
+    assert "volumeMounts" not in c and [p["name"] for p in c["ports"]] == ["probes", "metrics"]
+
+
+def test_the_guard_with_cert_manager(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "guard.certManager.enabled=true")
+    [hook] = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert hook["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NAMESPACE}/dispatch-guard"}
+    [cert] = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["spec"]["secretName"] == "dispatch-guard-tls"
+    assert cert["spec"]["dnsNames"] == [f"dispatch-guard.{NAMESPACE}.svc",
+                                        f"dispatch-guard.{NAMESPACE}.svc.cluster.local"]
+    assert cert["spec"]["issuerRef"] == {"name": "dispatch-guard-selfsigned", "kind": "Issuer"}
+    assert [d["spec"] for d in docs if d["kind"] == "Issuer"] == [{"selfSigned": {}}]
+    c = container(docs)
+    assert "--guard-webhook=" in c["args"]           # cert-manager keeps the caBundle, not the controller
+    assert c["volumeMounts"] == [{**GUARD_MOUNT, "readOnly": True}]
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    assert {"name": "guard-certs", "secret": {"secretName": "dispatch-guard-tls"}} in dep["spec"]["template"]["spec"][
+        "volumes"]
+
+    own = chart(tools, "guard.certManager.enabled=true", "guard.certManager.issuerRef.name=corp-ca",
+                "guard.certManager.issuerRef.kind=ClusterIssuer")
+    [cert] = [d for d in own if d["kind"] == "Certificate"]
+    assert cert["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer"}
+    assert not [d for d in own if d["kind"] == "Issuer"]
+
+
+def test_bad_values_fail_naming_them(tools: tuple[Path, Path]) -> None:
+    got = render(tools, "metrics.mode=open", check=False)
+    assert got.returncode != 0 and 'metrics.mode must be secure, localhost or plain, not "open"' in got.stderr
+    got = render(tools, "metrics.mode=plain", "metrics.certSecret=x", check=False)
+    assert got.returncode != 0 and "metrics.certSecret is for metrics.mode=secure" in got.stderr
+    got = render(tools, "guard.enabled=false", "guard.certManager.enabled=true", check=False)
+    assert got.returncode != 0 and "guard.certManager is for guard.enabled=true" in got.stderr
+    got = render(tools, "guard.port=8443", check=False)
+    assert got.returncode != 0 and "guard.port must differ from metrics.port" in got.stderr
+
+
+@pytest.mark.parametrize("sets", [(), ("metrics.mode=localhost",), ("metrics.certSecret=dispatch-metrics-tls",
+                                                                     "controller.namespace=default")])
+def test_the_api_server_accepts_what_the_chart_renders(
+    tools: tuple[Path, Path], testbed_kubeconfig: str, sets: tuple[str, ...]
+) -> None:
+    _, kubectl = tools
+    # A dry run creates nothing, so the namespaced objects need their namespace to exist already.
+    subprocess.run([str(kubectl), "--kubeconfig", testbed_kubeconfig, "create", "namespace", NAMESPACE],
+                   capture_output=True, text=True)
+    text = render(tools, "createNamespace=true", *sets).stdout
+    got = subprocess.run([str(kubectl), "--kubeconfig", testbed_kubeconfig, "apply", "--dry-run=server", "-f", "-"],
+                         input=text,
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert got.stdout.count("(server dry run)") == len(_docs(text)), got.stdout
+
+
+def test_the_monitoring_extras_render_with_kustomize(tools: tuple[Path, Path]) -> None:
+    _, kubectl = tools
+    docs = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "monitoring")], capture_output=True,
+                                text=True, check=True).stdout)
+    assert sorted((d["kind"], d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs) == [
+        ("ConfigMap", NAMESPACE, "dispatch-grafana-dashboard"), ("PrometheusRule", NAMESPACE, "dispatch-controller"),
+        ("ServiceMonitor", NAMESPACE, "dispatch-controller")]
+    [cm] = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert json.loads(cm["data"]["dispatch-dashboard.json"])["uid"] == "dispatch-admission"
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    [svc] = metrics_services(kustomized(tools))
+    assert sm["spec"]["endpoints"][0]["port"] in [p["name"] for p in svc["spec"]["ports"]]
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+
+
+def test_the_charts_monitoring_objects_are_deploy_monitorings(tools: tuple[Path, Path]) -> None:
+    for name in ("prometheusrule.yaml", "servicemonitor.yaml", "dispatch-dashboard.json"):
+        assert (CHART / "files" / name).read_text() == (DEPLOY / "monitoring" / name).read_text(), name
+    assert not [d for d in chart(tools) if d["apiVersion"].startswith("monitoring.coreos.com")]  # off by default
+    on = [d for d in chart(tools, "monitoring.serviceMonitor.enabled=true", "monitoring.prometheusRule.enabled=true",
+                           "monitoring.dashboard.enabled=true")
+          if d["kind"] in ("ServiceMonitor", "PrometheusRule") or d["metadata"]["name"] == "dispatch-grafana-dashboard"]
+    _, kubectl = tools
+    shipped = by_key(_docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "monitoring")],
+                                          capture_output=True, text=True, check=True).stdout))
+    rendered = by_key(on)
+    assert sorted(rendered) == sorted(shipped)
+    assert {k: without_allowed(v) for k, v in rendered.items()} == shipped
