@@ -2,9 +2,10 @@
 
 The controller's informers (Workloads, both pod selections, Nodes, JobSets, Jobs, AdmissionChecks) list
 and start watching a cluster of ``--pods`` JobSet pods (dispatch objects' pods: both selections find
-each) and ``--workloads`` Workloads (each with its TrainJob's JobSet and Job; half of them pending our
-check), with objects shaped like the real ones (managedFields, the pod spec a Trainer runtime renders,
-a Node's image list). Each configuration runs in a fresh subprocess so its RSS is its own:
+each; each carries dispatch's finalizer, so the finalizer keeper the pod and Node informers also feed
+tracks every one) and ``--workloads`` Workloads (each with its TrainJob's JobSet and Job; half of them
+pending our check), with objects shaped like the real ones (managedFields, the pod spec a Trainer runtime
+renders, a Node's image list). Each configuration runs in a fresh subprocess so its RSS is its own:
 
 * ``rss_bare``: the process with dispatch imported, before any object exists;
 * ``rss_before``: after the fake API holds the cluster, before the controller starts (the baseline of
@@ -39,6 +40,7 @@ import msgspec
 
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch._views import POD_FINALIZER
 from dispatch.controller import Config, Controller
 from dispatch.controller._informer import Informer
 from dispatch.testing import FakeApiServer, _server
@@ -155,7 +157,8 @@ def pod(i: int, j: int, node: str) -> dict[str, Any]:
     spec["hostname"] = f"obj{i}-s1-node-0-{j}"
     return {
         "metadata": {"name": f"obj{i}-s1-node-0-{j}-abcde", "generateName": f"obj{i}-s1-node-0-{j}-",
-                     "labels": labels, "annotations": annotations, "finalizers": ["batch.kubernetes.io/job-tracking"],
+                     "labels": labels, "annotations": annotations, "finalizers": ["batch.kubernetes.io/job-tracking",
+                                                                              POD_FINALIZER],
                      "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": f"obj{i}-s1-node-0",
                                           "uid": f"9a8b7c6d-0000-4000-8000-{i:012d}", "controller": True,
                                           "blockOwnerDeletion": True}],
@@ -256,9 +259,13 @@ class _FastCopy:
     def deepcopy(cls, obj: Any) -> Any:
         return cls._dec.decode(cls._enc.encode(obj))
 
+    _sorted = msgspec.json.Encoder(order="sorted")
+
     @classmethod
-    def dumps(cls, obj: Any) -> str:
-        return cls._enc.encode(obj).decode()
+    def dumps(cls, obj: Any, *, sort_keys: bool = False, separators: tuple[str, str] | None = None) -> str:
+        """Compact JSON (the fake's size check asks for compact separators; its other uses only need a
+        stable text), keys sorted when asked."""
+        return (cls._sorted if sort_keys else cls._enc).encode(obj).decode()
 
     @classmethod
     def loads(cls, data: str | bytes) -> Any:
@@ -324,7 +331,7 @@ async def measure(mode: str, server: FakeApiServer) -> dict[str, Any]:
     retained = rss()
     routed = {"pods_indexed": {s: len(i.live) for s, i in ctl.router.pod_indexes.items()},
               "workloads_indexed": len(ctl.router.workloads), "pending": len(ctl.router.pending),
-              "nodes": len(ctl.router.nodes)}
+              "nodes": len(ctl.router.nodes), "finalizer_pods": len(ctl.finalizers.signatures)}
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

@@ -3,7 +3,8 @@
 ``--objects`` (default 10,000) held dispatch TrainJobs, each with one Terminating pod (so every object
 is decided: nothing is skipped as Running). ``find()`` is measured (requests, bytes received, seconds)
 against the same run's baseline: the bare ``list`` calls it makes (TrainJobs by dispatch's label, pods
-by both selections, JobSets, Jobs, Nodes), decoded but neither parsed nor decided. Target: time ratio
+by both selections, JobSets, Jobs, Nodes, and AdmissionChecks and Workloads, since Kueue may manage an
+object without its queue-name label), decoded but neither parsed nor decided. Target: time ratio
 <= 2.
 
 Run: ``python -m bench.find_bench [--objects 10000] [--repeat 3]``; prints one JSON object.
@@ -23,6 +24,7 @@ from bench.controller_memory_bench import accelerate_fake
 from dispatch import AsyncAdapter
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch.errors import NotFound
 from dispatch.testing import FakeCluster
 
 NS = "default"
@@ -50,6 +52,11 @@ async def bare(kube: k.Kube) -> None:
     await kube.list(k.JOBSETS)
     await kube.list(k.JOBS, labels=n.JOBSET_NAME_LABEL)
     await kube.list(k.NODES)
+    for res in (k.ADMISSION_CHECKS, k.WORKLOADS):   # Kueue may manage an object without its queue label
+        try:
+            await kube.list(res)
+        except NotFound:
+            pass
 
 
 async def measure(cluster: FakeCluster, which: str) -> dict[str, Any]:

@@ -11,6 +11,8 @@ returns admitted (t1) is taken. Measured three ways in the same run:
 * ``floor``: one ``release`` that admits at once (its reads and writes), so the watched figure can be
   read as baseline + floor + what waiting adds.
 
+The waiter runs under the shipped ``dispatch-writer`` role, as a CLI user does.
+
 Run: ``python -m bench.plain_wait_bench [--rounds 30] [--interval 1.0]``; prints one JSON object.
 """
 
@@ -35,6 +37,7 @@ from dispatch.cli._release import release_wait
 from dispatch.testing import FakeCluster
 
 LONG = 1000.0
+WRITER = ("dispatch-writer", "dispatch-node-reader")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -146,7 +149,8 @@ def main() -> None:
     Following.changed = changed  # type: ignore[method-assign]
     watched: list[float] = []
     polled: list[float] = []
-    with Adapter.connect("default", transport=cluster.transport()) as adapter:
+    # the shipped roles a CLI user is bound to: what they allow (watching pods) is what waiting gets
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as adapter:
         for i in range(a.rounds):
             # the watched waiter signals "blocked" from its follower
             ev = threading.Event()
