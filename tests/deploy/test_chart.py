@@ -134,7 +134,7 @@ def test_values_land_where_they_mean_to(tools: tuple[Path, Path]) -> None:
     assert c["image"] == "registry.example/dispatch:9.9.9"
     assert next(d for d in docs if d["kind"] == "Deployment")["spec"]["replicas"] == 3
     assert "--namespace=team-a" in c["args"] and "--workers=8" in c["args"] and "--log-level=debug" in c["args"]
-    assert c["resources"] == {"requests": {"cpu": "250m", "memory": "128Mi"}, "limits": {"memory": "1Gi"}}
+    assert c["resources"] == {"requests": {"cpu": "250m", "memory": "192Mi"}, "limits": {"memory": "1Gi"}}
     assert not [d for d in docs if d["kind"] == "Namespace"]        # the release's namespace by default
 
 
