@@ -23,6 +23,7 @@ RESYNC_SECONDS = 30.0
 """With every watch running, a waiter still re-decides this often (a Node's change is not watched)."""
 MAX_FALLBACK_SECONDS = 30.0
 WATCH_SECONDS = 300
+CANCEL_RETRY_SECONDS = 0.01
 
 
 @dataclass(frozen=True)
@@ -136,12 +137,14 @@ class Follower:
         return woke
 
     async def aclose(self) -> None:
-        # Cancel until done: Python 3.11's ``wait_for`` can swallow a cancellation racing an event.
+        # Cancel until done: Python 3.11's ``wait_for`` can swallow a cancellation racing an event. Cancel
+        # again soon (not after a long wait): the waiter's caller is blocked on this close, and an
+        # admission already made should not look 200 ms late.
         pending = {t for t in self._tasks if not t.done()}
         while pending:
             for task in pending:
                 task.cancel()
-            _, pending = await asyncio.wait(pending, timeout=0.2)
+            _, pending = await asyncio.wait(pending, timeout=CANCEL_RETRY_SECONDS)
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
 
