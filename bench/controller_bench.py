@@ -18,6 +18,7 @@ import asyncio
 import json
 import logging
 import statistics
+import sys
 import time
 from collections import Counter
 from typing import Any
@@ -168,8 +169,10 @@ async def main() -> None:
     for outcome, terminating in (("admit", False), ("wait", True)):
         medians = {}
         for batch in (a.batch, 1):   # the one-by-one baseline, measured in the same run
-            runs = [await decisions_per_second(a.workloads, a.workers, terminating=terminating, batch=batch)
-                    for _ in range(a.repeat)]
+            runs = []
+            for _ in range(a.repeat):
+                runs.append(await decisions_per_second(a.workloads, a.workers, terminating=terminating, batch=batch))
+                print(json.dumps(runs[-1]), file=sys.stderr, flush=True)   # each run as it ends (long at 10,000)
             medians[batch] = statistics.median(r["decisions_per_second"] for r in runs)
             result[f"{outcome}_batch{batch}"] = runs
             result[f"{outcome}_batch{batch}_median_decisions_per_second"] = medians[batch]
