@@ -366,22 +366,21 @@ async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answ
                                          str(tmp_path / f"certs-{i}"), "--guard-webhook", name,
                                          log=tmp_path / f"replica-{i}.log")
         try:
-            async with replica(0) as first:
-                async with replica(1):
-                    cas = [tmp_path / f"certs-{i}" / "ca.crt" for i in (0, 1)]
-                    await until(lambda: all(p.is_file() for p in cas), what="both replicas' CAs")
+            async with replica(0) as first, replica(1):
+                cas = [tmp_path / f"certs-{i}" / "ca.crt" for i in (0, 1)]
+                await until(lambda: all(p.is_file() for p in cas), what="both replicas' CAs")
 
-                    async def both_trusted() -> bool:
-                        got = await kube.get(api.VALIDATING_WEBHOOKS, name)
-                        return all(all(p.read_bytes().strip() in base64.b64decode(
-                            w["clientConfig"].get("caBundle") or "") for p in cas) for w in got["webhooks"])
-                    await until(both_trusted, timeout=60, what="both CAs in the caBundle")
-                    await until(lambda: _probe_denied(kube, ns), what="replica 0 answering")
-                    await point_at(ports[1])
-                    await until(lambda: _probe_denied(kube, ns), what="replica 1 answering, trusted")
-                    first.proc.terminate()
-                    first.proc.wait(10)
-                    assert await _probe_denied(kube, ns)          # the other replica alone still guards
-                    assert await both_trusted()                    # and a stopped replica's CA is not pruned
+                async def both_trusted() -> bool:
+                    got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+                    return all(all(p.read_bytes().strip() in base64.b64decode(
+                        w["clientConfig"].get("caBundle") or "") for p in cas) for w in got["webhooks"])
+                await until(both_trusted, timeout=60, what="both CAs in the caBundle")
+                await until(lambda: _probe_denied(kube, ns), what="replica 0 answering")
+                await point_at(ports[1])
+                await until(lambda: _probe_denied(kube, ns), what="replica 1 answering, trusted")
+                first.proc.terminate()
+                first.proc.wait(10)
+                assert await _probe_denied(kube, ns)          # the other replica alone still guards
+                assert await both_trusted()                    # and a stopped replica's CA is not pruned
         finally:
             await kube.delete(api.VALIDATING_WEBHOOKS, name)
