@@ -7,6 +7,11 @@ The conventions a page follows (a marker is an HTML comment on its own, right be
   ``AsyncAdapter.connect`` without ``transport=`` reach that cluster (kubeconfig and context are
   ignored), every API request moves its clock one second and steps its controllers, and ``time.sleep``
   moves the clock instead of waiting. After the block, the cluster's overlap checker must pass.
+* Both run as a user, never as the cluster's admin: with the shipped roles ``dispatch-writer`` and
+  ``dispatch-node-reader`` (``--read-only``, ``read_only=True``: ``dispatch-reader`` and
+  ``dispatch-node-reader``; ``dispatch admin ...``: ``dispatch-admin`` alone), and a block fails if any
+  request of it was refused, even one the command got over. A Python block that passes its own
+  ``transport=`` keeps it.
 * ```` ```console ```` blocks **run**: each ``$ dispatch ...`` line is the real command, against the
   scenario's cluster (one cluster per block, not stepped: it stays in the state the page describes).
   The lines up to the next ``$`` are its expected output, compared by doctest's rules (``...`` matches
@@ -158,20 +163,23 @@ def root_command() -> Any:
     return typer.main.get_command(app)
 
 
-def parse_command(argv: list[str], where: str) -> None:
+def parse_command(argv: list[str], where: str) -> list[str]:
     """Resolve the command path and parse every option with the real parser; nothing is invoked.
 
-    A group is whatever has ``resolve_command``.
+    Returns the command path (``["admin", "release-pod"]``). A group is whatever has ``resolve_command``.
     """
     cmd = root_command()
     ctx = cmd.make_context("dispatch", list(argv))
+    path: list[str] = []
     while hasattr(cmd, "resolve_command"):
         rest = [*ctx._protected_args, *ctx.args]
         assert rest, f"{where}: `dispatch {' '.join(argv)}` names no command"
         name, sub, args = cmd.resolve_command(ctx, rest)
         assert name is not None and sub is not None, f"{where}: no command in `dispatch {' '.join(argv)}`"
+        path.append(name)
         cmd = sub
         ctx = sub.make_context(name, args, parent=ctx)
+    return path
 
 
 def check_commands(text: str, where: str) -> int:
@@ -193,6 +201,14 @@ def check_commands(text: str, where: str) -> int:
 # ------------------------------------------------------------------------------------------ running
 
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""What a user of the pages holds (as every library test does): the shipped writer's roles."""
+READER = ("dispatch-reader", "dispatch-node-reader")
+"""What ``--read-only`` stands for: a user holding the shipped reader's roles."""
+ADMIN = ("dispatch-admin",)
+"""What ``dispatch admin ...`` runs with: the shipped admin role alone, the one its help asks for."""
+
+
 class Environment:
     """A scenario's cluster as the default target of ``connect``, stepped by requests and sleeps."""
 
@@ -203,8 +219,8 @@ class Environment:
 
         def connect(cls: type[AsyncAdapter], /, namespace: str | None = None, *, transport: Any = None,
                     **kwargs: Any) -> AsyncAdapter:
-            if transport is None:
-                transport = cluster.transport()
+            if transport is None:  # a user's shipped roles, as the CLI's examples run with
+                transport = cluster.transport(roles=READER if kwargs.get("read_only") else WRITER)
                 kwargs.pop("kubeconfig", None)
                 kwargs.pop("context", None)
             result: AsyncAdapter = original(cls, namespace, transport=transport, **kwargs)
@@ -243,13 +259,23 @@ def run_python(block: Block, monkeypatch: pytest.MonkeyPatch, workdir: Path) -> 
     code = compile(block.code, block.where, "exec")
     exec(code, {"__name__": "__doc_example__"})
     cluster.server.before_request = None
+    assert not cluster.server.denied, f"{block.where}: the shipped roles refused {cluster.server.denied}"
     cluster.history.check()
+
+
+def roles_of(argv: list[str], read_only: bool) -> tuple[str, ...]:
+    """The shipped roles a command of a page runs with: the admin's for ``dispatch admin``, else a user's."""
+    if parse_command(argv, "roles")[:1] == ["admin"]:
+        return ADMIN
+    return READER if read_only else WRITER
 
 
 def cli_runner(cluster: FakeCluster) -> Callable[[list[str]], tuple[int, str]]:
     def run(argv: list[str]) -> tuple[int, str]:
         def connect(settings: Settings) -> Adapter:
-            return Adapter.connect(settings.namespace, transport=cluster.transport(), read_only=settings.read_only)
+            roles = roles_of(argv, settings.read_only)
+            return Adapter.connect(settings.namespace, transport=cluster.transport(roles=roles),
+                                   read_only=settings.read_only)
 
         result = CliRunner().invoke(app, argv, obj=CliState(connect=connect), catch_exceptions=False,
                                     env={"COLUMNS": "400", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None})
@@ -296,6 +322,8 @@ def run_console(block: Block) -> None:
             raise AssertionError(f"{block.where}: `{command}` printed:\n{got}\nbut the page shows:\n{want}")
         ran += 1
     assert ran, f"{block.where}: a console block without a `$ dispatch` line"
+    # A refusal the command tolerated (a node it could not read, say) would change what it prints.
+    assert not cluster.server.denied, f"{block.where}: the shipped roles refused {cluster.server.denied}"
     cluster.history.check()
 
 
@@ -366,3 +394,20 @@ def test_python_in_a_heredoc_is_checked() -> None:
         check_offline(Block(ROOT / "README.md", 1, "", code, "testbed", "needs a cluster"))
     with pytest.raises(AssertionError, match="needs a reason"):
         check_offline(Block(ROOT / "README.md", 1, "", "dispatch status\n", "cluster", ""))
+
+
+def test_examples_run_with_the_shipped_roles_of_their_user() -> None:
+    assert roles_of(["open", "--job-id", "llama", "--submission", "s1"], False) == WRITER
+    assert roles_of(["--read-only", "status", "llama-s1"], True) == READER
+    assert roles_of(["-n", "team-a", "admin", "release-pod", "p", "--node-confirmed-down"], False) == ADMIN
+    # a writer may not migrate identity records: the page's admin command needs the admin's role
+    block = Block(ROOT / "docs" / "x.md", 1, "console", "$ dispatch admin migrate -n default\n"
+                  "identity records: 2 created, 0 raised\n", "legacy-ledger", "")
+    run_console(block)
+    cluster = SCENARIOS["legacy-ledger"]()
+    code, out = cli_runner(cluster)(["status", "--job-id", "llama"])
+    assert code == 0 and not cluster.server.denied, out
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as writer, \
+            pytest.raises(dispatch.errors.Forbidden):
+        writer.migrate()
+
