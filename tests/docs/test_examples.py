@@ -16,7 +16,10 @@ The conventions a page follows (a marker is an HTML comment on its own, right be
   scenario's cluster (one cluster per block, not stepped: it stays in the state the page describes).
   The lines up to the next ``$`` are its expected output, compared by doctest's rules (``...`` matches
   anything; runs of whitespace compare equal). A last line ``[exit status N]`` expects that exit code;
-  otherwise it must be 0.
+  otherwise it must be 0. A ``$ kubectl patch trainjob NAME --type merge -p BODY`` line is the write
+  anyone with patch on TrainJobs can type, played against the deployed guard: the patched TrainJob goes
+  to the real guard (``dispatch.controller._guard.Guard``, reading with the controller's shipped role),
+  and a denial prints what kubectl prints for it (exit 1); an allowed patch is applied.
 * ``<!-- example: cluster REASON -->`` and ``<!-- example: testbed REASON -->`` mark a block that needs a
   real cluster (or the local testbed). Nothing runs, but Python in it (also a ``python - <<'PY'``
   heredoc) must compile and may use only public names of ``dispatch``, ``dispatch.errors`` and
@@ -31,9 +34,11 @@ Any block that is neither Python nor a console session must carry one of these m
 from __future__ import annotations
 
 import ast
+import asyncio
 import doctest
 import functools
 import importlib
+import json
 import re
 import shlex
 import textwrap
@@ -51,7 +56,10 @@ from typer.testing import CliRunner
 
 import dispatch
 from dispatch import Adapter, AsyncAdapter
+from dispatch import _api as api
+from dispatch import _kube as k
 from dispatch.cli import CliState, Settings, app
+from dispatch.controller._guard import Guard
 from dispatch.testing import FakeCluster
 
 from .scenarios import ENVIRONMENTS, SCENARIOS, STEPPING
@@ -309,14 +317,71 @@ def _expected(lines: list[str]) -> tuple[str, int]:
     return "\n".join(lines) + "\n", code
 
 
+GUARD_DENIED = 'Error from server (Forbidden): admission webhook "guard.dispatch.phpboyscout.uk" denied the request: '
+"""How kubectl prints the guard's denial, as seen on the testbed (tests/controller/test_guard_testbed.py)."""
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied to ``target``."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merged(out.get(key), value)
+    return out
+
+
+def kubectl_patch(cluster: FakeCluster, argv: list[str], where: str) -> tuple[int, str]:
+    """``kubectl [-n NS] patch trainjob NAME --type merge -p BODY`` through the guard the cluster would run."""
+    namespace, args = cluster.namespace, list(argv)
+    if args[:1] == ["-n"]:
+        namespace, args = args[1], args[2:]
+    shape = len(args) == 7 and args[:2] == ["patch", "trainjob"] and args[3:6] == ["--type", "merge", "-p"]
+    assert shape, f"{where}: only `kubectl [-n NS] patch trainjob NAME --type merge -p BODY` is played: {argv}"
+    name, body = args[2], json.loads(args[6])
+    meta = body.get("metadata") or {}
+    touched = [key for part in ("labels", "annotations") for key in (meta.get(part) or {})
+               if key.startswith("dispatch.phpboyscout.uk/")]
+    assert not touched, (f"{where}: a patch of {touched} meets the CEL policy dispatch-identity before the guard; "
+                         "only the guard is played")
+    old = cluster.server.get("trainer.kubeflow.org", "trainjobs", namespace, name)
+    if old is None:
+        return 1, f'Error from server (NotFound): trainjobs.trainer.kubeflow.org "{name}" not found\n'
+    new = merged(old, body)
+    request = {"uid": "docs", "operation": "UPDATE", "namespace": namespace, "name": name,
+               "object": new, "oldObject": old, "userInfo": {"username": "someone"}}
+
+    async def review() -> str | None:
+        kube = k.Kube.connect(namespace=namespace, transport=cluster.transport(role="dispatch-controller"))
+        try:
+            denial = await Guard(kube).decide(request)
+            if denial is None:
+                await k.Kube.connect(namespace=namespace, transport=cluster.transport()).merge_patch(
+                    api.TRAINJOBS, name, body)
+            return denial
+        finally:
+            await kube.aclose()
+
+    denial = asyncio.run(review())
+    if denial is not None:
+        return 1, GUARD_DENIED + denial + "\n"
+    return 0, f"trainjob.trainer.kubeflow.org/{name} patched\n"
+
+
 def run_console(block: Block) -> None:
     cluster = scenario(block)
     run = cli_runner(cluster)
     ran = 0
     for command, want, want_code in sessions(block.code, block.where):
         words = shlex.split(command)
-        assert words[0] == "dispatch", f"{block.where}: `{command}` is not a dispatch command; mark the block"
-        code, got = run(words[1:])
+        if words[0] == "kubectl":
+            code, got = kubectl_patch(cluster, words[1:], block.where)
+        else:
+            assert words[0] == "dispatch", f"{block.where}: `{command}` is not a dispatch command; mark the block"
+            code, got = run(words[1:])
         assert code == want_code, f"{block.where}: `{command}` exited {code}, not {want_code}:\n{got}"
         if not CHECKER.check_output(want, got, FLAGS):
             raise AssertionError(f"{block.where}: `{command}` printed:\n{got}\nbut the page shows:\n{want}")
@@ -410,4 +475,22 @@ def test_examples_run_with_the_shipped_roles_of_their_user() -> None:
     with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as writer, \
             pytest.raises(dispatch.errors.Forbidden):
         writer.migrate()
+
+
+def test_a_kubectl_patch_is_answered_by_the_guard() -> None:
+    """The played ``kubectl patch`` is a real check: the guard's own answer, or the patch applied."""
+    start = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p", '{"spec":{"suspend":false}}']
+    cluster = SCENARIOS["held-terminating"]()
+    code, out = kubectl_patch(cluster, start, "t")
+    assert code == 1 and out.startswith(GUARD_DENIED + "trainjob llama-s1 cannot start: remaining pods: "), out
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", "llama-s1")
+    assert tj is not None and tj["spec"]["suspend"] is True
+    note = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p", '{"metadata":{"annotations":{"team":"a"}}}']
+    assert kubectl_patch(cluster, note, "t") == (0, "trainjob.trainer.kubeflow.org/llama-s1 patched\n")
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", "llama-s1")
+    assert tj is not None and tj["metadata"]["annotations"]["team"] == "a"
+    lower = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p",
+             '{"metadata":{"annotations":{"dispatch.phpboyscout.uk/admission":"0"}}}']
+    with pytest.raises(AssertionError, match="dispatch-identity"):
+        kubectl_patch(cluster, lower, "t")
 
