@@ -576,7 +576,7 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     for label, before, after in ((LABEL_JOB_ID, old.job_id, new.job_id),
                                  (LABEL_SUBMISSION, old.submission, new.submission)):
         if before and after != before:
-            verb = "remove" if not after else f"change it to {after!r}"
+            verb = "remove it" if not after else f"change it to {after!r}"
             return f"{what}: dispatch's identity label {label}={before} is kept; this write would {verb}"
     if new.problems:
         return f"{what}: {'; '.join(new.problems)}"

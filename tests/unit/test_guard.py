@@ -288,7 +288,7 @@ def kept(**changes: Any) -> TrainJobView:
     (kept(started=1), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would lower it to 1"),
     (kept(started=None), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would remove it"),
     (kept(labels={"dispatch.phpboyscout.uk/submission": "s1"}),
-     "dispatch's identity label dispatch.phpboyscout.uk/job-id=llama is kept; this write would remove"),
+     "dispatch's identity label dispatch.phpboyscout.uk/job-id=llama is kept; this write would remove it"),
     (kept(labels={**LABELS, "dispatch.phpboyscout.uk/submission": "s9"}),
      "dispatch's identity label dispatch.phpboyscout.uk/submission=s1 is kept; this write would change it to 's9'"),
     (kept(entry=False), "dispatch's runtime patch entry (dispatch.phpboyscout.uk/dispatch) is kept"),
