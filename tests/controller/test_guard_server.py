@@ -7,6 +7,7 @@ kept-alive connection (as the API server sends them).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime as dt
 import json
@@ -152,3 +153,98 @@ def test_the_bundle_keeps_every_live_replicas_ca_and_drops_expired_ones() -> Non
     kept = x509.load_pem_x509_certificates(g.merged_bundle(many, ours, keep=4))
     assert len(kept) == 4 and kept[0] == x509.load_pem_x509_certificate(ours)
     assert g.merged_bundle(b"garbage", ours) == ours
+
+
+# ---------------------------------------------------------------- enrolment (/mutate-trainjob)
+
+
+def sdk_create(name: str, runtime: Obj | None = None, labels: Obj | None = None) -> Obj:
+    """A TrainJob as the Kubeflow SDK creates it: no dispatch field at all."""
+    return {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "default", **({"labels": labels} if labels else {})},
+            "spec": {"runtimeRef": runtime or {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
+                     "trainer": {"image": "example.invalid/train", "numNodes": 1}}}
+
+
+def create_review(obj: Obj, uid: str) -> bytes:
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "operation": "CREATE", "namespace": "default", "name": obj["metadata"]["name"],
+        "object": obj, "oldObject": None, "userInfo": {"username": "sdk-user"}}}).encode()
+
+
+def patched(obj: Obj, answer: Obj) -> Obj:
+    """The object with the answer's JSONPatch applied (add ops, as enrolment sends)."""
+    out = copy.deepcopy(obj)
+    assert answer["patchType"] == "JSONPatch"
+    for op in json.loads(base64.b64decode(answer["patch"])):
+        assert op["op"] == "add"
+        *parents, last = [t.replace("~1", "/") for t in op["path"].split("/")[1:]]
+        node: Any = out
+        for part in parents:
+            node = node[part]
+        if last == "-":
+            node.append(op["value"])
+        else:
+            node[last] = op["value"]
+    return out
+
+
+async def test_an_sdk_create_is_enrolled_over_tls_and_then_released_by_dispatch(
+        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+    cluster.server.create(api.RUNTIMES.group, "trainingruntimes", "default", {
+        "metadata": {"name": "mine", "namespace": "default"},
+        "spec": {"template": {"spec": {"replicatedJobs": [{"name": "launcher"}, {"name": "worker"}]}}}})
+    sdk = sdk_create("uafe94fe6d9a")
+    own = sdk_create("own-runtime", {"name": "mine", "kind": "TrainingRuntime"})
+    lost = sdk_create("lost-runtime", {"name": "gone", "kind": "ClusterTrainingRuntime"})
+    bad = sdk_create("bad-label", labels={"dispatch.phpboyscout.uk/job-id": "Not Valid"})
+    registry = CollectorRegistry()
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="", registry=registry)
+    try:
+        answers = await post(running.port, tmp_path / "certs" / "ca.crt", [
+            create_review(sdk, "8d2f3c1e-0000-4000-8000-00000000000a"), create_review(own, "u-2"),
+            create_review(lost, "u-3"), create_review(bad, "u-4")], path=g.MUTATE_PATH)
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "enrolled"}) == 2
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "denied"}) == 2
+    finally:
+        await running.close()
+    assert [status for status, _ in answers] == [200] * 4
+    (_, one), (_, two), (_, three), (_, four) = answers
+    first = one["response"]
+    assert first["uid"] == "8d2f3c1e-0000-4000-8000-00000000000a" and first["allowed"] is True
+    assert first["warnings"] == ["dispatch enrolled this TrainJob as uafe94fe6d9a/8d2f3c1e-0000-4000-8000-"
+                                 "00000000000a, suspended: `dispatch release uafe94fe6d9a` starts it"]
+    enrolled = patched(sdk, first)
+    # the namespaced runtime was read: its two replicatedJobs are targeted
+    entry = patched(own, two["response"])["spec"]["runtimePatches"][0]
+    assert [rj["name"] for rj in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]] == [
+        "launcher", "worker"]
+    assert three["response"]["allowed"] is False and three["response"]["status"]["message"] == (
+        "trainjob lost-runtime cannot be enrolled in dispatch: spec.runtimeRef.name: ClusterTrainingRuntime gone "
+        "not found")
+    assert "metadata.labels[dispatch.phpboyscout.uk/job-id] 'Not Valid'" in four["response"]["status"]["message"]
+    assert "patch" not in four["response"]
+
+    # what the API server stores is an ordinary held dispatch object: dispatch's release admits it
+    cluster.server.create(api.TRAINJOBS.group, "trainjobs", "default", enrolled)
+    status = await adapter.inspect("uafe94fe6d9a")
+    assert status.state.value == "Held" and status.identity is not None
+    assert (status.identity.job_id, status.identity.submission) == ("uafe94fe6d9a",
+                                                                    "8d2f3c1e-0000-4000-8000-00000000000a")
+    ident = await adapter.release("uafe94fe6d9a")
+    assert ident.admission == 1
+    cluster.settle()
+    [pod] = cluster.pods("uafe94fe6d9a")
+    assert pod["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] == "1"
+    assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
+
+
+async def test_only_creates_are_enrolled_and_a_slow_runtime_read_is_a_denial(kube: k.Kube) -> None:
+    guard = g.Guard(kube)
+    update = json.loads(create_review(sdk_create("x"), "u-1"))
+    update["request"]["operation"] = "UPDATE"
+    assert (await guard.mutate(update, timeout=5))["response"] == {"uid": "u-1", "allowed": True}
+    slow = (await guard.mutate(json.loads(create_review(sdk_create("x"), "u-2")), timeout=0.0))["response"]
+    assert slow["allowed"] is False
+    assert slow["status"]["message"].startswith("the guard could not read the TrainJob's runtime within")
