@@ -19,8 +19,13 @@ from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, PATCH_MANAGER, POD_FINALIZE
 from dispatch import _decision as d
 from dispatch import _enrol as e
 from dispatch import _identity as ident
-from dispatch._names import ANNOTATION_ADMISSION, ANNOTATION_STARTED, ANNOTATION_TOKEN, KUEUE_QUEUE_LABEL
-from dispatch._names import label_value_problem
+from dispatch._names import (
+    ANNOTATION_ADMISSION,
+    ANNOTATION_STARTED,
+    ANNOTATION_TOKEN,
+    KUEUE_QUEUE_LABEL,
+    label_value_problem,
+)
 from dispatch._trainer import TrainJobView, identity_env, trainjob_body
 
 Obj = dict[str, Any]
