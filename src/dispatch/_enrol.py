@@ -245,8 +245,8 @@ def enrol(obj: Mapping[str, Any], request_uid: str, runtime: Mapping[str, Any] |
         ops.append({"op": "add", "path": f"/metadata/annotations/{_pointer(ANNOTATION_ADMISSION)}", "value": "0"})
     warnings: list[str] = []
     if spec.get("suspend") is not True:
-        if spec.get("suspend") is False:
-            warnings.append("spec.suspend: false is overridden: an enrolled TrainJob starts only through dispatch")
+        # Trainer's CRD defaults suspend to false before any webhook sees the object, so an explicit false
+        # cannot be told from none: enrolled TrainJobs are always created suspended (the opt-in's meaning).
         ops.append({"op": "add", "path": "/spec/suspend", "value": True})
     ops.extend(env_ops)
     entry = patch_entry(replicated, identity_labels(job_id, submission, 0))

@@ -130,14 +130,14 @@ def test_a_queued_trainjob_waits_for_kueue_and_dispatchs_check() -> None:
     assert got.warnings == ()  # Kueue starts it: nothing for the user to run
 
 
-def test_suspend_is_set_and_an_explicit_false_is_said_aloud() -> None:
+def test_it_is_always_created_suspended() -> None:
+    """The CRD defaults suspend to false before any webhook runs: false, absent and true all end suspended."""
     obj, got = enrolled(sdk_trainjob())
     assert obj["spec"]["suspend"] is True
-    asked = sdk_trainjob()
-    asked["spec"]["suspend"] = False
-    obj, got = enrolled(asked)
-    assert obj["spec"]["suspend"] is True
-    assert got.warnings[0] == "spec.suspend: false is overridden: an enrolled TrainJob starts only through dispatch"
+    defaulted = sdk_trainjob()
+    defaulted["spec"]["suspend"] = False
+    obj, got = enrolled(defaulted)
+    assert obj["spec"]["suspend"] is True and len(got.warnings) == 1
     already = sdk_trainjob()
     already["spec"]["suspend"] = True
     _, got = enrolled(already)
