@@ -21,7 +21,7 @@ from kubeflow.common.types import KubernetesBackendConfig
 from kubeflow.trainer import CustomTrainerContainer, TrainerClient
 from kubeflow.trainer.options.kubernetes import Labels
 
-from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER, State
+from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER, JobSpec, State
 from dispatch import _enrol as e
 from dispatch import _kube as k
 from dispatch import testbed as tb
@@ -226,6 +226,18 @@ async def test_a_kubectl_applied_trainjob_is_enrolled_and_one_from_before_enrolm
     assert LABEL_JOB_ID not in (old["metadata"].get("labels") or {})
     cause = (await g.adapter.inspect("before")).cause
     assert cause is not None and cause.reason == "NotManaged"
+
+    # what `dispatch open` creates there is dispatch's already: left exactly as it is
+    await g.adapter.open(JobSpec(job_id="opened", submission="s1"))
+    opened = await g.kube.get(k.TRAINJOBS, "opened-s1")
+    assert (opened["metadata"]["labels"][LABEL_JOB_ID], opened["metadata"]["labels"][LABEL_SUBMISSION]) == (
+        "opened", "s1")
+    ours = [p for p in opened["spec"]["runtimePatches"] if p["manager"] == "dispatch.phpboyscout.uk/dispatch"]
+    assert len(ours) == 1
+    pod_labels = ours[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
+        "template"]["metadata"]["labels"]
+    assert (pod_labels[LABEL_JOB_ID], pod_labels[LABEL_SUBMISSION]) == ("opened", "s1")
+    assert await release(g, "opened-s1") == 1
 
     # a bad identity label is refused naming it; nothing is created
     bad = kubectl_apply(g, tmp_path, "badlabel", f"  labels:\n    {LABEL_JOB_ID}: Not_Valid-\n")
