@@ -118,7 +118,9 @@ def _user_label(labels: Mapping[str, Any], key: str) -> tuple[str | None, str | 
     if key not in labels:
         return None, None
     value = labels[key]
-    if not isinstance(value, str) or not value:
+    if not isinstance(value, str):
+        return None, f"{_label_field(key)} is not a string"
+    if not value:
         return None, f"{_label_field(key)} is empty; set a value or leave the label out"
     problem = label_value_problem(value)
     if problem:

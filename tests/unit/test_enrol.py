@@ -279,6 +279,11 @@ def test_a_bad_identity_label_is_refused_naming_it(key: str, value: str, says: s
     assert says in denial
 
 
+def test_a_label_that_is_not_text_is_refused() -> None:
+    assert "metadata.labels[dispatch.phpboyscout.uk/job-id] is not a string" in refused(
+        sdk_trainjob(labels={LABEL_JOB_ID: 7}))
+
+
 def test_a_64_character_label_says_its_length() -> None:
     assert "must be at most 63 characters (got 64)" in refused(sdk_trainjob(labels={LABEL_SUBMISSION: "s" * 64}))
 
