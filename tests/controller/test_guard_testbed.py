@@ -149,13 +149,14 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
     the test labels ``ns`` with the opt-in label."""
     port, name = free_port(), f"dispatch-guard-{ns}"
     hook, policy, binding = scoped(ns, port, name)
-    if enrolment:
-        await kube.create(api.MUTATING_WEBHOOKS, scoped_mutating(ns, port, name))
+    mutating = scoped_mutating(ns, port, name)
     if not publish:
         ca = g_.generate_certs(tmp / "certs", ["localhost", "127.0.0.1"]).ca_pem
         assert ca is not None
-        for w in hook["webhooks"]:
+        for w in [*hook["webhooks"], *mutating["webhooks"]]:
             w["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    if enrolment:
+        await kube.create(api.MUTATING_WEBHOOKS, mutating)
     await kube.create(api.VALIDATING_WEBHOOKS, hook)
     await kube.create(POLICIES, policy)
     await kube.create(BINDINGS, binding)
