@@ -358,3 +358,48 @@ async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:
     await until(lambda: is_running(g.kube, "kh-s1"), what="running again as A=2")
     assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, "kh-s1"))] == ["2"]
 
+
+
+async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answers(
+        testbed_kubeconfig: str, tmp_path: Path) -> None:
+    """The Deployment runs two replicas, each with a CA of its own in an emptyDir: both CAs must stay in
+    the caBundle, so the API server trusts whichever replica the Service picks, and with one replica
+    gone the other still answers (on the testbed the webhook's URL stands in for the Service)."""
+    path = running_testbed_kubeconfig()
+    if path is None:
+        pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
+    async with controller_env(path) as (kube, ns, _):
+        ports = (free_port(), free_port())
+        name = f"dispatch-guard-{ns}"
+        hook, _, _ = scoped(ns, ports[0], name)
+        await kube.create(api.VALIDATING_WEBHOOKS, hook)
+
+        async def point_at(port: int) -> None:
+            got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+            for w in got["webhooks"]:
+                w["clientConfig"]["url"] = f"https://127.0.0.1:{port}/validate-trainjob"
+            await kube.replace(api.VALIDATING_WEBHOOKS, name, got)
+
+        def replica(i: int) -> Any:
+            return subprocess_controller(ns, "--guard-port", str(ports[i]), "--guard-cert-dir",
+                                         str(tmp_path / f"certs-{i}"), "--guard-webhook", name,
+                                         log=tmp_path / f"replica-{i}.log")
+        try:
+            async with replica(0) as first, replica(1):
+                cas = [tmp_path / f"certs-{i}" / "ca.crt" for i in (0, 1)]
+                await until(lambda: all(p.is_file() for p in cas), what="both replicas' CAs")
+
+                async def both_trusted() -> bool:
+                    got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+                    return all(all(p.read_bytes().strip() in base64.b64decode(
+                        w["clientConfig"].get("caBundle") or "") for p in cas) for w in got["webhooks"])
+                await until(both_trusted, timeout=60, what="both CAs in the caBundle")
+                await until(lambda: _probe_denied(kube, ns), what="replica 0 answering")
+                await point_at(ports[1])
+                await until(lambda: _probe_denied(kube, ns), what="replica 1 answering, trusted")
+                first.proc.terminate()
+                first.proc.wait(10)
+                assert await _probe_denied(kube, ns)          # the other replica alone still guards
+                assert await both_trusted()                    # and a stopped replica's CA is not pruned
+        finally:
+            await kube.delete(api.VALIDATING_WEBHOOKS, name)

@@ -316,10 +316,6 @@ def test_open_with_a_grace_period_reaches_the_pods_on_trainer_2_3(ns: str, testb
     assert {p["spec"]["terminationGracePeriodSeconds"] for p in get("pods", "-n", ns, "-l", sel)["items"]} == {5}
 
 
-@pytest.mark.skipif(not trainer_at_least(2, 3), reason="Trainer before v2.3 drops the field: open refuses it")
-@pytest.mark.xfail(strict=True, reason="open accepts a grace period in Kueue mode, but Kueue (built with the "
-                   "Trainer v2.2 API) drops it when it admits and the TrainJob never starts: open must refuse it "
-                   "naming Kueue (docs/findings.md, 'Two stacks'); remove this mark with that fix")
 def test_open_refuses_a_grace_period_that_kueue_would_drop(ns: str, testbed_kubeconfig: str) -> None:
     from dispatch import Adapter, InvalidInput
 
@@ -327,6 +323,7 @@ def test_open_refuses_a_grace_period_that_kueue_would_drop(ns: str, testbed_kube
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
         "spec": {"clusterQueue": "cq"}}))
     with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as adapter, \
-            pytest.raises(InvalidInput, match="termination_grace_period_seconds"):
+            pytest.raises(InvalidInput, match="termination_grace_period_seconds") as err:
         adapter.open(_grace_spec("kgrace", queue="lq"))
+    assert "Kueue admits a TrainJob with a whole-object update" in str(err.value)
     assert get("trainjobs", "-n", ns)["items"] == []
