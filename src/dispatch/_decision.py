@@ -485,7 +485,8 @@ def unmanaged_text(trainjob: TrainJobView) -> str:
             "execution identity (no A), and dispatch does not hold or release it")
 
 
-UNMANAGED_HINT = "to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library)"
+UNMANAGED_HINT = ("to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library), or "
+                  "in a namespace labelled dispatch.phpboyscout.uk/enrol=true (README \"Enrolment\")")
 
 
 def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:

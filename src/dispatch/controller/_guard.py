@@ -10,6 +10,10 @@ controller's own ServiceAccount) and the pure decision ``_decision.guard``.
 * **stateless**: every replica serves (leader or not); each answer is one fresh read.
 * **within the API server's timeout**: the read gets most of the ``timeout`` the API server puts in the
   URL; a read that does not finish in time is a denial naming why, never a silent allow.
+* **enrolment**: the same server answers ``/mutate-trainjob`` (MutatingWebhookConfiguration
+  ``dispatch-guard``, only for namespaces labelled ``dispatch.phpboyscout.uk/enrol=true``): a TrainJob
+  created there is brought under dispatch with the JSONPatch of the pure ``_enrol.enrol``; this file
+  only reads the runtime the TrainJob names and encodes the answer.
 * **TLS**: ``--guard-cert-dir`` holding ``tls.crt``/``tls.key`` (cert-manager's Secret, mounted) is used
   as is; otherwise the controller makes its own CA and serving certificate there and adds the CA to the
   ``caBundle`` of its webhook configuration (each replica its own CA; the bundle keeps the newest few, and
@@ -47,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
 from .. import _decision as d
+from .. import _enrol as e
 from .. import _kube as k
 from .._core import Core, Target
 from .._trainer import TrainJobView
@@ -57,6 +62,7 @@ log = structlog.get_logger("dispatch.guard")
 Obj = dict[str, Any]
 
 PATH = "/validate-trainjob"
+MUTATE_PATH = "/mutate-trainjob"
 BUNDLE_KEEP = 8
 """CAs kept in the caBundle: every live replica's, across a few restarts."""
 REPUBLISH_SECONDS = 60.0
@@ -176,10 +182,11 @@ def merged_bundle(existing: bytes, ours: bytes, *, keep: int = BUNDLE_KEEP) -> b
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chosen)
 
 
-async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
-    """Make every webhook of configuration ``webhook`` trust ``ca_pem``; True if anything was written."""
+async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api.VALIDATING_WEBHOOKS) -> bool:
+    """Make every webhook of configuration ``webhook`` (of kind ``res``) trust ``ca_pem``; True if anything
+    was written."""
     for _ in range(5):
-        obj = await kube.get(api.VALIDATING_WEBHOOKS, webhook)
+        obj = await kube.get(res, webhook)
         hooks = list(obj.get("webhooks") or [])
         changed = False
         for hook in hooks:
@@ -193,7 +200,7 @@ async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
             return False
         body = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}, "webhooks": hooks}
         try:
-            await kube.merge_patch(api.VALIDATING_WEBHOOKS, webhook, body)
+            await kube.merge_patch(res, webhook, body)
             return True
         except Unreachable as exc:
             if exc.code != 409:
@@ -208,10 +215,15 @@ def _view(obj: object) -> TrainJobView | None:
     return TrainJobView.from_obj(obj) if isinstance(obj, dict) and obj else None
 
 
-def response(uid: str, denial: str | None) -> Obj:
+def response(uid: str, denial: str | None, patch: Sequence[Obj] = (), warnings: Sequence[str] = ()) -> Obj:
     out: Obj = {"uid": uid, "allowed": denial is None}
     if denial is not None:
         out["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+    elif patch:
+        out["patchType"] = "JSONPatch"
+        out["patch"] = base64.b64encode(json.dumps(list(patch)).encode()).decode()
+    if warnings:
+        out["warnings"] = list(warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": out}
 
 
@@ -279,6 +291,53 @@ class Guard:
                      user=(request.get("userInfo") or {}).get("username"), message=denial)
         return response(uid, denial)
 
+    async def enrolment(self, request: Obj) -> e.Enrolment:
+        """``_enrol.enrol`` over the object and the runtime it names (read only when it is needed)."""
+        obj = request.get("object")
+        if not isinstance(obj, dict) or str(request.get("operation") or "") != "CREATE":
+            return e.Enrolment()  # the configuration sends creates only; anything else is left alone
+        uid = str(request.get("uid") or "")
+        ref = e.runtime_ref(obj)
+        runtime = None
+        if ref is not None and not e.is_dispatch(obj):
+            kind, name = ref
+            if kind == "TrainingRuntime":
+                namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+                runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
+            else:
+                runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
+        return e.enrol(obj, uid, runtime)
+
+    async def mutate(self, body: Obj, timeout: float) -> Obj:
+        """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a
+        denial naming the field; a runtime that cannot be read in time is a denial too: failing closed)."""
+        request = body.get("request")
+        if not isinstance(request, dict):
+            raise ValueError("not an AdmissionReview: no request")
+        uid = str(request.get("uid") or "")
+        self.reviews += 1
+        started = time.monotonic()
+        try:
+            got = await asyncio.wait_for(self.enrolment(request), timeout)
+            answer = "enrolled" if got.patch else ("denied" if got.denial else "unchanged")
+        except TimeoutError:
+            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime within {timeout:.1f}s; "
+                                             "retry"), "error"
+        except DispatchError as exc:
+            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime: {exc}"), "error"
+        self._answers.labels(answer).inc()
+        self._seconds.observe(time.monotonic() - started)
+        obj = request.get("object") or {}
+        name = request.get("name") or obj.get("metadata", {}).get("name")
+        if got.denial is not None:
+            self.denials += 1
+            log.info("enrolment denied", namespace=request.get("namespace"), name=name,
+                     user=(request.get("userInfo") or {}).get("username"), message=got.denial)
+        elif got.patch:
+            log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
+                     submission=got.submission)
+        return response(uid, got.denial, got.patch, got.warnings)
+
 
 async def _none() -> None:
     return None
@@ -331,13 +390,16 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
         if length > MAX_BODY:
             return None
         body = await reader.readexactly(length) if length else b""
-        if urlsplit(target).path != PATH:
+        path = urlsplit(target).path
+        if path not in (PATH, MUTATE_PATH):
             return _reply(404, b'{"error":"not found"}')
         if method != "POST":
             return _reply(405, b'{"error":"POST an AdmissionReview"}')
         try:
             review = json.loads(body)
-            answer = await guard.review(review if isinstance(review, dict) else {}, _timeout_of(target))
+            review = review if isinstance(review, dict) else {}
+            answer = await (guard.review(review, _timeout_of(target)) if path == PATH
+                            else guard.mutate(review, _timeout_of(target)))
         except ValueError as exc:
             return _reply(400, json.dumps({"error": str(exc)}).encode())
         return _reply(200, json.dumps(answer).encode())
@@ -364,13 +426,16 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
 
 
 async def keep_published(kube: k.Kube, webhook: str, ca_pem: bytes, every: float = REPUBLISH_SECONDS) -> None:
-    """Keep this replica's CA in the webhook configuration's caBundle (another replica may prune it)."""
+    """Keep this replica's CA in the caBundle of the webhook configurations named ``webhook`` (another
+    replica may prune it): the validating one, and the mutating one of enrolment when it is installed."""
     while True:
         await _publish(kube, webhook, ca_pem)
         await asyncio.sleep(every)
 
 
 async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:
+    """Our CA into the validating configuration ``webhook`` and, when installed, enrolment's mutating one
+    of the same name (enrolment is optional: its absence is no warning)."""
     try:
         if await publish_ca(kube, webhook, ca_pem):
             log.info("guard CA published", webhook=webhook)
@@ -378,6 +443,13 @@ async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:
         log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
     except DispatchError as exc:
         log.warning("guard CA not published", webhook=webhook, error=str(exc))
+    try:
+        if await publish_ca(kube, webhook, ca_pem, api.MUTATING_WEBHOOKS):
+            log.info("guard CA published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind)
+    except NotFound:
+        log.debug("no mutating webhook configuration of enrolment; none kept", webhook=webhook)
+    except DispatchError as exc:
+        log.warning("guard CA not published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind, error=str(exc))
 
 
 def _signature(certs: Certs) -> tuple[tuple[int, int], ...]:
@@ -482,5 +554,6 @@ async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Seq
                       webhook=webhook if certs.ca_pem is not None else "", hosts=tuple(hosts), kube=kube)
     running.loaded = _signature(certs)
     running.publisher = asyncio.create_task(_upkeep(running, every))
-    log.info("guard serving", port=bound, path=PATH, webhook=webhook or None, cert=str(certs.cert))
+    log.info("guard serving", port=bound, path=PATH, mutate_path=MUTATE_PATH, webhook=webhook or None,
+             cert=str(certs.cert))
     return running
