@@ -614,7 +614,9 @@ class FakeApiServer:
         for key_, op, values in selector:
             if op == "=":
                 found = self._label_index.get((kind.plural, key_, values[0]), set())
-            elif op in ("exists", "in"):
+            elif op == "in":   # the union of each value's entries (batched reads select many objects so)
+                found = set().union(*(self._label_index.get((kind.plural, key_, v), set()) for v in values))
+            elif op == "exists":
                 found = self._label_index.get((kind.plural, key_, ""), set())
             else:
                 continue
