@@ -7,6 +7,7 @@ in-process fake Kubernetes API for tests.
 """
 
 from ._adapter import Adapter, AsyncAdapter, validate_spec
+from ._enrol import ENROL_LABEL
 from ._names import (
     ANNOTATION_ADMISSION,
     CONTROLLER_NAME,
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "ANNOTATION_ADMISSION",
     "CONTROLLER_NAME",
+    "ENROL_LABEL",
     "LABEL_ADMISSION",
     "LABEL_JOB_ID",
     "LABEL_SUBMISSION",

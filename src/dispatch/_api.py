@@ -66,6 +66,9 @@ SUBMISSION_RECORDS = Res(n.DOMAIN, "v1alpha1", "submissionrecords", "SubmissionR
 VALIDATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                           "ValidatingWebhookConfiguration", namespaced=False, status=False)
 """The guard's own webhook configuration (the controller keeps its caBundle); not served by the fake."""
+MUTATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+                        "MutatingWebhookConfiguration", namespaced=False, status=False)
+"""Enrolment's webhook configuration, of the same name (the controller keeps its caBundle too)."""
 
 ALL: tuple[Res, ...] = (
     PODS, NODES, NAMESPACES, EVENTS, CONFIGMAPS, JOBS, LEASES, TRAINJOBS, CLUSTER_RUNTIMES, RUNTIMES,

@@ -485,7 +485,8 @@ def unmanaged_text(trainjob: TrainJobView) -> str:
             "execution identity (no A), and dispatch does not hold or release it")
 
 
-UNMANAGED_HINT = "to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library)"
+UNMANAGED_HINT = ("to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library), or "
+                  "in a namespace labelled dispatch.phpboyscout.uk/enrol=true (README \"Enrolment\")")
 
 
 def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:
@@ -576,7 +577,7 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     for label, before, after in ((LABEL_JOB_ID, old.job_id, new.job_id),
                                  (LABEL_SUBMISSION, old.submission, new.submission)):
         if before and after != before:
-            verb = "remove" if not after else f"change it to {after!r}"
+            verb = "remove it" if not after else f"change it to {after!r}"
             return f"{what}: dispatch's identity label {label}={before} is kept; this write would {verb}"
     if new.problems:
         return f"{what}: {'; '.join(new.problems)}"
@@ -606,6 +607,11 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     if not new.dispatch_object:
         return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
     a = new.admission
+    if (workload is not None and workload.admitted and not workload.checks
+            and _raised_on(old.token, workload.ref.uid) is None):
+        return (f"{what}: Kueue admitted workload {workload.ref.name} without asking any admission check, so "
+                "dispatch raised no A for it (Kueue v0.19 and later skip the checks of a Workload that is given "
+                "no flavor: add `pods` to the coveredResources of its ClusterQueue)")
     if record is None:
         return f"{what}: {describe_missing(new.job_id, new.submission)} is missing, so no A was issued to it"
     if record.trainjob_uid != new.ref.uid or record.admission != a:

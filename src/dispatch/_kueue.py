@@ -197,3 +197,46 @@ def parse_time(value: str) -> float | None:
         return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------ ClusterQueues that let Workloads skip a check
+
+
+def check_gaps(cluster_queue: Mapping[str, Any], ours: Collection[str]) -> tuple[str, ...]:
+    """Why some Workloads of this ClusterQueue would be admitted without asking one of our checks.
+
+    Kueue applies a ClusterQueue's checks per assigned flavor: a check restricted by ``onFlavors`` is not
+    asked for Workloads given another flavor, and from v0.19 a Workload given no flavor at all (it requests
+    none of the queue's covered resources) is admitted without any check. The guard then refuses its start
+    (no A was raised for it), so the TrainJob stalls instead of running twice; this names the cause where an
+    operator looks (an Event on the ClusterQueue), before a Workload hits it.
+    """
+    spec = mapping(cluster_queue.get("spec"))
+    named: dict[str, tuple[str, ...] | None] = {}
+    for name in spec.get("admissionChecks") or []:      # v1beta1, deprecated: every flavor
+        if isinstance(name, str) and name in ours:
+            named[name] = None
+    for entry in items(mapping(spec.get("admissionChecksStrategy")).get("admissionChecks")):
+        name = text(entry.get("name"))
+        if name in ours:
+            flavors = tuple(f for f in entry.get("onFlavors") or [] if isinstance(f, str))
+            named[name] = flavors or None
+    if not named:
+        return ()
+    groups = items(spec.get("resourceGroups"))
+    all_flavors = sorted({text(f.get("name")) for g in groups for f in items(g.get("flavors")) if f.get("name")})
+    covered = sorted({r for g in groups for r in g.get("coveredResources") or [] if isinstance(r, str)})
+    gaps: list[str] = []
+    for name in sorted(named):
+        only = named[name]
+        if only is not None:
+            skipped = [f for f in all_flavors if f not in only]
+            if skipped:
+                gaps.append(f"Workloads given flavor {', '.join(skipped)} skip check {name} (its onFlavors names "
+                            f"only {', '.join(only)})")
+    if "pods" not in covered:
+        checks = ", ".join(sorted(named))
+        gaps.append(f"a Workload that requests none of {', '.join(covered) or 'its covered resources'} is given "
+                    f"no flavor, and Kueue v0.19 and later admit it without asking check {checks}: add `pods` to "
+                    "the coveredResources of a resource group")
+    return tuple(gaps)

@@ -224,17 +224,18 @@ def identity_env() -> list[Obj]:
             for var, label in ENV_FROM_LABELS]
 
 
-def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec) -> Obj:
+def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec | None = None) -> Obj:
     """dispatch's own runtime patch entry: identity labels, dispatch's pod finalizer (so a pod that may
     still run stays in the API even after a force delete, until dispatch proves its end) and the user's
-    pod settings, per replicatedJob."""
+    pod settings, per replicatedJob. ``spec`` None: no pod settings (an enrolled TrainJob's entry, which
+    is otherwise exactly what ``open`` writes)."""
     pod_template: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
-    if spec.pod_annotations:
+    if spec is not None and spec.pod_annotations:
         pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
     pod_spec: Obj = {}
-    if spec.termination_grace_period_seconds is not None:
+    if spec is not None and spec.termination_grace_period_seconds is not None:
         pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
-    if spec.node_selector:
+    if spec is not None and spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if pod_spec:
         pod_template["spec"] = pod_spec

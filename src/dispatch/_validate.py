@@ -217,6 +217,21 @@ def _kueue(problems: Problems, spec: JobSpec) -> None:
             _bad(problems, field, f"{text!r} {problem}")
 
 
+KUEUE_DROPS_GRACE = (
+    "is not kept under a queue: Kueue admits a TrainJob with a whole-object update built on its own copy of "
+    "Trainer's API (v2.2 in Kueue v0.17 to v0.19), which drops terminationGracePeriodSeconds from every "
+    "runtime patch, and the TrainJob then never starts (its JobSet's grace period is immutable); set it in "
+    "the training runtime instead"
+)
+
+
+def _grace_under_kueue(problems: Problems, spec: JobSpec) -> None:
+    """Found on the testbed's newer stack (docs/findings.md, "Two stacks"): refused before anything is
+    written, rather than a TrainJob that Kueue admits and that never runs."""
+    if spec.queue is not None and isinstance(spec.termination_grace_period_seconds, int):
+        _bad(problems, "termination_grace_period_seconds", KUEUE_DROPS_GRACE, "FieldValueNotSupported")
+
+
 def _resources(problems: Problems, spec: JobSpec) -> None:
     for key, value in _str_map(problems, "resources_per_node", spec.resources_per_node):
         field = f"resources_per_node[{key}]"
@@ -290,6 +305,7 @@ def spec_problems(spec: Any) -> tuple[str, Problems]:
     _int(problems, "num_nodes", spec.num_nodes, 1)
     _int(problems, "termination_grace_period_seconds", spec.termination_grace_period_seconds, 0)
     _kueue(problems, spec)
+    _grace_under_kueue(problems, spec)
     _resources(problems, spec)
     _env(problems, spec)
     _labels(problems, spec)

@@ -761,3 +761,26 @@ def test_ctrl_c_during_a_release_call_lets_it_finish_first() -> None:
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, inherited)
+
+
+def test_admin_release_pod_refusals_say_what_proof_is_missing(cli: Cli, running: Callable[[], str]) -> None:
+    """dispatch refuses these itself (the cluster was never asked), so the hint names the missing proof."""
+    name = running()
+    obj = cli.cluster.pods(name)[0]
+    pod, node = obj["metadata"]["name"], obj["spec"]["nodeName"]
+    ready = cli("admin", "release-pod", pod, "--node-confirmed-down")
+    assert ready.exit_code == EXIT_REFUSED
+    assert "is Ready=True: its kubelet is answering" in ready.output and "restart it" in ready.output
+    cli.cluster.freeze_node(node)
+    cli.cluster.force_delete(pod)
+    unproven = cli("admin", "release-pod", pod)
+    assert unproven.exit_code == EXIT_REFUSED
+    assert "end is unproven" in unproven.output and "confirm outside Kubernetes" in unproven.output
+    assert "the cluster refused" not in unproven.output
+    released = cli("admin", "release-pod", pod, "--node-confirmed-down")
+    assert released.exit_code == 0 and f"released pod {pod} (end: operator-confirmed)" in released.output
+    assert cli.cluster.server.get("", "pods", "default", pod) is None
+    cli.cluster.taint_out_of_service(node)  # the operator's word, for the fake's process too
+    cli.cluster.server.create("", "pods", "default", {"metadata": {"name": "foreign"}, "spec": {}})
+    foreign = cli("admin", "release-pod", "foreign")
+    assert foreign.exit_code == EXIT_REFUSED and "others belong to whoever set them" in foreign.output

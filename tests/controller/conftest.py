@@ -38,15 +38,6 @@ async def quiet(seconds: float = 0.2) -> None:
 
 
 @pytest.fixture
-def cluster() -> FakeCluster:
-    c = FakeCluster()
-    c.add_runtime()
-    for name in ("node-0", "node-1", "node-2"):
-        c.add_node(name)
-    return c
-
-
-@pytest.fixture
 def kueue(cluster: FakeCluster) -> FakeKueue:
     kq = FakeKueue(cluster)
     kq.install()

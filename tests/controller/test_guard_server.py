@@ -7,6 +7,7 @@ kept-alive connection (as the API server sends them).
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import datetime as dt
 import json
@@ -152,3 +153,206 @@ def test_the_bundle_keeps_every_live_replicas_ca_and_drops_expired_ones() -> Non
     kept = x509.load_pem_x509_certificates(g.merged_bundle(many, ours, keep=4))
     assert len(kept) == 4 and kept[0] == x509.load_pem_x509_certificate(ours)
     assert g.merged_bundle(b"garbage", ours) == ours
+
+
+# ---------------------------------------------------------------- enrolment (/mutate-trainjob)
+
+
+def sdk_create(name: str, runtime: Obj | None = None, labels: Obj | None = None) -> Obj:
+    """A TrainJob as the Kubeflow SDK creates it: no dispatch field at all."""
+    return {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": "default", **({"labels": labels} if labels else {})},
+            "spec": {"runtimeRef": runtime or {"name": "torch-distributed", "kind": "ClusterTrainingRuntime"},
+                     "trainer": {"image": "example.invalid/train", "numNodes": 1}}}
+
+
+def create_review(obj: Obj, uid: str) -> bytes:
+    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+        "uid": uid, "operation": "CREATE", "namespace": "default", "name": obj["metadata"]["name"],
+        "object": obj, "oldObject": None, "userInfo": {"username": "sdk-user"}}}).encode()
+
+
+def patched(obj: Obj, answer: Obj) -> Obj:
+    """The object with the answer's JSONPatch applied (add ops, as enrolment sends)."""
+    out = copy.deepcopy(obj)
+    assert answer["patchType"] == "JSONPatch"
+    for op in json.loads(base64.b64decode(answer["patch"])):
+        assert op["op"] == "add"
+        *parents, last = [t.replace("~1", "/") for t in op["path"].split("/")[1:]]
+        node: Any = out
+        for part in parents:
+            node = node[part]
+        if last == "-":
+            node.append(op["value"])
+        else:
+            node[last] = op["value"]
+    return out
+
+
+async def test_an_sdk_create_is_enrolled_over_tls_and_then_released_by_dispatch(
+        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+    cluster.server.create(api.RUNTIMES.group, "trainingruntimes", "default", {
+        "metadata": {"name": "mine", "namespace": "default"},
+        "spec": {"template": {"spec": {"replicatedJobs": [{"name": "launcher"}, {"name": "worker"}]}}}})
+    sdk = sdk_create("uafe94fe6d9a")
+    own = sdk_create("own-runtime", {"name": "mine", "kind": "TrainingRuntime"})
+    lost = sdk_create("lost-runtime", {"name": "gone", "kind": "ClusterTrainingRuntime"})
+    bad = sdk_create("bad-label", labels={"dispatch.phpboyscout.uk/job-id": "Not Valid"})
+    registry = CollectorRegistry()
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="", registry=registry)
+    try:
+        answers = await post(running.port, tmp_path / "certs" / "ca.crt", [
+            create_review(sdk, "8d2f3c1e-0000-4000-8000-00000000000a"), create_review(own, "u-2"),
+            create_review(lost, "u-3"), create_review(bad, "u-4")], path=g.MUTATE_PATH)
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "enrolled"}) == 2
+        assert registry.get_sample_value("dispatch_guard_reviews_total", {"answer": "denied"}) == 2
+    finally:
+        await running.close()
+    assert [status for status, _ in answers] == [200] * 4
+    (_, one), (_, two), (_, three), (_, four) = answers
+    first = one["response"]
+    assert first["uid"] == "8d2f3c1e-0000-4000-8000-00000000000a" and first["allowed"] is True
+    assert first["warnings"] == ["dispatch enrolled this TrainJob as uafe94fe6d9a/8d2f3c1e-0000-4000-8000-"
+                                 "00000000000a, suspended: `dispatch release uafe94fe6d9a` starts it"]
+    enrolled = patched(sdk, first)
+    # the namespaced runtime was read: its two replicatedJobs are targeted
+    entry = patched(own, two["response"])["spec"]["runtimePatches"][0]
+    assert [rj["name"] for rj in entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]] == [
+        "launcher", "worker"]
+    assert three["response"]["allowed"] is False and three["response"]["status"]["message"] == (
+        "trainjob lost-runtime cannot be enrolled in dispatch: spec.runtimeRef.name: ClusterTrainingRuntime gone "
+        "not found")
+    assert "metadata.labels[dispatch.phpboyscout.uk/job-id] 'Not Valid'" in four["response"]["status"]["message"]
+    assert "patch" not in four["response"]
+
+    # what the API server stores is an ordinary held dispatch object: dispatch's release admits it
+    cluster.server.create(api.TRAINJOBS.group, "trainjobs", "default", enrolled)
+    status = await adapter.inspect("uafe94fe6d9a")
+    assert status.state.value == "Held" and status.identity is not None
+    assert (status.identity.job_id, status.identity.submission) == ("uafe94fe6d9a",
+                                                                    "8d2f3c1e-0000-4000-8000-00000000000a")
+    ident = await adapter.release("uafe94fe6d9a")
+    assert ident.admission == 1
+    cluster.settle()
+    [pod] = cluster.pods("uafe94fe6d9a")
+    assert pod["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] == "1"
+    assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
+
+
+async def test_only_creates_are_enrolled_and_a_slow_runtime_read_is_a_denial(kube: k.Kube) -> None:
+    guard = g.Guard(kube)
+    update = json.loads(create_review(sdk_create("x"), "u-1"))
+    update["request"]["operation"] = "UPDATE"
+    assert (await guard.mutate(update, timeout=5))["response"] == {"uid": "u-1", "allowed": True}
+    slow = (await guard.mutate(json.loads(create_review(sdk_create("x"), "u-2")), timeout=0.0))["response"]
+    assert slow["allowed"] is False
+    assert slow["status"]["message"].startswith("the guard could not read the TrainJob's runtime within")
+
+
+# --------------------------------------------------------------------------- certificates that end
+
+
+def test_renewal_is_due_ahead_of_the_end(tmp_path: Path) -> None:
+    short = g.generate_certs(tmp_path / "short", ["localhost"], days=10)
+    long = g.generate_certs(tmp_path / "long", ["localhost"], days=365)
+    assert g.renewal_due(short.cert) and not g.renewal_due(long.cert)
+    assert g.renewal_due(long.cert, before=dt.timedelta(days=400))
+    (tmp_path / "garbage.crt").write_text("not a certificate")
+    assert g.renewal_due(tmp_path / "garbage.crt") and g.renewal_due(tmp_path / "missing.crt")
+
+
+def test_a_due_certificate_of_our_own_is_replaced_at_start_and_a_mounted_one_is_not(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    due = g.generate_certs(tmp_path, ["localhost"], days=10)
+    assert g.load_or_generate(tmp_path, ["localhost"], renew=False) == due   # someone else publishes its CA
+    renewed = g.load_or_generate(tmp_path, ["localhost"])
+    assert renewed.ca_pem != due.ca_pem and not g.renewal_due(renewed.cert)
+    mounted = g.generate_certs(tmp_path, ["localhost"], days=10)
+    monkeypatch.setattr(g, "renewable", lambda directory: False)          # a read-only Secret volume
+    assert g.load_or_generate(tmp_path, ["localhost"]) == mounted
+
+
+async def test_a_running_guard_renews_its_certificate_publishing_the_new_ca_first(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Path, monkeypatch: Any) -> None:
+    cluster.server.register_kind(api.VALIDATING_WEBHOOKS)
+    cluster.server.create("admissionregistration.k8s.io", "validatingwebhookconfigurations", "", {
+        "metadata": {"name": "dispatch-guard"}, "webhooks": [
+            {"name": "guard.dispatch.phpboyscout.uk", "clientConfig": {"url": "https://127.0.0.1/validate-trainjob"}}]})
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="dispatch-guard", every=3600)
+    try:
+        await running.refresh(switch_delay=0)        # what the first round of upkeep does: publish
+        first = (tmp_path / "certs" / "ca.crt").read_bytes()
+        (tmp_path / "first-ca.crt").write_bytes(first)
+        assert (await post(running.port, tmp_path / "first-ca.crt", [b"{}"]))[0][0] == 400   # served, trusted
+        monkeypatch.setattr(g, "RENEW_BEFORE", dt.timedelta(days=400))        # the end is now near
+        await running.refresh(switch_delay=0)
+        second = (tmp_path / "certs" / "ca.crt").read_bytes()
+        assert second != first and running.certs.ca_pem == second
+        hook = cluster.server.get("admissionregistration.k8s.io", "validatingwebhookconfigurations", "",
+                                  "dispatch-guard")
+        assert hook is not None
+        bundle = base64.b64decode(hook["webhooks"][0]["clientConfig"]["caBundle"])
+        assert first.strip() in bundle and second.strip() in bundle         # old and new both trusted
+        # new connections get the certificate the new CA signed; the old CA no longer verifies it
+        assert (await post(running.port, tmp_path / "certs" / "ca.crt", [b"{}"]))[0][0] == 400
+        try:
+            await post(running.port, tmp_path / "first-ca.crt", [b"{}"])
+            raise AssertionError("the old certificate is still served")
+        except ssl.SSLCertVerificationError:
+            pass
+    finally:
+        await running.close()
+
+
+async def test_files_replaced_by_their_owner_are_served_without_a_restart(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+    """cert-manager renews its Secret in place; the guard must serve the new files (else, with
+    failurePolicy Fail, every start is refused once the old certificate ends)."""
+    mounted = tmp_path / "mounted"
+    g.generate_certs(mounted, ["localhost", "127.0.0.1"])
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(mounted),
+                            hosts=["localhost"], webhook="", every=3600)
+    try:
+        renewed = g.generate_certs(tmp_path / "renewed", ["localhost", "127.0.0.1"])
+        for name in ("tls.key", "tls.crt", "ca.crt"):
+            (mounted / name).write_bytes((tmp_path / "renewed" / name).read_bytes())
+        await running.refresh(switch_delay=0)
+        assert running.reloads == 1 and running.certs.ca_pem == renewed.ca_pem
+        assert (await post(running.port, tmp_path / "renewed" / "ca.crt", [b"{}"]))[0][0] == 400
+        await running.refresh(switch_delay=0)
+        assert running.reloads == 1                      # unchanged files are not reloaded again
+    finally:
+        await running.close()
+
+
+async def test_a_renewed_ca_is_published_to_enrolments_mutating_configuration_too(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Path, monkeypatch: Any) -> None:
+    """Enrolment's webhook (same name) must trust the guard's CA as the validating one does, or every
+    create in an enrolled namespace is refused (failurePolicy Fail)."""
+    for res, plural, path in ((api.VALIDATING_WEBHOOKS, "validatingwebhookconfigurations", g.PATH),
+                              (api.MUTATING_WEBHOOKS, "mutatingwebhookconfigurations", g.MUTATE_PATH)):
+        cluster.server.register_kind(res)
+        cluster.server.create("admissionregistration.k8s.io", plural, "", {
+            "metadata": {"name": "dispatch-guard"}, "webhooks": [
+                {"name": "x.dispatch.phpboyscout.uk", "clientConfig": {"url": f"https://127.0.0.1{path}"}}]})
+
+    def bundle(plural: str) -> bytes:
+        hook = cluster.server.get("admissionregistration.k8s.io", plural, "", "dispatch-guard")
+        assert hook is not None
+        return base64.b64decode(hook["webhooks"][0]["clientConfig"].get("caBundle") or "")
+
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="dispatch-guard", every=3600)
+    try:
+        await running.refresh(switch_delay=0)
+        first = (tmp_path / "certs" / "ca.crt").read_bytes()
+        assert first.strip() in bundle("mutatingwebhookconfigurations")
+        monkeypatch.setattr(g, "RENEW_BEFORE", dt.timedelta(days=400))
+        await running.refresh(switch_delay=0)
+        second = (tmp_path / "certs" / "ca.crt").read_bytes()
+        for plural in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+            assert first.strip() in bundle(plural) and second.strip() in bundle(plural)
+    finally:
+        await running.close()

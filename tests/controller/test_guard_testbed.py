@@ -62,6 +62,17 @@ def guard_docs() -> dict[str, Obj]:
     return {d["kind"]: d for d in yaml.safe_load_all(GUARD_YAML.read_text()) if d}
 
 
+def scoped_mutating(ns: str, port: int, name: str) -> Obj:
+    """Enrolment's webhook of ``deploy/base/guard.yaml``, renamed, at ``127.0.0.1:port``, for ``ns`` only
+    once it carries the opt-in label (the shipped namespaceSelector, narrowed to the test's namespace)."""
+    hook = copy.deepcopy(guard_docs()["MutatingWebhookConfiguration"])
+    hook["metadata"] = {"name": name}
+    for w in hook["webhooks"]:
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{g_.MUTATE_PATH}"}
+        w["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = ns
+    return hook
+
+
 def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
     """The deployed guard's objects, renamed and narrowed to ``ns``, the webhook at ``127.0.0.1:port``."""
     docs = guard_docs()
@@ -131,16 +142,21 @@ async def guard_on(tmp: Path) -> AsyncIterator[Guarded]:
 
 @asynccontextmanager
 async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path | None = None,
-                    publish: bool = True) -> AsyncIterator[Guarded]:
+                    publish: bool = True, enrolment: bool = False) -> AsyncIterator[Guarded]:
     """The guard for ``ns``: its configuration and policy, and a controller serving it. ``publish=False``:
-    the test puts the CA into the caBundle itself (the controller is not allowed to)."""
+    the test puts the CA into the caBundle itself (the controller is not allowed to). ``enrolment``: also
+    enrolment's mutating webhook (same name; the controller publishes its CA there too), which acts once
+    the test labels ``ns`` with the opt-in label."""
     port, name = free_port(), f"dispatch-guard-{ns}"
     hook, policy, binding = scoped(ns, port, name)
+    mutating = scoped_mutating(ns, port, name)
     if not publish:
         ca = g_.generate_certs(tmp / "certs", ["localhost", "127.0.0.1"]).ca_pem
         assert ca is not None
-        for w in hook["webhooks"]:
+        for w in [*hook["webhooks"], *mutating["webhooks"]]:
             w["clientConfig"]["caBundle"] = base64.b64encode(ca).decode()
+    if enrolment:
+        await kube.create(api.MUTATING_WEBHOOKS, mutating)
     await kube.create(api.VALIDATING_WEBHOOKS, hook)
     await kube.create(POLICIES, policy)
     await kube.create(BINDINGS, binding)
@@ -150,7 +166,8 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
                                          kubeconfig_path=kubeconfig_path) as proc:
             async def published() -> bool:
                 got = await kube.get(api.VALIDATING_WEBHOOKS, name)
-                return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
+                mutating = [await kube.get(api.MUTATING_WEBHOOKS, name)] if enrolment else []
+                return all(w["clientConfig"].get("caBundle") for c in (got, *mutating) for w in c["webhooks"])
             await until(published, what="the guard's CA in the caBundle")
             await until(lambda: _probe_denied(kube, ns), what="the guard answering")
             yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(kube))
@@ -158,6 +175,8 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
         await kube.delete(BINDINGS, name)
         await kube.delete(POLICIES, name)
         await kube.delete(api.VALIDATING_WEBHOOKS, name)
+        if enrolment:
+            await kube.delete(api.MUTATING_WEBHOOKS, name)
 
 
 async def release(g: Guarded, name: str) -> int:
@@ -339,3 +358,48 @@ async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:
     await until(lambda: is_running(g.kube, "kh-s1"), what="running again as A=2")
     assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, "kh-s1"))] == ["2"]
 
+
+
+async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answers(
+        testbed_kubeconfig: str, tmp_path: Path) -> None:
+    """The Deployment runs two replicas, each with a CA of its own in an emptyDir: both CAs must stay in
+    the caBundle, so the API server trusts whichever replica the Service picks, and with one replica
+    gone the other still answers (on the testbed the webhook's URL stands in for the Service)."""
+    path = running_testbed_kubeconfig()
+    if path is None:
+        pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
+    async with controller_env(path) as (kube, ns, _):
+        ports = (free_port(), free_port())
+        name = f"dispatch-guard-{ns}"
+        hook, _, _ = scoped(ns, ports[0], name)
+        await kube.create(api.VALIDATING_WEBHOOKS, hook)
+
+        async def point_at(port: int) -> None:
+            got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+            for w in got["webhooks"]:
+                w["clientConfig"]["url"] = f"https://127.0.0.1:{port}/validate-trainjob"
+            await kube.replace(api.VALIDATING_WEBHOOKS, name, got)
+
+        def replica(i: int) -> Any:
+            return subprocess_controller(ns, "--guard-port", str(ports[i]), "--guard-cert-dir",
+                                         str(tmp_path / f"certs-{i}"), "--guard-webhook", name,
+                                         log=tmp_path / f"replica-{i}.log")
+        try:
+            async with replica(0) as first, replica(1):
+                cas = [tmp_path / f"certs-{i}" / "ca.crt" for i in (0, 1)]
+                await until(lambda: all(p.is_file() for p in cas), what="both replicas' CAs")
+
+                async def both_trusted() -> bool:
+                    got = await kube.get(api.VALIDATING_WEBHOOKS, name)
+                    return all(all(p.read_bytes().strip() in base64.b64decode(
+                        w["clientConfig"].get("caBundle") or "") for p in cas) for w in got["webhooks"])
+                await until(both_trusted, timeout=60, what="both CAs in the caBundle")
+                await until(lambda: _probe_denied(kube, ns), what="replica 0 answering")
+                await point_at(ports[1])
+                await until(lambda: _probe_denied(kube, ns), what="replica 1 answering, trusted")
+                first.proc.terminate()
+                first.proc.wait(10)
+                assert await _probe_denied(kube, ns)          # the other replica alone still guards
+                assert await both_trusted()                    # and a stopped replica's CA is not pruned
+        finally:
+            await kube.delete(api.VALIDATING_WEBHOOKS, name)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx2
 import pytest
@@ -17,7 +18,7 @@ from dispatch.controller._queue import WorkQueue
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
 
-from .conftest import BASE, running, until
+from .conftest import BASE, quiet, running, until
 
 
 async def test_queue_holds_a_key_once_and_runs_a_key_readded_while_processed_once_more() -> None:
@@ -118,3 +119,38 @@ def test_run_from_cli_reports_a_missing_kubeconfig(tmp_path: object, capsys: pyt
     structlog.reset_defaults()
     assert code == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+async def test_a_cluster_queue_that_lets_workloads_skip_the_check_gets_a_warning_event(
+        cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube, admin: k.Kube) -> None:
+    """Kueue v0.19 admits a Workload given no flavor without asking any check: a queue of ours that does
+    not cover `pods` is named in an Event (where `kubectl describe clusterqueue` shows it) and counted."""
+    from dispatch.controller._checks import GAPS_REASON
+
+    def gap_events() -> list[dict[str, Any]]:
+        return [e for e in cluster.server.objects("", "events", "default") if e.get("reason") == GAPS_REASON]
+
+    await admin.create(k.CLUSTER_QUEUES, {"metadata": {"name": "cq-cpu-only"}, "spec": {
+        "admissionChecksStrategy": {"admissionChecks": [{"name": kueue.check}]},
+        "resourceGroups": [{"coveredResources": ["cpu"], "flavors": [
+            {"name": "default", "resources": [{"name": "cpu", "nominalQuota": "8"}]}]}]}})
+    await admin.create(k.CLUSTER_QUEUES, {"metadata": {"name": "cq-other-check"}, "spec": {
+        "admissionChecksStrategy": {"admissionChecks": [{"name": "someone-elses"}]}}})
+    async with running(kube) as ctl:
+        await until(lambda: len(gap_events()) == 1, what="a Warning Event on the ClusterQueue")
+        [event] = gap_events()
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "ClusterQueue" and event["involvedObject"]["name"] == "cq-cpu-only"
+        assert "namespace" not in event["involvedObject"]
+        assert event["message"] == (
+            "ClusterQueue cq-cpu-only lets Workloads skip dispatch's admission check: a Workload that requests "
+            f"none of cpu is given no flavor, and Kueue v0.19 and later admit it without asking check {kueue.check}:"
+            " add `pods` to the coveredResources of a resource group")
+        assert ctl.metrics.queue_gaps._value.get() == 1
+        # fixed by the operator: the gauge clears and nothing more is said
+        await admin.merge_patch(k.CLUSTER_QUEUES, "cq-cpu-only", {"spec": {"resourceGroups": [
+            {"coveredResources": ["cpu", "pods"], "flavors": [{"name": "default", "resources": [
+                {"name": "cpu", "nominalQuota": "8"}, {"name": "pods", "nominalQuota": "100"}]}]}]}})
+        await until(lambda: ctl.metrics.queue_gaps._value.get() == 0, what="the gap cleared")
+        await quiet()
+        assert len(gap_events()) == 1

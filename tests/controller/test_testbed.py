@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec, State
+from dispatch import ANNOTATION_ADMISSION, ENROL_LABEL, AsyncAdapter, JobSpec, State
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
 
@@ -454,14 +454,16 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
 
 async def test_the_guard_reads_with_only_the_controllers_service_account(
         rbac: tuple[k.Kube, str], tmp_path: Path) -> None:
-    """The controller's own token (deploy/base/rbac.yaml): the guard's consistent read needs nothing more,
-    and its caBundle write is allowed on its own webhook configuration only."""
+    """The controller's own token (deploy/base/rbac.yaml): the guard's consistent read and enrolment's
+    runtime read need nothing more, and its caBundle writes are allowed on its own webhook configurations
+    only."""
     kube, ns = rbac
-    wh = ("admissionregistration.k8s.io", "validatingwebhookconfigurations")
-    assert await _can(kube, "controller", ns, "get", *wh, name="dispatch-guard")
-    assert await _can(kube, "controller", ns, "patch", *wh, name="dispatch-guard")
-    assert not await _can(kube, "controller", ns, "patch", *wh, name="other")
-    assert not await _can(kube, "controller", ns, "list", *wh)
+    for plural in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):
+        wh = ("admissionregistration.k8s.io", plural)
+        assert await _can(kube, "controller", ns, "get", *wh, name="dispatch-guard")
+        assert await _can(kube, "controller", ns, "patch", *wh, name="dispatch-guard")
+        assert not await _can(kube, "controller", ns, "patch", *wh, name="other")
+        assert not await _can(kube, "controller", ns, "list", *wh)
     token = subprocess.run(
         [_kubectl(), "--kubeconfig", str(kubeconfig()), "-n", ns, "create", "token", "controller"],
         check=True, capture_output=True, text=True).stdout.strip()
@@ -473,10 +475,18 @@ async def test_the_guard_reads_with_only_the_controllers_service_account(
               "current-context": "sa"}
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
-    async with guard_installed(kube, ns, tmp_path, kubeconfig_path=path, publish=False) as got:
+    async with guard_installed(kube, ns, tmp_path, kubeconfig_path=path, publish=False, enrolment=True) as got:
         name, pods = await guard_held(got, "sa")
         denied = guard_unsuspend(ns, name)
         assert denied.returncode != 0 and f"cannot start: remaining pods: {pods[0]} on " in denied.stderr
+        # enrolment, served with the same token: the runtime it names is read, the create is enrolled
+        await kube.merge_patch(k.NAMESPACES, ns, {"metadata": {"labels": {ENROL_LABEL: "true"}}})
+        await kube.create(k.TRAINJOBS, {"apiVersion": k.TRAINJOBS.api_version, "kind": "TrainJob",
+                                        "metadata": {"name": "sdk-made"},
+                                        "spec": {"runtimeRef": {"name": "torch-distributed"}}})
+        made = await AsyncAdapter(kube).inspect("sdk-made")
+        assert made.managed and made.state is State.HELD and made.identity is not None
+        assert made.identity.job_id == "sdk-made"
     text = (tmp_path / "controller.log").read_text()
     assert "forbidden" not in text.lower(), text[-2000:]
 

@@ -178,7 +178,8 @@ def guard_objects(docs: list[Obj]) -> list[tuple[str, str]]:
 
 def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Path]) -> None:
     on = chart(tools)
-    assert guard_objects(on) == [("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+    assert guard_objects(on) == [("MutatingWebhookConfiguration", "dispatch-guard"),
+                                 ("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
                                  ("ValidatingWebhookConfiguration", "dispatch-guard")]
     c = container(on)
@@ -186,11 +187,17 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
     assert {"name": "guard", "containerPort": 9443} in c["ports"] and c["volumeMounts"] == [GUARD_MOUNT]
 
     # In another namespace the webhook calls the Service there (the controller's certificate follows it).
-    [hook] = [d for d in _docs(subprocess.run(
+    elsewhere = _docs(subprocess.run(
         [str(tools[0]), "template", "dispatch", str(CHART), "--namespace", "ml-platform"],
-        capture_output=True, text=True, check=True).stdout) if d["kind"] == "ValidatingWebhookConfiguration"]
+        capture_output=True, text=True, check=True).stdout)
+    [hook] = [d for d in elsewhere if d["kind"] == "ValidatingWebhookConfiguration"]
     assert hook["webhooks"][0]["clientConfig"]["service"] == {
         "name": "dispatch-guard", "namespace": "ml-platform", "path": "/validate-trainjob", "port": 443}
+    # enrolment's mutating webhook: the same Service, its own path, opted-in namespaces only
+    [mutating] = [d for d in elsewhere if d["kind"] == "MutatingWebhookConfiguration"]
+    assert mutating["webhooks"][0]["clientConfig"]["service"] == {
+        "name": "dispatch-guard", "namespace": "ml-platform", "path": "/mutate-trainjob", "port": 443}
+    assert mutating["webhooks"][0]["namespaceSelector"] == {"matchLabels": {"dispatch.phpboyscout.uk/enrol": "true"}}
 
     off = chart(tools, "guard.enabled=false")
     # The CEL policy needs no server, so it stays: A and the started mark still only rise.

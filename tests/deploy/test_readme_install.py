@@ -71,6 +71,8 @@ def test_the_install_section_works_as_written(testbed_kubeconfig: str, tmp_path:
         # every later start of a dispatch TrainJob on this testbed (failurePolicy Fail)
         testbed.kubectl("delete", "validatingwebhookconfiguration", "dispatch-guard", "--ignore-not-found",
                         check=False)
+        testbed.kubectl("delete", "mutatingwebhookconfiguration", "dispatch-guard", "--ignore-not-found",
+                        check=False)
         testbed.kubectl("delete", "serviceaccount", "scraper", "-n", "default", "--ignore-not-found", check=False)
     install, metrics, helm = outputs
     assert "admissioncheck.kueue.x-k8s.io/dispatch condition met" in install

@@ -77,6 +77,23 @@ def lost_node() -> FakeCluster:
     return cluster
 
 
+def force_deleted() -> FakeCluster:
+    """lost-node after someone force-deleted the pod (``kubectl delete --force --grace-period=0``): its
+    process may run on, and dispatch's finalizer keeps it in the API with a deletionTimestamp."""
+    cluster = lost_node()
+    cluster.force_delete(cluster.pods("llama-s1")[0]["metadata"]["name"])
+    return cluster
+
+
+def held_gone() -> FakeCluster:
+    """held-terminating once its kubelet confirmed the pod's end (Failed, every container terminated);
+    with no controller running, dispatch's finalizer still holds the ended pod in the API."""
+    cluster = held_terminating()
+    cluster.advance(60)
+    cluster.settle()
+    return cluster
+
+
 def lost_node_tainted() -> FakeCluster:
     """lost-node after the operator's out-of-service taint, before PodGC has deleted the pod."""
     cluster = lost_node()
@@ -174,9 +191,7 @@ def _delete_record(cluster: FakeCluster) -> None:
 
 def record_missing() -> FakeCluster:
     """llama-s1 ran as A=1 and was held; its pod is gone; then its identity record was deleted."""
-    cluster = held_terminating()
-    cluster.advance(60)
-    cluster.settle()
+    cluster = held_gone()
     _delete_record(cluster)
     return cluster
 
@@ -255,6 +270,8 @@ SCENARIOS: dict[str, Callable[[], FakeCluster]] = {
     "held-terminating": held_terminating,
     "lost-node": lost_node,
     "lost-node-tainted": lost_node_tainted,
+    "force-deleted": force_deleted,
+    "held-gone": held_gone,
     "lost-node-collected": lost_node_collected,
     "kueue-waiting": kueue_waiting,
     "controller-down": controller_down,

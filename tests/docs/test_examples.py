@@ -7,11 +7,19 @@ The conventions a page follows (a marker is an HTML comment on its own, right be
   ``AsyncAdapter.connect`` without ``transport=`` reach that cluster (kubeconfig and context are
   ignored), every API request moves its clock one second and steps its controllers, and ``time.sleep``
   moves the clock instead of waiting. After the block, the cluster's overlap checker must pass.
+* Both run as a user, never as the cluster's admin: with the shipped roles ``dispatch-writer`` and
+  ``dispatch-node-reader`` (``--read-only``, ``read_only=True``: ``dispatch-reader`` and
+  ``dispatch-node-reader``; ``dispatch admin ...``: ``dispatch-admin`` alone), and a block fails if any
+  request of it was refused, even one the command got over. A Python block that passes its own
+  ``transport=`` keeps it.
 * ```` ```console ```` blocks **run**: each ``$ dispatch ...`` line is the real command, against the
   scenario's cluster (one cluster per block, not stepped: it stays in the state the page describes).
   The lines up to the next ``$`` are its expected output, compared by doctest's rules (``...`` matches
   anything; runs of whitespace compare equal). A last line ``[exit status N]`` expects that exit code;
-  otherwise it must be 0.
+  otherwise it must be 0. A ``$ kubectl patch trainjob NAME --type merge -p BODY`` line is the write
+  anyone with patch on TrainJobs can type, played against the deployed guard: the patched TrainJob goes
+  to the real guard (``dispatch.controller._guard.Guard``, reading with the controller's shipped role),
+  and a denial prints what kubectl prints for it (exit 1); an allowed patch is applied.
 * ``<!-- example: cluster REASON -->`` and ``<!-- example: testbed REASON -->`` mark a block that needs a
   real cluster (or the local testbed). Nothing runs, but Python in it (also a ``python - <<'PY'``
   heredoc) must compile and may use only public names of ``dispatch``, ``dispatch.errors`` and
@@ -26,9 +34,11 @@ Any block that is neither Python nor a console session must carry one of these m
 from __future__ import annotations
 
 import ast
+import asyncio
 import doctest
 import functools
 import importlib
+import json
 import re
 import shlex
 import textwrap
@@ -46,7 +56,10 @@ from typer.testing import CliRunner
 
 import dispatch
 from dispatch import Adapter, AsyncAdapter
+from dispatch import _api as api
+from dispatch import _kube as k
 from dispatch.cli import CliState, Settings, app
+from dispatch.controller._guard import Guard
 from dispatch.testing import FakeCluster
 
 from .scenarios import ENVIRONMENTS, SCENARIOS, STEPPING
@@ -158,20 +171,23 @@ def root_command() -> Any:
     return typer.main.get_command(app)
 
 
-def parse_command(argv: list[str], where: str) -> None:
+def parse_command(argv: list[str], where: str) -> list[str]:
     """Resolve the command path and parse every option with the real parser; nothing is invoked.
 
-    A group is whatever has ``resolve_command``.
+    Returns the command path (``["admin", "release-pod"]``). A group is whatever has ``resolve_command``.
     """
     cmd = root_command()
     ctx = cmd.make_context("dispatch", list(argv))
+    path: list[str] = []
     while hasattr(cmd, "resolve_command"):
         rest = [*ctx._protected_args, *ctx.args]
         assert rest, f"{where}: `dispatch {' '.join(argv)}` names no command"
         name, sub, args = cmd.resolve_command(ctx, rest)
         assert name is not None and sub is not None, f"{where}: no command in `dispatch {' '.join(argv)}`"
+        path.append(name)
         cmd = sub
         ctx = sub.make_context(name, args, parent=ctx)
+    return path
 
 
 def check_commands(text: str, where: str) -> int:
@@ -193,6 +209,14 @@ def check_commands(text: str, where: str) -> int:
 # ------------------------------------------------------------------------------------------ running
 
 
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""What a user of the pages holds (as every library test does): the shipped writer's roles."""
+READER = ("dispatch-reader", "dispatch-node-reader")
+"""What ``--read-only`` stands for: a user holding the shipped reader's roles."""
+ADMIN = ("dispatch-admin",)
+"""What ``dispatch admin ...`` runs with: the shipped admin role alone, the one its help asks for."""
+
+
 class Environment:
     """A scenario's cluster as the default target of ``connect``, stepped by requests and sleeps."""
 
@@ -203,8 +227,8 @@ class Environment:
 
         def connect(cls: type[AsyncAdapter], /, namespace: str | None = None, *, transport: Any = None,
                     **kwargs: Any) -> AsyncAdapter:
-            if transport is None:
-                transport = cluster.transport()
+            if transport is None:  # a user's shipped roles, as the CLI's examples run with
+                transport = cluster.transport(roles=READER if kwargs.get("read_only") else WRITER)
                 kwargs.pop("kubeconfig", None)
                 kwargs.pop("context", None)
             result: AsyncAdapter = original(cls, namespace, transport=transport, **kwargs)
@@ -243,13 +267,23 @@ def run_python(block: Block, monkeypatch: pytest.MonkeyPatch, workdir: Path) -> 
     code = compile(block.code, block.where, "exec")
     exec(code, {"__name__": "__doc_example__"})
     cluster.server.before_request = None
+    assert not cluster.server.denied, f"{block.where}: the shipped roles refused {cluster.server.denied}"
     cluster.history.check()
+
+
+def roles_of(argv: list[str], read_only: bool) -> tuple[str, ...]:
+    """The shipped roles a command of a page runs with: the admin's for ``dispatch admin``, else a user's."""
+    if parse_command(argv, "roles")[:1] == ["admin"]:
+        return ADMIN
+    return READER if read_only else WRITER
 
 
 def cli_runner(cluster: FakeCluster) -> Callable[[list[str]], tuple[int, str]]:
     def run(argv: list[str]) -> tuple[int, str]:
         def connect(settings: Settings) -> Adapter:
-            return Adapter.connect(settings.namespace, transport=cluster.transport(), read_only=settings.read_only)
+            roles = roles_of(argv, settings.read_only)
+            return Adapter.connect(settings.namespace, transport=cluster.transport(roles=roles),
+                                   read_only=settings.read_only)
 
         result = CliRunner().invoke(app, argv, obj=CliState(connect=connect), catch_exceptions=False,
                                     env={"COLUMNS": "400", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None})
@@ -283,19 +317,78 @@ def _expected(lines: list[str]) -> tuple[str, int]:
     return "\n".join(lines) + "\n", code
 
 
+GUARD_DENIED = 'Error from server (Forbidden): admission webhook "guard.dispatch.phpboyscout.uk" denied the request: '
+"""How kubectl prints the guard's denial, as seen on the testbed (tests/controller/test_guard_testbed.py)."""
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """A JSON merge patch (RFC 7386) applied to ``target``."""
+    if not isinstance(patch, dict):
+        return patch
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merged(out.get(key), value)
+    return out
+
+
+def kubectl_patch(cluster: FakeCluster, argv: list[str], where: str) -> tuple[int, str]:
+    """``kubectl [-n NS] patch trainjob NAME --type merge -p BODY`` through the guard the cluster would run."""
+    namespace, args = cluster.namespace, list(argv)
+    if args[:1] == ["-n"]:
+        namespace, args = args[1], args[2:]
+    shape = len(args) == 7 and args[:2] == ["patch", "trainjob"] and args[3:6] == ["--type", "merge", "-p"]
+    assert shape, f"{where}: only `kubectl [-n NS] patch trainjob NAME --type merge -p BODY` is played: {argv}"
+    name, body = args[2], json.loads(args[6])
+    meta = body.get("metadata") or {}
+    touched = [key for part in ("labels", "annotations") for key in (meta.get(part) or {})
+               if key.startswith("dispatch.phpboyscout.uk/")]
+    assert not touched, (f"{where}: a patch of {touched} meets the CEL policy dispatch-identity before the guard; "
+                         "only the guard is played")
+    old = cluster.server.get("trainer.kubeflow.org", "trainjobs", namespace, name)
+    if old is None:
+        return 1, f'Error from server (NotFound): trainjobs.trainer.kubeflow.org "{name}" not found\n'
+    new = merged(old, body)
+    request = {"uid": "docs", "operation": "UPDATE", "namespace": namespace, "name": name,
+               "object": new, "oldObject": old, "userInfo": {"username": "someone"}}
+
+    async def review() -> str | None:
+        kube = k.Kube.connect(namespace=namespace, transport=cluster.transport(role="dispatch-controller"))
+        try:
+            denial = await Guard(kube).decide(request)
+            if denial is None:
+                await k.Kube.connect(namespace=namespace, transport=cluster.transport()).merge_patch(
+                    api.TRAINJOBS, name, body)
+            return denial
+        finally:
+            await kube.aclose()
+
+    denial = asyncio.run(review())
+    if denial is not None:
+        return 1, GUARD_DENIED + denial + "\n"
+    return 0, f"trainjob.trainer.kubeflow.org/{name} patched\n"
+
+
 def run_console(block: Block) -> None:
     cluster = scenario(block)
     run = cli_runner(cluster)
     ran = 0
     for command, want, want_code in sessions(block.code, block.where):
         words = shlex.split(command)
-        assert words[0] == "dispatch", f"{block.where}: `{command}` is not a dispatch command; mark the block"
-        code, got = run(words[1:])
+        if words[0] == "kubectl":
+            code, got = kubectl_patch(cluster, words[1:], block.where)
+        else:
+            assert words[0] == "dispatch", f"{block.where}: `{command}` is not a dispatch command; mark the block"
+            code, got = run(words[1:])
         assert code == want_code, f"{block.where}: `{command}` exited {code}, not {want_code}:\n{got}"
         if not CHECKER.check_output(want, got, FLAGS):
             raise AssertionError(f"{block.where}: `{command}` printed:\n{got}\nbut the page shows:\n{want}")
         ran += 1
     assert ran, f"{block.where}: a console block without a `$ dispatch` line"
+    # A refusal the command tolerated (a node it could not read, say) would change what it prints.
+    assert not cluster.server.denied, f"{block.where}: the shipped roles refused {cluster.server.denied}"
     cluster.history.check()
 
 
@@ -366,3 +459,38 @@ def test_python_in_a_heredoc_is_checked() -> None:
         check_offline(Block(ROOT / "README.md", 1, "", code, "testbed", "needs a cluster"))
     with pytest.raises(AssertionError, match="needs a reason"):
         check_offline(Block(ROOT / "README.md", 1, "", "dispatch status\n", "cluster", ""))
+
+
+def test_examples_run_with_the_shipped_roles_of_their_user() -> None:
+    assert roles_of(["open", "--job-id", "llama", "--submission", "s1"], False) == WRITER
+    assert roles_of(["--read-only", "status", "llama-s1"], True) == READER
+    assert roles_of(["-n", "team-a", "admin", "release-pod", "p", "--node-confirmed-down"], False) == ADMIN
+    # a writer may not migrate identity records: the page's admin command needs the admin's role
+    block = Block(ROOT / "docs" / "x.md", 1, "console", "$ dispatch admin migrate -n default\n"
+                  "identity records: 2 created, 0 raised\n", "legacy-ledger", "")
+    run_console(block)
+    cluster = SCENARIOS["legacy-ledger"]()
+    code, out = cli_runner(cluster)(["status", "--job-id", "llama"])
+    assert code == 0 and not cluster.server.denied, out
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as writer, \
+            pytest.raises(dispatch.errors.Forbidden):
+        writer.migrate()
+
+
+def test_a_kubectl_patch_is_answered_by_the_guard() -> None:
+    """The played ``kubectl patch`` is a real check: the guard's own answer, or the patch applied."""
+    start = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p", '{"spec":{"suspend":false}}']
+    cluster = SCENARIOS["held-terminating"]()
+    code, out = kubectl_patch(cluster, start, "t")
+    assert code == 1 and out.startswith(GUARD_DENIED + "trainjob llama-s1 cannot start: remaining pods: "), out
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", "llama-s1")
+    assert tj is not None and tj["spec"]["suspend"] is True
+    note = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p", '{"metadata":{"annotations":{"team":"a"}}}']
+    assert kubectl_patch(cluster, note, "t") == (0, "trainjob.trainer.kubeflow.org/llama-s1 patched\n")
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", "llama-s1")
+    assert tj is not None and tj["metadata"]["annotations"]["team"] == "a"
+    lower = ["patch", "trainjob", "llama-s1", "--type", "merge", "-p",
+             '{"metadata":{"annotations":{"dispatch.phpboyscout.uk/admission":"0"}}}']
+    with pytest.raises(AssertionError, match="dispatch-identity"):
+        kubectl_patch(cluster, lower, "t")
+

@@ -48,11 +48,14 @@ def record(a: int = 3, *, uid: str = UID, holder: str = NAME) -> RecordView:
     return RecordView.from_obj(obj)
 
 
-def workload(*, admitted: bool = True, evicted: bool = False) -> WorkloadView:
+def workload(*, admitted: bool = True, evicted: bool = False, checked: bool = True) -> WorkloadView:
     conds = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": str(admitted)},
              {"type": "Evicted", "status": str(evicted)}]
+    checks = [{"name": "dispatch", "state": "Ready", "message": "A=3",
+               "lastTransitionTime": "2026-01-01T00:00:00Z"}] if checked else []
     return WorkloadView.from_obj({"metadata": {"name": "trainjob-llama-s1-abc", "namespace": "ns", "uid": WL_UID},
-                                  "spec": {"active": True}, "status": {"conditions": conds}})
+                                  "spec": {"active": True},
+                                  "status": {"conditions": conds, "admissionChecks": checks}})
 
 
 CLEAR = d.Verdict((), ())
@@ -220,6 +223,20 @@ def test_kueue_managed_object_not_admitted_is_denied() -> None:
                    "trainjob-llama-s1-abc")
 
 
+@pytest.mark.parametrize("token", ["", "other-wl/5"])
+def test_kueue_admission_that_skipped_every_check_is_denied_naming_the_cause(token: str) -> None:
+    """Kueue v0.19 admits a Workload given no flavor without asking its ClusterQueue's checks: A was never
+    raised for it (found on the k8s-1.37 stack; docs/findings.md, "Two stacks")."""
+    old = tj(a=0, started=0, token=token, generation=2)
+    new = tj(suspend=False, a=0, started=0, token=token, generation=3)
+    msg = d.guard("UPDATE", old, new, CLEAR, record(0), workload(checked=False))
+    assert msg == ("trainjob llama-s1 cannot start: Kueue admitted workload trainjob-llama-s1-abc without asking "
+                   "any admission check, so dispatch raised no A for it (Kueue v0.19 and later skip the checks of "
+                   "a Workload that is given no flavor: add `pods` to the coveredResources of its ClusterQueue)")
+    # the same Workload with a check (so Kueue asked it) gets the ordinary denial
+    assert "has already started" in (d.guard("UPDATE", old, new, CLEAR, record(0), workload()) or "")
+
+
 def test_evicted_workload_is_denied() -> None:
     old, new = kueue_start()
     assert "has not admitted" in (d.guard("UPDATE", old, new, CLEAR, record(3), workload(evicted=True)) or "")
@@ -271,7 +288,7 @@ def kept(**changes: Any) -> TrainJobView:
     (kept(started=1), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would lower it to 1"),
     (kept(started=None), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would remove it"),
     (kept(labels={"dispatch.phpboyscout.uk/submission": "s1"}),
-     "dispatch's identity label dispatch.phpboyscout.uk/job-id=llama is kept; this write would remove"),
+     "dispatch's identity label dispatch.phpboyscout.uk/job-id=llama is kept; this write would remove it"),
     (kept(labels={**LABELS, "dispatch.phpboyscout.uk/submission": "s9"}),
      "dispatch's identity label dispatch.phpboyscout.uk/submission=s1 is kept; this write would change it to 's9'"),
     (kept(entry=False), "dispatch's runtime patch entry (dispatch.phpboyscout.uk/dispatch) is kept"),

@@ -26,6 +26,8 @@ CASES = [
     (JobSpec(job_id="llama", submission="s1", queue="Q!"), "queue", "lower case"),
     (JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=-1),
      "termination_grace_period_seconds", "negative"),
+    (JobSpec(job_id="llama", submission="s1", queue="lq", termination_grace_period_seconds=5),
+     "termination_grace_period_seconds", "not kept under a queue: Kueue admits a TrainJob with a whole-object"),
     (JobSpec(job_id="llama", submission="s1", labels={"dispatch.phpboyscout.uk/admission": "9"}),
      "labels[dispatch.phpboyscout.uk/admission]", "reserved"),
     (JobSpec(job_id="llama", submission="s1", labels={"team": "a b"}), "labels[team]", "label value"),

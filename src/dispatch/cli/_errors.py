@@ -134,6 +134,16 @@ def explain(exc: DispatchError) -> tuple[str, str]:
             return message, UNMANAGED_HINT
         if exc.reason == "RecordInvalid":
             return message, "see `dispatch admin --help`; an admin restores or forgets the identity record"
+        # ``admin release-pod``: dispatch itself refused, for want of a proof; the cluster was not asked.
+        if exc.reason == "Unproven":
+            return message, (
+                "first confirm outside Kubernetes that the machine is shut down (cloud console, IPMI); "
+                f"`dispatch ceased` shows what is proven, and the {OUT_OF_SERVICE} taint frees every pod of a node"
+            )
+        if exc.reason == "NodeReady":
+            return message, "wait for its kubelet to end the pod (`dispatch ceased` shows when), or restart it"
+        if exc.reason == "NotHeld":
+            return message, "only dispatch's own finalizer is released here; others belong to whoever set them"
         if "queue" in message.lower() and "kueue" in message.lower():
             return message, "is Kueue installed, and does the LocalQueue exist in this namespace?"
         return message, "the cluster refused the request; retrying it unchanged will fail the same way"

@@ -40,7 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guard-cert-dir", default=DEFAULTS.guard_cert_dir,
                    help="tls.crt/tls.key to serve with (else a CA and certificate are made there)")
     p.add_argument("--guard-webhook", default=DEFAULTS.guard_webhook,
-                   help="ValidatingWebhookConfiguration whose caBundle to keep ('' : none)")
+                   help="Validating (and enrolment's Mutating) WebhookConfiguration whose caBundle to keep "
+                        "('' : none)")
     a = p.parse_args(argv)
     return run_from_cli(
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,

@@ -149,7 +149,7 @@ class Controller:
         self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
         self.checks = CheckKeeper(kube, self.metrics, controller_name=self.config.controller_name,
                                   field_manager=self.config.field_manager, now=now_text,
-                                  on_names=self.router.set_check_names)
+                                  on_names=self.router.set_check_names, events=self.events)
         self.reconciler = Reconciler(
             kube, check_names=lambda: self.checks.names, events=self.events, metrics=self.metrics,
             foreign=self.config.foreign, field_manager=self.config.field_manager,
@@ -182,6 +182,9 @@ class Controller:
 
         self.informers = {
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
+            # ClusterQueues that name our check but let some Workloads skip it get a Warning Event.
+            "clusterqueues": informer(api.CLUSTER_QUEUES, None, None, self.checks.on_queue_list,
+                                      self.checks.on_queue_event),
             "workloads": informer(api.WORKLOADS, ns, None, r.list_workloads, r.on_workload),
             # Both selections of the rule: a pod found only by dispatch's labels wakes its Workload too.
             # Both also feed the finalizer keeper, which releases dispatch's pod finalizer in either mode.

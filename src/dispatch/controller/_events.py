@@ -58,12 +58,13 @@ class EventRecorder:
         event = {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace},
+            # Events about a cluster-scoped object (a ClusterQueue) live in "default", as kubectl looks there.
+            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace or "default"},
             "involvedObject": {
                 "apiVersion": res.api_version,
                 "kind": res.kind,
                 "name": name,
-                "namespace": namespace,
+                **({"namespace": namespace} if namespace else {}),
                 "uid": ref.uid,
                 "resourceVersion": ref.resource_version,
             },
@@ -78,7 +79,7 @@ class EventRecorder:
             "count": 1,
         }
         try:
-            await self._kube.create(k.EVENTS, event, namespace)
+            await self._kube.create(k.EVENTS, event, namespace or "default")
             self._metrics.writes.labels("event").inc()
         except DispatchError as exc:
             self._metrics.errors.labels("EventFailed").inc()

@@ -10,10 +10,18 @@ controller's own ServiceAccount) and the pure decision ``_decision.guard``.
 * **stateless**: every replica serves (leader or not); each answer is one fresh read.
 * **within the API server's timeout**: the read gets most of the ``timeout`` the API server puts in the
   URL; a read that does not finish in time is a denial naming why, never a silent allow.
+* **enrolment**: the same server answers ``/mutate-trainjob`` (MutatingWebhookConfiguration
+  ``dispatch-guard``, only for namespaces labelled ``dispatch.phpboyscout.uk/enrol=true``): a TrainJob
+  created there is brought under dispatch with the JSONPatch of the pure ``_enrol.enrol``; this file
+  only reads the runtime the TrainJob names and encodes the answer.
 * **TLS**: ``--guard-cert-dir`` holding ``tls.crt``/``tls.key`` (cert-manager's Secret, mounted) is used
   as is; otherwise the controller makes its own CA and serving certificate there and adds the CA to the
   ``caBundle`` of its webhook configuration (each replica its own CA; the bundle keeps the newest few, and
   each replica re-adds its own periodically).
+* **never expired**: with ``failurePolicy: Fail`` an expired serving certificate would refuse every start,
+  so the served certificate is reloaded when its files change (cert-manager renews them in place), and a
+  certificate of the controller's own is renewed ``RENEW_BEFORE`` ahead of its end: the new CA is
+  published beside the old one first, then served.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
 from .. import _decision as d
+from .. import _enrol as e
 from .. import _kube as k
 from .._core import Core, Target
 from .._trainer import TrainJobView
@@ -53,12 +62,18 @@ log = structlog.get_logger("dispatch.guard")
 Obj = dict[str, Any]
 
 PATH = "/validate-trainjob"
+MUTATE_PATH = "/mutate-trainjob"
 BUNDLE_KEEP = 8
 """CAs kept in the caBundle: every live replica's, across a few restarts."""
 REPUBLISH_SECONDS = 60.0
 DEFAULT_TIMEOUT = 10.0
 """The API server's webhook timeout when its URL names none (``timeoutSeconds`` defaults to 10)."""
 MAX_BODY = 8 * 1024 * 1024
+RENEW_BEFORE = dt.timedelta(days=30)
+"""A certificate of the controller's own is replaced this long before it ends (it lasts 365 days)."""
+SWITCH_DELAY = 5.0
+"""Seconds between publishing a renewed CA and serving the certificate it signed (the API server reloads a
+changed webhook configuration within about a second)."""
 
 
 # --------------------------------------------------------------------------- certificates
@@ -123,13 +138,33 @@ def generate_certs(directory: Path, hosts: Sequence[str], *, days: int = 365) ->
     return Certs(directory / "tls.crt", directory / "tls.key", ca_pem)
 
 
-def load_or_generate(directory: Path | None, hosts: Sequence[str]) -> Certs:
+def renewal_due(cert: Path, *, now: dt.datetime | None = None, before: dt.timedelta | None = None) -> bool:
+    """Whether the certificate in ``cert`` ends within ``before`` (default ``RENEW_BEFORE``), has ended,
+    or cannot be read."""
+    try:
+        leaf = x509.load_pem_x509_certificate(cert.read_bytes())
+    except (OSError, ValueError):
+        return True
+    margin = RENEW_BEFORE if before is None else before
+    return leaf.not_valid_after_utc - (now or dt.datetime.now(dt.UTC)) < margin
+
+
+def renewable(directory: Path) -> bool:
+    """Whether the certificates in ``directory`` are the controller's own to replace: a writable directory
+    (an emptyDir). A mounted Secret (cert-manager's) is read-only and renewed by its owner."""
+    return os.access(directory, os.W_OK)
+
+
+def load_or_generate(directory: Path | None, hosts: Sequence[str], *, renew: bool = True) -> Certs:
     """``tls.crt``/``tls.key`` already in ``directory`` (cert-manager, or an earlier start) are used, with
-    its ``ca.crt`` if present; otherwise a new CA and certificate are made there (a private temporary
-    directory when none is given)."""
+    its ``ca.crt`` if present, unless they are the controller's own and due for renewal (``renew``: the
+    controller publishes its CA, so a new one will be trusted); otherwise a new CA and certificate are made
+    there (a private temporary directory when none is given)."""
     if directory is not None and (directory / "tls.crt").is_file() and (directory / "tls.key").is_file():
-        ca = directory / "ca.crt"
-        return Certs(directory / "tls.crt", directory / "tls.key", ca.read_bytes() if ca.is_file() else None)
+        if not (renew and renewal_due(directory / "tls.crt") and renewable(directory)):
+            ca = directory / "ca.crt"
+            return Certs(directory / "tls.crt", directory / "tls.key", ca.read_bytes() if ca.is_file() else None)
+        log.info("guard certificate due for renewal; making a new one", directory=str(directory))
     return generate_certs(directory or Path(tempfile.mkdtemp(prefix="dispatch-guard-")), hosts)
 
 
@@ -147,10 +182,11 @@ def merged_bundle(existing: bytes, ours: bytes, *, keep: int = BUNDLE_KEEP) -> b
     return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chosen)
 
 
-async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
-    """Make every webhook of configuration ``webhook`` trust ``ca_pem``; True if anything was written."""
+async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api.VALIDATING_WEBHOOKS) -> bool:
+    """Make every webhook of configuration ``webhook`` (of kind ``res``) trust ``ca_pem``; True if anything
+    was written."""
     for _ in range(5):
-        obj = await kube.get(api.VALIDATING_WEBHOOKS, webhook)
+        obj = await kube.get(res, webhook)
         hooks = list(obj.get("webhooks") or [])
         changed = False
         for hook in hooks:
@@ -164,7 +200,7 @@ async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
             return False
         body = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}, "webhooks": hooks}
         try:
-            await kube.merge_patch(api.VALIDATING_WEBHOOKS, webhook, body)
+            await kube.merge_patch(res, webhook, body)
             return True
         except Unreachable as exc:
             if exc.code != 409:
@@ -179,10 +215,15 @@ def _view(obj: object) -> TrainJobView | None:
     return TrainJobView.from_obj(obj) if isinstance(obj, dict) and obj else None
 
 
-def response(uid: str, denial: str | None) -> Obj:
+def response(uid: str, denial: str | None, patch: Sequence[Obj] = (), warnings: Sequence[str] = ()) -> Obj:
     out: Obj = {"uid": uid, "allowed": denial is None}
     if denial is not None:
         out["status"] = {"code": 403, "reason": "Forbidden", "message": denial}
+    elif patch:
+        out["patchType"] = "JSONPatch"
+        out["patch"] = base64.b64encode(json.dumps(list(patch)).encode()).decode()
+    if warnings:
+        out["warnings"] = list(warnings)
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": out}
 
 
@@ -250,6 +291,53 @@ class Guard:
                      user=(request.get("userInfo") or {}).get("username"), message=denial)
         return response(uid, denial)
 
+    async def enrolment(self, request: Obj) -> e.Enrolment:
+        """``_enrol.enrol`` over the object and the runtime it names (read only when it is needed)."""
+        obj = request.get("object")
+        if not isinstance(obj, dict) or str(request.get("operation") or "") != "CREATE":
+            return e.Enrolment()  # the configuration sends creates only; anything else is left alone
+        uid = str(request.get("uid") or "")
+        ref = e.runtime_ref(obj)
+        runtime = None
+        if ref is not None and not e.is_dispatch(obj):
+            kind, name = ref
+            if kind == "TrainingRuntime":
+                namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+                runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
+            else:
+                runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
+        return e.enrol(obj, uid, runtime)
+
+    async def mutate(self, body: Obj, timeout: float) -> Obj:
+        """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a
+        denial naming the field; a runtime that cannot be read in time is a denial too: failing closed)."""
+        request = body.get("request")
+        if not isinstance(request, dict):
+            raise ValueError("not an AdmissionReview: no request")
+        uid = str(request.get("uid") or "")
+        self.reviews += 1
+        started = time.monotonic()
+        try:
+            got = await asyncio.wait_for(self.enrolment(request), timeout)
+            answer = "enrolled" if got.patch else ("denied" if got.denial else "unchanged")
+        except TimeoutError:
+            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime within {timeout:.1f}s; "
+                                             "retry"), "error"
+        except DispatchError as exc:
+            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime: {exc}"), "error"
+        self._answers.labels(answer).inc()
+        self._seconds.observe(time.monotonic() - started)
+        obj = request.get("object") or {}
+        name = request.get("name") or obj.get("metadata", {}).get("name")
+        if got.denial is not None:
+            self.denials += 1
+            log.info("enrolment denied", namespace=request.get("namespace"), name=name,
+                     user=(request.get("userInfo") or {}).get("username"), message=got.denial)
+        elif got.patch:
+            log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
+                     submission=got.submission)
+        return response(uid, got.denial, got.patch, got.warnings)
+
 
 async def _none() -> None:
     return None
@@ -275,12 +363,19 @@ def _reply(status: int, body: bytes, ctype: str = "application/json") -> bytes:
             ).encode() + body
 
 
-async def serve(guard: Guard, host: str, port: int, certs: Certs) -> asyncio.Server:
-    """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it."""
+def tls_context(certs: Certs) -> ssl.SSLContext:
+    """The server's TLS context; ``load_cert_chain`` on it again switches new connections to new files."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(certs.cert, certs.key)
     context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+async def serve(guard: Guard, host: str, port: int, certs: Certs,
+                context: ssl.SSLContext | None = None) -> asyncio.Server:
+    """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it."""
+    context = context or tls_context(certs)
 
     async def one(reader: asyncio.StreamReader) -> bytes | None:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -295,13 +390,16 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs) -> asyncio.Ser
         if length > MAX_BODY:
             return None
         body = await reader.readexactly(length) if length else b""
-        if urlsplit(target).path != PATH:
+        path = urlsplit(target).path
+        if path not in (PATH, MUTATE_PATH):
             return _reply(404, b'{"error":"not found"}')
         if method != "POST":
             return _reply(405, b'{"error":"POST an AdmissionReview"}')
         try:
             review = json.loads(body)
-            answer = await guard.review(review if isinstance(review, dict) else {}, _timeout_of(target))
+            review = review if isinstance(review, dict) else {}
+            answer = await (guard.review(review, _timeout_of(target)) if path == PATH
+                            else guard.mutate(review, _timeout_of(target)))
         except ValueError as exc:
             return _reply(400, json.dumps({"error": str(exc)}).encode())
         return _reply(200, json.dumps(answer).encode())
@@ -328,27 +426,61 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs) -> asyncio.Ser
 
 
 async def keep_published(kube: k.Kube, webhook: str, ca_pem: bytes, every: float = REPUBLISH_SECONDS) -> None:
-    """Keep this replica's CA in the webhook configuration's caBundle (another replica may prune it)."""
+    """Keep this replica's CA in the caBundle of the webhook configurations named ``webhook`` (another
+    replica may prune it): the validating one, and the mutating one of enrolment when it is installed."""
     while True:
-        try:
-            if await publish_ca(kube, webhook, ca_pem):
-                log.info("guard CA published", webhook=webhook)
-        except NotFound:
-            log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
-        except DispatchError as exc:
-            log.warning("guard CA not published", webhook=webhook, error=str(exc))
+        await _publish(kube, webhook, ca_pem)
         await asyncio.sleep(every)
+
+
+async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:
+    """Our CA into the validating configuration ``webhook`` and, when installed, enrolment's mutating one
+    of the same name (enrolment is optional: its absence is no warning)."""
+    try:
+        if await publish_ca(kube, webhook, ca_pem):
+            log.info("guard CA published", webhook=webhook)
+    except NotFound:
+        log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
+    except DispatchError as exc:
+        log.warning("guard CA not published", webhook=webhook, error=str(exc))
+    try:
+        if await publish_ca(kube, webhook, ca_pem, api.MUTATING_WEBHOOKS):
+            log.info("guard CA published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind)
+    except NotFound:
+        log.debug("no mutating webhook configuration of enrolment; none kept", webhook=webhook)
+    except DispatchError as exc:
+        log.warning("guard CA not published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind, error=str(exc))
+
+
+def _signature(certs: Certs) -> tuple[tuple[int, int], ...]:
+    """What changes when the files are replaced (a Secret volume swaps a symlink; stat follows it)."""
+    out = []
+    for path in (certs.cert, certs.key):
+        try:
+            st = path.stat()
+            out.append((st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((0, 0))
+    return tuple(out)
 
 
 @dataclass
 class Running:
-    """A started guard: its server, the port it listens on, and the background job keeping its CA."""
+    """A started guard: its server, the port it listens on, and the background job keeping its
+    certificate fresh and its CA published."""
 
     guard: Guard
     server: asyncio.Server
     port: int
     certs: Certs
     publisher: asyncio.Task[None] | None
+    context: ssl.SSLContext | None = None
+    webhook: str = ""
+    hosts: tuple[str, ...] = ()
+    kube: k.Kube | None = None
+    reloads: int = 0
+    loaded: tuple[tuple[int, int], ...] = ()
+    """The files' signature when last loaded (a change means someone replaced them)."""
 
     async def close(self) -> None:
         if self.publisher is not None:
@@ -358,18 +490,70 @@ class Running:
         self.server.close()
         await self.server.wait_closed()
 
+    async def refresh(self, *, switch_delay: float = SWITCH_DELAY) -> None:
+        """One round of upkeep: renew a certificate of our own that is due (publishing its CA before
+        serving it), reload files that someone else replaced, and re-publish our CA."""
+        directory = self.certs.cert.parent
+        if self.context is None:
+            return
+        # Only a certificate whose CA this replica publishes is its own to renew: nobody would trust
+        # another one.
+        if self.webhook and renewal_due(self.certs.cert) and renewable(directory):
+            fresh = generate_certs(directory, self.hosts)
+            if self.kube is not None and fresh.ca_pem is not None:
+                await _publish(self.kube, self.webhook, fresh.ca_pem)
+                await asyncio.sleep(switch_delay)
+            self.certs = fresh
+            self._load()
+            log.info("guard certificate renewed", cert=str(fresh.cert))
+        elif _signature(self.certs) != self.loaded:
+            self._load()
+            log.info("guard certificate reloaded", cert=str(self.certs.cert))
+        if self.webhook and self.kube is not None and self.certs.ca_pem is not None:
+            await _publish(self.kube, self.webhook, self.certs.ca_pem)
+
+    def _load(self) -> None:
+        assert self.context is not None
+        sig = _signature(self.certs)
+        try:
+            self.context.load_cert_chain(self.certs.cert, self.certs.key)
+        except (OSError, ssl.SSLError) as exc:   # half-written files: the old chain stays, try next round
+            log.warning("guard certificate not reloaded", cert=str(self.certs.cert), error=str(exc))
+            return
+        ca = self.certs.cert.parent / "ca.crt"
+        if self.certs.ca_pem is not None and ca.is_file():
+            self.certs = Certs(self.certs.cert, self.certs.key, ca.read_bytes())
+        self.loaded = sig
+        self.reloads += 1
+
+
+async def _upkeep(running: Running, every: float) -> None:
+    while True:
+        try:
+            await running.refresh()
+        except Exception as exc:   # upkeep must never stop: the next round tries again
+            log.warning("guard certificate upkeep failed", error=str(exc))
+        await asyncio.sleep(every)
+
 
 async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
-                webhook: str, registry: CollectorRegistry | None = None) -> Running:
-    """Serve the guard on ``host:port`` (0: any free port) and, when ``webhook`` names the configuration,
-    keep this replica's CA in its caBundle."""
-    certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts)
+                webhook: str, registry: CollectorRegistry | None = None,
+                every: float = REPUBLISH_SECONDS) -> Running:
+    """Serve the guard on ``host:port`` (0: any free port), keep its certificate fresh and, when
+    ``webhook`` names the configuration, keep this replica's CA in its caBundle."""
+    certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts, renew=bool(webhook))
+    if renewal_due(certs.cert, before=dt.timedelta(0)):
+        log.warning("guard certificate has expired: the API server will refuse to call the guard",
+                    cert=str(certs.cert))
     guard = Guard(kube, registry)
-    server = await serve(guard, host, port, certs)
+    context = tls_context(certs)
+    server = await serve(guard, host, port, certs, context)
     sock = server.sockets[0] if server.sockets else None
     bound = int(sock.getsockname()[1]) if sock is not None else port
-    publisher = None
-    if webhook and certs.ca_pem is not None:
-        publisher = asyncio.create_task(keep_published(kube, webhook, certs.ca_pem))
-    log.info("guard serving", port=bound, path=PATH, webhook=webhook or None, cert=str(certs.cert))
-    return Running(guard, server, bound, certs, publisher)
+    running = Running(guard, server, bound, certs, None, context=context,
+                      webhook=webhook if certs.ca_pem is not None else "", hosts=tuple(hosts), kube=kube)
+    running.loaded = _signature(certs)
+    running.publisher = asyncio.create_task(_upkeep(running, every))
+    log.info("guard serving", port=bound, path=PATH, mutate_path=MUTATE_PATH, webhook=webhook or None,
+             cert=str(certs.cert))
+    return running

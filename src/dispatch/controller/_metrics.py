@@ -28,6 +28,7 @@ class Metrics:
     queue_depth: Gauge
     batch_size: Histogram
     build_info: Gauge
+    queue_gaps: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -76,6 +77,11 @@ class Metrics:
                 buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=reg,
             ),
             build_info=_build_info(reg),
+            queue_gaps=Gauge(
+                "dispatch_clusterqueues_skipping_check",
+                "ClusterQueues naming dispatch's check that let some Workloads be admitted without it.",
+                registry=reg,
+            ),
         )
 
 

@@ -71,7 +71,11 @@ class FakeKueue:
             "metadata": {"name": self.check}, "spec": {"controllerName": controller_name}})
         self.server.create(KUEUE, "clusterqueues", "", {
             "metadata": {"name": self.cluster_queue},
-            "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": self.check}]}}})
+            "spec": {"admissionChecksStrategy": {"admissionChecks": [{"name": self.check}]},
+                     # covering pods gives every Workload a flavor, so Kueue asks the check of each
+                     "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [
+                         {"name": "default", "resources": [{"name": r, "nominalQuota": q} for r, q in (
+                             ("cpu", "1000"), ("memory", "1000Gi"), ("pods", "10000"))]}]}]}})
         self.server.create(KUEUE, "localqueues", self.cluster.namespace, {
             "metadata": {"name": self.queue}, "spec": {"clusterQueue": self.cluster_queue}})
 

@@ -119,7 +119,9 @@ def apply_deploy() -> str:
     # The guard's webhook points at the Deployment's Service, whose pods only pretend to run on KWOK: with
     # failurePolicy Fail it would deny every start of every dispatch TrainJob on the testbed. The guard is
     # installed by its own scenarios (tests/controller/test_guard_testbed.py), pointed at a real process.
+    # Enrolment's mutating webhook likewise: it would refuse every TrainJob create in an enrolled namespace.
     _kubectl("delete", "validatingwebhookconfiguration", "dispatch-guard", "--ignore-not-found")
+    _kubectl("delete", "mutatingwebhookconfiguration", "dispatch-guard", "--ignore-not-found")
     return out
 
 
