@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import AsyncAdapter, JobSpec, Refused
+from dispatch import AsyncAdapter, JobSpec, Refused, Unreachable
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch.controller.testing import FakeGuard, FakeKueue
@@ -118,3 +118,29 @@ async def test_kueue_admits_before_it_starts_the_trainjob_and_retries_a_refused_
     refuse["on"] = False
     kueue.sync()
     assert trainjob(cluster)["spec"]["suspend"] is False
+
+
+async def test_a_close_whose_record_reply_was_lost_leaves_a_ready_check_that_the_guard_refuses_to_start(
+    adapter: AsyncAdapter, cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+) -> None:
+    """Found by the every-writer machine (no overlap, a stall and a confusing reason). The check is Ready with
+    A=1 raised but not started; ``close`` releases the submission's claim in its record, the reply is lost,
+    and the TrainJob stays. Kueue then admits on the Ready it still holds: the guard refuses the start (the
+    record no longer names the TrainJob), and nothing runs; a retried ``close`` finishes."""
+    guard = FakeGuard(cluster)
+    guard.install()
+    await adapter.open(JobSpec(job_id="llama", submission="s1", queue="lq-dispatch"))
+    wl = kueue.workload_for(NAME)
+    async with running(kube):
+        await until(lambda: kueue.entry(wl)["state"] == "Ready")
+    cluster.server.inject(method="PATCH", path=r"/submissionrecords", status="timeout", after=True)
+    with pytest.raises(Unreachable, match="timed out"):
+        await adapter.close(NAME)
+    record = cluster.server.objects(n.DOMAIN, "submissionrecords", "default")[0]["spec"]
+    assert record["admission"] == 1 and record["trainJob"] == {"name": "", "uid": ""}
+    kueue.sync()
+    assert trainjob(cluster)["spec"]["suspend"] is True
+    assert guard.denied and "A=1 was not issued to it" in guard.denied[0]
+    assert cluster.history.processes == []
+    await adapter.close(NAME)
+    assert cluster.server.get(n.TRAINER_GROUP, "trainjobs", "default", NAME) is None
