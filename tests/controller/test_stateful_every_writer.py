@@ -45,6 +45,7 @@ from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec, PodsRemain
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch.controller._events import EventRecorder
+from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
 from dispatch.controller.testing import FakeGuard, FakeKueue
@@ -96,9 +97,10 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         self.adapter.core.settle_seconds = 0  # nothing else steps while a writer waits here: wall time only
         for name in OBJECTS:
             self.adapter.open(self.spec(name))
+        self._kueue_jobs()                 # Kueue makes the Workloads; then labels go from those that lose them
+        for name in OBJECTS:
             if self.ways[name] == "kueue-unlabelled":
                 self._strip_queue_label(name)
-        self._kueue_jobs()
         self.stale = self._cache()
 
     def spec(self, name: str, *, alias: str = "") -> JobSpec:
@@ -153,6 +155,20 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         elif step != "jobs" and (name in self.workloads or step in ("sync", "settle")):
             super().kueue_step(step, name)
         self._kueue_jobs()
+
+    async def _release_finalizers(self) -> None:
+        """One pass of the controller's finalizer keeper, as the Kueue machine's, with the controller's role."""
+        kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for key in sorted(keeper.signatures):
+                try:
+                    await keeper.release(key)
+                except DispatchError:
+                    pass
+        finally:
+            await kube.aclose()
 
     @rule(mode=st.sampled_from(["one", "batch", "two-replicas", "dies-mid-admission", "finalizers"]),
           names=st.lists(st.sampled_from(OBJECTS), min_size=1, max_size=3, unique=True),
