@@ -113,7 +113,7 @@ def has_default_queue(ns: str) -> bool:
 def test_kueue_manages_an_unlabelled_trainjob_and_dispatch_admits_it_only_through_its_workload(
         adapter: Adapter, ns: str, testbed_kubeconfig: str) -> None:
     """dispatch opens the TrainJob without a queue. With a LocalQueue ``default`` in the namespace, Kueue's
-    webhook gives the TrainJob that queue's label at creation (seen on Kueue v0.17); without one the
+    webhook gives the TrainJob that queue's label at creation (seen on Kueue v0.17 and v0.19); without one the
     TrainJob stays unlabelled and Kueue still makes its Workload. Either way dispatch follows the Workload."""
     name = f"nolabel-{uuid.uuid4().hex[:4]}"
     adapter.open(JobSpec(job_id=name, submission="s1", name=name, num_nodes=1))
