@@ -4,20 +4,28 @@ The fake API server has no Kueue, so this plays the parts of it the admission ch
 webhook's runtime-patch entry, a Workload owned by the TrainJob with quota reserved and every check
 Pending, admission (merge ``podSetUpdates`` labels into Kueue's runtime patch, then unsuspend) once all
 checks are Ready, and eviction (suspend, reset checks to Pending, release and re-reserve quota once the
-job reports inactive, which is exactly when pods may still be Terminating).
+job reports inactive, which is exactly when pods may still be Terminating), eviction of an admitted
+Workload that someone deactivated, and Kueue's job reconciler (``reconcile_jobs``): a Workload for each
+TrainJob it manages (the queue-name label, or every TrainJob under ``manageJobsWithoutQueueName``), a
+TrainJob running without an admitted Workload suspended, and the Workload of a deleted TrainJob released.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import httpx2
 
+from .. import _decision as d
 from .. import _names as n
-from ..testing import FakeCluster
+from .._identity import RecordView, record_name
+from .._kueue import WorkloadView
+from .._trainer import TrainJobView
+from .._views import JobSetView, JobView, NodeView, PodView
+from ..testing import ApiFailure, FakeCluster
 
 Obj = dict[str, Any]
 KUEUE = n.KUEUE_GROUP
@@ -45,13 +53,18 @@ class FakeKueue:
     """Kueue's side of the admission-check protocol, stepped by hand like the rest of the fake cluster."""
 
     def __init__(self, cluster: FakeCluster, *, check: str = "dispatch", queue: str = "lq-dispatch",
-                 cluster_queue: str = "cq-dispatch") -> None:
+                 cluster_queue: str = "cq-dispatch", manage_jobs_without_queue_name: bool = False) -> None:
         self.cluster = cluster
+        self.manage_jobs_without_queue_name = manage_jobs_without_queue_name
+        """Kueue's ``manageJobsWithoutQueueName``: ``reconcile_jobs`` also takes TrainJobs without the label
+        (into this fake's one queue, as Kueue's default LocalQueue would)."""
         self.server = cluster.server
         self.check = check
         self.queue = queue
         self.cluster_queue = cluster_queue
         self.admitted: list[tuple[str, dict[str, str]]] = []
+        self.refused: list[str] = []
+        """Each start of a TrainJob the API server refused (a webhook); Kueue tries again on its next pass."""
 
     def install(self, controller_name: str = n.CONTROLLER_NAME) -> None:
         self.server.create(KUEUE, "admissionchecks", "", {
@@ -145,21 +158,51 @@ class FakeKueue:
             ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
             owner = (wl["metadata"].get("ownerReferences") or [{}])[0]
             tj_name = owner.get("name", "")
+            if wl["metadata"].get("deletionTimestamp") or \
+                    self.server.get(TRAINER, "trainjobs", ns, tj_name) is None:
+                continue  # its TrainJob is gone: reconcile_jobs releases it
             if _cond(wl, "Evicted"):
                 self._finish_eviction(wl, ns, tj_name)
                 continue
-            if not _cond(wl, "QuotaReserved") or _cond(wl, "Admitted") or wl["spec"].get("active") is False:
+            if wl["spec"].get("active") is False and _cond(wl, "Admitted"):
+                self.evict(name, ns, reason="InactiveWorkload")  # deactivated while admitted: Kueue evicts
                 continue
             checks = wl["status"].get("admissionChecks") or []
+            if _cond(wl, "Admitted"):
+                tj = self.server.get(TRAINER, "trainjobs", ns, tj_name)
+                if tj is not None and tj["spec"].get("suspend"):
+                    self._start_job(wl, ns, tj_name, checks)  # a start refused last time is tried again
+                continue
+            if not _cond(wl, "QuotaReserved") or wl["spec"].get("active") is False:
+                continue
             if not all(c.get("state") == "Ready" for c in checks):
                 continue
             self._start(wl, ns, name, tj_name, checks)
 
     def _start(self, wl: Obj, ns: str, name: str, tj_name: str, checks: list[Obj]) -> None:
+        """Admit: the Workload's Admitted condition first (Kueue's workload controller), then the job
+        reconciler's start of the TrainJob (``_start_job``)."""
+        def admitted(obj: Obj) -> None:
+            _set(obj, "Admitted", True, "Admitted")
+        self.server.update(KUEUE, "workloads", ns, name, admitted, status=True)
+        merged: dict[str, str] = {}
+        for v in self._pod_set_labels(checks).values():
+            merged.update(v)
+        self.admitted.append((name, merged))
+        self._start_job(wl, ns, tj_name, checks)
+
+    @staticmethod
+    def _pod_set_labels(checks: list[Obj]) -> dict[str, dict[str, str]]:
         labels: dict[str, dict[str, str]] = {}
         for c in checks:
             for upd in c.get("podSetUpdates") or []:
                 labels.setdefault(upd["name"], {}).update(upd.get("labels") or {})
+        return labels
+
+    def _start_job(self, wl: Obj, ns: str, tj_name: str, checks: list[Obj]) -> None:
+        """Merge the checks' ``podSetUpdates`` labels into Kueue's runtime patch entry, then unsuspend; a
+        write the API server refuses (a webhook) is tried again on a later pass, as Kueue retries."""
+        labels = self._pod_set_labels(checks)
 
         def patch(obj: Obj) -> None:
             for p in obj["spec"].get("runtimePatches") or []:
@@ -171,16 +214,57 @@ class FakeKueue:
         def unsuspend(obj: Obj) -> None:
             obj["spec"]["suspend"] = False
 
-        self.server.update(TRAINER, "trainjobs", ns, tj_name, patch, status=False)
-        self.server.update(TRAINER, "trainjobs", ns, tj_name, unsuspend, status=False)
+        try:
+            self.server.update(TRAINER, "trainjobs", ns, tj_name, patch, status=False)
+            self.server.update(TRAINER, "trainjobs", ns, tj_name, unsuspend, status=False)
+        except ApiFailure as exc:
+            self.refused.append(exc.message)
 
-        def admitted(obj: Obj) -> None:
-            _set(obj, "Admitted", True, "Admitted")
-        self.server.update(KUEUE, "workloads", ns, name, admitted, status=True)
-        merged: dict[str, str] = {}
-        for v in labels.values():
-            merged.update(v)
-        self.admitted.append((name, merged))
+    def reconcile_jobs(self, namespace: str | None = None) -> list[str]:
+        """One pass of Kueue's job reconciler over TrainJobs; returns the Workloads it created.
+
+        The Workload of a TrainJob that is gone loses Kueue's finalizer (and goes); a TrainJob Kueue
+        manages and has no Workload for gets one (suspended first if it runs: Kueue stops a job it did not
+        admit); a TrainJob that runs while its Workload is not admitted is suspended. Writes the cluster
+        refuses (Trainer's webhook while a JobSet is still active) are left for the next pass.
+        """
+        ns = namespace or self.cluster.namespace
+        trainjobs = {t["metadata"]["uid"]: t for t in self.server.objects(TRAINER, "trainjobs", ns)}
+        owned: dict[str, Obj] = {}
+        for wl in self.server.objects(KUEUE, "workloads", ns):
+            uid = (wl["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL, "")
+            if uid in trainjobs:
+                owned[uid] = wl
+                continue
+
+            def release(obj: Obj) -> None:
+                obj["metadata"]["finalizers"] = []
+            try:
+                self.server.update(KUEUE, "workloads", ns, wl["metadata"]["name"], release, status=None)
+                if self.server.get(KUEUE, "workloads", ns, wl["metadata"]["name"]) is not None:
+                    self.server.delete(KUEUE, "workloads", ns, wl["metadata"]["name"])
+            except ApiFailure:
+                pass
+        created: list[str] = []
+        for uid, tj in trainjobs.items():
+            if tj["metadata"].get("deletionTimestamp"):
+                continue
+            name = tj["metadata"]["name"]
+            labelled = n.KUEUE_QUEUE_LABEL in (tj["metadata"].get("labels") or {})
+            mine = owned.get(uid)
+            if mine is None and not (labelled or self.manage_jobs_without_queue_name):
+                continue
+            admitted = mine is not None and _cond(mine, "Admitted") and not _cond(mine, "Evicted")
+            try:
+                if not tj["spec"].get("suspend") and not admitted:
+                    def stop(obj: Obj) -> None:
+                        obj["spec"]["suspend"] = True
+                    self.server.update(TRAINER, "trainjobs", ns, name, stop, status=False)
+                if mine is None and self.server.get(KUEUE, "workloads", ns, self.workload_name(name)) is None:
+                    created.append(self.workload_for(name, namespace=ns))
+            except ApiFailure:
+                pass
+        return created
 
     def evict(self, name: str, namespace: str | None = None, reason: str = "Preempted") -> None:
         """Preempt: suspend the TrainJob, mark Evicted and reset every non-Pending check to Pending."""
@@ -219,6 +303,82 @@ class FakeKueue:
             _set(obj, "QuotaReserved", True, "QuotaReserved")
             _set(obj, "Requeued", True, "Preempted")
         self.server.update(KUEUE, "workloads", ns, wl["metadata"]["name"], requeue, status=True)
+
+
+# ------------------------------------------------------------------ dispatch's guard webhook
+
+
+class FakeGuard:
+    """dispatch's guard (the validating webhook on TrainJob writes) on the fake API server.
+
+    Each TrainJob create or update is judged by the guard's own decision (``_decision.guard``) over the
+    fake's objects at the moment of the write: the same inputs the guard's server reads (the object's JobSet,
+    child Jobs and pods by both selections, their Nodes, the identity record, the Workload that owns the
+    TrainJob). The real guard's read is consistent but precedes the write by a little; here it is exact,
+    so a test of the guard's decision cannot pass by luck of timing. ``enforce`` says, per write, whether a
+    denial refuses it (the webhook's ``failurePolicy: Fail``) or is only recorded in ``unenforced`` (to
+    test what dispatch's own writers do without the guard behind them).
+    """
+
+    def __init__(self, cluster: FakeCluster, *, enforce: Callable[[], bool] = lambda: True) -> None:
+        self.cluster = cluster
+        self.server = cluster.server
+        self.enforce = enforce
+        self.denied: list[str] = []
+        """Each denial that refused a write."""
+        self.unenforced: list[str] = []
+        """Each denial of a write ``enforce`` let through."""
+        self.allowed_starts = 0
+
+    def install(self) -> None:
+        self.server.add_admission("trainjobs", self._admit)
+
+    def _admit(self, operation: str, old: Obj | None, new: Obj) -> str | None:
+        denial = self.decision(operation, old, new)
+        if denial is None:
+            return None
+        if self.enforce():
+            self.denied.append(denial)
+            return denial
+        self.unenforced.append(denial)
+        return None
+
+    def decision(self, operation: str, old: Obj | None, new: Obj) -> str | None:
+        """The guard's answer to one write: the denial message, or None to allow."""
+        new_view = TrainJobView.from_obj(new)
+        old_view = TrainJobView.from_obj(old) if old else None
+        if not (new_view.labelled or (old_view is not None and old_view.labelled)):
+            return None
+        if not d.starts_execution(operation, old_view, new_view) or not new_view.labelled:
+            return d.guard(operation, old_view, new_view, None, None)
+        ns = str(new["metadata"].get("namespace") or self.cluster.namespace)
+        name = new_view.name
+        pods = [PodView.from_obj(p) for p in self.server.objects("", "pods", ns)
+                if (p["metadata"].get("labels") or {}).get(n.JOBSET_NAME_LABEL) == name
+                or ((p["metadata"].get("labels") or {}).get(n.LABEL_JOB_ID) == new_view.job_id
+                    and (p["metadata"].get("labels") or {}).get(n.LABEL_SUBMISSION) == new_view.submission)]
+        nodes: dict[str, NodeView] = {}
+        for pod in pods:
+            if pod.node and pod.may_run and pod.node not in nodes:
+                node = self.server.get("", "nodes", "", pod.node)
+                nodes[pod.node] = NodeView.from_obj(node) if node is not None else NodeView.gone(pod.node)
+        jobset = self.server.get(n.JOBSET_GROUP, "jobsets", ns, name)
+        jobs = [JobView.from_obj(j) for j in self.server.objects("batch", "jobs", ns)
+                if (j["metadata"].get("labels") or {}).get(n.JOBSET_NAME_LABEL) == name]
+        verdict = d.decide(name=name, job_id=new_view.job_id, submission=new_view.submission, pods=pods,
+                           nodes=nodes, jobset=JobSetView.from_obj(jobset) if jobset is not None else None,
+                           jobs=jobs)
+        rec = self.server.get(n.DOMAIN, "submissionrecords", ns, record_name(new_view.job_id, new_view.submission))
+        workload = None
+        if operation == "UPDATE":
+            uid = new_view.ref.uid
+            workload = next((WorkloadView.from_obj(w) for w in self.server.objects(KUEUE, "workloads", ns)
+                             if (w["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL) == uid), None)
+        denial = d.guard(operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None,
+                         workload)
+        if denial is None:
+            self.allowed_starts += 1
+        return denial
 
 
 # ------------------------------------------------------------------ TokenReview / SubjectAccessReview

@@ -22,7 +22,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -750,6 +750,26 @@ def thaw(node: str) -> None:
     if pid is None:
         raise RuntimeError(f"{name} is not running")
     os.kill(pid, signal.SIGCONT)
+
+
+def reconfigure_kueue(changes: Mapping[str, object] | None = None) -> None:
+    """Restart Kueue with ``changes`` over the testbed's own Configuration (none: the testbed's as is), for a
+    scenario that needs another Kueue setting (``manageJobsWithoutQueueName``, say); waits until it is ready
+    again. Its webhooks stay registered and answer again once it is back."""
+    with _locked():
+        if _alive("kube-apiserver") is None:
+            raise RuntimeError("the testbed is not running (`dispatch testbed up`)")
+        rt = _paths.runtime_dir()
+        cfg = mf.controller_configs(rt / "webhook-certs")["kueue"]
+        cfg.update(dict(changes or {}))
+        path = rt / "config" / "kueue.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        kubeconfig = str(_paths.kubeconfig_path())
+        _stop("kueue")
+        _start("kueue", [str(_bin_dir() / "kueue"), f"--config={path}", f"--kubeconfig={kubeconfig}"],
+               {"KUBECONFIG": kubeconfig})
+        _wait(["kueue"])
+        _log("kueue restarted" + (f" with {', '.join(sorted(changes))}" if changes else ""))
 
 
 def freezable_nodes() -> list[str]:
