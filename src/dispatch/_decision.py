@@ -614,6 +614,9 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
                 "no flavor: add `pods` to the coveredResources of its ClusterQueue)")
     if record is None:
         return f"{what}: {describe_missing(new.job_id, new.submission)} is missing, so no A was issued to it"
+    if not record.trainjob and not record.trainjob_uid:
+        return (f"{what}: {record.describe()} names no TrainJob: its submission was released (a `dispatch "
+                "close` was begun), so nothing of it starts; `dispatch close` again finishes the close")
     if record.trainjob_uid != new.ref.uid or record.admission != a:
         return (f"{what}: A={a} was not issued to it ({record.describe()} issued A={record.admission}); "
                 "`dispatch release` issues a new A")

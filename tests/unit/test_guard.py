@@ -188,6 +188,17 @@ def test_record_bound_to_another_uid_is_denied() -> None:
     assert msg is not None and "A=3 was not issued to it" in msg
 
 
+def test_a_released_record_is_denied_naming_the_unfinished_close() -> None:
+    """``close`` released the claim but its reply was lost, so the TrainJob stayed (found by the every-writer
+    machine): Kueue's start on the check's old Ready is refused, saying why."""
+    old, new = kueue_start()
+    released = RecordView.from_obj({**new_record("llama", "s1", "", admission=3),
+                                    "metadata": {**new_record("llama", "s1", "", admission=3)["metadata"],
+                                                 "resourceVersion": "5"}})
+    msg = d.guard("UPDATE", old, new, CLEAR, released, workload())
+    assert msg is not None and "names no TrainJob: its submission was released" in msg
+
+
 def test_record_held_by_another_trainjob_is_denied() -> None:
     old, new = plain_start()
     msg = d.guard("UPDATE", old, new, CLEAR, record(3, holder="llama-s1b"))
