@@ -522,6 +522,11 @@ def explain(
     if state is State.HELD:
         if pods_text:
             return Cause("PodsRemain", "; ".join(parts))
+        if note.startswith("waiting for quota") or (check is not None and not note):
+            # No queue-name label, yet an active Workload of Kueue's owns it (manageJobsWithoutQueueName):
+            # Kueue starts it, so "hold in force" would be false right after a release.
+            return Cause("Queued", "; ".join([*parts, "Kueue manages it without a queue-name label: its Workload "
+                                              "is active, and Kueue, not `release`, starts it"]))
         return Cause("Held", "; ".join([*parts, "hold in force; release admits it"]))
     if state is State.QUEUED:
         reason = "AdmissionCheckPending" if check is not None and check.state == "Pending" else "Queued"

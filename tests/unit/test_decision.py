@@ -257,6 +257,21 @@ def test_explain_strings() -> None:
     assert failed == Cause("Failed", "remaining pods: train-0 on node-3 (Ready=Unknown)")
 
 
+def test_explain_a_kueue_managed_object_without_a_queue_label_is_not_held() -> None:
+    """Kueue with manageJobsWithoutQueueName owns a TrainJob that has no queue-name label: after a release
+    its Workload is active and Kueue starts it, so "hold in force" would be false (the every-writer testbed
+    scenario showed it)."""
+    clear = d.Verdict((), ())
+    said = "Kueue manages it without a queue-name label: its Workload is active, and Kueue, not `release`, starts it"
+    assert d.explain(trainjob(), clear, note="waiting for quota: no LocalQueue") == Cause(
+        "Queued", f"waiting for quota: no LocalQueue; {said}")
+    ready = d.CheckEntry("dispatch", "Ready", "A=2", "")
+    assert d.explain(trainjob(), clear, ready) == Cause("Queued", f"admission check dispatch Ready: A=2; {said}")
+    deactivated = "workload deactivated (held); release reactivates it"
+    assert d.explain(trainjob(), clear, note=deactivated) == Cause(
+        "Held", f"{deactivated}; hold in force; release admits it")
+
+
 def test_cessation_of_a_running_object_is_false() -> None:
     c = d.cessation(trainjob=trainjob(suspend=False), name=NAME, job_id="llama", submission="s1", pods=[], nodes={})
     assert not c.ceased and c.reason == f"{NAME} is admitted and running"
