@@ -22,7 +22,7 @@ import json
 import statistics
 from pathlib import Path
 
-from tests.controller.testbed_harness import (
+from dispatch.testbed.harness import (
     controller_env,
     readmission_latencies,
     running_testbed_kubeconfig,

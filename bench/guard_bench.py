@@ -27,19 +27,19 @@ import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tests.controller.test_guard_testbed import _probe_denied, scoped
-from tests.controller.testbed_harness import (
-    controller_env,
-    free_port,
-    pods_of,
-    running_testbed_kubeconfig,
-    subprocess_controller,
-    until,
-)
-
 from dispatch import AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
+from dispatch.testbed.harness import (
+    controller_env,
+    free_port,
+    pods_of,
+    probe_denied,
+    running_testbed_kubeconfig,
+    scoped,
+    subprocess_controller,
+    until,
+)
 
 
 async def _suspended(kube: k.Kube, name: str, want: bool) -> bool:
@@ -148,7 +148,7 @@ def _scrape(port: int) -> dict[str, float]:
 
 
 async def _probe_is(kube: k.Kube, ns: str, denied: bool) -> bool:
-    return await _probe_denied(kube, ns) is denied
+    return await probe_denied(kube, ns) is denied
 
 
 async def _select(kube: k.Kube, name: str, ns: str) -> None:

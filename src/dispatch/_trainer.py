@@ -247,6 +247,33 @@ def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobS
     }
 
 
+def patch_entries(trainjob: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The ``spec.runtimePatches`` entries of a TrainJob, each with its ``manager``."""
+    return items(mapping(trainjob.get("spec")).get("runtimePatches"))
+
+
+def patch_pod_templates(entry: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """The pod template (metadata and spec) a runtime patch entry sets, per replicatedJob."""
+    return {text(rj.get("name")): _pod_template(rj) for rj in _patch_replicated_jobs(entry)}
+
+
+def patch_pod_labels(entry: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """The pod-template labels a runtime patch entry sets, per replicatedJob."""
+    return {job: {str(key): str(value) for key, value in mapping(mapping(tmpl.get("metadata")).get("labels")).items()}
+            for job, tmpl in patch_pod_templates(entry).items()}
+
+
+def labels_entry(manager: str, labels_by_job: Mapping[str, Mapping[str, str]]) -> Obj:
+    """A runtime patch entry of ``manager`` that sets only pod-template labels, per replicatedJob: the
+    shape in which Kueue carries an admission's ``podSetUpdates`` labels into the pods (an empty mapping
+    gives the empty entry Kueue keeps while a Workload is not admitted)."""
+    spec: Obj = {}
+    if labels_by_job:
+        spec["replicatedJobs"] = [{"name": job, "template": {"spec": {"template": {"metadata": {
+            "labels": dict(labels)}}}}} for job, labels in labels_by_job.items()]
+    return {"manager": manager, "trainingRuntimeSpec": {"template": {"spec": spec}}}
+
+
 def trainjob_body(spec: JobSpec, name: str, namespace: str, replicated: Sequence[str], *, admission: int = 0,
                   suspend: bool = True) -> Obj:
     """The TrainJob ``open`` creates: identity labels, A, dispatch's runtime patch entry, suspended."""

@@ -23,8 +23,7 @@ import pytest
 from dispatch import AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.controller import ACTIVE_MESSAGE
-
-from .testbed_harness import (
+from dispatch.testbed.harness import (
     container_controller,
     controller_env,
     free_port,

@@ -26,9 +26,7 @@ from dispatch import _enrol as e
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.errors import PodsRemain
-
-from .test_guard_testbed import DENIED, Guarded, installed, release, unsuspend
-from .testbed_harness import (
+from dispatch.testbed.harness import (
     A,
     check_of,
     controller_env,
@@ -41,6 +39,8 @@ from .testbed_harness import (
     until,
     workload_of,
 )
+
+from .test_guard_testbed import DENIED, Guarded, installed, release, unsuspend
 
 pytestmark = pytest.mark.testbed
 

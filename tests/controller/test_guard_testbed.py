@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import copy
 import json
 import subprocess
 from collections.abc import AsyncIterator
@@ -22,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _api as api
@@ -30,8 +28,7 @@ from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import _guard as g_
 from dispatch.errors import PodsRemain
-
-from .testbed_harness import (
+from dispatch.testbed.harness import (
     A,
     check_of,
     controller_env,
@@ -39,9 +36,12 @@ from .testbed_harness import (
     hold_pods,
     is_running,
     pods_of,
+    probe_denied,
     release_pods,
     running_pods,
     running_testbed_kubeconfig,
+    scoped,
+    scoped_mutating,
     subprocess_controller,
     until,
     workload_of,
@@ -50,45 +50,11 @@ from .testbed_harness import (
 pytestmark = pytest.mark.testbed
 
 Obj = dict[str, Any]
-GUARD_YAML = Path(__file__).resolve().parents[2] / "deploy" / "base" / "guard.yaml"
 POLICIES = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
                  namespaced=False, status=False)
 BINDINGS = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
                  "ValidatingAdmissionPolicyBinding", namespaced=False, status=False)
 DENIED = 'admission webhook "guard.dispatch.phpboyscout.uk" denied the request: '
-
-
-def guard_docs() -> dict[str, Obj]:
-    return {d["kind"]: d for d in yaml.safe_load_all(GUARD_YAML.read_text()) if d}
-
-
-def scoped_mutating(ns: str, port: int, name: str) -> Obj:
-    """Enrolment's webhook of ``deploy/base/guard.yaml``, renamed, at ``127.0.0.1:port``, for ``ns`` only
-    once it carries the opt-in label (the shipped namespaceSelector, narrowed to the test's namespace)."""
-    hook = copy.deepcopy(guard_docs()["MutatingWebhookConfiguration"])
-    hook["metadata"] = {"name": name}
-    for w in hook["webhooks"]:
-        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{g_.MUTATE_PATH}"}
-        w["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = ns
-    return hook
-
-
-def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
-    """The deployed guard's objects, renamed and narrowed to ``ns``, the webhook at ``127.0.0.1:port``."""
-    docs = guard_docs()
-    only_ns = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
-    hook = copy.deepcopy(docs["ValidatingWebhookConfiguration"])
-    hook["metadata"] = {"name": name}
-    for w in hook["webhooks"]:
-        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate-trainjob"}
-        w["namespaceSelector"] = only_ns
-    policy = copy.deepcopy(docs["ValidatingAdmissionPolicy"])
-    policy["metadata"] = {"name": name}
-    binding = copy.deepcopy(docs["ValidatingAdmissionPolicyBinding"])
-    binding["metadata"] = {"name": name}
-    binding["spec"]["policyName"] = name
-    binding["spec"]["matchResources"] = {"namespaceSelector": only_ns}
-    return hook, policy, binding
 
 
 def kubectl(ns: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -108,20 +74,6 @@ class Guarded:
     webhook: str
     proc: subprocess.Popen[bytes]
     adapter: AsyncAdapter
-
-
-async def _probe_denied(kube: k.Kube, ns: str) -> bool:
-    """Whether the guard answers yet: a dry-run create of an unsuspended dispatch TrainJob is refused."""
-    body = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
-            "metadata": {"name": "guard-probe", "namespace": ns,
-                         "labels": {"dispatch.phpboyscout.uk/job-id": "probe",
-                                    "dispatch.phpboyscout.uk/submission": "s1"}},
-            "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False}}
-    try:
-        await kube.create(api.TRAINJOBS, body, dry_run=True)
-    except Exception as exc:
-        return "is created suspended" in str(exc)
-    return False
 
 
 @pytest.fixture
@@ -169,7 +121,7 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
                 mutating = [await kube.get(api.MUTATING_WEBHOOKS, name)] if enrolment else []
                 return all(w["clientConfig"].get("caBundle") for c in (got, *mutating) for w in c["webhooks"])
             await until(published, what="the guard's CA in the caBundle")
-            await until(lambda: _probe_denied(kube, ns), what="the guard answering")
+            await until(lambda: probe_denied(kube, ns), what="the guard answering")
             yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(kube))
     finally:
         await kube.delete(BINDINGS, name)
@@ -394,12 +346,12 @@ async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answ
                     return all(all(p.read_bytes().strip() in base64.b64decode(
                         w["clientConfig"].get("caBundle") or "") for p in cas) for w in got["webhooks"])
                 await until(both_trusted, timeout=60, what="both CAs in the caBundle")
-                await until(lambda: _probe_denied(kube, ns), what="replica 0 answering")
+                await until(lambda: probe_denied(kube, ns), what="replica 0 answering")
                 await point_at(ports[1])
-                await until(lambda: _probe_denied(kube, ns), what="replica 1 answering, trusted")
+                await until(lambda: probe_denied(kube, ns), what="replica 1 answering, trusted")
                 first.proc.terminate()
                 first.proc.wait(10)
-                assert await _probe_denied(kube, ns)          # the other replica alone still guards
+                assert await probe_denied(kube, ns)          # the other replica alone still guards
                 assert await both_trusted()                    # and a stopped replica's CA is not pruned
         finally:
             await kube.delete(api.VALIDATING_WEBHOOKS, name)

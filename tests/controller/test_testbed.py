@@ -26,11 +26,7 @@ import yaml
 from dispatch import ANNOTATION_ADMISSION, ENROL_LABEL, AsyncAdapter, JobSpec, State
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
-
-from .test_guard_testbed import held_with_terminating_pod as guard_held
-from .test_guard_testbed import installed as guard_installed
-from .test_guard_testbed import unsuspend as guard_unsuspend
-from .testbed_harness import (
+from dispatch.testbed.harness import (
     LAUNCHERS,
     A,
     Launcher,
@@ -52,6 +48,10 @@ from .testbed_harness import (
     until,
     workload_of,
 )
+
+from .test_guard_testbed import held_with_terminating_pod as guard_held
+from .test_guard_testbed import installed as guard_installed
+from .test_guard_testbed import unsuspend as guard_unsuspend
 
 pytestmark = pytest.mark.testbed
 

@@ -23,7 +23,7 @@ from .. import _decision as d
 from .. import _names as n
 from .._identity import RecordView, record_name
 from .._kueue import WorkloadView
-from .._trainer import TrainJobView
+from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
 from ..testing import ApiFailure, FakeCluster
 
@@ -89,16 +89,14 @@ class FakeKueue:
         ns = namespace or self.cluster.namespace
         tj = self.server.get(TRAINER, "trainjobs", ns, trainjob)
         assert tj is not None, f"no trainjob {trainjob}"
-        if not any(p.get("manager") == KUEUE_MANAGER for p in tj["spec"].get("runtimePatches") or []):
+        if not any(p.get("manager") == KUEUE_MANAGER for p in patch_entries(tj)):
             def webhook(obj: Obj) -> None:
-                obj["spec"].setdefault("runtimePatches", []).append(
-                    {"manager": KUEUE_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {}}}})
+                obj["spec"].setdefault("runtimePatches", []).append(labels_entry(KUEUE_MANAGER, {}))
             self.server.update(TRAINER, "trainjobs", ns, trainjob, webhook, status=False)
         if pod_sets is None:
             ref = tj["spec"].get("runtimeRef") or {}
             runtime = self.server.get(TRAINER, "clustertrainingruntimes", "", ref.get("name", ""))
-            pod_sets = [rj["name"] for rj in (runtime or {}).get("spec", {}).get("template", {}).get("spec", {})
-                        .get("replicatedJobs", [])] or ["node"]
+            pod_sets = runtime_jobs(runtime or {}) or ["node"]
         name = self.workload_name(trainjob)
         checks = [{"name": c, "state": "Pending", "message": "", "lastTransitionTime": T0}
                   for c in (*other_checks, self.check)]
@@ -123,14 +121,9 @@ class FakeKueue:
     @staticmethod
     def _template_labels(trainjob: Obj, pod_set: str) -> dict[str, str]:
         """The pod-template labels Kueue copies into a pod set: here, those of dispatch's runtime patch."""
-        for patch in (trainjob.get("spec") or {}).get("runtimePatches") or []:
-            if patch.get("manager") != n.PATCH_MANAGER:
-                continue
-            for rj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}).get(
-                    "replicatedJobs") or []:
-                if rj.get("name") == pod_set:
-                    tmpl = ((rj.get("template") or {}).get("spec") or {}).get("template") or {}
-                    return dict((tmpl.get("metadata") or {}).get("labels") or {})
+        for patch in patch_entries(trainjob):
+            if patch.get("manager") == n.PATCH_MANAGER:
+                return patch_pod_labels(patch).get(pod_set, {})
         return {}
 
     def workload(self, name: str, namespace: str | None = None) -> Obj:
@@ -207,9 +200,8 @@ class FakeKueue:
         def patch(obj: Obj) -> None:
             for p in obj["spec"].get("runtimePatches") or []:
                 if p.get("manager") == KUEUE_MANAGER:
-                    p["trainingRuntimeSpec"] = {"template": {"spec": {"replicatedJobs": [
-                        {"name": ps["name"], "template": {"spec": {"template": {"metadata": {
-                            "labels": labels.get(ps["name"], {})}}}}} for ps in wl["spec"]["podSets"]]}}}
+                    p.update(labels_entry(KUEUE_MANAGER, {ps["name"]: labels.get(ps["name"], {})
+                                                          for ps in wl["spec"]["podSets"]}))
 
         def unsuspend(obj: Obj) -> None:
             obj["spec"]["suspend"] = False
@@ -295,7 +287,7 @@ class FakeKueue:
         def clear(obj: Obj) -> None:
             for p in obj["spec"].get("runtimePatches") or []:
                 if p.get("manager") == KUEUE_MANAGER:
-                    p["trainingRuntimeSpec"] = {"template": {"spec": {}}}
+                    p.update(labels_entry(KUEUE_MANAGER, {}))
         self.server.update(TRAINER, "trainjobs", ns, tj_name, clear, status=False)
 
         def requeue(obj: Obj) -> None:

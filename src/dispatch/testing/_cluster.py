@@ -27,6 +27,7 @@ from .._names import (
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
 )
+from .._trainer import patch_entries, patch_pod_templates
 from ._rbac import Binding, Policy
 from ._server import ApiFailure, FakeApiServer
 
@@ -360,12 +361,9 @@ class FakeCluster:
             pod_meta = rj["template"]["spec"]["template"].setdefault("metadata", {})
             labels = pod_meta.setdefault("labels", {})
             grace = None
-            for patch in (tj.get("spec") or {}).get("runtimePatches") or []:
-                for prj in (((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
-                            ).get("replicatedJobs") or []:
-                    if prj.get("name") != rj["name"]:
-                        continue
-                    ptmpl = ((prj.get("template") or {}).get("spec") or {}).get("template") or {}
+            for patch in patch_entries(tj):
+                ptmpl = patch_pod_templates(patch).get(rj["name"])
+                if ptmpl is not None:
                     labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
                     for fin in (ptmpl.get("metadata") or {}).get("finalizers") or []:
                         if fin not in pod_meta.setdefault("finalizers", []):

@@ -1,15 +1,18 @@
-"""The testbed harness of the controller's tests and benchmarks.
+"""The testbed harness shared by the controller's testbed tests and the benchmarks in ``bench/``.
 
+It lives in the package, not under ``tests/``, so that neither tests nor benchmarks import the other.
 A namespace with a ClusterQueue and an AdmissionCheck of its own (under a controllerName of its own, so
 another dispatch controller running on the shared testbed never decides these Workloads), the
 controller as a subprocess as the Deployment runs it, a recorder of pod and Workload events, and the
-hold/release re-admission round whose last-pod-gone -> Ready time the latency benchmark reports.
+hold/release re-admission round whose last-pod-gone -> Ready time the latency benchmark reports, and the
+shipped guard's objects narrowed to one namespace (``deploy/base/guard.yaml``, read from the repository).
 """
 
 from __future__ import annotations
 
 # ruff: noqa: ASYNC220, ASYNC230  (harness: subprocesses and files, off the hot path)
 import asyncio
+import copy
 import functools
 import os
 import socket
@@ -23,13 +26,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dispatch import AsyncAdapter, JobSpec
+import yaml
+
+from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
+from dispatch import _api as api
 from dispatch import _kube as k
+from dispatch.controller import _guard as g_
 from dispatch.errors import NotFound
-from dispatch.testbed import ANN_HOLD_DELETE
+from dispatch.testbed._manifests import ANN_HOLD_DELETE
+from dispatch.testbed._paths import source_dir
 
 Obj = dict[str, Any]
-A = "dispatch.phpboyscout.uk/admission"
+A = LABEL_ADMISSION
 LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
 PRIORITIES = k.Res("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass",
@@ -361,3 +369,55 @@ async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
         await rec.stop()
         await kube.delete(k.PODS, "rtt", grace_seconds=0)
     return out
+
+
+GUARD_YAML = source_dir().parent / "deploy" / "base" / "guard.yaml"
+"""The shipped guard: its webhooks, CEL policy and binding."""
+
+
+def guard_docs() -> dict[str, Obj]:
+    """The objects of ``deploy/base/guard.yaml`` by kind."""
+    return {d["kind"]: d for d in yaml.safe_load_all(GUARD_YAML.read_text()) if d}
+
+
+def scoped_mutating(ns: str, port: int, name: str) -> Obj:
+    """Enrolment's webhook of ``deploy/base/guard.yaml``, renamed, at ``127.0.0.1:port``, for ``ns`` only
+    once it carries the opt-in label (the shipped namespaceSelector, narrowed to the test's namespace)."""
+    hook = copy.deepcopy(guard_docs()["MutatingWebhookConfiguration"])
+    hook["metadata"] = {"name": name}
+    for w in hook["webhooks"]:
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{g_.MUTATE_PATH}"}
+        w["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] = ns
+    return hook
+
+
+def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
+    """The shipped guard's objects, renamed and narrowed to ``ns``, the webhook at ``127.0.0.1:port``, so
+    other tests on the same testbed never meet them."""
+    docs = guard_docs()
+    only_ns = {"matchLabels": {"kubernetes.io/metadata.name": ns}}
+    hook = copy.deepcopy(docs["ValidatingWebhookConfiguration"])
+    hook["metadata"] = {"name": name}
+    for w in hook["webhooks"]:
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate-trainjob"}
+        w["namespaceSelector"] = only_ns
+    policy = copy.deepcopy(docs["ValidatingAdmissionPolicy"])
+    policy["metadata"] = {"name": name}
+    binding = copy.deepcopy(docs["ValidatingAdmissionPolicyBinding"])
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": only_ns}
+    return hook, policy, binding
+
+
+async def probe_denied(kube: k.Kube, ns: str) -> bool:
+    """Whether the guard answers yet: a dry-run create of an unsuspended dispatch TrainJob is refused."""
+    body = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+            "metadata": {"name": "guard-probe", "namespace": ns,
+                         "labels": {LABEL_JOB_ID: "probe", LABEL_SUBMISSION: "s1"}},
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False}}
+    try:
+        await kube.create(api.TRAINJOBS, body, dry_run=True)
+    except Exception as exc:
+        return "is created suspended" in str(exc)
+    return False
