@@ -148,11 +148,14 @@ class WorkloadHint:
     pod_set_identity: tuple[str, str] | None
     ref: Ref
     checks: tuple[CheckEntry, ...]
+    trainjob: str = ""
+    """The owning TrainJob's name ("" when the owner is not a TrainJob): read while the Workload is."""
 
     @staticmethod
     def of(view: WorkloadView) -> WorkloadHint:
         return WorkloadHint(view.owner.uid if view.owner is not None else "", view.pod_set_identity, view.ref,
-                            view.checks)
+                            view.checks, view.owner.name if view.owner is not None and view.owner.is_trainjob
+                            else "")
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> WorkloadHint:

@@ -1,4 +1,5 @@
-"""CLI tests run the real command against ``dispatch.testing``'s fake cluster through the adapter factory."""
+"""CLI tests run the real command against the suite's fake cluster (``tests/conftest.py``'s ``cluster``)
+through the adapter factory."""
 
 from __future__ import annotations
 
@@ -9,15 +10,6 @@ import pytest
 from dispatch.testing import FakeCluster
 
 from .cli_harness import Cli
-
-
-@pytest.fixture
-def cluster() -> FakeCluster:
-    c = FakeCluster()
-    c.add_runtime()
-    c.add_node("node-0")
-    c.add_node("node-1")
-    return c
 
 
 @pytest.fixture

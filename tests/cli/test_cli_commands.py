@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import LABEL_ADMISSION, Status
+from dispatch import CONTROLLER_NAME, LABEL_ADMISSION, Status
 from dispatch._adapter import Following
 from dispatch._trainer import identity_env
 from dispatch.cli import EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
@@ -680,7 +680,7 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
         "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
         "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
         "workers": 8, "batch": 16, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
-        "controller_name": "dispatch.phpboyscout.uk/admission", "metrics_bind_address": ":8443",
+        "controller_name": CONTROLLER_NAME, "metrics_bind_address": ":8443",
         "metrics_secure": True, "metrics_cert_dir": "/certs",
         "guard_port": None, "guard_cert_dir": "",
         "guard_webhook": "dispatch-guard",

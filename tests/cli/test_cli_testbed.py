@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatch import testbed
+from dispatch import LABEL_ADMISSION, testbed
 
 from .cli_harness import Cli
 
@@ -121,7 +121,7 @@ def test_watcher_flags_two_running_executions(monkeypatch: pytest.MonkeyPatch) -
 
     def pod(name: str, obj: str, admission: str, phase: str = "Running") -> dict[str, object]:
         return {"metadata": {"name": name, "labels": {
-            "jobset.sigs.k8s.io/jobset-name": obj, "dispatch.phpboyscout.uk/admission": admission}},
+            "jobset.sigs.k8s.io/jobset-name": obj, LABEL_ADMISSION: admission}},
             "status": {"phase": phase}}
 
     pods = [pod("a-1", "a", "1"), pod("a-2", "a", "2", "Pending"), pod("b-1", "b", "1")]

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import AsyncAdapter, JobSpec
+from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.controller import Config, Controller
 from dispatch.controller.testing import FakeKueue
@@ -93,7 +93,7 @@ def writes(cluster: FakeCluster, since: int = 0) -> list[tuple[str, str]]:
 
 def pods_summary(cluster: FakeCluster, name: str = NAME) -> list[tuple[str, str, str | None, bool]]:
     return [(p["metadata"]["name"], p["status"]["phase"],
-             p["metadata"]["labels"].get("dispatch.phpboyscout.uk/admission"),
+             p["metadata"]["labels"].get(LABEL_ADMISSION),
              bool(p["metadata"].get("deletionTimestamp"))) for p in cluster.pods(name)]
 
 

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import (
+    ANNOTATION_ADMISSION,
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    PATCH_MANAGER,
+    AsyncAdapter,
+    JobSpec,
+)
 from dispatch import _kube as k
 from dispatch.controller import WAITING_PREFIX
 from dispatch.controller.testing import FakeKueue
@@ -15,7 +23,7 @@ from dispatch.testing import FakeCluster
 
 from .conftest import NAME, SPEC, pods_summary, quiet, running, until, writes
 
-A = "dispatch.phpboyscout.uk/admission"
+A = LABEL_ADMISSION
 
 
 def admission_of(cluster: FakeCluster, name: str = NAME, ns: str = "default") -> int:
@@ -53,7 +61,7 @@ async def test_first_admission_raises_a_then_sets_ready_with_identity_labels(
     entry = kueue.entry(wl)
     assert admission_of(cluster) == 1
     assert entry["podSetUpdates"] == [{"name": "node", "labels": {
-        "dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1", A: "1"}}]
+        LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1", A: "1"}}]
     assert "admitted as llama/s1#1" in entry["message"]
     kueue.sync()
     cluster.settle()
@@ -470,7 +478,7 @@ async def test_a_refused_raise_keeps_the_check_pending_with_the_reason_and_retri
     cluster.server.add_admission(
         "trainjobs", lambda op, old, new: "runtime patches are frozen" if deny["on"] and old is not None
         and old["spec"].get("runtimePatches") != new["spec"].get("runtimePatches")
-        and any(p.get("manager") == "dispatch.phpboyscout.uk/dispatch" for p in new["spec"]["runtimePatches"])
+        and any(p.get("manager") == PATCH_MANAGER for p in new["spec"]["runtimePatches"])
         and new["metadata"].get("annotations", {}).get(ANNOTATION_ADMISSION) != "0" else None)
     await adapter.open(SPEC)
     wl = kueue.workload_for(NAME)

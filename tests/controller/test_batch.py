@@ -9,16 +9,18 @@ TrainJob; then they count what the batch saves and check that its errors stay pe
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch._identity import new_record
@@ -96,8 +98,8 @@ async def build(kinds: Sequence[str]) -> World:
         if kind == "by-jobset-name":              # a leftover pod only JobSet's label selects
             stray_pod(cluster, f"stray-{i}", "node-1", {"jobset.sigs.k8s.io/jobset-name": obj})
         if kind == "by-dispatch-labels":          # a leftover pod only dispatch's labels select
-            stray_pod(cluster, f"stray-{i}", "node-1", {"dispatch.phpboyscout.uk/job-id": "batch",
-                                                        "dispatch.phpboyscout.uk/submission": f"s{i}"})
+            stray_pod(cluster, f"stray-{i}", "node-1", {LABEL_JOB_ID: "batch",
+                                                        LABEL_SUBMISSION: f"s{i}"})
         names.append(wl)
     await adapter.aclose()
     assert cluster.server.denied == []
@@ -286,3 +288,67 @@ async def test_the_queue_hands_out_a_batch_of_one_namespace_in_order(size: int) 
     for key in first:
         q.done(key)
     assert rest() == 6 - size + (1 if size > 1 else 0)
+
+
+class InFlight(httpx2.AsyncBaseTransport):
+    """A transport that holds every request a moment and notes which requests were in flight together,
+    so a test can tell reads sent at once from reads sent one after another."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self.inner = inner
+        self.flying: set[str] = set()
+        self.together: list[frozenset[str]] = []
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        key = f"{request.method} {request.url.path.rsplit('/', 2)[-2]}"
+        self.flying.add(key)
+        self.together.append(frozenset(self.flying))
+        try:
+            await asyncio.sleep(0.002)
+            return await self.inner.handle_async_request(request)
+        finally:
+            self.flying.discard(key)
+
+    def overlapped(self, a: str, b: str) -> bool:
+        return any(a in group and b in group for group in self.together)
+
+
+async def lone(kind: str, hint: Callable[[World], dict[str, WorkloadHint]]) -> tuple[World, InFlight, str]:
+    """One Workload of ``kind`` decided alone through a transport that sees what overlapped."""
+    world = await build([kind])
+    spy = InFlight(world.cluster.transport("dispatch-controller"))
+    kube = k.Kube.connect(namespace=NS, transport=spy)
+    got = await reconciler_for(kube).reconcile_many(NS, world.workloads, hints=hint(world))
+    await kube.aclose()
+    return world, spy, outcomes(got)[world.workloads[0]]
+
+
+async def test_a_lone_workload_is_read_with_its_trainjob_and_its_record_with_the_lower_layers() -> None:
+    """Latency: the Workload and the TrainJob its cached copy names are one round trip, and the identity
+    record is read while JobSet, Jobs and pods are, not after them."""
+    world, spy, outcome = await lone("free", cache_of)
+    assert outcome == "admitted"
+    assert result(world)[world.workloads[0]][:1] == ("Ready",)
+    assert spy.overlapped("GET workloads", "GET trainjobs")
+    assert spy.overlapped("GET submissionrecords", "GET jobsets") or spy.overlapped("GET submissionrecords",
+                                                                                      "GET namespaces")
+    # without a cache the TrainJob's name is learnt from the Workload: read after it
+    world, spy, outcome = await lone("free", lambda _w: {})
+    assert outcome == "admitted"
+    assert not spy.overlapped("GET workloads", "GET trainjobs")
+    await world.kube.aclose()
+
+
+async def test_a_hint_naming_the_wrong_owner_costs_a_read_and_decides_as_before() -> None:
+    """A cached copy that names another TrainJob (renamed owner, stale cache) is never decided from: the
+    fresh Workload's owner is read, and the outcome is the one a cold read gives."""
+    def wrong(world: World) -> dict[str, WorkloadHint]:
+        return {name: dataclasses.replace(h, trainjob="someone-else") for name, h in cache_of(world).items()}
+    for kind, want in (("free", "admitted"), ("blocked", "waiting")):
+        world, _spy, outcome = await lone(kind, wrong)
+        assert outcome == want
+        cold = await build([kind])
+        assert outcomes(await cold.reconciler.reconcile_many(NS, cold.workloads)) == {cold.workloads[0]: want}
+        assert result(world) == result(cold)
+        for w in (world, cold):
+            await w.kube.aclose()

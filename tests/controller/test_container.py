@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from dispatch import AsyncAdapter, JobSpec
+from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.controller import ACTIVE_MESSAGE
 from dispatch.testbed.harness import (
@@ -190,6 +190,6 @@ async def test_a_rotated_token_is_read_again_once_the_old_one_is_revoked(admin: 
         await adapter.open(JobSpec(job_id="rot", submission="s2", queue="lq"))
         await until(lambda: is_running(kube, "rot-s2"), timeout=90, what="admitted after the rotation")
         pods = running_pods(await pods_of(kube, "rot-s2"))
-        assert [p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in pods] == ["1"]
+        assert [p["metadata"]["labels"][LABEL_ADMISSION] for p in pods] == ["1"]
     text = log.read_text()
     assert "controller failed" not in text, text[-3000:]

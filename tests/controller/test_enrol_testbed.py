@@ -21,7 +21,7 @@ from kubeflow.common.types import KubernetesBackendConfig
 from kubeflow.trainer import CustomTrainerContainer, TrainerClient
 from kubeflow.trainer.options.kubernetes import Labels
 
-from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER, JobSpec, State
+from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, PATCH_MANAGER, POD_FINALIZER, JobSpec, State
 from dispatch import _enrol as e
 from dispatch import _kube as k
 from dispatch import testbed as tb
@@ -95,7 +95,7 @@ def assert_enrolled(tj: Obj, name: str) -> None:
     labels = tj["metadata"]["labels"]
     assert labels[LABEL_JOB_ID] == name and labels[LABEL_SUBMISSION]
     assert tj["spec"]["suspend"] is True
-    [entry] = [p for p in tj["spec"]["runtimePatches"] if p.get("manager") == "dispatch.phpboyscout.uk/dispatch"]
+    [entry] = [p for p in tj["spec"]["runtimePatches"] if p.get("manager") == PATCH_MANAGER]
     pod_meta = entry["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"]["metadata"]
     assert pod_meta["finalizers"] == [POD_FINALIZER] and pod_meta["labels"][A] == "0"
@@ -232,7 +232,7 @@ async def test_a_kubectl_applied_trainjob_is_enrolled_and_one_from_before_enrolm
     opened = await g.kube.get(k.TRAINJOBS, "opened-s1")
     assert (opened["metadata"]["labels"][LABEL_JOB_ID], opened["metadata"]["labels"][LABEL_SUBMISSION]) == (
         "opened", "s1")
-    ours = [p for p in opened["spec"]["runtimePatches"] if p["manager"] == "dispatch.phpboyscout.uk/dispatch"]
+    ours = [p for p in opened["spec"]["runtimePatches"] if p["manager"] == PATCH_MANAGER]
     assert len(ours) == 1
     pod_labels = ours[0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"][
         "template"]["metadata"]["labels"]

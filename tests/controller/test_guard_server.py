@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
-from dispatch import AsyncAdapter, JobSpec
+from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, POD_FINALIZER, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch.controller import _guard as g
@@ -197,7 +197,7 @@ async def test_an_sdk_create_is_enrolled_over_tls_and_then_released_by_dispatch(
     sdk = sdk_create("uafe94fe6d9a")
     own = sdk_create("own-runtime", {"name": "mine", "kind": "TrainingRuntime"})
     lost = sdk_create("lost-runtime", {"name": "gone", "kind": "ClusterTrainingRuntime"})
-    bad = sdk_create("bad-label", labels={"dispatch.phpboyscout.uk/job-id": "Not Valid"})
+    bad = sdk_create("bad-label", labels={LABEL_JOB_ID: "Not Valid"})
     registry = CollectorRegistry()
     running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
                             hosts=["localhost", "127.0.0.1"], webhook="", registry=registry)
@@ -236,8 +236,8 @@ async def test_an_sdk_create_is_enrolled_over_tls_and_then_released_by_dispatch(
     assert ident.admission == 1
     cluster.settle()
     [pod] = cluster.pods("uafe94fe6d9a")
-    assert pod["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] == "1"
-    assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
+    assert pod["metadata"]["labels"][LABEL_ADMISSION] == "1"
+    assert POD_FINALIZER in pod["metadata"]["finalizers"]
 
 
 async def test_only_creates_are_enrolled_and_a_slow_runtime_read_is_a_denial(kube: k.Kube) -> None:

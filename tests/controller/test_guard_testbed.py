@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
@@ -221,7 +221,7 @@ async def test_identity_cannot_be_lowered_removed_or_forged(g: Guarded) -> None:
     assert dropped.returncode != 0
     tj = await g.kube.get(k.TRAINJOBS, "ident-s1")
     assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
-    assert "dispatch.phpboyscout.uk/job-id" in tj["metadata"]["labels"]
+    assert LABEL_JOB_ID in tj["metadata"]["labels"]
     # writes that start nothing and keep the identity pass
     noted = kubectl(g.ns, "annotate", "trainjob", "ident-s1", "team=vision")
     assert noted.returncode == 0, noted.stderr

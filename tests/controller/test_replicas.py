@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from contextlib import AsyncExitStack
 
-from dispatch import AsyncAdapter, JobSpec
+from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.controller import Controller
 from dispatch.controller._leader import LeaderElector
@@ -121,5 +121,5 @@ async def test_two_replicas_without_leader_election_still_admit_each_execution_o
     cluster.history.check()
     assert len(kueue.admitted) == 24          # Kueue started each Workload exactly twice
     for name in names:
-        labels = [p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(name)]
+        labels = [p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(name)]
         assert len(labels) == 1

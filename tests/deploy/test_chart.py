@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from dispatch import ENROL_LABEL
+
 pytestmark = pytest.mark.testbed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +199,7 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
     [mutating] = [d for d in elsewhere if d["kind"] == "MutatingWebhookConfiguration"]
     assert mutating["webhooks"][0]["clientConfig"]["service"] == {
         "name": "dispatch-guard", "namespace": "ml-platform", "path": "/mutate-trainjob", "port": 443}
-    assert mutating["webhooks"][0]["namespaceSelector"] == {"matchLabels": {"dispatch.phpboyscout.uk/enrol": "true"}}
+    assert mutating["webhooks"][0]["namespaceSelector"] == {"matchLabels": {ENROL_LABEL: "true"}}
 
     off = chart(tools, "guard.enabled=false")
     # The CEL policy needs no server, so it stays: A and the started mark still only rise.

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import Adapter, JobSpec, PodsRemain
+from dispatch import ANNOTATION_ADMISSION, Adapter, JobSpec, PodsRemain
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
 
@@ -35,7 +35,7 @@ def test_a_kueue_managed_trainjob_without_the_queue_label_is_released_through_ku
     adapter.release(NAME)
     tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", NS, NAME)
     assert tj is not None and tj["spec"]["suspend"] is True          # only Kueue (through the check) admits
-    assert tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "0"
+    assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "0"
     assert kueue.workload(wl)["spec"]["active"] is True
     assert adapter.inspect(NAME).mode == "kueue"        # status says who admits it
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import POD_FINALIZER, Adapter, JobSpec, NotFound, PodsRemain, Refused, State
+from dispatch import LABEL_ADMISSION, POD_FINALIZER, Adapter, JobSpec, NotFound, PodsRemain, Refused, State
 from dispatch import _kube as k
 from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
@@ -183,7 +183,7 @@ def test_the_finalizer_lifecycle_pod_terminal_then_finalizer_removed_then_pod_go
     cluster.settle()
     second = cluster.pods(NAME)
     assert len(second) == 1 and POD_FINALIZER in second[0]["metadata"]["finalizers"], "kept by the raise"
-    assert second[0]["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] == "2"
+    assert second[0]["metadata"]["labels"][LABEL_ADMISSION] == "2"
     cluster.history.check()
 
 

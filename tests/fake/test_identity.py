@@ -9,6 +9,7 @@ import re
 import pytest
 
 from dispatch import (
+    ANNOTATION_ADMISSION,
     LABEL_ADMISSION,
     Adapter,
     AsyncAdapter,
@@ -42,7 +43,7 @@ def record_a(cluster: FakeCluster, job_id: str = "llama", submission: str = "s1"
 def tj_a(cluster: FakeCluster, name: str = NAME) -> int:
     tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", NS, name)
     assert tj is not None
-    return int(tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"])
+    return int(tj["metadata"]["annotations"][ANNOTATION_ADMISSION])
 
 
 def successful_writes(cluster: FakeCluster, start: int) -> list[tuple[str, str]]:

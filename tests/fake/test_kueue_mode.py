@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dispatch import Adapter, JobSpec, State
+from dispatch import CONTROLLER_NAME, Adapter, JobSpec, State
 from dispatch.testing import FakeCluster
 
 KUEUE = "kueue.x-k8s.io"
@@ -12,7 +12,7 @@ KUEUE = "kueue.x-k8s.io"
 
 def queued(adapter: Adapter, cluster: FakeCluster, checks: list[dict[str, Any]]) -> dict[str, Any]:
     """Open in Kueue mode and play Kueue: a Workload owned by the TrainJob, with the given checks."""
-    for name, controller in (("dispatch", "dispatch.phpboyscout.uk/admission"), ("other", "example.com/other")):
+    for name, controller in (("dispatch", CONTROLLER_NAME), ("other", "example.com/other")):
         if cluster.server.get(KUEUE, "admissionchecks", "", name) is None:
             cluster.server.create(KUEUE, "admissionchecks", "", {
                 "metadata": {"name": name}, "spec": {"controllerName": controller}})

@@ -12,7 +12,7 @@ import httpx2
 import pytest
 import yaml
 
-from dispatch import Adapter, AsyncAdapter, Forbidden, JobSpec, NotFound, State
+from dispatch import ANNOTATION_ADMISSION, Adapter, AsyncAdapter, Forbidden, JobSpec, NotFound, State
 from dispatch import _kube as k
 from dispatch._identity import new_record
 from dispatch.controller import Config, Controller
@@ -295,7 +295,7 @@ async def test_the_controller_role_decides_a_batch_with_leader_election(
     assert cluster.server.denied == []
     for i in range(4):
         tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", f"batch-s{i}")
-        assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+        assert tj is not None and tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
 
 
 def _check_state(cluster: FakeCluster, wl: str) -> str | None:

@@ -168,7 +168,7 @@ def test_if_pods_remain_nothing_is_raised_and_nothing_is_admitted(adapter: Adapt
     assert writes(cluster) == []
     after = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
     assert after == before
-    assert after is not None and after["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+    assert after is not None and after["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
 
 
 def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter, cluster: FakeCluster) -> None:
@@ -527,7 +527,7 @@ def test_a_crash_between_recording_a_and_raising_it_skips_a_number_and_never_reu
     with pytest.raises(Unreachable):
         adapter.release(NAME)  # A=1 is in the identity record; raising it on the TrainJob failed
     tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
-    assert tj is not None and tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "0"
+    assert tj is not None and tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "0"
     adapter.close(NAME)
     assert adapter.open(SPEC, hold=False).identity.admission == 2
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import LABEL_ADMISSION, Adapter, JobSpec
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, Adapter, JobSpec
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
@@ -131,7 +131,7 @@ def test_kueue_manages_an_unlabelled_trainjob_and_dispatch_admits_it_only_throug
     time.sleep(2)
     tj = get("trainjob", name, "-n", ns)
     assert tj["spec"]["suspend"] is True, "dispatch unsuspended a TrainJob that Kueue manages"
-    assert tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "0"
+    assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "0"
     if not has_default_queue(ns):
         print("status without a queue:", adapter.inspect(name).cause)
         return
@@ -145,7 +145,7 @@ def test_kueue_manages_an_unlabelled_trainjob_and_dispatch_admits_it_only_throug
     pods = [p for p in get("pods", "-n", ns)["items"]
             if p["metadata"]["labels"].get("jobset.sigs.k8s.io/jobset-name") == name]
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in pods} == {"1"}
-    assert get("trainjob", name, "-n", ns)["metadata"]["annotations"]["dispatch.phpboyscout.uk/admission"] == "1"
+    assert get("trainjob", name, "-n", ns)["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
     [wl] = workloads_of(ns, uid)
     entry = next(c for c in wl["status"]["admissionChecks"] if c["name"] == "dispatch")
     print("check:", entry["state"], entry.get("message"))

@@ -14,20 +14,15 @@ from typing import Any
 
 import pytest
 
-from dispatch import testbed
+from dispatch import CONTROLLER_NAME, testbed
 
 pytestmark = pytest.mark.testbed
 
 Obj = dict[str, Any]
 
 
-@pytest.fixture(scope="module")
-def cluster(testbed_kubeconfig: str) -> None:
-    """The testbed, brought up once per test run by the session fixture in tests/conftest.py."""
-
-
 @pytest.fixture
-def ns(cluster: None) -> Iterator[str]:
+def ns(testbed_kubeconfig: str) -> Iterator[str]:
     """A fresh namespace per test (deleted afterwards without waiting)."""
     name = f"smoke-{uuid.uuid4().hex[:6]}"
     testbed.kubectl("create", "namespace", name)
@@ -84,18 +79,18 @@ def running_pods(namespace: str, selector: str) -> list[Obj]:
     ]
 
 
-def test_server_version_is_the_built_one(cluster: None) -> None:
+def test_server_version_is_the_built_one(testbed_kubeconfig: str) -> None:
     v = json.loads(testbed.kubectl("version", "-o", "json").stdout)
     assert v["serverVersion"]["gitVersion"] == testbed.versions()["K8S_VERSION"]
     assert v["clientVersion"]["gitVersion"] == testbed.versions()["K8S_VERSION"]
 
 
-def test_every_component_is_healthy(cluster: None) -> None:
+def test_every_component_is_healthy(testbed_kubeconfig: str) -> None:
     bad = [s.name for s in testbed.status() if not s.healthy]
     assert bad == []
 
 
-def test_training_runtime_and_kueue_fixtures_exist(cluster: None) -> None:
+def test_training_runtime_and_kueue_fixtures_exist(testbed_kubeconfig: str) -> None:
     get("clustertrainingruntime", "torch-distributed")
     conds = get("clusterqueue", "cq")["status"].get("conditions", [])
     assert any(c["type"] == "Active" and c["status"] == "True" for c in conds)
@@ -104,7 +99,7 @@ def test_training_runtime_and_kueue_fixtures_exist(cluster: None) -> None:
     assert [c["name"] for c in checks] == ["dispatch"]
     get("localqueue", "-n", "default", "lq")
     get("localqueue", "-n", "default", "lq-dispatch")
-    assert get("admissioncheck", "dispatch")["spec"]["controllerName"] == "dispatch.phpboyscout.uk/admission"
+    assert get("admissioncheck", "dispatch")["spec"]["controllerName"] == CONTROLLER_NAME
 
 
 def test_trainjob_runs_then_suspends(ns: str) -> None:
@@ -124,7 +119,7 @@ def test_trainjob_runs_then_suspends(ns: str) -> None:
     wait_for("pods gone after suspend", lambda: not pods(ns, sel), timeout=60)
 
 
-def test_kueue_admits_trainjob(cluster: None) -> None:
+def test_kueue_admits_trainjob(testbed_kubeconfig: str) -> None:
     name = f"tj-kueue-{uuid.uuid4().hex[:5]}"
     apply(trainjob(name, "default", labels={"kueue.x-k8s.io/queue-name": "lq"}))
     try:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
 from dispatch import _decision as d
 from dispatch._records import Cause, State
 from dispatch._trainer import TrainJobView
@@ -24,12 +25,12 @@ NODE_STATES: dict[str, d.NodeView] = {
     "unreadable": d.NodeView.unreadable("n"),
 }
 SELECTIONS = {
-    "dispatch": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"},
+    "dispatch": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"},
     "jobset": {"jobset.sigs.k8s.io/jobset-name": NAME},
-    "both": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1",
+    "both": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1",
              "jobset.sigs.k8s.io/jobset-name": NAME},
     "neither": {"jobset.sigs.k8s.io/jobset-name": "other"},
-    "wrong-submission": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s2"},
+    "wrong-submission": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s2"},
 }
 
 
@@ -199,12 +200,12 @@ def test_jobset_blocks_until_suspended(spec: dict[str, Any], conds: dict[str, st
 
 def trainjob(*, suspend: bool = True, admission: str | None = "1", queue: str | None = None,
              conds: dict[str, str] | None = None, deleting: bool = False) -> TrainJobView:
-    labels = {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"}
+    labels = {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}
     if queue:
         labels["kueue.x-k8s.io/queue-name"] = queue
     meta: dict[str, Any] = {"name": NAME, "labels": labels, "annotations": {}}
     if admission is not None:
-        meta["annotations"]["dispatch.phpboyscout.uk/admission"] = admission
+        meta["annotations"][ANNOTATION_ADMISSION] = admission
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     status = {"conditions": [{"type": t, "status": s} for t, s in (conds or {}).items()]}
@@ -229,7 +230,7 @@ def test_state_of(tj: TrainJobView, state: State) -> None:
 def test_next_admission_is_above_everything_seen() -> None:
     tj = trainjob(admission="3")
     assert d.next_admission(tj, []).admission == 4
-    high = pod(labels={**SELECTIONS["both"], "dispatch.phpboyscout.uk/admission": "7"})
+    high = pod(labels={**SELECTIONS["both"], LABEL_ADMISSION: "7"})
     assert d.next_admission(tj, [high]).admission == 8
     garbage = trainjob(admission="garbage")
     assert d.next_admission(garbage, []).admission == 1

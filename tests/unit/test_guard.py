@@ -6,16 +6,17 @@ from typing import Any
 
 import pytest
 
+from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
 from dispatch import _decision as d
 from dispatch._identity import RecordView, new_record
 from dispatch._kueue import WorkloadView
-from dispatch._names import ANNOTATION_ADMISSION, ANNOTATION_STARTED, ANNOTATION_TOKEN, LABEL_JOB_ID, PATCH_MANAGER
+from dispatch._names import ANNOTATION_ADMISSION, ANNOTATION_STARTED, ANNOTATION_TOKEN, PATCH_MANAGER
 from dispatch._records import RemainingPod
 from dispatch._trainer import TrainJobView
 from dispatch.controller._reconcile import kueue_token
 
 NAME, UID, WL_UID = "llama-s1", "tj-uid", "wl-uid"
-LABELS = {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"}
+LABELS = {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}
 
 
 def tj(*, suspend: bool = True, a: int | None = 2, patch_a: int | None = None, started: int | None = None,
@@ -32,7 +33,7 @@ def tj(*, suspend: bool = True, a: int | None = 2, patch_a: int | None = None, s
     spec: dict[str, Any] = {"suspend": suspend}
     if entry:
         pod_labels = dict(LABELS)
-        pod_labels["dispatch.phpboyscout.uk/admission"] = str(a if patch_a is None else patch_a)
+        pod_labels[LABEL_ADMISSION] = str(a if patch_a is None else patch_a)
         spec["runtimePatches"] = [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
             "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
                 "metadata": {"labels": pod_labels}}}}}]}}}}]
@@ -298,9 +299,9 @@ def kept(**changes: Any) -> TrainJobView:
      "annotation dispatch.phpboyscout.uk/admission only rises (2); this write would remove it"),
     (kept(started=1), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would lower it to 1"),
     (kept(started=None), "annotation dispatch.phpboyscout.uk/started only rises (2); this write would remove it"),
-    (kept(labels={"dispatch.phpboyscout.uk/submission": "s1"}),
+    (kept(labels={LABEL_SUBMISSION: "s1"}),
      "dispatch's identity label dispatch.phpboyscout.uk/job-id=llama is kept; this write would remove it"),
-    (kept(labels={**LABELS, "dispatch.phpboyscout.uk/submission": "s9"}),
+    (kept(labels={**LABELS, LABEL_SUBMISSION: "s9"}),
      "dispatch's identity label dispatch.phpboyscout.uk/submission=s1 is kept; this write would change it to 's9'"),
     (kept(entry=False), "dispatch's runtime patch entry (dispatch.phpboyscout.uk/dispatch) is kept"),
     (kept(patch_a=1), "the A in dispatch's runtime patch entry only rises (2); this write would lower it to 1"),

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import Adapter, InvalidInput, JobSpec
+from dispatch import ANNOTATION_ADMISSION, Adapter, InvalidInput, JobSpec
 from dispatch._validate import env_name_problem, parse_quantity, qualified_name_problem, spec_problems
 from dispatch.testing import FakeCluster
 
@@ -67,7 +67,7 @@ BAD: list[tuple[JobSpec, str, str]] = [
     (spec(labels={"jobset.sigs.k8s.io/jobset-name": "q"}), "labels[jobset.sigs.k8s.io/jobset-name]", "JobSet"),
     (spec(pod_annotations={"a b": "x"}), "pod_annotations[a b]", "key 'a b'"),
     (spec(pod_annotations={"a": 1}), "pod_annotations[a]", "must be a string"),
-    (spec(pod_annotations={"dispatch.phpboyscout.uk/admission": "9"}),
+    (spec(pod_annotations={ANNOTATION_ADMISSION: "9"}),
      "pod_annotations[dispatch.phpboyscout.uk/admission]", "reserved"),
     (spec(pod_annotations={"a": "x" * (256 * 1024)}), "pod_annotations", "more than the API's 262144"),
     (spec(node_selector={"zone": "a b"}), "node_selector[zone]", "not a valid label value"),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import Adapter, InvalidInput, JobSpec
+from dispatch import LABEL_ADMISSION, Adapter, InvalidInput, JobSpec
 from dispatch.testing import FakeCluster
 
 CASES = [
@@ -28,7 +28,7 @@ CASES = [
      "termination_grace_period_seconds", "negative"),
     (JobSpec(job_id="llama", submission="s1", queue="lq", termination_grace_period_seconds=5),
      "termination_grace_period_seconds", "not kept under a queue: Kueue admits a TrainJob with a whole-object"),
-    (JobSpec(job_id="llama", submission="s1", labels={"dispatch.phpboyscout.uk/admission": "9"}),
+    (JobSpec(job_id="llama", submission="s1", labels={LABEL_ADMISSION: "9"}),
      "labels[dispatch.phpboyscout.uk/admission]", "reserved"),
     (JobSpec(job_id="llama", submission="s1", labels={"team": "a b"}), "labels[team]", "label value"),
 ]

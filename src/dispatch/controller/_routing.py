@@ -70,8 +70,9 @@ class RoutedWorkload:
 
     @property
     def hint(self) -> kq.WorkloadHint:
-        return kq.WorkloadHint(self.owner.uid if self.owner is not None else "", self.pod_set_identity, self.ref,
-                               self.checks)
+        owner = self.owner
+        return kq.WorkloadHint(owner.uid if owner is not None else "", self.pod_set_identity, self.ref,
+                               self.checks, owner.name if owner is not None and owner.is_trainjob else "")
 
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return next((c for c in self.checks if c.name in names), None)

@@ -240,8 +240,10 @@ def running_pods(pods: list[Obj]) -> list[Obj]:
 class Recorder:
     """A test-side watch of pods and Workloads: when the last blocking pod went, when the check turned Ready."""
 
-    def __init__(self, kube: k.Kube) -> None:
+    def __init__(self, kube: k.Kube, watched: tuple[tuple[k.Res, str], ...] = ((k.PODS, "pod"),
+                                                                              (k.WORKLOADS, "workload"))) -> None:
         self.kube = kube
+        self.watched = watched
         self.events: list[tuple[float, str, str, Obj]] = []
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -259,8 +261,7 @@ class Recorder:
                 rv = listed.resource_version
 
     def start(self) -> None:
-        self.tasks = [asyncio.create_task(self._watch(k.PODS, "pod")),
-                      asyncio.create_task(self._watch(k.WORKLOADS, "workload"))]
+        self.tasks = [asyncio.create_task(self._watch(res, label)) for res, label in self.watched]
 
     async def stop(self) -> None:
         for t in self.tasks:
@@ -343,6 +344,47 @@ async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path
     return latencies
 
 
+RTT_ANNOTATION = "dispatch.test/rtt"
+
+
+async def _round_trips(rec: Recorder, label: str, rounds: int, write: Callable[[str], Any]) -> list[float]:
+    """Seconds from sending each of ``rounds`` writes (``write(value)`` sets the rtt annotation to
+    ``value``) to its watch event reaching ``rec``."""
+    out: list[float] = []
+    for i in range(rounds):
+        want = f"{label}-{i}"
+        mark = time.monotonic()
+        await write(want)
+
+        def seen(want: str = want) -> float | None:
+            return next((t for t, got, _, obj in rec.events if got == label
+                         and (obj["metadata"].get("annotations") or {}).get(RTT_ANNOTATION) == want), None)
+        await until(lambda: seen() is not None, what="watch event", poll=0.001)
+        out.append(max(0.0, (seen() or mark) - mark))
+    return out
+
+
+async def webhooked_round_trips(kube: k.Kube, trainjob: str, rounds: int) -> dict[str, list[float]]:
+    """The floor of the two writes every Kueue-mode admission makes, each measured alone as a write's trip
+    to its own watch event: a TrainJob write (through Trainer's and Kueue's TrainJob webhooks) and a
+    Workload write (through Kueue's Workload webhook, which also judges ``workloads/status``). Each
+    write sets an annotation only, which neither the controller nor Kueue acts on."""
+    wl = await workload_of(kube, trainjob)
+    assert wl is not None, f"no Workload for {trainjob}"
+    workload = str(wl["metadata"]["name"])
+    rec = Recorder(kube, ((k.TRAINJOBS, "trainjob"), (k.WORKLOADS, "workload")))
+    rec.start()
+    try:
+        await asyncio.sleep(0.5)
+
+        def annotate(res: k.Res, name: str) -> Callable[[str], Any]:
+            return lambda value: kube.merge_patch(res, name, {"metadata": {"annotations": {RTT_ANNOTATION: value}}})
+        return {"trainjob": await _round_trips(rec, "trainjob", rounds, annotate(k.TRAINJOBS, trainjob)),
+                "workload": await _round_trips(rec, "workload", rounds, annotate(k.WORKLOADS, workload))}
+    finally:
+        await rec.stop()
+
+
 async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
     """The API's own floor: seconds from sending a write to its watch event reaching the same process.
 
@@ -351,24 +393,15 @@ async def watch_round_trips(kube: k.Kube, rounds: int) -> list[float]:
     """
     rec = Recorder(kube)
     rec.start()
-    out: list[float] = []
     try:
         await asyncio.sleep(0.5)
-        await kube.create(k.PODS, {"metadata": {"name": "rtt", "annotations": {"n": "0"}}, "spec": {
+        await kube.create(k.PODS, {"metadata": {"name": "rtt"}, "spec": {
             "nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
-        for i in range(rounds):
-            mark = time.monotonic()
-            await kube.merge_patch(k.PODS, "rtt", {"metadata": {"annotations": {"n": str(i + 1)}}})
-
-            def seen(want: str = str(i + 1)) -> float | None:
-                return next((t for t, label, _, obj in rec.events if label == "pod"
-                             and (obj["metadata"].get("annotations") or {}).get("n") == want), None)
-            await until(lambda: seen() is not None, what="watch event", poll=0.001)
-            out.append(max(0.0, (seen() or mark) - mark))
+        return await _round_trips(rec, "pod", rounds, lambda value: kube.merge_patch(
+            k.PODS, "rtt", {"metadata": {"annotations": {RTT_ANNOTATION: value}}}))
     finally:
         await rec.stop()
         await kube.delete(k.PODS, "rtt", grace_seconds=0)
-    return out
 
 
 GUARD_YAML = source_dir().parent / "deploy" / "base" / "guard.yaml"
