@@ -185,9 +185,12 @@ async def main() -> None:
     await kube.create(CLUSTERQUEUES, {
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
         "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": [{"name": "default",
+                 # `pods` covered, as a check-gated queue must be (Kueue v0.19 skips the checks of a
+                 # Workload given no flavor); the controller warns about a queue that does not
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
                      "resources": [{"name": "cpu", "nominalQuota": "1000"},
-                                   {"name": "memory", "nominalQuota": "1000Gi"}]}]}],
+                                   {"name": "memory", "nominalQuota": "1000Gi"},
+                                   {"name": "pods", "nominalQuota": "100000"}]}]}],
                  "admissionChecksStrategy": {"admissionChecks": [{"name": ns}]}}})
     await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
                                     "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
