@@ -29,11 +29,9 @@ from ._core import Core, Snapshot, Target
 from ._follow import Follower, selections
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
-from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, annotations_of, labels_of, name_of
+from ._views import PodView, annotations_of, labels_of, name_of
 from .errors import (
     FieldCause,
-    Forbidden,
-    InvalidInput,
     NotFound,
     PodsRemain,
     ReadOnly,
@@ -122,9 +120,7 @@ class AsyncAdapter:
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
         if tj.state is State.RUNNING:
-            jobs = [JobView.from_obj(j) for j in
-                    await self._list_or_empty(k.JOBS, labels=f"{n.JOBSET_NAME_LABEL}={name}")]
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name)])
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name)])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -168,63 +164,21 @@ class AsyncAdapter:
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
         if not idle:
             return sorted((self._status(t, None) for t in trainjobs), key=lambda s: s.name)
-        first = await self._kube.list(k.PODS, labels=n.LABEL_JOB_ID)
-        second = await self._kube.list(
-            k.PODS, labels=n.JOBSET_NAME_LABEL, resource_version=first.resource_version, exact=True
-        )
-        pods = [PodView.from_obj(p) for p in first.items + second.items]
-        jobsets = {name_of(j): JobSetView.from_obj(j) for j in (await self._list_or_empty(k.JOBSETS))}
-        jobs = [JobView.from_obj(j) for j in await self._list_or_empty(k.JOBS, labels=n.JOBSET_NAME_LABEL)]
-        nodes = await self._all_nodes(pods)
-        workloads: dict[str, kq.WorkloadView] = {}
-        ours: set[str] | None = None
-        if idle:  # Kueue may manage an object without the queue-name label: its Workload says so
-            ours = await self.core.our_checks()
-            for w in await self._list_or_empty(k.WORKLOADS):
-                uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
-                if uid:
-                    workloads[uid] = kq.WorkloadView.from_obj(w)
-        # Each object is decided on its own candidates (both selections; decide filters them again), so
-        # the cost follows the objects, not objects x pods of the namespace.
-        by_name: dict[str, list[PodView]] = {}
-        by_ident: dict[tuple[str, str], list[PodView]] = {}
-        for p in pods:
-            by_name.setdefault(p.jobset_name, []).append(p)
-            if p.job_id:
-                by_ident.setdefault((p.job_id, p.submission), []).append(p)
-        jobs_of: dict[str, list[JobView]] = {}
-        for j in jobs:
-            jobs_of.setdefault(j.jobset_name, []).append(j)
+        snaps = await self.core.read_namespace([Target.of(t) for t in idle])
+        # Kueue may manage an object without the queue-name label: its Workload says so
+        ours = await self.core.our_checks()
+        workloads = await self.core.workloads_by_owner()
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
                 out.append(self._status(t, None))
                 continue
-            mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
-            own_jobs = jobs_of.get(t.name, [])
-            verdict = d.decide(name=t.name, job_id=t.job_id, submission=t.submission, pods=mine, nodes=nodes,
-                               jobset=jobsets.get(t.name), jobs=own_jobs)
+            snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
-            out.append(self._status(t, verdict, kq.check_of(wl, ours) if wl else None, d.workload_note(wl),
-                                    kueue=wl is not None or bool(t.queue),
-                                    warnings=[d.jobs_replacement_warning(own_jobs, t.name)]))
+            out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
+                                    d.workload_note(wl), kueue=wl is not None or bool(t.queue),
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name)]))
         return sorted(out, key=lambda s: s.name)
-
-    async def _list_or_empty(self, res: k.Res, labels: str | None = None) -> list[dict[str, object]]:
-        try:
-            return (await self._kube.list(res, labels=labels)).items
-        except NotFound:
-            return []
-
-    async def _all_nodes(self, pods: Sequence[PodView]) -> dict[str, NodeView]:
-        wanted = {p.node for p in pods if p.node and p.may_run}
-        if not wanted:
-            return {}
-        try:
-            listed = {name_of(o): NodeView.from_obj(o) for o in (await self._kube.list(k.NODES)).items}
-        except Forbidden:
-            return {name: NodeView.unreadable(name) for name in wanted}
-        return {name: listed.get(name) or NodeView.gone(name) for name in wanted}
 
     async def ceased(self, name: str) -> Cessation:
         """Whether the object's processes are proven gone. Writes nothing; needs get on Nodes."""
@@ -245,10 +199,10 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        replicated, warning = await self._runtime_jobs(spec)
+        replicated, warning = await self.core.runtime_jobs(spec)
         body = tr.trainjob_body(spec, name, self.namespace, replicated)
         if spec.termination_grace_period_seconds is not None:
-            await self._check_grace_kept(body)
+            await self.core.check_grace_kept(body)
         if not hold and spec.queue is None:
             # An earlier object of the same name or submission may still have pods: refuse before writing
             # anything (release reads again before it admits).
@@ -278,46 +232,6 @@ class AsyncAdapter:
         status = await self.inspect(name)
         return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
                                                                          *status.warnings])))
-
-    async def _check_grace_kept(self, body: dict[str, object]) -> None:
-        """Trainer before v2.3 prunes terminationGracePeriodSeconds from runtime patches silently; a
-        dry-run create shows what the server would keep, so the user hears it, not nothing."""
-        try:
-            stored = await self._kube.create(k.TRAINJOBS, body, dry_run=True)
-        except NotFound:
-            return  # the create itself will explain the missing kind
-        if not tr.grace_kept(stored):
-            raise InvalidInput(
-                "invalid input: termination_grace_period_seconds",
-                reason="Invalid",
-                causes=[FieldCause(
-                    "termination_grace_period_seconds",
-                    "this cluster's Trainer drops terminationGracePeriodSeconds from runtime patches "
-                    "(it needs Trainer v2.3 or later); set it in the training runtime instead",
-                    "FieldValueNotSupported",
-                )],
-            )
-
-    async def _runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
-        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
-        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
-        res = k.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else k.RUNTIMES
-        try:
-            runtime = await self._kube.get(res, spec.runtime)
-        except NotFound as exc:
-            if any(t in exc.message for t in ("could not find the requested resource", "404 page not found")):
-                raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                               reason=exc.reason, code=exc.code) from exc
-            raise NotFound(
-                f"{spec.runtime_kind} {spec.runtime} not found"
-                + (" in namespace " + self.namespace if res.namespaced else ""),
-                reason=exc.reason, code=exc.code, causes=[FieldCause("runtime", "not found", "NotFound")],
-            ) from exc
-        names = tr.runtime_jobs(runtime)
-        if not names:
-            raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
-        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
-                                                    tr.runtime_replacement_policies(runtime))
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -459,24 +373,11 @@ class AsyncAdapter:
             if obj is None:
                 raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
             view = PodView.from_obj(obj)
-            if not view.ours:
-                raise Refused(f"pod {pod} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
-                              reason="NotHeld")
-            nodes = await self.core.nodes([view])
-            node = nodes.get(view.node) if view.node else None
-            proof = view.end(node)
-            if proof == "unproven":
-                where = f"node {view.node} is {node.state_text() if node else 'not readable'}" if view.node \
-                    else "it has no node and is not being deleted"
-                if not node_confirmed_down:
-                    raise Refused(
-                        f"pod {pod}'s end is unproven: its kubelet has not confirmed it and {where}; once "
-                        f"{view.node or 'its node'} is confirmed shut down, pass --node-confirmed-down "
-                        "(or taint the node node.kubernetes.io/out-of-service)", reason="Unproven")
-                if node is not None and node.exists and node.readable and node.ready == "True":
-                    raise Refused(f"node {view.node} is Ready=True: its kubelet is answering and will confirm "
-                                  f"pod {pod}'s end itself; it is not down", reason="NodeReady")
-                proof = "operator-confirmed"
+            nodes = await self.core.nodes([view]) if view.ours else {}
+            proof, refusal = d.release_pod_proof(view, nodes.get(view.node) if view.node else None,
+                                                 node_confirmed_down=node_confirmed_down)
+            if refusal is not None:
+                raise Refused(refusal[0], reason=refusal[1])
             if await self.core.remove_finalizer(view, forbidden_ok=False):
                 return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
         raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from . import _api as api
 from . import _decision as d
@@ -27,8 +28,9 @@ from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._kube import Kube
-from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, name_of, parse_count
-from .errors import DispatchError, Forbidden, NotFound, Refused, Unreachable
+from ._records import JobSpec
+from ._views import POD_FINALIZER, JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
+from .errors import DispatchError, FieldCause, Forbidden, InvalidInput, NotFound, Refused, Unreachable
 
 READ_ATTEMPTS = 3
 """A consistent read that meets a compaction (410) is taken again from the start, this often."""
@@ -63,6 +65,9 @@ class Snapshot:
 
     def object_pods(self, target: Target) -> list[PodView]:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
+
+
+Obj = dict[str, Any]
 
 
 def _no_record_kind(exc: NotFound) -> DispatchError:
@@ -155,6 +160,60 @@ class Core:
             out[t.name] = Snapshot(jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes, rv)
         return out
 
+    async def read_namespace(self, targets: Sequence[Target]) -> dict[str, Snapshot]:
+        """One consistent read of the whole namespace for many objects, keyed by TrainJob name (``find``).
+
+        The same read as ``read`` with selectors by label key instead of value sets (one request each,
+        whatever the number of objects, where a set of thousands of names would not fit a URL): every pod
+        carrying dispatch's job-id label at revision R and every pod carrying jobset-name pinned to R,
+        every JobSet and every Job that names its JobSet, and the Nodes as one list (each pod that may run
+        needs its Node; a reader without ``list`` sees them unreadable). A kind that is not served reads as
+        empty. Each object then keeps only its own candidates, so deciding costs follow the objects.
+        """
+        if not targets:
+            return {}
+        first = await self.kube.list(api.PODS, labels=n.LABEL_JOB_ID)
+        second = await self.kube.list(api.PODS, labels=n.JOBSET_NAME_LABEL, resource_version=first.resource_version,
+                                      exact=True)
+        pods = [PodView.from_obj(p) for p in first.items + second.items]
+        jobsets = {name_of(j): JobSetView.from_obj(j) for j in await self._list_or_empty(api.JOBSETS)}
+        jobs = [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, n.JOBSET_NAME_LABEL)]
+        nodes = await self.listed_nodes(pods)
+        by_name: dict[str, list[PodView]] = {}
+        by_ident: dict[tuple[str, str], list[PodView]] = {}
+        for pod in pods:
+            by_name.setdefault(pod.jobset_name, []).append(pod)
+            if pod.job_id:
+                by_ident.setdefault((pod.job_id, pod.submission), []).append(pod)
+        jobs_of: dict[str, list[JobView]] = {}
+        for job in jobs:
+            jobs_of.setdefault(job.jobset_name, []).append(job)
+        out: dict[str, Snapshot] = {}
+        for t in targets:
+            mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
+            out[t.name] = Snapshot(jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes,
+                                   first.resource_version)
+        return out
+
+    async def jobs_of(self, name: str) -> list[JobView]:
+        """The child Jobs of one JobSet (none where the Job kind cannot be read as such)."""
+        return [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, f"{n.JOBSET_NAME_LABEL}={name}")]
+
+    async def _list_or_empty(self, res: api.Res, labels: str | None = None) -> list[Obj]:
+        try:
+            return (await self.kube.list(res, labels=labels)).items
+        except NotFound:
+            return []
+
+    async def workloads_by_owner(self) -> dict[str, kq.WorkloadView]:
+        """Every Workload of the namespace by its owner's uid (empty where Kueue is not installed)."""
+        out: dict[str, kq.WorkloadView] = {}
+        for w in await self._list_or_empty(api.WORKLOADS):
+            uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
+            if uid:
+                out[uid] = kq.WorkloadView.from_obj(w)
+        return out
+
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]
 
@@ -163,6 +222,17 @@ class Core:
         names = sorted({p.node for p in pods if p.node and p.may_run})
         got = await asyncio.gather(*(self._node(name) for name in names))
         return dict(zip(names, got, strict=True))
+
+    async def listed_nodes(self, pods: Iterable[PodView]) -> dict[str, NodeView]:
+        """The Nodes the pods that may run sit on, from one list of every Node (for a read of many)."""
+        wanted = {p.node for p in pods if p.node and p.may_run}
+        if not wanted:
+            return {}
+        try:
+            listed = {name_of(o): NodeView.from_obj(o) for o in (await self.kube.list(api.NODES)).items}
+        except Forbidden:
+            return {name: NodeView.unreadable(name) for name in wanted}
+        return {name: listed.get(name) or NodeView.gone(name) for name in wanted}
 
     async def _node(self, name: str) -> NodeView:
         try:
@@ -206,6 +276,47 @@ class Core:
         return True
 
     # ------------------------------------------------------------------ TrainJobs and Workloads
+
+    async def check_grace_kept(self, body: dict[str, object]) -> None:
+        """Trainer before v2.3 prunes terminationGracePeriodSeconds from runtime patches silently; a
+        dry-run create shows what the server would keep, so the user hears it, not nothing."""
+        try:
+            stored = await self.kube.create(api.TRAINJOBS, body, dry_run=True)
+        except NotFound:
+            return  # the create itself will explain the missing kind
+        if not tr.grace_kept(stored):
+            raise InvalidInput(
+                "invalid input: termination_grace_period_seconds",
+                reason="Invalid",
+                causes=[FieldCause(
+                    "termination_grace_period_seconds",
+                    "this cluster's Trainer drops terminationGracePeriodSeconds from runtime patches "
+                    "(it needs Trainer v2.3 or later); set it in the training runtime instead",
+                    "FieldValueNotSupported",
+                )],
+            )
+
+    async def runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
+        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
+        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
+        res = api.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
+        try:
+            runtime = await self.kube.get(res, spec.runtime)
+        except NotFound as exc:
+            if any(t in exc.message for t in ("could not find the requested resource", "404 page not found")):
+                raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
+                               reason=exc.reason, code=exc.code) from exc
+            raise NotFound(
+                f"{spec.runtime_kind} {spec.runtime} not found"
+                + (" in namespace " + self.namespace if res.namespaced else ""),
+                reason=exc.reason, code=exc.code, causes=[FieldCause("runtime", "not found", "NotFound")],
+            ) from exc
+        names = tr.runtime_jobs(runtime)
+        if not names:
+            raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
+        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+                                                    tr.runtime_replacement_policies(runtime))
+
 
     async def trainjob(self, name: str) -> tr.TrainJobView:
         try:

@@ -26,7 +26,7 @@ from ._names import (
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import TrainJobView
-from ._views import PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
+from ._views import POD_FINALIZER, PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
@@ -686,3 +686,33 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
     return _not_armed(operation, old, new, record, workload)
+
+
+OPERATOR_CONFIRMED = "operator-confirmed"
+"""The proof ``dispatch admin release-pod --node-confirmed-down`` gives: the operator's word."""
+
+
+def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_down: bool
+                      ) -> tuple[str, tuple[str, str] | None]:
+    """How ``admin release-pod`` proves one pod's end: (proof, None), or ("", (message, reason)) refused.
+
+    A pod whose end is proven (its kubelet confirmed it, its Node is deleted or out-of-service) needs no
+    word. Otherwise only the operator's word that the Node is shut down proves it (Kubernetes'
+    non-graceful shutdown asks the same before the out-of-service taint), refused while that Node
+    reports Ready=True: its kubelet is answering and will confirm the end itself."""
+    if not pod.ours:
+        return "", (f"pod {pod.name} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
+                    "NotHeld")
+    proof = pod.end(node)
+    if proof != PROOF_UNPROVEN:
+        return proof, None
+    if not node_confirmed_down:
+        where = (f"node {pod.node} is {node.state_text() if node else 'not readable'}" if pod.node
+                 else "it has no node and is not being deleted")
+        return "", (f"pod {pod.name}'s end is unproven: its kubelet has not confirmed it and {where}; once "
+                    f"{pod.node or 'its node'} is confirmed shut down, pass --node-confirmed-down "
+                    "(or taint the node node.kubernetes.io/out-of-service)", "Unproven")
+    if node is not None and node.exists and node.readable and node.ready == "True":
+        return "", (f"node {pod.node} is Ready=True: its kubelet is answering and will confirm pod {pod.name}'s "
+                    "end itself; it is not down", "NodeReady")
+    return OPERATOR_CONFIRMED, None
