@@ -260,3 +260,32 @@ async def test_the_controllers_pod_and_node_lists_reach_the_router_and_the_final
         assert set(ctl.router.nodes) == {"node-0"}
     finally:
         await kube.aclose()
+
+
+async def test_a_job_confirming_its_suspension_during_a_first_decision_runs_that_decision_again() -> None:
+    """Found on the loaded testbed: a Workload's first decision read its Job before the Job confirmed its
+    suspension, and the Job's event arrived before that decision had noted the Workload as waiting; it
+    was dropped, and the Workload waited for the 60 s resync. Every pending Workload now hears its Jobs."""
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    router.queue.add(f"{NS}/wl-a")
+    key = await queue.get()                          # a worker holds it: its first decision is in flight
+    assert key == f"{NS}/wl-a" and f"{NS}/wl-a" not in router.waiting
+    router.on_lower("MODIFIED", {"kind": "Job", "metadata": {"name": "a-s1-node-0", "namespace": NS,
+                                                            "labels": {n.JOBSET_NAME_LABEL: "a-s1"}}})
+    router.note(key, True, frozenset())             # the decision ends: waiting (on the Job it read)
+    queue.done(key)
+    assert drain(queue) == {f"{NS}/wl-a"}            # ... and runs once more, seeing the Job's confirmation
+
+
+async def test_a_node_change_during_a_decision_runs_that_decision_again() -> None:
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    router.list_nodes([{"metadata": {"name": "node-0"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"}]}}])
+    drain(queue)
+    router.queue.add(f"{NS}/wl-a")
+    key = await queue.get()                          # in flight, having read node-0 as Ready=True
+    router.on_node("MODIFIED", {"metadata": {"name": "node-0"}, "status": {"conditions": [
+        {"type": "Ready", "status": "Unknown"}]}})
+    router.note(key, True, frozenset({"node-0"}))
+    queue.done(key)
+    assert drain(queue) == {f"{NS}/wl-a"}

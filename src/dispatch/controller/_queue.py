@@ -104,6 +104,10 @@ class WorkQueue:
         self._items = rest
         return batch
 
+    def in_flight(self) -> list[str]:
+        """The keys workers hold now (``add`` of one makes it run once more after)."""
+        return sorted(self._processing)
+
     def done(self, key: str) -> None:
         self._processing.discard(key)
         if key in self._dirty:

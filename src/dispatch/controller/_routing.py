@@ -314,18 +314,21 @@ class Router:
             self._lower_listed.add(kind)
             self.requeue_all()
             return
-        # A relist: a JobSet or Job may have confirmed its suspension unseen; only waiters can care.
-        for key in sorted(self.waiting):
+        # A relist: a JobSet or Job may have confirmed its suspension unseen; only pending Workloads care.
+        for key in sorted(self.pending):
             self.queue.add(key)
 
     def list_lower(self, items: list[Obj]) -> None:
         self.requeue_all()
 
     def on_lower(self, etype: str, obj: Obj) -> None:
-        """A JobSet (named as its TrainJob) or a Job (labelled with it) changed: re-check the waiters."""
+        """A JobSet (named as its TrainJob) or a Job (labelled with it) changed: re-check its pending
+        Workloads. Pending, not only those already noted as waiting: a Job that confirms its suspension
+        while the Workload's first decision is being made (and found it unconfirmed) must run that
+        decision again, or the Workload waits for the resync."""
         name = labels_of(obj).get(n.JOBSET_NAME_LABEL) if obj.get("kind") == "Job" else name_of(obj)
         for key in self.by_owner.get((text(meta(obj).get("namespace")), name or ""), ()):
-            if key in self.waiting:
+            if key in self.pending:
                 self.queue.add(key)
 
     def list_nodes(self, items: list[Obj]) -> None:
@@ -362,6 +365,11 @@ class Router:
         for name in names:
             for key in self.node_waiters.get(name, ()):
                 self.queue.add(key)
+        # A decision in flight may have read the Node before this change and is not yet noted as waiting
+        # on it: run it once more after (Node changes are rare; in-flight keys are at most the workers'
+        # batches).
+        for key in self.queue.in_flight():
+            self.queue.add(key)
 
     # ------------------------------------------------------------------ waiting bookkeeping
 
