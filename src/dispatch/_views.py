@@ -28,10 +28,12 @@ MAX_DIGITS = 18
 """A stored count has at most 18 digits: far above any real A, and always inside a signed 64-bit int."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 PROOF_KUBELET = "kubelet-confirmed"
-"""Terminal phase and every container terminated, as its kubelet reports."""
+"""A terminal phase its kubelet wrote with no container running, or every container ended for good
+(see ``PodView.kubelet_confirmed``)."""
 PROOF_NODE_DELETED = "node-deleted"
 PROOF_OUT_OF_SERVICE = "out-of-service"
-"""The Node carries ``node.kubernetes.io/out-of-service``: an operator confirmed it is shut down."""
+"""The Node carries ``node.kubernetes.io/out-of-service`` and no longer reports Ready=True: an operator
+confirmed it is shut down, and its kubelet agrees by its silence."""
 PROOF_NOT_SCHEDULED = "not-scheduled"
 """Deleted before it was ever bound to a Node: no process was started."""
 PROOF_UNPROVEN = "unproven"
@@ -160,11 +162,68 @@ class NodeView:
 
     @property
     def proven_down(self) -> bool:
-        """The node's processes are proven stopped: the Node is deleted or tainted out-of-service."""
-        return self.readable and (not self.exists or self.out_of_service)
+        """The node's processes are proven stopped: the Node is deleted, or tainted out-of-service while
+        its kubelet no longer reports Ready=True. Kubernetes' own PodGC asks the same before it deletes
+        the pods of an out-of-service node: a kubelet that still reports Ready is running, whatever the
+        taint says."""
+        return self.readable and (not self.exists or (self.out_of_service and self.ready != "True"))
 
 
 # --------------------------------------------------------------------------- pods
+
+
+FOREIGN_TERMINAL_MARKS: Mapping[tuple[str, str], str] = {
+    ("DisruptionTarget", "DeletionByPodGC"): "PodGC",
+    ("KueueFailureRecovery", ""): "Kueue's failure recovery",
+    ("TerminatedByKueue", ""): "Kueue",
+}
+"""Conditions that the known writers of a terminal phase other than the kubelet add with it (condition
+type, reason; an empty reason matches any). PodGC's out-of-service and unscheduled paths add none, but
+those pods are proven by their Node (or have none)."""
+REJECTED_PREFIX = "Pod was rejected: "
+"""How the kubelet's admission rejection (``rejectPod``) begins its message: the pod never ran there."""
+TERMINATED_BY_KUBELET = "The container could not be located when the pod was terminated"
+"""The message of the kubelet's last step for a terminal pod (``TerminatePod``), written only once it
+has torn the pod down: that container will never run again."""
+
+
+@dataclass(frozen=True)
+class ContainerView:
+    """One container's last reported state: ``running``, ``waiting``, ``terminated`` or ``""`` (no status)."""
+
+    name: str
+    state: str
+    exit_code: int | None = None
+    reason: str = ""
+    message: str = ""
+
+    @staticmethod
+    def parse(name: str, status: Mapping[str, Any] | None) -> ContainerView:
+        if status is None:
+            return ContainerView(name, "")
+        state = mapping(status.get("state"))
+        if "running" in state:
+            return ContainerView(name, "running")
+        if "waiting" in state:
+            return ContainerView(name, "waiting", reason=text(mapping(state.get("waiting")).get("reason"))[:128])
+        if "terminated" in state:
+            t = mapping(state.get("terminated"))
+            code = t.get("exitCode")
+            exit_code = code if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31 \
+                else None
+            return ContainerView(name, "terminated", exit_code, text(t.get("reason"))[:128],
+                                 text(t.get("message"))[:256])
+        return ContainerView(name, "")
+
+    def final(self, restart_policy: str) -> bool:
+        """This container can never run again, whoever wrote the pod's phase: terminated, and the pod's
+        restart policy would not start it again (Never; OnFailure after exit 0), or terminated by the
+        kubelet's last step for a terminal pod."""
+        if self.state != "terminated":
+            return False
+        if self.message == TERMINATED_BY_KUBELET:
+            return True
+        return restart_policy == "Never" or (restart_policy == "OnFailure" and self.exit_code == 0)
 
 
 @dataclass(frozen=True)
@@ -184,10 +243,20 @@ class PodView:
     namespace: str = ""
     finalizers: tuple[str, ...] = ()
     resource_version: str = ""
-    containers_terminated: bool = False
-    """Every container of the pod has a status, and each is in a terminated state (what a kubelet reports
-    once it has stopped them). PodGC, Kueue's failure recovery and anyone else who writes a Failed phase
-    onto a pod of an unreachable node leave the container states as they were."""
+    containers: tuple[ContainerView, ...] = ()
+    """``spec.containers`` in order, each with its last reported state (``""`` when it has no status)."""
+    init_containers: tuple[ContainerView, ...] = ()
+    """``spec.initContainers`` that are not sidecars, with their states."""
+    sidecars: tuple[ContainerView, ...] = ()
+    """Restartable init containers (``restartPolicy: Always``): they run beside the containers and a
+    kubelet restarts them whatever the pod's policy."""
+    restart_policy: str = "Always"
+    """``spec.restartPolicy`` (the API server defaults it to Always; Job pods have Never or OnFailure, and
+    JobSet defaults its templates to OnFailure)."""
+    reason: str = ""
+    message: str = ""
+    foreign_mark: str = ""
+    """Who other than the kubelet marked this pod terminal, from the condition it added (``""``: none)."""
     deletion_grace: int | None = None
     """``deletionGracePeriodSeconds``: 0 once the pod was force-deleted (or PodGC or its kubelet deleted it
     for good); then only a finalizer keeps it in the API."""
@@ -199,16 +268,31 @@ class PodView:
         deletion = text(m.get("deletionTimestamp")) or None
         status = mapping(obj.get("status"))
         spec = mapping(obj.get("spec"))
-        names = {text(c.get("name")) for c in items(spec.get("containers"))}
-        states = {text(c.get("name")): mapping(c.get("state")) for c in items(status.get("containerStatuses"))}
-        terminated = bool(names) and all(
-            name in states and "terminated" in states[name] and "running" not in states[name]
-            and "waiting" not in states[name] for name in names)
+
+        def statuses(key: str) -> dict[str, Mapping[str, Any]]:
+            return {text(c.get("name")): c for c in items(status.get(key))}
+
+        regular = statuses("containerStatuses")
+        init = statuses("initContainerStatuses")
+        containers = tuple(ContainerView.parse(text(c.get("name")), regular.get(text(c.get("name"))))
+                           for c in items(spec.get("containers")))
+        inits: list[ContainerView] = []
+        sidecars: list[ContainerView] = []
+        for c in items(spec.get("initContainers")):
+            view = ContainerView.parse(text(c.get("name")), init.get(text(c.get("name"))))
+            (sidecars if text(c.get("restartPolicy")) == "Always" else inits).append(view)
+        policy = text(spec.get("restartPolicy"))
+        mark = ""
+        for cond in items(status.get("conditions")):
+            if text(cond.get("status")) != "True":
+                continue
+            ctype, creason = text(cond.get("type")), text(cond.get("reason"))
+            mark = FOREIGN_TERMINAL_MARKS.get((ctype, creason)) or FOREIGN_TERMINAL_MARKS.get((ctype, "")) or mark
         return PodView(
             name=text(m.get("name")),
             uid=text(m.get("uid")) or text(m.get("name")),
-            node=text(mapping(obj.get("spec")).get("nodeName")) or None,
-            phase=text(mapping(obj.get("status")).get("phase")) or "Pending",
+            node=text(spec.get("nodeName")) or None,
+            phase=text(status.get("phase")) or "Pending",
             deleting=deletion is not None,
             admission=parse_count(labels.get(LABEL_ADMISSION)),
             deletion_timestamp=deletion,
@@ -219,16 +303,51 @@ class PodView:
             finalizers=tuple(f for f in (m.get("finalizers") or []) if isinstance(f, str))
             if isinstance(m.get("finalizers"), list) else (),
             resource_version=text(m.get("resourceVersion")),
-            containers_terminated=terminated,
+            containers=containers,
+            init_containers=tuple(inits),
+            sidecars=tuple(sidecars),
+            restart_policy=policy if policy in ("Always", "OnFailure", "Never") else "Always",
+            reason=text(status.get("reason"))[:128],
+            message=text(status.get("message"))[:512],
+            foreign_mark=mark,
             deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
         )
 
     @property
+    def containers_terminated(self) -> bool:
+        """Every container has a status, and each is terminated (what a kubelet reports once it stopped them)."""
+        return bool(self.containers) and all(c.state == "terminated" for c in self.containers)
+
+    @property
+    def rejected(self) -> bool:
+        """Its kubelet refused it at admission (OutOfcpu, NodeAffinity, UnexpectedAdmissionError, ...):
+        Failed, "Pod was rejected: ...", and no container status at all. It never reached the kubelet's
+        pod workers, so nothing finishes it until it is deleted (then its kubelet writes every container
+        terminated) or its kubelet restarts."""
+        return (self.phase == "Failed" and self.message.startswith(REJECTED_PREFIX)
+                and all(c.state == "" for c in (*self.containers, *self.init_containers, *self.sidecars)))
+
+    @property
     def kubelet_confirmed(self) -> bool:
-        """The pod's end as its kubelet reports it: a terminal phase (Succeeded or Failed) and every
-        container's state ``terminated``. A terminal phase alone proves nothing: PodGC and Kueue write
-        Failed onto pods of unreachable nodes whose containers may still run."""
-        return self.phase in TERMINAL_PHASES and self.containers_terminated
+        """The pod's end as its kubelet reports it.
+
+        A terminal phase the kubelet wrote itself is final: it writes one only once no container of the
+        pod runs, and it never starts a container of a terminal pod. So any state but ``running`` is then
+        an end (a container that never started, one left ``waiting: PodInitializing`` because the pod
+        ended during its init containers, or a short window before its last step rewrites the states),
+        provided every container has a status (a rejected pod has none, and a rejection may race a
+        container it adopted after a restart). A terminal phase written by someone else (PodGC, Kueue's
+        failure recovery: their conditions say so) proves only what the containers prove by themselves:
+        each terminated and never to run again under the pod's restart policy (under OnFailure, JobSet's
+        default, a container that exited non-zero may be restarted by a partitioned kubelet)."""
+        if self.phase not in TERMINAL_PHASES or not self.containers:
+            return False
+        every = (*self.containers, *self.init_containers, *self.sidecars)
+        if any(c.state == "running" for c in every):
+            return False
+        if self.foreign_mark:
+            return not self.sidecars and all(c.final(self.restart_policy) for c in self.containers)
+        return all(c.state != "" for c in self.containers)
 
     @property
     def may_run(self) -> bool:
@@ -251,9 +370,32 @@ class PodView:
             return PROOF_UNPROVEN
         if not node.exists:
             return PROOF_NODE_DELETED
-        if node.out_of_service:
+        if node.proven_down:
             return PROOF_OUT_OF_SERVICE
         return PROOF_UNPROVEN
+
+    def unproven_why(self, node: NodeView | None) -> str:
+        """Why this pod's end is not proven yet, and what ends the wait (``""`` when it is proven or
+        simply still running)."""
+        if self.end(node) != PROOF_UNPROVEN:
+            return ""
+        where = self.node or "its node"
+        if self.rejected:
+            return (f"its kubelet rejected it ({self.reason or 'no reason'}) and it never ran; dispatch's "
+                    "controller deletes it so that its kubelet confirms the end (or delete it yourself)")
+        if node is not None and node.readable and node.exists and node.out_of_service and node.ready == "True":
+            return (f"{where} is tainted out-of-service but its kubelet still reports Ready=True, so the taint "
+                    "proves nothing; shut the node down (it then stops reporting) or remove the taint")
+        if self.phase in TERMINAL_PHASES and self.foreign_mark:
+            restartable = [c.name for c in self.containers if not c.final(self.restart_policy)]
+            return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and under restartPolicy "
+                    f"{self.restart_policy} its kubelet may still start {', '.join(restartable) or 'a sidecar'}; "
+                    f"once {where} is confirmed down, taint it out-of-service, or once its kubelet is back "
+                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
+        if self.phase in TERMINAL_PHASES and any(c.state == "" for c in self.containers):
+            return (f"{self.phase} with no status for every container: its kubelet confirms the end once the pod "
+                    "is deleted")
+        return ""
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:
         """The two independent selections of the rule: dispatch's labels, or JobSet's jobset-name."""

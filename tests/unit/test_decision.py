@@ -34,20 +34,26 @@ SELECTIONS = {
 }
 
 
-CONTAINERS = ["kubelet", "running", "none"]
-"""What the pod's container statuses say: every container terminated (what its kubelet reports once it
-stopped them), still running (what PodGC or Kueue leave when they write Failed onto a pod of an
-unreachable node), or no statuses at all."""
+CONTAINERS = ["kubelet", "running", "none", "exit137", "waiting"]
+"""What the pod's container statuses say: terminated with exit 0 (what its kubelet reports once it stopped
+a container that exited cleanly), still running (what PodGC or Kueue leave when they write Failed onto a
+pod of an unreachable node), no statuses at all (a pod its kubelet rejected), terminated with exit 137
+(killed), or ``waiting: PodInitializing`` (a pod that ended before its init containers finished)."""
+WRITERS = ["kubelet", "PodGC", "KueueFailureRecovery"]
+"""Who wrote the pod's phase, as the conditions they add tell: the kubelet adds none of these."""
+POLICIES = ["OnFailure", "Never", "Always"]
 
 
 def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
-        labels: dict[str, str] | None = None, containers: str | None = None) -> d.PodView:
+        labels: dict[str, str] | None = None, containers: str | None = None, writer: str = "kubelet",
+        policy: str = "OnFailure") -> d.PodView:
     return d.PodView.from_obj(pod_obj(name, phase=phase, node=node, deleting=deleting, labels=labels,
-                                      containers=containers))
+                                      containers=containers, writer=writer, policy=policy))
 
 
 def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
-            labels: dict[str, str] | None = None, containers: str | None = None) -> dict[str, Any]:
+            labels: dict[str, str] | None = None, containers: str | None = None, writer: str = "kubelet",
+            policy: str = "OnFailure") -> dict[str, Any]:
     """A pod; ``containers`` defaults to what a kubelet reports for ``phase`` (terminated containers
     for Succeeded and Failed, running ones otherwise)."""
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"]}
@@ -55,45 +61,73 @@ def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", 
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec: dict[str, Any] = {"nodeName": node} if node else {}
     spec["containers"] = [{"name": "node", "image": "example.invalid/train"}]
+    spec["restartPolicy"] = policy
     status: dict[str, Any] = {"phase": phase}
     if containers is None:
         containers = "kubelet" if phase in ("Succeeded", "Failed") else "running"
     if containers == "kubelet":
         status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 0}}}]
+    elif containers == "exit137":
+        status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 137}}}]
+    elif containers == "waiting":
+        status["containerStatuses"] = [{"name": "node", "state": {"waiting": {"reason": "PodInitializing"}}}]
     elif containers == "running":
         status["containerStatuses"] = [{"name": "node", "state": {"running": {}}}]
+    if writer == "PodGC":
+        status["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}]
+    elif writer == "KueueFailureRecovery":
+        status["conditions"] = [{"type": "KueueFailureRecovery", "status": "True",
+                                 "reason": "KueueForcefullyDeleted"}]
     return {"metadata": meta, "spec": spec, "status": status}
 
 
+def ended(phase: str, containers: str, writer: str, policy: str) -> bool:
+    """The expected proof, stated apart from the code: a terminal phase its kubelet wrote ends the pod
+    unless a container is running or lacks a status; one written by someone else ends it only if every
+    container terminated and its restart policy never starts it again."""
+    if phase not in ("Succeeded", "Failed") or containers in ("running", "none"):
+        return False
+    if writer == "kubelet":
+        return True
+    if containers == "waiting":
+        return False
+    return policy == "Never" or (policy == "OnFailure" and containers == "kubelet")
+
+
 @pytest.mark.parametrize(
-    ("phase", "deleting", "node_state", "selection", "containers"),
-    list(itertools.product(PHASES, [False, True], NODE_STATES, SELECTIONS, CONTAINERS)),
+    ("phase", "deleting", "node_state", "containers", "writer", "policy"),
+    list(itertools.product(PHASES, [False, True], NODE_STATES, CONTAINERS, WRITERS, POLICIES)),
 )
-def test_every_combination(phase: str, deleting: bool, node_state: str, selection: str, containers: str) -> None:
+def test_every_combination(phase: str, deleting: bool, node_state: str, containers: str, writer: str,
+                           policy: str) -> None:
     view = NODE_STATES[node_state]
     nodes = {"n": view}
-    verdict = d.decide(name=NAME, job_id="llama", submission="s1",
-                       pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection],
-                                 containers=containers)], nodes=nodes)
-    selected = selection in ("dispatch", "jobset", "both")
-    # Changed with the force-delete fix: this used to read "any Succeeded/Failed pod does not block".
-    # A terminal phase proves the end only with every container terminated, as its kubelet reports;
-    # PodGC and Kueue write Failed onto pods of unreachable nodes and leave the containers running.
-    blocks = selected and not (phase in ("Succeeded", "Failed") and containers == "kubelet")
+    the_pod = pod(phase=phase, deleting=deleting, containers=containers, writer=writer, policy=policy)
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
+    # Changed twice. First with the force-delete fix ("any Succeeded/Failed pod does not block" became
+    # "every container terminated"); then with what real kubelets write (a pod rejected at admission or
+    # ended during its init containers, and OnFailure's restarts, reference pod-endings-2026-12).
+    blocks = not ended(phase, containers, writer, policy)
     assert verdict.admissible is (not blocks)
     if blocks:
         assert verdict.remaining[0].terminating is deleting
         assert verdict.detail().startswith("remaining pods: p on n (")
     # the node state never changes the admission verdict: only cessation cares where a pod sits
-    cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1",
-                            pods=[pod(phase=phase, deleting=deleting, labels=SELECTIONS[selection],
-                                      containers=containers)], nodes=nodes)
-    proven = node_state in ("unknown+oos", "ready+oos", "gone")
+    cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
+    # an out-of-service taint proves the end only on a node whose kubelet no longer reports Ready=True
+    proven = node_state in ("unknown+oos", "gone")
     assert cessation.ceased is (not blocks or proven)
-    if selected:
-        expected = ("kubelet-confirmed" if not blocks else "node-deleted" if node_state == "gone"
-                    else "out-of-service" if proven else "unproven")
-        assert [e.proof for e in cessation.ends] == [expected]
+    expected = ("kubelet-confirmed" if not blocks else "node-deleted" if node_state == "gone"
+                else "out-of-service" if proven else "unproven")
+    assert [e.proof for e in cessation.ends] == [expected]
+
+
+@pytest.mark.parametrize(("phase", "selection"), list(itertools.product(PHASES, SELECTIONS)))
+def test_both_selections_and_only_them(phase: str, selection: str) -> None:
+    the_pod = pod(phase=phase, labels=SELECTIONS[selection])
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes={"n": NODE_STATES["ready"]})
+    selected = selection in ("dispatch", "jobset", "both")
+    assert verdict.admissible is (not selected or phase in ("Succeeded", "Failed"))
 
 
 @pytest.mark.parametrize(
