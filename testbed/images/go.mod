@@ -1,0 +1,3 @@
+module dispatch.invalid/testbed/images
+
+go 1.22
