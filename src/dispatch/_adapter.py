@@ -356,14 +356,18 @@ class AsyncAdapter:
 
     # ------------------------------------------------------------------ admin
 
-    async def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
+    async def release_pod(self, pod: str, *, node_confirmed_down: bool = False,
+                          process_gone: bool = False) -> PodEnd:
         """Remove dispatch's finalizer from one pod, so its deletion can complete.
 
         Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
         Node is deleted or out-of-service) is released. With it, the operator's word that the pod's node
         is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
         out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
-        the pod's end itself. Returns how the end was proven (``operator-confirmed`` for the word)."""
+        the pod's end itself. ``process_gone`` is the word for the one end a Ready kubelet does not
+        confirm: a terminal phase someone else wrote over a container that could have restarted while
+        its node was unreachable (see ``_decision.release_pod_proof``). Returns how the end was proven
+        (``operator-confirmed`` for a word)."""
         problem = n.dns1123_subdomain_problem(pod)
         if problem:
             n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
@@ -375,7 +379,8 @@ class AsyncAdapter:
             view = PodView.from_obj(obj)
             nodes = await self.core.nodes([view]) if view.ours else {}
             proof, refusal = d.release_pod_proof(view, nodes.get(view.node) if view.node else None,
-                                                 node_confirmed_down=node_confirmed_down)
+                                                 node_confirmed_down=node_confirmed_down,
+                                                 process_gone=process_gone)
             if refusal is not None:
                 raise Refused(refusal[0], reason=refusal[1])
             if await self.core.remove_finalizer(view, forbidden_ok=False):
@@ -548,8 +553,9 @@ class Adapter:
     def forget(self, job_id: str, submission: str) -> bool:
         return self._run(self._core.forget(job_id, submission))
 
-    def release_pod(self, pod: str, *, node_confirmed_down: bool = False) -> PodEnd:
-        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down))
+    def release_pod(self, pod: str, *, node_confirmed_down: bool = False, process_gone: bool = False) -> PodEnd:
+        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down,
+                                                process_gone=process_gone))
 
     def migrate(self) -> tuple[int, int]:
         return self._run(self._core.migrate())

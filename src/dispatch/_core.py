@@ -252,6 +252,22 @@ class Core:
         done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
         return [p.name for p, ok in zip(proven, done, strict=True) if ok]
 
+    async def delete_for_proof(self, pod: PodView) -> bool:
+        """Delete a pod its kubelet ended without stating every container's end (a rejection), conditioned
+        on the uid and resourceVersion read: its kubelet then tears it down and writes every container
+        terminated, which proves the end (dispatch's finalizer keeps the object until then). False if
+        the pod changed or is gone."""
+        try:
+            await self.kube.delete(api.PODS, pod.name, pod.namespace or None, uid=pod.uid,
+                                   resource_version=pod.resource_version)
+        except NotFound:
+            return False
+        except Unreachable as exc:
+            if exc.code == 409:
+                return False
+            raise
+        return True
+
     async def remove_finalizer(self, pod: PodView, *, forbidden_ok: bool = True) -> bool:
         """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
         on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new

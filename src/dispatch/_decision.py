@@ -62,7 +62,7 @@ def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[R
         state = node.state_text() if node else ("not readable" if pod.node else "")
         held = pod.ours and pod.deleting and pod.deletion_grace == 0 and pod.end(node) == PROOF_UNPROVEN
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
-                                pod.deletion_timestamp, held=held))
+                                pod.deletion_timestamp, held=held, why=pod.unproven_why(node)))
     return tuple(out)
 
 
@@ -83,7 +83,7 @@ def stuck_text(pods: Sequence[RemainingPod]) -> str:
     """Why a pod deleted for good (force delete, PodGC) is still in the API: its end is unproven."""
     out = []
     for p in pods:
-        if not p.held:
+        if not p.held or p.why:  # a pod with a why names its own way out
             continue
         marked = (f", marked {p.phase} by someone other than its kubelet" if p.phase in TERMINAL_PHASES else "")
         where = f"node {p.node} is {p.node_state}" if p.node else "it has no node"
@@ -93,6 +93,11 @@ def stuck_text(pods: Sequence[RemainingPod]) -> str:
             f"once {p.node or 'its node'} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
             f"`dispatch admin release-pod {p.name} --node-confirmed-down`")
     return "; ".join(out)
+
+
+def why_text(pods: Sequence[RemainingPod]) -> str:
+    """Why each pod that is not simply running is still unproven, and what ends the wait."""
+    return "; ".join(f"pod {p.name}: {p.why}" for p in pods if p.why)
 
 
 def describe_pods(pods: Sequence[RemainingPod]) -> str:
@@ -135,9 +140,9 @@ class Verdict:
         parts = []
         if self.remaining:
             parts.append(remaining_detail(self.remaining))
-            stuck = stuck_text(self.remaining)
-            if stuck:
-                parts.append(stuck)
+            for text in (why_text(self.remaining), stuck_text(self.remaining)):
+                if text:
+                    parts.append(text)
         parts.extend(self.blockers)
         return "; ".join(parts)
 
@@ -234,7 +239,10 @@ def cessation(
             rest, proofs,
         )
     reason = "pods may still run: " + describe_pods(unproven)
-    unconfirmed = [p for p in unproven if p.phase in TERMINAL_PHASES]
+    why = why_text(unproven)
+    if why:
+        reason += "; " + why
+    unconfirmed = [p for p in unproven if p.phase in TERMINAL_PHASES and not p.why and not p.held]
     if unconfirmed:
         reason += ("; a Failed or Succeeded phase not reported by the pod's kubelet proves nothing: "
                    + ", ".join(p.name for p in unconfirmed))
@@ -692,21 +700,37 @@ OPERATOR_CONFIRMED = "operator-confirmed"
 """The proof ``dispatch admin release-pod --node-confirmed-down`` gives: the operator's word."""
 
 
-def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_down: bool
-                      ) -> tuple[str, tuple[str, str] | None]:
+def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_down: bool,
+                      process_gone: bool = False) -> tuple[str, tuple[str, str] | None]:
     """How ``admin release-pod`` proves one pod's end: (proof, None), or ("", (message, reason)) refused.
 
     A pod whose end is proven (its kubelet confirmed it, its Node is deleted or out-of-service) needs no
     word. Otherwise only the operator's word that the Node is shut down proves it (Kubernetes'
     non-graceful shutdown asks the same before the out-of-service taint), refused while that Node
-    reports Ready=True: its kubelet is answering and will confirm the end itself."""
+    reports Ready=True: its kubelet is answering and will confirm the end itself. The one end a Ready
+    kubelet does not confirm is a terminal phase someone else wrote (Kueue's failure recovery, PodGC)
+    over a container that may restart: once its kubelet is back it never starts a container of a
+    terminal pod, and ``process_gone`` is the operator's word that the process it left is gone."""
     if not pod.ours:
         return "", (f"pod {pod.name} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
                     "NotHeld")
     proof = pod.end(node)
     if proof != PROOF_UNPROVEN:
         return proof, None
+    if process_gone:
+        if pod.phase not in TERMINAL_PHASES or any(c.state == "running" for c in pod.containers):
+            return "", (f"pod {pod.name} is {pod.phase} with a container reported running: only its kubelet or "
+                        "its node's shutdown ends it", "Unproven")
+        if node is None or not node.readable or not node.exists or node.ready != "True":
+            state = node.state_text() if node else "not readable"
+            return "", (f"node {pod.node or '(none)'} is {state}: its kubelet is not back, so it may still start "
+                        f"a container of pod {pod.name}; once the node is confirmed shut down, pass "
+                        "--node-confirmed-down", "NodeNotReady")
+        return OPERATOR_CONFIRMED, None
     if not node_confirmed_down:
+        why = pod.unproven_why(node)
+        if why:
+            return "", (f"pod {pod.name}'s end is unproven: {why}", "Unproven")
         where = (f"node {pod.node} is {node.state_text() if node else 'not readable'}" if pod.node
                  else "it has no node and is not being deleted")
         return "", (f"pod {pod.name}'s end is unproven: its kubelet has not confirmed it and {where}; once "

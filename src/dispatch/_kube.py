@@ -399,14 +399,16 @@ class Kube:
         grace_seconds: int | None = None,
         propagation: str | None = None,
         uid: str | None = None,
+        resource_version: str | None = None,
     ) -> Obj:
         body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1"}
         if grace_seconds is not None:
             body["gracePeriodSeconds"] = grace_seconds
         if propagation:
             body["propagationPolicy"] = propagation
-        if uid:
-            body["preconditions"] = {"uid": uid}
+        preconditions = {k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v}
+        if preconditions:
+            body["preconditions"] = preconditions
         return await self._send(
             "DELETE", res.path(self._ns(res, namespace), name), body=body, retry=False
         )

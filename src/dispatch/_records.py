@@ -52,6 +52,9 @@ class RemainingPod:
     """When the pod was asked to stop by (its deletionTimestamp: the deletion time plus its grace period)."""
     held: bool = False
     """Deleted for good (a force delete, PodGC) with its end unproven: only dispatch's finalizer keeps it."""
+    why: str = ""
+    """Why its end is not proven although it is not simply running, and what ends the wait (a kubelet's
+    rejection, a Failed someone else wrote, a taint on a Ready node); empty otherwise."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +66,7 @@ class RemainingPod:
             "admission": self.admission,
             "deletionTimestamp": self.deletion_timestamp,
             "held": self.held,
+            "why": self.why,
         }
 
     def describe(self) -> str:

@@ -328,6 +328,14 @@ class PodView:
                 and all(c.state == "" for c in (*self.containers, *self.init_containers, *self.sidecars)))
 
     @property
+    def needs_delete(self) -> bool:
+        """Ended by its kubelet (Failed) without a status for every container, as a rejection leaves it, and
+        not yet deleted: only a delete makes its kubelet finish it and write every container's end."""
+        return (self.phase == "Failed" and not self.deleting and not self.foreign_mark
+                and any(c.state == "" for c in self.containers)
+                and not any(c.state == "running" for c in (*self.containers, *self.init_containers, *self.sidecars)))
+
+    @property
     def kubelet_confirmed(self) -> bool:
         """The pod's end as its kubelet reports it.
 
@@ -390,7 +398,8 @@ class PodView:
             restartable = [c.name for c in self.containers if not c.final(self.restart_policy)]
             return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and under restartPolicy "
                     f"{self.restart_policy} its kubelet may still start {', '.join(restartable) or 'a sidecar'}; "
-                    f"once {where} is confirmed down, taint it out-of-service, or once its kubelet is back "
+                    f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                     f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
         if self.phase in TERMINAL_PHASES and any(c.state == "" for c in self.containers):
             return (f"{self.phase} with no status for every container: its kubelet confirms the end once the pod "

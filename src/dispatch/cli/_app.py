@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -368,6 +369,11 @@ def admin_release_pod(
         "--node-confirmed-down",
         help="Confirm the pod's node is shut down (its processes are gone): that is the proof of the pod's end.",
     )] = False,
+    process_gone: Annotated[bool, typer.Option(
+        "--process-gone",
+        help="Confirm the process of a pod someone else marked Failed is gone, now that its node's kubelet "
+             "is back (Ready): that is the proof of the pod's end.",
+    )] = False,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -376,11 +382,13 @@ def admin_release_pod(
     Without --node-confirmed-down only a pod whose end is proven is released (its kubelet confirmed it,
     or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
     proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
-    while the pod's Node is Ready.
+    while the pod's Node is Ready. --process-gone is for a pod Kueue's failure recovery or PodGC marked
+    Failed while its node was unreachable, once the node's kubelet is back: check the process is gone
+    on the node, then give it.
     """
     state = _state(ctx, output, namespace)
     with guard(state):
-        end = state.adapter().release_pod(pod, node_confirmed_down=node_confirmed_down)
+        end = state.adapter().release_pod(pod, node_confirmed_down=node_confirmed_down, process_gone=process_gone)
 
     def human() -> None:
         state.out.print(f"released pod {escape(pod)} (end: {end.proof})")
@@ -657,6 +665,21 @@ def testbed_root(ctx: typer.Context, stack: StackOpt = None) -> None:
     _select_stack(ctx, stack)
 
 
+NoRealNodeOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-real-node",
+        help="No real node (the stack's kubelet with containerd, beside the KWOK nodes): neither built nor "
+        "started. Same as DISPATCH_TESTBED_REAL_NODE=0.",
+    ),
+]
+
+
+def _no_real_node(off: bool) -> None:
+    if off:
+        os.environ["DISPATCH_TESTBED_REAL_NODE"] = "0"  # the build script and every child see it too
+
+
 @testbed_app.command("stacks")
 def testbed_stacks(ctx: typer.Context) -> None:
     """The stacks of versions the testbed can build (the selected one marked *)."""
@@ -681,9 +704,10 @@ def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
 
 
 @testbed_app.command("build")
-def testbed_build(ctx: typer.Context) -> None:
+def testbed_build(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
     """Build the testbed's binaries (a no-op when already built)."""
     state = _state(ctx)
+    _no_real_node(no_real_node)
     try:
         path = _testbed(state).build()
     except Exception as exc:
@@ -692,9 +716,11 @@ def testbed_build(ctx: typer.Context) -> None:
 
 
 @testbed_app.command("up")
-def testbed_up(ctx: typer.Context) -> None:
-    """Build (if needed) and start the testbed; print its kubeconfig."""
+def testbed_up(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
+    """Build (if needed) and start the testbed; print its kubeconfig. Where the host allows (root, cgroups,
+    containerd, runc and the CNI plugins installed), a real node runs beside the KWOK nodes."""
     state = _state(ctx)
+    _no_real_node(no_real_node)
     try:
         kubeconfig = _testbed(state).up()
     except Exception as exc:
@@ -722,6 +748,8 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     try:
         components = tb.status()
         kubeconfig = str(tb.kubeconfig_path())
+        real_node = tb.real_node() if _any_running(components) else None
+        real_problem = None if real_node else tb.real_node_problem()
     except Exception as exc:
         raise _testbed_fail(state, exc) from None
     up = all(c.healthy or c.frozen for c in components)
@@ -736,19 +764,30 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
             table.add_row(c.name, "-" if c.pid is None else str(c.pid), f"[{style}]{word}[/]")
         state.out.print(table)
         state.out.print(f"testbed is {'up' if up else 'not up'}; kubeconfig: {kubeconfig}")
+        if real_node:
+            state.out.print(f"real node: {real_node} (label dispatch.test/real-node=true, NoSchedule taint)")
+        elif up:
+            state.out.print(f"real node: none ({real_problem})", highlight=False)
 
     emit(
         state,
-        {"up": up, "kubeconfig": kubeconfig, "components": [dataclasses.asdict(c) for c in components]},
+        {"up": up, "kubeconfig": kubeconfig, "components": [dataclasses.asdict(c) for c in components],
+         "realNode": real_node, "realNodeProblem": real_problem},
         human,
     )
+
+
+def _any_running(components: list[Any]) -> bool:
+    """Any component running: only then is the real node worth asking about."""
+    return any(c.running for c in components)
 
 
 @testbed_app.command("freeze")
 def testbed_freeze(
     ctx: typer.Context, node: Annotated[str, typer.Argument(metavar="NODE", help="A freezable node.")]
 ) -> None:
-    """Stop a node's kubelet (its KWOK process): the node goes Ready=Unknown, its pods keep 'running'."""
+    """Stop a node's kubelet (its KWOK process, or the real node's kubelet): the node goes Ready=Unknown, its
+    pods keep 'running' (on the real node, really)."""
     state = _state(ctx)
     try:
         _testbed(state).freeze(node)

@@ -3,9 +3,11 @@
 Every pod of a dispatch object carries ``dispatch.phpboyscout.uk/execution`` (from dispatch's runtime
 patch), so a pod that may still run stays in the API, even after ``kubectl delete --force``, and stays
 visible to the rule. This part of the controller removes it once the pod's end is proven: its kubelet
-reported a terminal phase with every container terminated, or its Node is deleted or tainted
-out-of-service (or it was deleted before it was ever scheduled). Plain-mode objects get the same
-service: the pod informers select by labels, not by Kueue.
+reported the pod's end (``PodView.kubelet_confirmed``), or its Node is deleted or tainted
+out-of-service and no longer Ready (or it was deleted before it was ever scheduled). A pod its kubelet
+rejected at admission never ran but has no container status, and nothing else ever deletes it: the
+keeper deletes it (conditioned on what it read), so that its kubelet writes every container's end.
+Plain-mode objects get the same service: the pod informers select by labels, not by Kueue.
 
 The informers only say which pods to look at. Each removal reads the pod and its Node afresh and is
 conditioned on the pod's resourceVersion, so a pod that changed since (a new status, another
@@ -80,13 +82,13 @@ class FinalizerKeeper:
             self._forget(key)
             self.node_of[key] = node
             self.on_node_of.setdefault(node, set()).add(key)
-        signature = (node, pod.kubelet_confirmed, pod.deleting)
+        signature = (node, pod.kubelet_confirmed, pod.deleting, pod.needs_delete)
         if self.signatures.get(key) == signature:
             return
         self.signatures[key] = signature
-        # Worth a look: ended as its kubelet reports, or being deleted (its node may be proven down; a
-        # running pod's node proven down is routed by ``on_node``).
-        if pod.kubelet_confirmed or pod.deleting:
+        # Worth a look: ended as its kubelet reports, being deleted (its node may be proven down; a
+        # running pod's node proven down is routed by ``on_node``), or rejected by its kubelet.
+        if pod.kubelet_confirmed or pod.deleting or pod.needs_delete:
             self.queue.add(key)
 
     def list_pods(self, items: Iterable[Obj]) -> None:
@@ -134,8 +136,17 @@ class FinalizerKeeper:
         if not pod.ours:
             return "not-ours"
         nodes = await core.nodes([pod])
-        proof = pod.end(nodes.get(pod.node) if pod.node else None)
+        node = nodes.get(pod.node) if pod.node else None
+        proof = pod.end(node)
         if proof not in PROVEN:
+            if pod.needs_delete and node is not None and node.readable and node.exists:
+                # A rejected pod never ran and nothing else ever deletes it (Job and JobSet keep failed
+                # pods): without this delete it would block its object for good on a healthy node.
+                if not await core.delete_for_proof(pod):
+                    return "conflict"
+                self._metrics.writes.labels("pod-delete").inc()
+                log.info("pod deleted so that its kubelet confirms its end", pod=key, reason=pod.reason)
+                return "deleted"
             return "unproven"
         if not await core.remove_finalizer(pod, forbidden_ok=False):
             return "conflict"

@@ -17,8 +17,9 @@ checker reads. Typical use::
 """
 
 from ._cluster import FakeCluster, History, Process
+from ._endings import ending_shape, proof_of
 from ._rbac import Binding, Policy, RbacError
 from ._server import ApiFailure, FakeApiServer, Fault, Kind
 
 __all__ = ["ApiFailure", "Binding", "FakeApiServer", "FakeCluster", "Fault", "History", "Kind", "Policy", "Process",
-           "RbacError"]
+           "RbacError", "ending_shape", "proof_of"]

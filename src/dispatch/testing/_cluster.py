@@ -28,8 +28,9 @@ from .._names import (
     OUT_OF_SERVICE_TAINT,
 )
 from .._trainer import patch_entries, patch_pod_templates
+from .._views import TERMINATED_BY_KUBELET
 from ._rbac import Binding, Policy
-from ._server import ApiFailure, FakeApiServer
+from ._server import ApiFailure, FakeApiServer, _now_text
 
 Obj = dict[str, Any]
 TRAINER = "trainer.kubeflow.org"
@@ -185,6 +186,11 @@ class FakeCluster:
         self._pod_seq = 0
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
+        self.partitioned: set[str] = set()
+        """Nodes cut off from the API server whose kubelets go on (see ``partition``)."""
+        self._rejecting: dict[str, tuple[str, str]] = {}  # node -> (reason, message) its kubelet rejects with
+        self._init_hangs: set[str] = set()  # nodes where pods' init containers never finish
+        self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
@@ -247,6 +253,73 @@ class FakeCluster:
         for proc in list(self._processes.values()):
             if proc.node == name and self.server.get("", "pods", proc.namespace, proc.pod) is None:
                 self._end(proc)
+
+    def partition(self, name: str) -> None:
+        """The node loses the API server but its kubelet goes on (unlike ``freeze_node``): Ready=Unknown
+        once the node controller notices, its containers keep running, and it restarts a crashed
+        container as the pod's restart policy says, without seeing anything written to the API since."""
+        self.partitioned.add(name)
+        self._node_ready(name, "Unknown")
+
+    def heal(self, name: str) -> None:
+        """The partition ends: the kubelet reports again and acts on what the API now says."""
+        self.partitioned.discard(name)
+        self._node_ready(name, "True")
+
+    def kubelet_rejects(self, node: str, reason: str = "OutOfcpu",
+                        message: str = "Node didn't have enough resource: cpu, requested: 4000, used: 0, "
+                                       "capacity: 2000") -> None:
+        """The node's kubelet rejects the pods bound to it from now on at admission, as a real one does
+        (``rejectPod``): the pod never runs. ``kubelet_admits`` ends it."""
+        self._rejecting[node] = (reason, message)
+
+    def kubelet_admits(self, node: str) -> None:
+        self._rejecting.pop(node, None)
+
+    def init_containers_hang(self, node: str, hang: bool = True) -> None:
+        """Pods with init containers that start on ``node`` from now on never finish initialising."""
+        if hang:
+            self._init_hangs.add(node)
+        else:
+            self._init_hangs.discard(node)
+
+    def crash(self, pod: str, exit_code: int = 1, namespace: str | None = None) -> None:
+        """The pod's container exits with ``exit_code`` on its own. Its kubelet reports it terminated;
+        under restartPolicy OnFailure (JobSet's default) a non-zero exit keeps the phase Running and the
+        kubelet restarts it on a later sync, as a real one does; under Never the pod ends."""
+        ns = namespace or self.namespace
+        obj = self.server.get("", "pods", ns, pod)
+        if obj is None:
+            return
+        uid = obj["metadata"]["uid"]
+        proc = self._processes.get(uid)
+        if proc is not None:
+            self._end(proc)
+        self._crashed[uid] = exit_code
+        node = obj["spec"].get("nodeName")
+        if node in self.frozen or node in self.partitioned or node in self.deleted_nodes:
+            return
+        policy = obj["spec"].get("restartPolicy") or "Always"
+        restarts = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+
+        def crashed(o: Obj) -> None:
+            st = o.setdefault("status", {})
+            st["containerStatuses"] = [
+                {"name": c.get("name", ""), "restartCount": self._restarts(o, c.get("name", "")),
+                 "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}}
+                for c in (o.get("spec") or {}).get("containers") or []]
+            if not restarts:
+                st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        self.server.update("", "pods", ns, pod, crashed, status=True)
+        if not restarts:
+            self._crashed.pop(uid, None)
+
+    @staticmethod
+    def _restarts(obj: Obj, container: str) -> int:
+        for c in (obj.get("status") or {}).get("containerStatuses") or []:
+            if c.get("name") == container and isinstance(c.get("restartCount"), int):
+                return int(c["restartCount"])
+        return 0
 
     def taint_out_of_service(self, name: str) -> None:
         """The operator confirms the node is down: the out-of-service taint (its processes are gone)."""
@@ -376,6 +449,8 @@ class FakeCluster:
                         rj["template"]["spec"]["template"].setdefault("spec", {})["nodeSelector"] = dict(selector)
                     grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
             labels[JOBSET_NAME_LABEL] = name
+            # JobSet's webhook defaults every pod template's restartPolicy to OnFailure.
+            rj["template"]["spec"]["template"].setdefault("spec", {}).setdefault("restartPolicy", "OnFailure")
             if grace is not None:
                 rj["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = grace
             num = (tj.get("spec") or {}).get("trainer", {}).get("numNodes")
@@ -550,6 +625,15 @@ class FakeCluster:
                 continue
             ns, name = meta["namespace"], meta["name"]
             phase = (pod.get("status") or {}).get("phase")
+            uid = meta["uid"]
+            if node in self.partitioned:
+                # Cut off: it sees nothing written since, and restarts a crashed container by policy.
+                if uid in self._crashed and uid not in self._processes and self._may_restart(pod):
+                    self._crashed.pop(uid)
+                    self._start(pod)
+                continue
+            if phase in ("Succeeded", "Failed") and uid in self._crashed:
+                self._crashed.pop(uid)  # a terminal pod's containers are never started again
             if meta.get("deletionTimestamp"):
                 deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
                 if honour_grace and self.now < deadline:
@@ -564,27 +648,100 @@ class FakeCluster:
                 # Someone else wrote a terminal phase (PodGC, Kueue): the kubelet stops the containers.
                 self._kubelet_stopped(pod, phase, 137)
                 continue
-            if phase == "Pending":
-                def run(obj: Obj) -> None:
+            if phase == "Running" and uid in self._crashed and uid not in self._processes:
+                if self._may_restart(pod):
+                    self._crashed.pop(uid)
+
+                    def restart(obj: Obj) -> None:
+                        st = obj.setdefault("status", {})
+                        st["containerStatuses"] = [
+                            {"name": c.get("name", ""), "restartCount": self._restarts(obj, c.get("name", "")) + 1,
+                             "state": {"running": {}}}
+                            for c in (obj.get("spec") or {}).get("containers") or []]
+                    self.server.update("", "pods", ns, name, restart, status=True)
+                    self._start(pod)
+                continue
+            if phase == "Pending" and (pod.get("status") or {}).get("startTime") is None:
+                if node in self._rejecting:
+                    self._reject(pod, *self._rejecting[node])
+                    continue
+                inits = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
+                if inits and node in self._init_hangs:
+                    def initialising(obj: Obj, inits: list[Obj] = inits) -> None:
+                        st = obj.setdefault("status", {})
+                        st["startTime"] = _now_text(self.now)
+                        st["initContainerStatuses"] = [
+                            {"name": c.get("name", ""), "state": {"running": {}} if i == 0 else
+                             {"waiting": {"reason": "PodInitializing"}}} for i, c in enumerate(inits)]
+                        st["containerStatuses"] = [
+                            {"name": c.get("name", ""), "state": {"waiting": {"reason": "PodInitializing"}}}
+                            for c in (obj.get("spec") or {}).get("containers") or []]
+                    self.server.update("", "pods", ns, name, initialising, status=True)
+                    continue
+
+                def run(obj: Obj, inits: list[Obj] = inits) -> None:
                     st = obj.setdefault("status", {})
                     st["phase"] = "Running"
+                    st["startTime"] = _now_text(self.now)
+                    if inits:
+                        st["initContainerStatuses"] = [
+                            {"name": c.get("name", ""),
+                             "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}} for c in inits]
                     st["containerStatuses"] = [{"name": c.get("name", ""), "state": {"running": {}}}
                                                for c in (obj.get("spec") or {}).get("containers") or []]
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
 
+    @staticmethod
+    def _may_restart(pod: Obj) -> bool:
+        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
+        return policy in ("Always", "OnFailure")
+
+    def _reject(self, pod: Obj, reason: str, message: str) -> None:
+        """What a real kubelet's admission rejection writes (reference: real-node-statuses A, B, C2):
+        phase, reason, message, qosClass and startTime; no conditions (even the binding's PodScheduled
+        goes) and no container statuses. The pod never runs."""
+        def rejected(obj: Obj) -> None:
+            obj["status"] = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message,
+                             "qosClass": "BestEffort", "startTime": _now_text(self.now)}
+        self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], rejected, status=True)
+
     def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
-        """The kubelet reports the pod's containers stopped: a terminal phase and every container
-        terminated (a phase that is already terminal is kept), and the process ends."""
+        """The kubelet reports the pod's containers stopped, as a real one does on its way out: a
+        terminal phase (one already terminal is kept); a container it stopped terminated with
+        ``exit_code``; one already terminated kept; one that never started (the pod was rejected, or
+        its image never came) ``ContainerStatusUnknown``/137 by its last step; and, if the pod never
+        finished its init containers, the running init container killed while the containers stay
+        ``waiting: PodInitializing`` for good. The process ends."""
         meta = pod["metadata"]
+        running = meta["uid"] in self._processes
 
         def stopped(obj: Obj) -> None:
             st = obj.setdefault("status", {})
             if st.get("phase") not in ("Succeeded", "Failed"):
                 st["phase"] = phase
-            st["containerStatuses"] = [
-                {"name": c.get("name", ""), "state": {"terminated": {"exitCode": exit_code}}}
-                for c in (obj.get("spec") or {}).get("containers") or []]
+            old = {c.get("name"): c for c in st.get("containerStatuses") or []}
+            inits = st.get("initContainerStatuses") or []
+            # the kubelet's hasPodInitialized: every init container exited 0
+            initialised = all(((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for c in inits)
+            if not initialised:
+                for c in inits:
+                    if "running" in (c.get("state") or {}):
+                        c["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+                return
+            out = []
+            for c in (obj.get("spec") or {}).get("containers") or []:
+                name = c.get("name", "")
+                state = (old.get(name) or {}).get("state") or {}
+                if "terminated" in state and not running:
+                    out.append(old[name])
+                elif "running" in state or running:
+                    out.append({"name": name, "state": {"terminated": {"exitCode": exit_code, "reason": "Error"
+                                                                       if exit_code else "Completed"}}})
+                else:
+                    out.append({"name": name, "state": {"terminated": {
+                        "exitCode": 137, "reason": "ContainerStatusUnknown", "message": TERMINATED_BY_KUBELET}}})
+            st["containerStatuses"] = out
         try:
             self.server.update("", "pods", meta["namespace"], meta["name"], stopped, status=True)
         except ApiFailure:
@@ -601,9 +758,10 @@ class FakeCluster:
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
-        if (obj.get("status") or {}).get("containerStatuses") is None or \
-                obj["metadata"]["uid"] in self._processes or \
-                (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        states = [(c.get("state") or {}) for c in (obj.get("status") or {}).get("containerStatuses") or []]
+        if obj["metadata"]["uid"] in self._processes or \
+                (obj.get("status") or {}).get("phase") not in ("Succeeded", "Failed") or \
+                not states or any("terminated" not in s for s in states):
             self._kubelet_stopped(obj, "Failed", 137)
         try:
             self.server.delete("", "pods", ns, pod, grace=0)
@@ -629,14 +787,16 @@ class FakeCluster:
             self._kubelet_stopped(obj, "Failed", 137)
 
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
-        """Someone other than the kubelet writes ``phase: Failed`` (PodGC, Kueue's FailureRecoveryPolicy):
-        only the phase and a DisruptionTarget condition; the container states stay as they were."""
+        """Someone other than the kubelet writes ``phase: Failed``: PodGC (a ``DisruptionTarget``
+        condition with ``reason``), or, with ``reason="KueueForcefullyDeleted"``, Kueue's failure
+        recovery (its own ``KueueFailureRecovery`` condition). The container states stay as they were."""
         ns = namespace or self.namespace
+        ctype = "KueueFailureRecovery" if reason == "KueueForcefullyDeleted" else "DisruptionTarget"
 
         def failed(obj: Obj) -> None:
             st = obj.setdefault("status", {})
             st["phase"] = "Failed"
-            st.setdefault("conditions", []).append({"type": "DisruptionTarget", "status": "True", "reason": reason})
+            st.setdefault("conditions", []).append({"type": ctype, "status": "True", "reason": reason})
         if self.server.get("", "pods", ns, pod) is not None:
             self.server.update("", "pods", ns, pod, failed, status=True)
 

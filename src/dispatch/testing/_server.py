@@ -555,7 +555,7 @@ class FakeApiServer:
                 self.delete(key[0], key[1], key[2], key[3])
 
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
-               uid: str | None = None) -> Obj:
+               uid: str | None = None, resource_version: str | None = None) -> Obj:
         """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others."""
         kind = self.kind(group, plural)
         with self._lock:
@@ -565,6 +565,9 @@ class FakeApiServer:
                 raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
             if uid is not None and current["metadata"].get("uid") != uid:
                 raise ApiFailure(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
+            if resource_version is not None and current["metadata"].get("resourceVersion") != resource_version:
+                raise ApiFailure(409, "Conflict", "Precondition failed: ResourceVersion in precondition: "
+                                                  f"{resource_version}")
             meta = current["metadata"]
             finalizers = meta.get("finalizers") or []
             if plural == "pods":
@@ -865,9 +868,10 @@ class FakeApiServer:
                              f"include: application/merge-patch+json, application/apply-patch+yaml (got {ctype})")
         if method == "DELETE":
             grace = body.get("gracePeriodSeconds")
-            uid = (body.get("preconditions") or {}).get("uid")
+            pre = body.get("preconditions") or {}
             return self._json(200, self.delete(group, kind.plural, ns, name,
-                                               grace=int(grace) if grace is not None else None, uid=uid))
+                                               grace=int(grace) if grace is not None else None,
+                                               uid=pre.get("uid"), resource_version=pre.get("resourceVersion")))
         raise ApiFailure(405, "MethodNotAllowed", f"method {method} not allowed")
 
     def _watch(self, kind: Kind, namespace: str | None, params: Mapping[str, str]) -> httpx2.Response:

@@ -1,0 +1,201 @@
+"""Issue 23: how real kubelets end pods, on the fake cluster (whose kubelet reproduces the recorded real
+endings, tests/contract/test_kubelet_endings.py). Each of these failed on main before the rule followed
+real kubelets: a rejected pod blocked its object for good on a healthy node; a pod ended during its init
+containers blocked for good; a Failed written by Kueue's failure recovery over a crash-looping container
+on a partitioned node passed as proof and let a second execution start beside the restarted first; and
+an out-of-service taint on a Ready node passed as cessation."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from dispatch import Adapter, JobSpec, PodsRemain, Refused
+from dispatch import _kube as k
+from dispatch.controller._finalizers import FinalizerKeeper
+from dispatch.controller._metrics import Metrics
+from dispatch.testing import FakeCluster
+
+NAME = "llama-s1"
+ADMIN = ("dispatch-admin", "dispatch-node-reader")
+
+
+def spec(**extra: Any) -> JobSpec:
+    return JobSpec(job_id="llama", submission="s1", node_selector={"kubernetes.io/hostname": "node-0"}, **extra)
+
+
+def only_pod(cluster: FakeCluster) -> dict[str, Any]:
+    pods = cluster.pods(NAME)
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    return pods[0]
+
+
+def keeper_pass(cluster: FakeCluster) -> dict[str, str]:
+    """One pass of the controller's finalizer keeper (with the controller's shipped role)."""
+
+    async def go() -> dict[str, str]:
+        kube = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods(cluster.server.objects("", "pods"))
+            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
+        finally:
+            await kube.aclose()
+
+    return asyncio.run(go())
+
+
+def test_a_pod_its_kubelet_rejected_is_deleted_by_the_controller_and_then_no_longer_blocks(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(spec())
+    cluster.kubelet_rejects("node-0", "UnexpectedAdmissionError",
+                            "Allocate failed due to no healthy devices present; cannot allocate unhealthy devices "
+                            "nvidia.com/gpu, which is unexpected")
+    assert adapter.release(NAME).admission == 1
+    cluster.settle()
+    # the Job replaces a failed pod, and the kubelet rejects each one
+    rejected = [p for p in cluster.pods(NAME) if p["status"]["phase"] == "Failed"]
+    assert rejected and {p["status"]["reason"] for p in rejected} == {"UnexpectedAdmissionError"}
+    assert cluster.running_processes() == []
+    cluster.kubelet_admits("node-0")
+    adapter.hold(NAME)
+    cluster.settle()
+    with pytest.raises(PodsRemain) as err:
+        adapter.release(NAME)
+    assert "its kubelet rejected it (UnexpectedAdmissionError) and it never ran" in str(err.value)
+    assert "dispatch's controller deletes it" in str(err.value)
+    cessation = adapter.ceased(NAME)
+    assert not cessation.ceased and "its kubelet rejected it" in cessation.reason
+    # the controller deletes them; their kubelet confirms; the controller frees them
+    keys = [f"default/{p['metadata']['name']}" for p in rejected]
+    assert keeper_pass(cluster) == dict.fromkeys(keys, "deleted")
+    cluster.settle()
+    assert keeper_pass(cluster) == dict.fromkeys(keys, "kubelet-confirmed")
+    assert adapter.ceased(NAME).ceased
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    assert len(cluster.running_processes()) == 1
+    cluster.history.check()
+
+
+def test_a_rejected_pod_does_not_keep_a_closed_object_s_namespace_from_going(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    """Closing deletes the pods; a real kubelet then writes every container's end on each rejected pod
+    (recorded ending ``rejected-then-deleted-held``), which frees it."""
+    adapter.open(spec())
+    cluster.kubelet_rejects("node-0")
+    adapter.release(NAME)
+    cluster.settle()
+    rejected = [p["metadata"]["name"] for p in cluster.pods(NAME)]
+    adapter.close(NAME)
+    cluster.settle()
+    keeper_pass(cluster)
+    cluster.settle()
+    keeper_pass(cluster)
+    cluster.settle()
+    assert [name for name in rejected if cluster.server.get("", "pods", "default", name) is not None] == []
+
+
+def test_a_pod_ended_during_its_init_containers_does_not_block(adapter: Adapter, cluster: FakeCluster) -> None:
+    def with_init(obj: dict[str, Any]) -> None:
+        for rj in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+            rj["template"]["spec"]["template"]["spec"]["initContainers"] = [
+                {"name": "flux-installer", "image": "example.invalid/flux"}]
+    cluster.server.update("trainer.kubeflow.org", "clustertrainingruntimes", "", "torch-distributed", with_init,
+                          status=None)
+    cluster.init_containers_hang("node-0")
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    assert only_pod(cluster)["status"]["phase"] == "Pending"
+    adapter.hold(NAME)  # suspended while its init container runs
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    cluster.init_containers_hang("node-0", False)
+    left = cluster.pods(NAME)
+    assert [p["status"]["containerStatuses"][0]["state"] for p in left] in ([], [{"waiting": {
+        "reason": "PodInitializing"}}])
+    assert adapter.ceased(NAME).ceased
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    cluster.history.check()
+
+
+def test_a_failed_phase_kueue_s_failure_recovery_writes_over_a_crash_looping_container_is_no_proof(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    first = only_pod(cluster)["metadata"]["name"]
+    assert only_pod(cluster)["spec"]["restartPolicy"] == "OnFailure"
+    cluster.crash(first, 1)  # reported: terminated, exit 1, phase Running (OnFailure restarts it)
+    cluster.partition("node-0")  # before the restart reaches the API
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.mark_failed(first, reason="KueueForcefullyDeleted")  # Kueue's failure recovery, a minute later
+    cluster.server.delete("", "pods", "default", first, grace=0)
+    cluster.settle()  # the partitioned kubelet restarts the container: A=1 runs again
+    assert [p.admission for p in cluster.running_processes()] == [1]
+    with pytest.raises(PodsRemain) as err:
+        adapter.release(NAME)
+    assert "marked Failed by Kueue's failure recovery, not its kubelet" in str(err.value)
+    assert not adapter.ceased(NAME).ceased
+    cluster.history.check()
+    # the partition heals: the kubelet sees the terminal phase and stops the container; what it reports
+    # (terminated, 137) could still be a crash under OnFailure, so the operator's word ends the wait
+    cluster.heal("node-0")
+    cluster.settle()
+    assert cluster.running_processes() == []
+    with pytest.raises(PodsRemain) as err:
+        adapter.release(NAME)
+    assert f"dispatch admin release-pod {first} --process-gone" in str(err.value)
+    with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin:
+        assert admin.release_pod(first, process_gone=True).proof == "operator-confirmed"
+    cluster.settle()
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    cluster.history.check()
+
+
+def test_process_gone_is_refused_while_the_node_is_unreachable(adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    first = only_pod(cluster)["metadata"]["name"]
+    cluster.crash(first, 1)
+    cluster.partition("node-0")
+    cluster.mark_failed(first, reason="KueueForcefullyDeleted")
+    with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin, \
+            pytest.raises(Refused, match="its kubelet is not back"):
+        admin.release_pod(first, process_gone=True)
+
+
+def test_an_out_of_service_taint_on_a_node_that_still_reports_ready_proves_nothing(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    first = only_pod(cluster)["metadata"]["name"]
+    cluster.partition("node-0")  # the kubelet cannot confirm the delete: the pod stays Terminating
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.heal("node-0")
+    cluster.freeze_node("node-0")
+
+    def taint_but_ready(obj: dict[str, Any]) -> None:
+        obj.setdefault("spec", {}).setdefault("taints", []).append(
+            {"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown", "effect": "NoExecute"})
+        for c in obj["status"]["conditions"]:
+            if c["type"] == "Ready":
+                c["status"] = "True"
+    cluster.server.update("", "nodes", "", "node-0", taint_but_ready, status=None)
+    cessation = adapter.ceased(NAME)
+    assert not cessation.ceased
+    assert "tainted out-of-service but its kubelet still reports Ready=True" in cessation.reason
+    with pytest.raises(PodsRemain):
+        adapter.release(NAME)
+    assert [p.pod for p in cluster.running_processes()] == [first]
+    cluster.history.check()
