@@ -169,5 +169,5 @@ echo "== done in $(( $(date +%s) - t0 ))s" >> "$logf"
 df -h "$cache" >> "$logf" 2>&1 || true
 emit
 }
-main "$@"
-exit
+# On one line: bash has read it whole before main runs, so nothing of this file is read after a build began.
+main "$@"; exit

@@ -126,6 +126,7 @@ def test_the_oci_archive_is_a_consistent_image_layout(tmp_path: Path) -> None:
     with tarfile.open(fileobj=io.BytesIO(layer)) as t:
         members = {m.name: m for m in t.getmembers()}
     assert members["prog"].mode == 0o755 and members["bin/sh"].islnk() and members["bin/sh"].linkname == "prog"
+    assert members["bin/sh"].mode == 0o755, "an unpacker applies a hard link's mode to the file it links"
 
 
 def test_on_real_node_asks_for_the_node_and_keeps_dispatchs_variables(tmp_path: Path) -> None:

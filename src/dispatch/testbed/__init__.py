@@ -2,9 +2,11 @@
 
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, KWOK, JobSet, Kubeflow Trainer
 and Kueue, all built from Go modules and run as local processes. Use :func:`up` then point a client at
-:func:`kubeconfig_path`; :func:`freeze`/:func:`thaw` make a node's kubelet (its KWOK process) vanish and
-come back. Several stacks of versions live side by side (``testbed/stacks/NAME``), picked by
-:func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See ``testbed/README.md`` in the repo.
+:func:`kubeconfig_path`; :func:`freeze`/:func:`thaw` make a node's kubelet (its KWOK process, or the real
+node's kubelet) vanish and come back. Where the host allows, a real node (:func:`real_node`: the stack's
+kubelet, containerd, runc) runs real processes beside the KWOK nodes. Several stacks of versions live side
+by side (``testbed/stacks/NAME``), picked by :func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See
+``testbed/README.md`` in the repo.
 """
 
 from __future__ import annotations
@@ -20,9 +22,13 @@ from dispatch.testbed._cluster import (
     is_built,
     is_up,
     kubectl,
+    real_node,
+    real_node_problem,
     reconfigure_kueue,
     regular_nodes,
+    start_real_node,
     status,
+    stop_real_node,
     thaw,
     up,
 )
@@ -45,13 +51,17 @@ __all__ = [
     "is_up",
     "kubeconfig_path",
     "kubectl",
+    "real_node",
+    "real_node_problem",
     "reconfigure_kueue",
     "regular_nodes",
     "runtime_dir",
     "select_stack",
     "stack",
     "stacks",
+    "start_real_node",
     "status",
+    "stop_real_node",
     "thaw",
     "up",
     "versions",

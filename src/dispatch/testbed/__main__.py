@@ -1,6 +1,7 @@
 """Command line: ``python -m dispatch.testbed [--stack NAME] COMMAND``.
 
-Commands: build, up, down, status, stacks, freeze NODE, thaw NODE, kubeconfig.
+Commands: build, up, down, status, stacks, freeze NODE, thaw NODE, kubeconfig. ``build`` and ``up`` take
+``--no-real-node`` (no kubelet built, no real node started beside the KWOK nodes).
 
 ``run-image [--detach] [--name N] [--image IMG] [-- ARGS]`` runs the controller's image against the testbed
 as a pod of the shipped Deployment runs (its ServiceAccount's token, the CA, the in-cluster environment);
@@ -10,11 +11,12 @@ as a pod of the shipped Deployment runs (its ServiceAccount's token, the CA, the
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 
 from dispatch import testbed
-from dispatch.testbed import _paths
+from dispatch.testbed import _node, _paths
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,7 +27,11 @@ def main(argv: list[str] | None = None) -> int:
         help=f"which stack of versions to build and run (default: ${_paths.STACK_ENV}, else testbed/stacks/default)",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in ("build", "up", "down", "status", "stacks", "kubeconfig"):
+    for name in ("build", "up"):
+        sub.add_parser(name).add_argument(
+            "--no-real-node", action="store_true",
+            help=f"no real node (kubelet, containerd): neither built nor started (also ${_node.MODE_ENV}=0)")
+    for name in ("down", "status", "stacks", "kubeconfig"):
         sub.add_parser(name)
     for name in ("freeze", "thaw"):
         sub.add_parser(name).add_argument("node")
@@ -43,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "no_real_node", False):
+        os.environ[_node.MODE_ENV] = "0"  # the build script and every child see it too
     if args.cmd == "build":
         print(testbed.build())
     elif args.cmd == "up":

@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TextIO
 
 import yaml
@@ -64,8 +65,15 @@ def build(quiet: bool = False, out: TextIO | None = None) -> Path:
     Cached per stack by versions, wrapper modules and Go version. Progress goes to ``out`` (default
     stderr) one line per component; the Go tool's output goes to a log file the first lines name, and its
     tail is shown if the build fails. ``DISPATCH_TESTBED_BUILD_SCRIPT`` names a stand-in build script
-    (tests use one that only prints the events).
+    (tests use one that only prints the events). The real node's kubelet and images are built too (cached
+    apart, under keys of their own) unless ``$DISPATCH_TESTBED_REAL_NODE`` is 0.
     """
+    return Path(_build(quiet, out)["bin"])
+
+
+def _build(quiet: bool = False, out: TextIO | None = None) -> dict[str, str]:
+    """What ``build`` builds: ``bin`` (the control plane's dir) and, when built, ``kubelet`` (the binary)
+    and ``node-images`` (the dir of the pause and workload programs)."""
     stack = _paths.stack()
     script = Path(os.environ.get("DISPATCH_TESTBED_BUILD_SCRIPT") or _paths.source_dir() / "build.sh")
     stream: TextIO | None = None if quiet else (out if out is not None else sys.stderr)
@@ -86,7 +94,12 @@ def build(quiet: bool = False, out: TextIO | None = None) -> Path:
     lines = stdout.strip().splitlines()
     if not lines:
         raise RuntimeError("testbed build printed no output directory")
-    return Path(lines[-1])
+    outputs = {k: v for k, sep, v in (line.partition("=") for line in lines[:-1]) if sep and k in _NODE_OUTPUTS}
+    outputs["bin"] = lines[-1]
+    return outputs
+
+
+_NODE_OUTPUTS = ("kubelet", "node-images")
 
 
 def is_built() -> bool:
@@ -203,6 +216,7 @@ def _alive(name: str) -> int | None:
 
 
 def _component_names() -> list[str]:
+    real = ["containerd", "kubelet"] if (_read_state() or {}).get("real-node") else []
     return [
         "etcd",
         "kube-apiserver",
@@ -213,6 +227,7 @@ def _component_names() -> list[str]:
         "kube-scheduler",
         "kwok",
         *[f"kwok-{n}" for n in FREEZABLE_NODES],
+        *real,
     ]
 
 
@@ -311,7 +326,16 @@ HEALTH: dict[str, Callable[[], bool]] = {
     "jobset": lambda: _get(f"http://127.0.0.1:{mf.PORTS['jobset-probe']}/readyz"),
     "trainer": lambda: _get(f"http://127.0.0.1:{mf.PORTS['trainer-probe']}/readyz"),
     "kueue": lambda: _get(f"http://127.0.0.1:{mf.PORTS['kueue-probe']}/readyz"),
+    "containerd": lambda: _real()._socket_answers(_real().socket_path()),
+    "kubelet": lambda: _real().kubelet_healthy(),
 }
+
+
+def _real() -> ModuleType:
+    """The real node's module (imported late: it builds on this one)."""
+    from dispatch.testbed import _node
+
+    return _node
 
 
 def _healthy(name: str) -> bool:
@@ -430,6 +454,9 @@ def status(verbose: bool = False) -> list[ComponentStatus]:
         for s in out:
             state = "frozen" if s.frozen else ("healthy" if s.healthy else ("running" if s.running else "stopped"))
             print(f"  {s.name:26} pid {s.pid if s.pid is not None else '-':>8}  {state}")
+        if _read_state() is not None:
+            for line in _real().describe():
+                print(line)
     return out
 
 
@@ -484,13 +511,16 @@ def _check_ports_free() -> None:
 
 def _up() -> Path:
     t0 = time.monotonic()
-    bin_dir = build()
+    outputs = _build()
+    bin_dir = Path(outputs["bin"])
     rt = _paths.runtime_dir()
     rt.mkdir(parents=True, exist_ok=True)
     pki = rt / "pki"
     ensure_pki(pki)
     _write_kubeconfig(rt)
-    _state_file().write_text(json.dumps({"bin": str(bin_dir), "stack": _paths.stack()}))
+    state = {"bin": str(bin_dir), "stack": _paths.stack(),
+             **{k: v for k, v in outputs.items() if k in _NODE_OUTPUTS}}
+    _state_file().write_text(json.dumps(state))
     _log(f"starting stack {_paths.stack()} in {rt} (usually under a minute)")
     kubeconfig = str(_paths.kubeconfig_path())
     mods = _paths.modules()
@@ -668,8 +698,32 @@ def _up() -> Path:
     # cq-dispatch stays inactive until something (the project's admission-check controller) marks the
     # AdmissionCheck `dispatch` Active, exactly as on a real cluster; only the plain queue is awaited.
     kubectl("wait", "--for=condition=Active", "--timeout=60s", "clusterqueue/cq")
+    state.update(_start_real_node(outputs))
+    _state_file().write_text(json.dumps(state))
     _log(f"testbed up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
     return _paths.kubeconfig_path()
+
+
+def _start_real_node(outputs: Mapping[str, str]) -> dict[str, str]:
+    """Start the real node where the host allows (``$DISPATCH_TESTBED_REAL_NODE``: auto, 0, 1); returns what
+    the state records: the node, or why there is none (read by ``status`` and by the tests, which fail on it
+    in CI and skip on it elsewhere)."""
+    node = _real()
+    mode = node.mode()
+    if mode == "off":
+        return {"real-node-problem": f"turned off (${node.MODE_ENV}=0)"}
+    why = node.unsupported(outputs.get("kubelet"), outputs.get("node-images"))
+    if why is None:
+        try:
+            return dict(node.start(outputs["kubelet"], outputs["node-images"]))
+        except Exception as e:
+            if mode == "required":
+                raise
+            why = f"it failed to start: {e}"
+    if mode == "required":
+        raise RuntimeError(f"the real node cannot start (${node.MODE_ENV}=1): {why}")
+    _log(f"real node: not started: {why}")
+    return {"real-node-problem": why}
 
 
 def _apply_retry(objs: list[mf.Obj], server_side: bool = False, timeout: float = 60.0) -> None:
@@ -722,6 +776,7 @@ def _down() -> None:
             check=False,
             timeout=20,
         )
+    _real().stop()  # before the control plane: its pods are deleted through the apiserver first
     for n in reversed(_component_names()):
         _stop(n)
     shutil.rmtree(_paths.etcd_data_dir(), ignore_errors=True)
@@ -729,13 +784,19 @@ def _down() -> None:
 
 
 def _kwok_for(node: str) -> str:
+    """The process that is ``node``'s kubelet: its kwok, or the real node's kubelet."""
+    real = real_node()
+    if real is not None and node == real:
+        return "kubelet"
     if node not in FREEZABLE_NODES:
-        raise ValueError(f"{node} is not freezable (freezable: {', '.join(FREEZABLE_NODES)})")
+        also = f", {real}" if real else ""
+        raise ValueError(f"{node} is not freezable (freezable: {', '.join(FREEZABLE_NODES)}{also})")
     return f"kwok-{node}"
 
 
 def freeze(node: str) -> None:
-    """Stop the node's kwok (SIGSTOP): no more lease renewals, so the node really goes Ready=Unknown."""
+    """Stop the node's kubelet (SIGSTOP of its kwok, or of the real node's kubelet): no more lease renewals,
+    so the node really goes Ready=Unknown; a real node's containers keep running."""
     name = _kwok_for(node)
     pid = _alive(name)
     if pid is None:
@@ -744,7 +805,7 @@ def freeze(node: str) -> None:
 
 
 def thaw(node: str) -> None:
-    """Resume the node's kwok (SIGCONT): it renews its lease and finalizes what piled up."""
+    """Resume the node's kubelet (SIGCONT): it renews its lease and finalizes what piled up."""
     name = _kwok_for(node)
     pid = _alive(name)
     if pid is None:
@@ -773,8 +834,60 @@ def reconfigure_kueue(changes: Mapping[str, object] | None = None) -> None:
 
 
 def freezable_nodes() -> list[str]:
-    """Nodes that ``freeze``/``thaw`` accept."""
+    """KWOK nodes that ``freeze``/``thaw`` accept (they also accept the real node, see ``real_node``)."""
     return list(FREEZABLE_NODES)
+
+
+def real_node() -> str | None:
+    """The real node's name (a real kubelet, containerd and runc) while it runs, else None."""
+    name = (_read_state() or {}).get("real-node")
+    return name if name and _alive("kubelet") is not None else None
+
+
+def stop_real_node(*, delete_pods: bool = True) -> None:
+    """Stop the real node and undo its changes to the host; the control plane and KWOK nodes stay.
+
+    ``delete_pods=False`` is a node that loses power: its processes die and nothing is written to the API
+    (the Node goes Ready=Unknown after KCM's grace, its pods stay as they were). ``start_real_node`` brings
+    it back (its kubelet then finds the pods still bound to it, as a rebooted node does).
+    """
+    with _locked():
+        state = _read_state()
+        if state is None:
+            raise RuntimeError("the testbed is not running (`dispatch testbed up`)")
+        _real().stop(delete_pods=delete_pods)
+        name = state.pop("real-node", None)
+        for k in ("real-node-version", "real-node-ready-seconds"):
+            state.pop(k, None)
+        state["real-node-problem"] = f"{name or 'it'} was stopped (stop_real_node)"
+        _state_file().write_text(json.dumps(state))
+
+
+def start_real_node() -> str:
+    """Start the real node again after ``stop_real_node`` (or start it where ``up`` did not); returns its name."""
+    with _locked():
+        state = _read_state()
+        if state is None or _alive("kube-apiserver") is None:
+            raise RuntimeError("the testbed is not running (`dispatch testbed up`)")
+        if state.get("real-node") and _alive("kubelet") is not None:
+            return state["real-node"]
+        why = _real().unsupported(state.get("kubelet"), state.get("node-images"))
+        if why is not None:
+            raise RuntimeError(f"the real node cannot start: {why}")
+        state.pop("real-node-problem", None)
+        state.update(_real().start(state["kubelet"], state["node-images"]))
+        _state_file().write_text(json.dumps(state))
+        return state["real-node"]
+
+
+def real_node_problem() -> str | None:
+    """Why the running testbed has no real node (None when it has one, or when no testbed ran)."""
+    state = _read_state()
+    if state is None:
+        return "the testbed is not running"
+    if state.get("real-node"):
+        return None if _alive("kubelet") is not None else "its kubelet is not running"
+    return state.get("real-node-problem") or "it was not started"
 
 
 def regular_nodes() -> list[str]:

@@ -35,6 +35,9 @@ _BASE_PORTS: dict[str, int] = {
     "trainer-probe": 18092,
     "kueue-webhook": 19445,
     "kueue-probe": 18093,
+    # the real node's kubelet (loopback only); its containerd listens on a unix socket only
+    "kubelet": 10250,
+    "kubelet-healthz": 10248,
 }
 PORT_OFFSET = int(os.environ.get("DISPATCH_TESTBED_PORT_OFFSET", "0"))
 PORTS: dict[str, int] = {k: v + PORT_OFFSET for k, v in _BASE_PORTS.items()}

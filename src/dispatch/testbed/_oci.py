@@ -53,11 +53,12 @@ def layer(files: Mapping[str, Path], links: Mapping[str, str] | None = None) -> 
             info.type = tarfile.DIRTYPE
             info.mode = 0o755
             tar.addfile(info)
+        modes: dict[str, int] = {}
         for dst, src in sorted(files.items()):
             data = src.read_bytes()
             info = tarfile.TarInfo(dst.strip("/"))
             info.size = len(data)
-            info.mode = src.stat().st_mode & 0o777
+            info.mode = modes[dst] = src.stat().st_mode & 0o777
             tar.addfile(info, io.BytesIO(data))
         for dst, target in sorted(links.items()):
             if target not in files:
@@ -65,6 +66,8 @@ def layer(files: Mapping[str, Path], links: Mapping[str, str] | None = None) -> 
             info = tarfile.TarInfo(dst.strip("/"))
             info.type = tarfile.LNKTYPE
             info.linkname = target.strip("/")
+            # The unpacker applies a link's mode to the one inode it shares: it must be the target's own.
+            info.mode = modes[target]
             tar.addfile(info)
     return raw.getvalue()
 

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TextIO
 
 EVENT_PREFIX = "[testbed build] "
+REAL_NODE_PARTS = frozenset({"kubelet", "pause", "workload"})
+"""Components of the real node, cached apart from the control plane's."""
 TAIL_LINES = 25
 
 # Display names of the versions.env keys, in the order the header lists them.
@@ -164,7 +166,12 @@ class BuildProgress:
         names = ", ".join(f"{label} {self.versions[k]}" for k, label in _COMPONENTS if k in self.versions)
         est = self.estimate_total()
         how_long = f"about {_minutes(est)} on 2 cores" if est else "tens of minutes on 2 cores"
-        self._line(f"testbed: first build of stack {self.stack} ({names}) from Go modules", final=True)
+        if self.plan and set(self.plan) <= REAL_NODE_PARTS:  # the control plane is built; only these are new
+            k8s = self.versions.get("K8S_VERSION", "")
+            self._line(f"testbed: building the real node's {', '.join(self.plan)} for stack {self.stack} "
+                       f"(Kubernetes {k8s}) from Go modules", final=True)
+        else:
+            self._line(f"testbed: first build of stack {self.stack} ({names}) from Go modules", final=True)
         self._line(
             f"testbed: {len(self.plan)} components, {how_long}; later runs reuse the binaries and start in seconds",
             final=True,

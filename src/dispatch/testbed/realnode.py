@@ -1,0 +1,186 @@
+"""What scenario tests need to run real processes on the testbed's real node and read what they did.
+
+The real node (``dispatch.testbed.real_node()``) carries a NoSchedule taint and a label of its own, so a
+pod lands there only when it asks; :func:`on_real_node` makes any pod template ask, and run the workload
+image, which appends its life to a file in a host directory (the process oracle, :mod:`.oracle`). The
+pods share the host's pid namespace (``hostPID``), so the pids in that file are host pids and
+:func:`.oracle.pid_alive` can tell whether a process without an EXIT line still runs.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from dispatch.testbed import _cluster
+from dispatch.testbed._node import LABEL, NODE, PAUSE_IMAGE, TAINT, WORKLOAD_IMAGE, WORKLOAD_PATH
+from dispatch.testbed.oracle import pid_alive
+
+Obj = dict[str, Any]
+ORACLE_MOUNT = "/oracle"
+"""Where the oracle directory is mounted in the workload's container."""
+ORACLE_FILE = f"{ORACLE_MOUNT}/oracle.log"
+ORACLE_VOLUME = "dispatch-oracle"
+
+__all__ = [
+    "LABEL",
+    "NODE",
+    "ORACLE_FILE",
+    "ORACLE_MOUNT",
+    "PAUSE_IMAGE",
+    "WORKLOAD_IMAGE",
+    "node_name",
+    "on_real_node",
+    "oracle_file",
+    "pid_alive",
+    "problem",
+    "training_runtime",
+    "workload_pod",
+]
+
+
+def node_name() -> str:
+    """The running real node's name; ``RuntimeError`` saying why when there is none."""
+    name = _cluster.real_node()
+    if name is None:
+        raise RuntimeError(f"the testbed has no real node: {_cluster.real_node_problem()}")
+    return name
+
+
+def problem() -> str | None:
+    """Why the testbed has no real node (None when it has one)."""
+    return _cluster.real_node_problem()
+
+
+def oracle_file(oracle_dir: Path | str) -> Path:
+    """The host path of the oracle file the workload writes in ``oracle_dir``."""
+    return Path(oracle_dir) / Path(ORACLE_FILE).name
+
+
+def _knobs(tick: str | None, grace: str | None, linger: bool, exit_code: int | None,
+           lifetime: str | None) -> dict[str, str]:
+    env = {"TICK": tick, "GRACE": grace, "LIFETIME": lifetime,
+           "EXIT_CODE": None if exit_code is None else str(exit_code), "LINGER": "1" if linger else None}
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def on_real_node(
+    template: Obj,
+    oracle_dir: Path | str,
+    *,
+    env: Mapping[str, str] | None = None,
+    containers: Sequence[str] | None = None,
+    tick: str | None = None,
+    grace: str | None = None,
+    linger: bool = False,
+    exit_code: int | None = None,
+    lifetime: str | None = None,
+    keep_command: bool = False,
+) -> Obj:
+    """A copy of a pod template (``{"metadata", "spec"}``) or a bare pod spec whose containers (all, or
+    those named in ``containers``) run the workload on the real node, writing to ``oracle_dir`` on the host.
+
+    Adds the real node's toleration and node selector, ``hostPID`` (host pids in the oracle), the
+    oracle's hostPath volume and mount, ``POD_NAME`` from the pod's name, the workload's knobs (``tick``,
+    ``grace``: Go durations or seconds; ``linger``: ignore SIGTERM; ``exit_code``; ``lifetime``) and
+    ``env``. The container's command becomes the workload's (``keep_command`` keeps it: the image also
+    answers to the usual interpreters' names). Variables already set (``DISPATCH_*`` from dispatch's
+    downward API) are kept.
+    """
+    out = copy.deepcopy(template)
+    spec: Obj = out["spec"] if "spec" in out and isinstance(out["spec"], dict) else out
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), LABEL: "true"}
+    tolerations = list(spec.get("tolerations") or [])
+    if not any(t.get("key") == LABEL for t in tolerations):
+        tolerations.append({"key": LABEL, "operator": "Equal", "value": TAINT["value"], "effect": TAINT["effect"]})
+    spec["tolerations"] = tolerations
+    spec["hostPID"] = True
+    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != ORACLE_VOLUME]
+    volumes.append({"name": ORACLE_VOLUME, "hostPath": {"path": str(Path(oracle_dir).resolve()),
+                                                        "type": "DirectoryOrCreate"}})
+    spec["volumes"] = volumes
+    wanted = set(containers) if containers is not None else None
+    knobs = {**_knobs(tick, grace, linger, exit_code, lifetime), **dict(env or {})}
+    for c in spec.get("containers") or []:
+        if wanted is not None and c.get("name") not in wanted:
+            continue
+        c["image"] = WORKLOAD_IMAGE
+        c["imagePullPolicy"] = "Never"  # imported into the node's containerd; there is no registry
+        if not keep_command:
+            c["command"] = [WORKLOAD_PATH]
+            c.pop("args", None)
+        mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") != ORACLE_VOLUME]
+        mounts.append({"name": ORACLE_VOLUME, "mountPath": ORACLE_MOUNT})
+        c["volumeMounts"] = mounts
+        have = {e.get("name") for e in c.get("env") or []}
+        extra: list[Obj] = []
+        if "POD_NAME" not in have:
+            extra.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
+        if "ORACLE_FILE" not in have:
+            extra.append({"name": "ORACLE_FILE", "value": ORACLE_FILE})
+        for k, v in knobs.items():
+            if k not in have:
+                extra.append({"name": k, "value": v})
+        c["env"] = [*(c.get("env") or []), *extra]
+    return out
+
+
+def workload_pod(
+    name: str,
+    namespace: str,
+    oracle_dir: Path | str,
+    *,
+    env: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+    grace_period_seconds: int | None = None,
+    restart_policy: str = "Never",
+    **knobs: Any,
+) -> Obj:
+    """A plain pod running the workload on the real node (``knobs``: those of :func:`on_real_node`)."""
+    spec: Obj = {"restartPolicy": restart_policy, "automountServiceAccountToken": False,
+                 "containers": [{"name": "workload", "image": WORKLOAD_IMAGE}]}
+    if grace_period_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = grace_period_seconds
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})}, "spec": spec}
+    return on_real_node(pod, oracle_dir, env=env, **knobs)
+
+
+def training_runtime(
+    name: str,
+    oracle_dir: Path | str,
+    *,
+    namespace: str | None = None,
+    grace_period_seconds: int | None = None,
+    **knobs: Any,
+) -> Obj:
+    """A Trainer runtime shaped like the testbed's ``torch-distributed`` (one replicated job ``node``, its
+    container ``node``) whose pods run the workload on the real node. With ``namespace`` a
+    ``TrainingRuntime`` there (use ``JobSpec(runtime=name, runtime_kind="TrainingRuntime")``), else a
+    ``ClusterTrainingRuntime``. ``knobs`` are those of :func:`on_real_node`."""
+    pod_spec: Obj = {"containers": [{"name": "node", "image": WORKLOAD_IMAGE}]}
+    if grace_period_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = grace_period_seconds
+    template = on_real_node({"spec": pod_spec}, oracle_dir, **knobs)
+    meta: Obj = {"name": name, "labels": {"trainer.kubeflow.org/framework": "torch"}}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    return {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainingRuntime" if namespace is not None else "ClusterTrainingRuntime",
+        "metadata": meta,
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {"spec": {"replicatedJobs": [{
+                "name": "node",
+                "template": {
+                    "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                    "spec": {"template": template},
+                },
+            }]}},
+        },
+    }
+
+
