@@ -189,3 +189,35 @@ def test_a_node_that_loses_power_leaves_the_host_as_it_found_it(ns: str, node: s
         assert testbed.start_real_node() == node
         print(f"real node restarted and Ready in {time.monotonic() - t0:.1f}s")
     assert ready(node) == "True"
+
+
+def test_a_dispatch_trainjob_runs_its_process_with_its_A(ns: str, node: str, tmp_path: Path) -> None:
+    """``realnode.training_runtime`` + dispatch's own open/release: the process reads its identity from the
+    downward API, a hold ends it with SIGTERM, and the next A starts only after (the oracle agrees)."""
+    from dispatch import Adapter, JobSpec, PodsRemain
+
+    rt = realnode.training_runtime("real", tmp_path, namespace=ns, grace="1s", grace_period_seconds=10)
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(rt))
+    with Adapter.connect(ns, kubeconfig=str(testbed.kubeconfig_path())) as dispatch:
+        dispatch.open(JobSpec(job_id="rj", submission="s1", runtime="real", runtime_kind="TrainingRuntime",
+                              num_nodes=1))
+        assert dispatch.release("rj-s1").admission == 1
+        wait_for("A=1 running", lambda: any(r.admission == "1" and r.event == "TICK" for r in oracle.read(tmp_path)),
+                 60)
+        first = next(r for r in oracle.read(tmp_path) if r.admission == "1")
+        assert (first.job_id, first.submission) == ("rj", "s1")
+        dispatch.hold("rj-s1")
+
+        def released() -> bool:
+            try:
+                return dispatch.release("rj-s1").admission == 2
+            except PodsRemain:
+                return False
+
+        wait_for("the second admission", released, 90)
+        wait_for("A=2 running", lambda: any(r.admission == "2" for r in oracle.read(tmp_path)), 60)
+    recs = oracle.read(tmp_path)
+    procs = oracle.processes(recs)
+    assert [p.admission for p in procs] == ["1", "2"]
+    assert procs[0].termed_ms is not None and procs[0].exit_code == 0
+    oracle.assert_no_overlap(recs)
