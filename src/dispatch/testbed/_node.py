@@ -647,7 +647,14 @@ def stop(delete_pods: bool = True) -> None:
         record: dict[str, object] = json.loads(d.host.read_text())
     except (OSError, ValueError):
         record = {}
-    if not record and not d.base.exists() and cl._alive("kubelet") is None and cl._alive("containerd") is None:
+    if not record:
+        # No record: this runtime dir started no node (or one already undone). Stop only what its pid files
+        # name: the machine's cgroups, mounts and bridge may belong to another testbed's real node.
+        if cl._alive("kubelet") is not None or cl._alive("containerd") is not None:
+            if delete_pods:
+                _delete_pods()
+            cl._stop("kubelet")
+            cl._stop("containerd")
         return
     if delete_pods:
         _delete_pods()
@@ -682,15 +689,6 @@ def stop(delete_pods: bool = True) -> None:
 
 
 # --------------------------------------------------------------------------------------------- inspect
-
-
-def running() -> bool:
-    """True if the node's kubelet runs (frozen or not)."""
-    return cl._alive("kubelet") is not None
-
-
-def kubelet_pid() -> int | None:
-    return cl._alive("kubelet")
 
 
 def describe() -> Iterator[str]:
