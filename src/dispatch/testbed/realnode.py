@@ -139,7 +139,8 @@ def workload_pod(
     **knobs: Any,
 ) -> Obj:
     """A plain pod running the workload on the real node (``knobs``: those of :func:`on_real_node`)."""
-    spec: Obj = {"restartPolicy": restart_policy, "automountServiceAccountToken": False,
+    # No cluster DNS in the testbed: "Default" (the node's resolv.conf) spares the kubelet's warning per pod.
+    spec: Obj = {"restartPolicy": restart_policy, "automountServiceAccountToken": False, "dnsPolicy": "Default",
                  "containers": [{"name": "workload", "image": WORKLOAD_IMAGE}]}
     if grace_period_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_period_seconds
