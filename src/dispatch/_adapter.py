@@ -383,6 +383,11 @@ class AsyncAdapter:
                                                  process_gone=process_gone)
             if refusal is not None:
                 raise Refused(refusal[0], reason=refusal[1])
+            if proof == d.OPERATOR_CONFIRMED and not view.deleting:
+                # Nothing else would delete it (a Job keeps a failed pod): with only the finalizer gone
+                # it would stay, and keep blocking, unproven. Deleted first, it goes once released.
+                await self.core.delete_pod(view, grace_seconds=0)
+                continue
             if await self.core.remove_finalizer(view, forbidden_ok=False):
                 return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
         raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)

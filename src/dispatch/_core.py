@@ -252,14 +252,15 @@ class Core:
         done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
         return [p.name for p, ok in zip(proven, done, strict=True) if ok]
 
-    async def delete_for_proof(self, pod: PodView) -> bool:
-        """Delete a pod its kubelet ended without stating every container's end (a rejection), conditioned
-        on the uid and resourceVersion read: its kubelet then tears it down and writes every container
-        terminated, which proves the end (dispatch's finalizer keeps the object until then). False if
-        the pod changed or is gone."""
+    async def delete_pod(self, pod: PodView, *, grace_seconds: int | None = None) -> bool:
+        """Delete a pod as read (conditioned on its uid and resourceVersion). The controller deletes a pod
+        its kubelet rejected, so that the kubelet tears it down and writes every container's end (which
+        proves it; dispatch's finalizer keeps the object until then); ``admin release-pod`` deletes a
+        pod whose end the operator vouched for that nothing else deletes (a Job keeps failed pods).
+        False if the pod changed or is gone."""
         try:
-            await self.kube.delete(api.PODS, pod.name, pod.namespace or None, uid=pod.uid,
-                                   resource_version=pod.resource_version)
+            await self.kube.delete(api.PODS, pod.name, pod.namespace or None, grace_seconds=grace_seconds,
+                                   uid=pod.uid, resource_version=pod.resource_version)
         except NotFound:
             return False
         except Unreachable as exc:

@@ -331,7 +331,7 @@ class PodView:
     def needs_delete(self) -> bool:
         """Ended by its kubelet (Failed) without a status for every container, as a rejection leaves it, and
         not yet deleted: only a delete makes its kubelet finish it and write every container's end."""
-        return (self.phase == "Failed" and not self.deleting and not self.foreign_mark
+        return (self.phase == "Failed" and not self.deleting
                 and any(c.state == "" for c in self.containers)
                 and not any(c.state == "running" for c in (*self.containers, *self.init_containers, *self.sidecars)))
 
@@ -388,9 +388,13 @@ class PodView:
         if self.end(node) != PROOF_UNPROVEN:
             return ""
         where = self.node or "its node"
-        if self.rejected:
-            return (f"its kubelet rejected it ({self.reason or 'no reason'}) and it never ran; dispatch's "
-                    "controller deletes it so that its kubelet confirms the end (or delete it yourself)")
+        if self.rejected or self.needs_delete:
+            what = (f"its kubelet rejected it ({self.reason or 'no reason'}) and it never ran" if self.rejected
+                    else f"{self.phase} with no status for every container")
+            if self.ours:
+                return (f"{what}; dispatch's controller deletes it so that its kubelet confirms the end (or "
+                        f"`kubectl delete pod {self.name}`)")
+            return f"{what}; `kubectl delete pod {self.name}` ends the wait (nothing else deletes it)"
         if node is not None and node.readable and node.exists and node.out_of_service and node.ready == "True":
             return (f"{where} is tainted out-of-service but its kubelet still reports Ready=True, so the taint "
                     "proves nothing; shut the node down (it then stops reporting) or remove the taint")
@@ -401,9 +405,6 @@ class PodView:
                     f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
                     f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                     f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
-        if self.phase in TERMINAL_PHASES and any(c.state == "" for c in self.containers):
-            return (f"{self.phase} with no status for every container: its kubelet confirms the end once the pod "
-                    "is deleted")
         return ""
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:

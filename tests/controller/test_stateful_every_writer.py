@@ -20,7 +20,16 @@ injected API errors) gains every other writer here:
   TrainJob write, and refuses the bypass's; per example, it refuses everyone's (as deployed) or records
   what it would refuse of dispatch's and Kueue's own writes (so the rule of the writers is tested without
   the guard behind it);
-* replies lost after the server applied the write, on records and TrainJobs.
+* replies lost after the server applied the write, on records and TrainJobs;
+* kubelets as real ones end pods (issue 23): a kubelet that rejects pods at admission, pods whose init
+  containers never finish, containers that crash and are restarted under OnFailure, a node partitioned
+  from the API server whose kubelet goes on restarting them, and Kueue's failure recovery writing Failed
+  over such a pod and force-deleting it.
+
+Liveness: when a schedule ends, faults stop (partitions heal, frozen nodes not declared down thaw,
+kubelets admit again, API errors end) and the cluster runs a bounded number of rounds. Then every object
+whose processes are all gone must be proven ceased, or its status must name an action (an admin command)
+that, taken, proves it; a stall only an undocumented action ends fails the machine.
 
 Every client holds exactly the shipped roles. After every step the strict history checker
 (``dispatch.testing.History.check``) asserts: no two executions of one submission alive at once whatever
@@ -31,8 +40,10 @@ carrying the A its TrainJob reported, and A rising from one execution to the nex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -41,7 +52,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec, PodsRemain
+from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec, NotFound, PodsRemain
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch.controller._events import EventRecorder
@@ -57,6 +68,13 @@ from .test_stateful_kueue import _step as kueue_walk_step
 NS = "default"
 WRITER = ("dispatch-writer", "dispatch-node-reader")
 """dispatch's library, and the bypassing ``kubectl`` user: exactly the shipped writer role."""
+ADMIN = ("dispatch-admin", "dispatch-node-reader")
+"""The operator who takes the actions a status names (``dispatch admin release-pod``)."""
+HEALING_ROUNDS = 6
+"""Rounds of the cluster, Kueue and the finalizer keeper after faults stop: grace periods end, kubelets
+confirm, the keeper deletes rejected pods and frees proven ones."""
+ACTION = re.compile(r"`(?:dispatch admin release-pod ([a-z0-9.-]+) (--process-gone|--node-confirmed-down)|"
+                    r"kubectl delete pod ([a-z0-9.-]+))`")
 WAYS = ("plain", "kueue", "kueue-unlabelled", "kueue-without-queue-name")
 """How an object is managed: by dispatch alone; by Kueue through the queue-name label; through the label,
 removed while suspended; or without a label by a Kueue with ``manageJobsWithoutQueueName``."""
@@ -78,11 +96,19 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         """Not a step here: ``setup_every_writer`` draws how each object is managed."""
         raise AssertionError("EveryWriter starts with setup_every_writer")
 
-    @initialize(ways=st.tuples(*(st.sampled_from(WAYS) for _ in OBJECTS)), guard_everyone=st.booleans())
-    def setup_every_writer(self, ways: tuple[str, ...], guard_everyone: bool) -> None:
+    @initialize(ways=st.tuples(*(st.sampled_from(WAYS) for _ in OBJECTS)), guard_everyone=st.booleans(),
+                init_containers=st.booleans())
+    def setup_every_writer(self, ways: tuple[str, ...], guard_everyone: bool, init_containers: bool = False) -> None:
         self.ways = dict(zip(OBJECTS, ways, strict=True))
         self.cluster = FakeCluster()
         self.cluster.add_runtime(replacement_policy="Failed")
+        if init_containers:  # as Trainer's Flux runtime injects one
+            def with_init(obj: dict[str, Any]) -> None:
+                for rj in obj["spec"]["template"]["spec"]["replicatedJobs"]:
+                    rj["template"]["spec"]["template"]["spec"]["initContainers"] = [
+                        {"name": "installer", "image": "example.invalid/installer"}]
+            self.cluster.server.update(TRAINER, "clustertrainingruntimes", "", "torch-distributed", with_init,
+                                       status=None)
         for node in ("node-0", "node-1", "node-2"):
             self.cluster.add_node(node)
         self.kueue = FakeKueue(self.cluster, manage_jobs_without_queue_name="kueue-without-queue-name" in ways)
@@ -111,6 +137,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
 
     def teardown(self) -> None:
         if hasattr(self, "cluster"):
+            self.faults_stop_and_every_ended_object_becomes_admissible()
             per: dict[tuple[str, ...], set[object]] = {}
             for p in self.cluster.history.processes:
                 per.setdefault(p.subject, set()).add(p.execution)
@@ -392,6 +419,103 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         if tj is not None and tj["spec"].get("suspend"):
             self.cluster.mark_failed(pod["metadata"]["name"])
 
+    # ------------------------------------------------------------------ kubelets as real ones end pods
+
+    @rule(outcome=st.sampled_from(["reject", "admit", "init-hangs", "init-finishes", "crash", "partition", "heal",
+                                   "failure-recovery"]),
+          node=st.sampled_from(("node-0", "node-1", "node-2")), index=st.integers(0, 20))
+    def kubelet_outcome(self, outcome: str, node: str, index: int) -> None:
+        c = self.cluster
+        pods = c.pods()
+        pod = pods[index % len(pods)] if pods else None
+        if outcome == "reject":
+            c.kubelet_rejects(node, *(("UnexpectedAdmissionError", "Allocate failed due to no healthy devices")
+                                      if index % 2 else ("OutOfcpu", "Node didn't have enough resource: cpu")))
+        elif outcome == "admit":
+            c.kubelet_admits(node)
+        elif outcome in ("init-hangs", "init-finishes"):
+            c.init_containers_hang(node, outcome == "init-hangs")
+        elif outcome == "crash" and pod is not None:
+            c.crash(pod["metadata"]["name"], 1 if index % 3 else 0)
+            SEEN["crashed"] += 1
+        elif outcome == "partition" and node not in c.deleted_nodes and node not in c.frozen:
+            c.partition(node)
+        elif outcome == "heal" and node in c.partitioned:
+            c.heal(node)
+        elif outcome == "failure-recovery":
+            # Kueue's failure recovery: a deleting pod on an unreachable node, a minute on, is marked
+            # Failed (its own condition, container states untouched) and force-deleted.
+            for p in pods:
+                if p["spec"].get("nodeName") in c.partitioned and p["metadata"].get("deletionTimestamp"):
+                    c.mark_failed(p["metadata"]["name"], reason="KueueForcefullyDeleted")
+                    c.force_delete(p["metadata"]["name"])
+                    SEEN["failure-recovery"] += 1
+                    break
+
+    # ------------------------------------------------------------------ liveness
+
+    def _submission_alive(self, name: str) -> bool:
+        job_id, submission = name.split("-")
+        return any(p.subject == (NS, "submission", job_id, submission) for p in self.cluster.running_processes())
+
+    def faults_stop_and_every_ended_object_becomes_admissible(self) -> None:
+        """Faults stop; after a bounded number of rounds every suspended object none of whose processes
+        runs is proven ceased, directly or after the one action its status names."""
+        c = self.cluster
+        c.server.faults.clear()
+        for node in list(c.partitioned):
+            c.heal(node)
+        for node in list(c.frozen):
+            if node not in self.tainted:
+                c.thaw_node(node)
+        for node in ("node-0", "node-1", "node-2"):
+            c.kubelet_admits(node)
+            c.init_containers_hang(node, False)
+
+        def rounds() -> None:
+            for _ in range(HEALING_ROUNDS):
+                c.advance(31)
+                c.settle(2)
+                self.kueue.sync()
+                asyncio.run(self._release_finalizers())
+        rounds()
+        c.history.check()
+        with Adapter.connect(NS, transport=c.transport(roles=ADMIN)) as admin:
+            for name in OBJECTS:
+                tj = c.server.get(TRAINER, "trainjobs", NS, name)
+                if tj is None or not tj["spec"].get("suspend") or self._submission_alive(name):
+                    continue
+                try:
+                    cessation = self.adapter.ceased(name)
+                except NotFound:
+                    continue
+                if cessation.ceased:
+                    SEEN["healed-ceased"] += 1
+                    continue
+                actions = ACTION.findall(cessation.reason)
+                assert actions, (f"{name} stalls with no action named after faults stopped: {cessation.reason}",
+                                 [(p["metadata"], p["status"]) for p in c.pods()])
+                for pod, flag, deleted in actions:
+                    if deleted:  # the operator's kubectl, with the admin role's delete on pods
+                        with contextlib.suppress(ApiFailure):
+                            c.server.delete("", "pods", NS, deleted)
+                        SEEN["healed-by-delete"] += 1
+                        continue
+                    node = (c.server.get("", "pods", NS, pod) or {}).get("spec", {}).get("nodeName")
+                    if flag == "--node-confirmed-down" and node not in self.tainted and node not in c.frozen:
+                        continue  # only true of a node that is down; a healed node's kubelet acts itself
+                    try:
+                        admin.release_pod(pod, process_gone=flag == "--process-gone",
+                                          node_confirmed_down=flag == "--node-confirmed-down")
+                    except NotFound:
+                        pass
+                    SEEN["healed-by-action"] += 1
+                rounds()
+                after = self.adapter.ceased(name)
+                assert after.ceased or self._submission_alive(name), (
+                    f"{name} still stalls after the named action: {after.reason}")
+        c.history.check()
+
     # ------------------------------------------------------------------ the promise
 
     @invariant()
@@ -421,7 +545,7 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
     name = rng.choice(OBJECTS)
     choice = rng.choices(
         ["writer", "progress", "kueue", "decide", "kueue-machine", "bypass", "inside", "concurrent", "lost",
-         "failed"], weights=[25, 20, 10, 10, 20, 4, 4, 4, 2, 1])[0]
+         "failed", "kubelet"], weights=[25, 20, 10, 10, 20, 4, 4, 4, 2, 1, 6])[0]
     if choice == "writer":
         op = rng.choice(["release", "release", "release", "hold", "hold", "close", "reopen", "reopen-held",
                          "inspect", "ceased", "open-alias"])
@@ -457,6 +581,11 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
         path = rng.choice([r"/submissionrecords", r"/trainjobs$", r"/trainjobs/", r"/workloads/"])
         method = rng.choice(["POST", "PATCH"])
         return lambda: sm.lost_reply(path, method)
+    if choice == "kubelet":
+        outcome = rng.choice(["reject", "admit", "admit", "init-hangs", "init-finishes", "crash", "partition",
+                              "heal", "heal", "failure-recovery"])
+        node, index = rng.choice(("node-0", "node-1", "node-2")), rng.randint(0, 20)
+        return lambda: sm.kubelet_outcome(outcome, node, index)
     index = rng.randint(0, 20)
     return lambda: sm.marked_failed_by_someone_else(index) if sm.cluster.pods() else None
 
@@ -474,7 +603,7 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     for _ in range(WALKS):
         sm = EveryWriter()
         ways = tuple(rng.choice(WAYS) for _ in OBJECTS)
-        sm.setup_every_writer(ways, rng.random() < 0.5)
+        sm.setup_every_writer(ways, rng.random() < 0.5, rng.random() < 0.3)
         try:
             for _ in range(WALK_STEPS):
                 _walk_step(rng, sm)()
@@ -486,3 +615,6 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     print("walks reached", dict(SEEN))
     assert SEEN["waited"] >= 150 and SEEN["re-admitted"] >= 30, SEEN
     assert SEEN["bypass-refused"] >= 50, SEEN
+    # the kubelet outcomes and the healing phase are reached too
+    assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, SEEN
+    assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, SEEN

@@ -142,7 +142,7 @@ class FinalizerKeeper:
             if pod.needs_delete and node is not None and node.readable and node.exists:
                 # A rejected pod never ran and nothing else ever deletes it (Job and JobSet keep failed
                 # pods): without this delete it would block its object for good on a healthy node.
-                if not await core.delete_for_proof(pod):
+                if not await core.delete_pod(pod):
                     return "conflict"
                 self._metrics.writes.labels("pod-delete").inc()
                 log.info("pod deleted so that its kubelet confirms its end", pod=key, reason=pod.reason)

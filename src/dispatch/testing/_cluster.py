@@ -264,7 +264,8 @@ class FakeCluster:
     def heal(self, name: str) -> None:
         """The partition ends: the kubelet reports again and acts on what the API now says."""
         self.partitioned.discard(name)
-        self._node_ready(name, "True")
+        if name not in self.deleted_nodes:
+            self._node_ready(name, "True")
 
     def kubelet_rejects(self, node: str, reason: str = "OutOfcpu",
                         message: str = "Node didn't have enough resource: cpu, requested: 4000, used: 0, "
@@ -293,8 +294,9 @@ class FakeCluster:
             return
         uid = obj["metadata"]["uid"]
         proc = self._processes.get(uid)
-        if proc is not None:
-            self._end(proc)
+        if proc is None:
+            return  # only a running container can crash
+        self._end(proc)
         self._crashed[uid] = exit_code
         node = obj["spec"].get("nodeName")
         if node in self.frozen or node in self.partitioned or node in self.deleted_nodes:
@@ -336,6 +338,7 @@ class FakeCluster:
         self.server.delete("", "nodes", "", name)
         self.deleted_nodes.add(name)
         self.frozen.discard(name)
+        self.partitioned.discard(name)
         for proc in list(self._processes.values()):
             if proc.node == name:
                 self._end(proc)
@@ -344,6 +347,7 @@ class FakeCluster:
 
     def _start(self, pod: Obj) -> None:
         meta = pod["metadata"]
+        assert meta["uid"] not in self._processes, f"fake kubelet: pod {meta['name']} started twice: {pod}"
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
         tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
