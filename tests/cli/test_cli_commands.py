@@ -24,7 +24,7 @@ STATUS_KEYS = {
     "managed", "createdBy",
     "warnings",
 }
-POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held"}
+POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held", "why"}
 
 
 def trainjob(cli: Cli, name: str) -> dict[str, Any]:

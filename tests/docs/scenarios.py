@@ -94,6 +94,23 @@ def held_gone() -> FakeCluster:
     return cluster
 
 
+def failure_recovered() -> FakeCluster:
+    """llama-s1's container crashed (exit 1, restartPolicy OnFailure), node-0 was cut off from the API
+    before its kubelet restarted it, the object was held, Kueue's failure recovery marked the pod Failed
+    and force-deleted it; the partition has since healed and the kubelet stopped the container."""
+    cluster = running()
+    pod = cluster.pods("llama-s1")[0]["metadata"]["name"]
+    cluster.crash(pod, 1)
+    cluster.partition("node-0")
+    _run(cluster, lambda d: d.hold("llama-s1"))
+    cluster.settle()
+    cluster.mark_failed(pod, reason="KueueForcefullyDeleted")
+    cluster.force_delete(pod)
+    cluster.heal("node-0")
+    cluster.settle()
+    return cluster
+
+
 def lost_node_tainted() -> FakeCluster:
     """lost-node after the operator's out-of-service taint, before PodGC has deleted the pod."""
     cluster = lost_node()
@@ -268,6 +285,7 @@ SCENARIOS: dict[str, Callable[[], FakeCluster]] = {
     "prompt-exit": fresh,
     "running": running,
     "held-terminating": held_terminating,
+    "failure-recovered": failure_recovered,
     "lost-node": lost_node,
     "lost-node-tainted": lost_node_tainted,
     "force-deleted": force_deleted,
