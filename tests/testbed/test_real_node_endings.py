@@ -1,0 +1,311 @@
+"""Issue 23 on the testbed's real node: how a real kubelet ends pods, and what dispatch makes of each ending,
+judged by the process oracle (what the real processes wrote), not by pod objects.
+
+Each scenario records the statuses the real kubelet wrote and holds them to the shapes in
+tests/contract/data/kubelet-endings.json (which the fake's kubelet must reproduce too), so the imitation
+and reality are compared on every run of both stacks. The controller's finalizer keeper acts here with
+the token of the shipped ``dispatch-controller`` ServiceAccount, so only the shipped roles' permissions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dispatch import Adapter, JobSpec, PodsRemain, testbed
+from dispatch import _kube as k
+from dispatch.controller._finalizers import FinalizerKeeper
+from dispatch.controller._metrics import Metrics
+from dispatch.testbed import _node, oracle, realnode
+from dispatch.testing import ending_shape
+
+pytestmark = pytest.mark.testbed
+
+Obj = dict[str, Any]
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+RECORDED: dict[str, Any] = json.loads(
+    (Path(__file__).parents[1] / "contract" / "data" / "kubelet-endings.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def node(testbed_kubeconfig: str) -> str:
+    name = testbed.real_node()
+    if name is None:
+        why = testbed.real_node_problem() or "unknown"
+        if os.environ.get("CI", "").lower() == "true" or why.startswith("it failed to start"):
+            pytest.fail(f"the testbed has no real node: {why}")
+        pytest.skip(f"the testbed has no real node: {why}")
+    return name
+
+
+@pytest.fixture(scope="module")
+def controller_kubeconfig(node: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A kubeconfig holding only the shipped ``dispatch-controller`` ServiceAccount's token."""
+    from dispatch.testbed import _container
+
+    _container.apply_deploy()
+    token = testbed.kubectl("create", "token", "dispatch-controller", "-n", "dispatch-system",
+                            "--duration=2h").stdout.strip()
+    admin = json.loads(testbed.kubectl("config", "view", "--raw", "-o", "json").stdout)
+    cluster = admin["clusters"][0]
+    path = tmp_path_factory.mktemp("ctl") / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": "controller", "user": {"token": token}}],
+        "contexts": [{"name": "controller", "context": {"cluster": cluster["name"], "user": "controller"}}],
+        "current-context": "controller"}))
+    return path
+
+
+@pytest.fixture
+def ns(node: str) -> Iterator[str]:
+    name = f"re-{uuid.uuid4().hex[:6]}"
+    testbed.kubectl("create", "namespace", name)
+    yield name
+    testbed.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def adapter(ns: str, testbed_kubeconfig: str) -> Iterator[Adapter]:
+    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+        yield a
+
+
+def get(*args: str) -> Obj:
+    out: Obj = json.loads(testbed.kubectl("get", *args, "-o", "json").stdout)
+    return out
+
+
+def pods(ns: str, name: str) -> list[Obj]:
+    items: list[Obj] = get("pods", "-n", ns, "-l", f"{JOBSET_LABEL}={name}")["items"]
+    return items
+
+
+def wait_for(what: str, cond: Callable[[], Any], timeout: float = 90.0) -> Any:
+    t0 = time.monotonic()
+    while True:
+        got = cond()
+        if got:
+            return got
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def runtime(ns: str, oracle_dir: Path, *, pod_spec: Obj | None = None, init: Obj | None = None,
+            **knobs: Any) -> None:
+    """A namespaced runtime ``real`` whose pods run the workload on the real node; ``pod_spec`` entries
+    are merged into its pod spec, ``init`` is an init container running the workload too."""
+    rt = realnode.training_runtime("real", oracle_dir, namespace=ns, **knobs)
+    spec = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    spec.update(pod_spec or {})
+    if init is not None:
+        container = {"name": "init", "image": realnode.WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                     "command": [_node.WORKLOAD_PATH], **init}
+        spec["initContainers"] = [container]
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(rt))
+
+
+def spec(name: str) -> JobSpec:
+    job_id, submission = name.split("-")
+    return JobSpec(job_id=job_id, submission=submission, runtime="real", runtime_kind="TrainingRuntime",
+                   num_nodes=1)
+
+
+def keeper_pass(ns: str, kubeconfig: Path) -> dict[str, str]:
+    """One pass of the controller's finalizer keeper over the namespace's pods, as the controller."""
+
+    async def go() -> dict[str, str]:
+        kube = k.Kube.connect(namespace=ns, kubeconfig=kubeconfig)
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods((await kube.list(k.PODS)).items)
+            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
+        finally:
+            await kube.aclose()
+
+    return asyncio.run(go())
+
+
+def release_or_remaining(adapter: Adapter, name: str) -> int | str:
+    try:
+        return adapter.release(name).admission
+    except PodsRemain as exc:
+        return str(exc)
+
+
+def test_a_pod_its_real_kubelet_rejects_is_recorded_deleted_by_the_controller_and_then_admits(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, controller_kubeconfig: Path) -> None:
+    # Bound by name past the scheduler, as a kubelet restart re-admits its pods: the kubelet refuses it.
+    runtime(ns, tmp_path, pod_spec={"nodeName": node, "restartPolicy": "Never"})
+    rt_cpu = {"resources": {"requests": {"cpu": "64"}}}
+    rt = get("trainingruntime", "real", "-n", ns)
+    rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["containers"][0] \
+        .update(rt_cpu)
+    testbed.kubectl("apply", "-f", "-", input=json.dumps(rt))
+    adapter.open(spec("rej-s1"))
+    assert adapter.release("rej-s1").admission == 1
+    rejected = wait_for("a pod the kubelet rejected", lambda: [
+        p for p in pods(ns, "rej-s1") if p["status"].get("reason") == "OutOfcpu"])[0]
+    name = rejected["metadata"]["name"]
+    assert ending_shape(rejected["status"]) == ending_shape(RECORDED["rejected"]["status"])
+    adapter.hold("rej-s1")
+    blocked = wait_for("the release refused naming the rejection", lambda: (
+        lambda r: r if isinstance(r, str) and "its kubelet rejected it (OutOfcpu)" in r else None)(
+            release_or_remaining(adapter, "rej-s1")))
+    assert "dispatch's controller deletes it" in blocked
+    assert not adapter.ceased("rej-s1").ceased
+    wait_for("the controller deletes every rejected pod", lambda: "deleted" in keeper_pass(
+        ns, controller_kubeconfig).values() or not any(
+        p["status"].get("reason") == "OutOfcpu" and "deletionTimestamp" not in p["metadata"]
+        for p in pods(ns, "rej-s1")), 30)
+
+    def confirmed() -> Obj | None:
+        got = [p for p in pods(ns, "rej-s1") if p["metadata"]["name"] == name]
+        return got[0] if got and got[0]["status"].get("containerStatuses") else None
+    after = wait_for("its kubelet writes every container's end", confirmed, 30)
+    assert ending_shape(after["status"]) == ending_shape(RECORDED["rejected-then-deleted-held"]["status"])
+    keeper_pass(ns, controller_kubeconfig)
+    wait_for("every rejected pod freed", lambda: keeper_pass(ns, controller_kubeconfig) is not None and not any(
+        p["status"].get("reason") == "OutOfcpu" for p in pods(ns, "rej-s1")), 60)
+    assert adapter.ceased("rej-s1").ceased
+    assert adapter.release("rej-s1").admission == 2
+    assert oracle.read(tmp_path) == []  # no process of a rejected pod ever ran
+
+
+def test_a_pod_ended_during_its_init_container_on_a_real_kubelet_does_not_block(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path) -> None:
+    # The init container ignores SIGTERM, so the hold's delete ends it by SIGKILL after the grace period.
+    runtime(ns, tmp_path, grace_period_seconds=2,
+            init={"env": [{"name": "LINGER", "value": "1"}, {"name": "ORACLE_FILE", "value": realnode.ORACLE_FILE},
+                          {"name": "POD_NAME", "value": "init"}],
+                  "volumeMounts": [{"name": realnode.ORACLE_VOLUME, "mountPath": realnode.ORACLE_MOUNT}]})
+    adapter.open(spec("ini-s1"))
+    assert adapter.release("ini-s1").admission == 1
+    wait_for("the init container runs", lambda: any(r.pod == "init" for r in oracle.read(tmp_path)), 60)
+    first = pods(ns, "ini-s1")[0]["metadata"]["name"]
+    adapter.hold("ini-s1")
+
+    def ended() -> Obj | None:
+        got = [p for p in pods(ns, "ini-s1") if p["metadata"]["name"] == first]
+        return got[0] if got and got[0]["status"].get("phase") == "Failed" and all(
+            "terminated" in c.get("state", {}) for c in got[0]["status"].get("initContainerStatuses") or [{}]) \
+            else None
+    gone = wait_for("the pod ended during init", ended, 60)
+    assert ending_shape(gone["status"]) == ending_shape(RECORDED["init-then-deleted-held"]["status"])
+    assert adapter.ceased("ini-s1").ceased
+    assert adapter.release("ini-s1").admission == 2
+    recs = oracle.read(tmp_path)
+    assert {r.pod for r in recs} == {"init"}, "no main container of A=1 ever started"
+    oracle.assert_no_overlap(recs)
+
+
+def test_a_failed_written_by_another_client_over_a_crash_looping_container_is_no_proof(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, testbed_kubeconfig: str) -> None:
+    # The trainer exits 1 after a second; JobSet's default OnFailure makes the kubelet restart it.
+    runtime(ns, tmp_path, lifetime="1s", exit_code=1)
+    adapter.open(spec("crl-s1"))
+    assert adapter.release("crl-s1").admission == 1
+    pod = wait_for("the container crashed and the kubelet reported it", lambda: [
+        p for p in pods(ns, "crl-s1")
+        if any("terminated" in (c.get("state") or {}) or "waiting" in (c.get("state") or {})
+               for c in p["status"].get("containerStatuses") or [])
+        and p["status"].get("phase") == "Running"])[0]
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
+    testbed.freeze(node)  # cut off: nothing it does reaches the API, and nothing reaches it
+    try:
+        adapter.hold("crl-s1")
+        # What Kueue's failure recovery writes (phase and its own condition, containers untouched)
+        patch = {"status": {"phase": "Failed", "conditions": [
+            *pod["status"].get("conditions", []),
+            {"type": "KueueFailureRecovery", "status": "True", "reason": "KueueForcefullyDeleted",
+             "message": "the pod was on an unreachable node"}]}}
+        testbed.kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
+                        "-p", json.dumps(patch))
+        refused = release_or_remaining(adapter, "crl-s1")
+        assert isinstance(refused, str) and "marked Failed by Kueue's failure recovery, not its kubelet" in refused
+        assert not adapter.ceased("crl-s1").ceased
+    finally:
+        testbed.thaw(node)
+
+    taken: list[str] = []
+
+    def way_out() -> int | None:
+        got = release_or_remaining(adapter, "crl-s1")
+        if isinstance(got, int):
+            return got
+        if "--process-gone" in got and not taken and not any(
+                p.alive for p in oracle.processes(oracle.read(tmp_path))):
+            with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin:
+                taken.append(admin.release_pod(name, process_gone=True).proof)
+        return None
+    assert wait_for("the named way out admits A=2", way_out, 120) == 2
+    # Which way out it took depends on what the kubelet last reported before the freeze: a container in
+    # back-off (waiting) becomes ContainerStatusUnknown at its last step, a proof; a terminated exit 1
+    # stays as it was, and only the operator's word that the process is gone ends the wait.
+    assert taken in ([], ["operator-confirmed"])
+    recs = oracle.read(tmp_path)
+    assert {r.admission for r in recs} <= {"1", "2"}
+    oracle.assert_no_overlap(recs)
+
+
+def test_an_out_of_service_taint_on_a_node_whose_kubelet_reports_ready_proves_nothing(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path) -> None:
+    runtime(ns, tmp_path, grace_period_seconds=30, linger=True)
+    adapter.open(spec("oos-s1"))
+    assert adapter.release("oos-s1").admission == 1
+    wait_for("A=1 runs", lambda: any(r.event == "TICK" for r in oracle.read(tmp_path)), 60)
+    adapter.hold("oos-s1")
+    testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service=nodeshutdown:NoSchedule")
+    try:
+        wait_for("the node still reports Ready=True", lambda: any(
+            c["type"] == "Ready" and c["status"] == "True" for c in get("node", node)["status"]["conditions"]), 30)
+        cessation = adapter.ceased("oos-s1")
+        assert not cessation.ceased
+        assert "tainted out-of-service but its kubelet still reports Ready=True" in cessation.reason
+        assert isinstance(release_or_remaining(adapter, "oos-s1"), str)
+        assert any(p.alive for p in oracle.processes(oracle.read(tmp_path))), "and indeed it still runs"
+    finally:
+        testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
+    assert wait_for("A=2 after the grace period", lambda: (
+        lambda r: r if isinstance(r, int) else None)(release_or_remaining(adapter, "oos-s1")), 90) == 2
+    oracle.assert_no_overlap(oracle.read(tmp_path))
+
+
+def test_a_frozen_kubelet_whose_container_writes_on_is_refused_until_the_node_is_really_down(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path) -> None:
+    runtime(ns, tmp_path, grace_period_seconds=5)
+    adapter.open(spec("frz-s1"))
+    assert adapter.release("frz-s1").admission == 1
+    wait_for("A=1 runs", lambda: any(r.event == "TICK" for r in oracle.read(tmp_path)), 60)
+    testbed.freeze(node)
+    try:
+        adapter.hold("frz-s1")
+        wait_for("Ready=Unknown", lambda: any(
+            c["type"] == "Ready" and c["status"] == "Unknown" for c in get("node", node)["status"]["conditions"]), 60)
+        before = len(oracle.read(tmp_path))
+        time.sleep(1.0)
+        assert len(oracle.read(tmp_path)) > before, "the process writes on while its kubelet is frozen"
+        assert isinstance(release_or_remaining(adapter, "frz-s1"), str)
+        assert not adapter.ceased("frz-s1").ceased
+        # The node really goes down: its containers stop (as a power-off stops them), then the taint.
+        _node._kill_tasks()
+        wait_for("the process is gone", lambda: not any(
+            p.alive for p in oracle.processes(oracle.read(tmp_path))), 30)
+        testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
+        wait_for("ceased", lambda: adapter.ceased("frz-s1").ceased, 60)
+        assert wait_for("A=2 admitted", lambda: (
+            lambda r: r if isinstance(r, int) else None)(release_or_remaining(adapter, "frz-s1")), 90) == 2
+    finally:
+        testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
+        testbed.thaw(node)
+    oracle.assert_no_overlap(oracle.read(tmp_path))
