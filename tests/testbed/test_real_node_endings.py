@@ -309,3 +309,57 @@ def test_a_frozen_kubelet_whose_container_writes_on_is_refused_until_the_node_is
         testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
         testbed.thaw(node)
     oracle.assert_no_overlap(oracle.read(tmp_path))
+
+
+def test_kueue_mode_re_admits_only_after_the_real_process_exits(node: str, tmp_path: Path) -> None:
+    """The seed's story under Kueue on the real node: the Workload is evicted (the hold deactivates it),
+    Kueue re-reserves quota as soon as JobSet reports no active Job, and dispatch's check stays Pending
+    while the real process is still in its grace period; A=2's process starts only after A=1's EXIT."""
+    from dispatch import AsyncAdapter
+    from dispatch.controller import Config, Controller
+    from dispatch.testbed.harness import check_of, controller_env, controller_name, workload_of
+
+    async def story() -> list[str]:
+        messages: list[str] = []
+        async with controller_env(testbed.kubeconfig_path()) as (kube, ns, _):
+            runtime(ns, tmp_path, grace_period_seconds=20, grace="4s")
+            ctl = Controller(kube, Config(namespace=ns, controller_name=controller_name(ns)))
+            stop = asyncio.Event()
+            task = asyncio.create_task(ctl.run(stop))
+            try:
+                adapter = AsyncAdapter(kube)
+                await adapter.open(JobSpec(job_id="kq", submission="s1", runtime="real",
+                                           runtime_kind="TrainingRuntime", num_nodes=1, queue="lq"))
+                await asyncio.to_thread(wait_for, "A=1 runs", lambda: any(
+                    r.admission == "1" and r.event == "TICK" for r in oracle.read(tmp_path)), 90)
+                await adapter.hold("kq-s1")
+                await adapter.release("kq-s1")
+                t0 = time.monotonic()
+                while time.monotonic() - t0 < 90:
+                    wl = await workload_of(kube, "kq-s1")
+                    message = str(check_of(wl).get("message", "")) if wl is not None else ""
+                    if message.startswith("waiting for pods"):
+                        messages.append(message)
+                    if any(r.admission == "2" for r in oracle.read(tmp_path)):
+                        break
+                    await asyncio.sleep(0.2)
+                else:
+                    wl = await workload_of(kube, "kq-s1")
+                    tj = await kube.get(k.TRAINJOBS, "kq-s1")
+                    left = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"))
+                            for p in (await kube.list(k.PODS)).items]
+                    raise AssertionError(f"A=2 never ran: workload {wl and wl.get('status')}, trainjob "
+                                         f"{tj.get('spec', {}).get('suspend')} {tj['metadata'].get('annotations')}, "
+                                         f"pods {left}")
+            finally:
+                stop.set()
+                await asyncio.wait_for(task, 30)
+        return messages
+
+    waited = asyncio.run(story())
+    recs = oracle.read(tmp_path)
+    procs = oracle.processes(recs)
+    assert [p.admission for p in procs] == ["1", "2"], [str(p) for p in procs]
+    assert procs[0].termed_ms is not None, "A=1 got SIGTERM and wrote on through its grace"
+    assert waited, "the check waited on A=1's Terminating pod while its process ran"
+    oracle.assert_no_overlap(recs)

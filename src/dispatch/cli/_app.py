@@ -824,6 +824,9 @@ def demo(
         ),
     ] = 120.0,
     stack: StackOpt = None,
+    real_node: Annotated[bool, typer.Option(
+        "--real-node", help="Run the story on the testbed's real node: a real kubelet, real processes, and "
+                            "the processes' own record as the judge.")] = False,
 ) -> None:
     """Walk through the promise on the local testbed (built and started if needed).
 
@@ -837,7 +840,7 @@ def demo(
     state = _state(ctx)
     with guard(state):
         try:
-            run_demo(state.out, keep=keep, step_timeout=step_timeout)
+            run_demo(state.out, keep=keep, step_timeout=step_timeout, real_node=real_node)
         except DemoFailed as exc:
             state.err.print(f"[bold red]demo failed:[/] {escape(str(exc))}", highlight=False)
             raise typer.Exit(EXIT_FAILURE) from None

@@ -11,12 +11,18 @@ release is refused; the operator taints the node out-of-service; ``ceased`` is t
 
 All along, an independent observer lists the namespace's pods and fails the demo if two admission
 numbers of one object ever had Running pods at the same time.
+
+With ``--real-node`` both parts run on the testbed's real node (a real kubelet, containerd and runc):
+real processes get SIGTERM and write on through their grace period, part 2's lost node is a kubelet
+stopped by SIGSTOP whose container keeps running until the machine "goes down" (the testbed kills its
+containers), and the process oracle (what the processes themselves wrote) is the judge.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import tempfile
 import threading
 import time
 import uuid
@@ -147,6 +153,28 @@ class Story:
     step_timeout: float
     watcher: Watcher
     n: int = 0
+    runtime: str | None = None
+    """A namespaced TrainingRuntime the objects run (``--real-node``: the real node's workload)."""
+    oracle_dir: Path | None = None
+    """Where the real processes write their lives (``--real-node``)."""
+
+    def spec(self, submission: str) -> JobSpec:
+        extra: dict[str, Any] = {"runtime": self.runtime, "runtime_kind": "TrainingRuntime"} if self.runtime else {}
+        return JobSpec(job_id="demo", submission=submission, num_nodes=1,
+                       resources_per_node={"cpu": "1", "memory": "1Gi"}, **extra)
+
+    def processes(self, what: str) -> None:
+        """Say what the real processes wrote, and fail if two of one submission were ever alive at once."""
+        if self.oracle_dir is None:
+            return
+        from ..testbed import oracle
+
+        records = oracle.read(self.oracle_dir)
+        for proc in oracle.processes(records):
+            self.say(f"[dim]process oracle ({what}):[/] {escape(str(proc))}")
+        found = oracle.overlaps(records)
+        if found:
+            raise DemoFailed("two processes of one submission ran at once: " + " | ".join(map(str, found)))
 
     # ------------------------------------------------------------------ narration
 
@@ -225,11 +253,7 @@ class Story:
 def _part_one(story: Story, node: str) -> None:
     a = story.adapter
     story.step(f"Open a TrainJob, held; its pods will run on the reachable node {node}")
-    name = story.open_on(
-        JobSpec(job_id="demo", submission="grace", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
-        node,
-        {_testbed().ANN_DELETE_DELAY: DELETE_DELAY},
-    )
+    name = story.open_on(story.spec("grace"), node, {_testbed().ANN_DELETE_DELAY: DELETE_DELAY})
 
     story.step(f"Release {name}: it is admitted, execution A=1 (once every layer has confirmed the suspension)")
     story.release_waiting(name, expect=1, timeout=story.step_timeout)
@@ -260,15 +284,13 @@ def _part_one(story: Story, node: str) -> None:
     story.release_waiting(name, expect=2, timeout=story.step_timeout)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 2)
+    story.processes("A=1 got SIGTERM, wrote on through its grace and exited before A=2 started")
 
 
 def _part_two(story: Story, node: str) -> None:
     a = story.adapter
     story.step(f"Open a second TrainJob on the freezable node {node}, release it: A=1")
-    name = story.open_on(
-        JobSpec(job_id="demo", submission="lost", num_nodes=1, resources_per_node={"cpu": "1", "memory": "1Gi"}),
-        node, {},
-    )
+    name = story.open_on(story.spec("lost"), node, {})
     story.release_waiting(name, expect=1, timeout=story.step_timeout)
     story.running_pod(name, 1)
 
@@ -296,6 +318,15 @@ def _part_two(story: Story, node: str) -> None:
         raise DemoFailed("ceased was true while the node was only Ready=Unknown")
     story.release_refused(name)
 
+    if story.oracle_dir is not None:
+        story.step(f"{node} really goes down: its containers stop (the testbed kills them, as a power-off would)")
+        from ..testbed import _node, oracle
+
+        before = len(oracle.read(story.oracle_dir))
+        story.say(f"the frozen kubelet's container wrote {before} lines so far, and was still writing")
+        _node._kill_tasks()
+        story.until("the process to be gone", lambda: not any(
+            p.alive for p in oracle.processes(oracle.read(story.oracle_dir or Path()))))
     story.step(f"The operator confirms {node} is shut down and taints it {OUT_OF_SERVICE_TAINT}")
     _kubectl("taint", "nodes", node, f"{OUT_OF_SERVICE_TAINT}=nodeshutdown:NoExecute", "--overwrite")
     cessation = a.ceased(name)
@@ -311,6 +342,7 @@ def _part_two(story: Story, node: str) -> None:
     _kubectl("taint", "nodes", node, f"{OUT_OF_SERVICE_TAINT}-", check=False)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 2)
+    story.processes("A=2 started only after the machine of A=1 went down")
 
 
 @contextmanager
@@ -339,7 +371,7 @@ def _testbed_intro(tb: Any) -> str:
     )
 
 
-def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.0) -> None:
+def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.0, real_node: bool = False) -> None:
     """Tell the story; raise DemoFailed if a step goes otherwise or the promise is ever broken."""
     tb = _testbed()
     console.print("[bold]dispatch demo[/]: one object never has two executions at once\n")
@@ -348,14 +380,30 @@ def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.
     console.print(f"testbed up; kubeconfig {kubeconfig}")
     regular = tb.regular_nodes()[0]
     freezable = tb.freezable_nodes()[0]
+    oracle_dir: Path | None = None
+    if real_node:
+        real = tb.real_node()
+        if real is None:
+            raise DemoFailed(f"the testbed has no real node: {tb.real_node_problem()}")
+        regular = freezable = real
+        oracle_dir = Path(tempfile.mkdtemp(prefix="dispatch-demo-oracle-"))
     with _namespace(keep) as namespace:
         console.print(f"namespace {namespace}")
+        runtime = None
+        if oracle_dir is not None:
+            from ..testbed import realnode
+
+            runtime = "demo-real"
+            _kubectl("apply", "-f", "-", input=json.dumps(realnode.training_runtime(
+                runtime, oracle_dir, namespace=namespace, grace_period_seconds=30, grace="8s")))
+            console.print(f"real node {regular}; its processes write their lives to {oracle_dir}")
         watcher = Watcher(namespace)
         watcher.start()
         frozen = False
         try:
             with Adapter.connect(namespace, kubeconfig=kubeconfig) as adapter:
-                story = Story(console, adapter, namespace, step_timeout, watcher)
+                story = Story(console, adapter, namespace, step_timeout, watcher, runtime=runtime,
+                              oracle_dir=oracle_dir)
                 _part_one(story, regular)
                 frozen = True
                 _part_two(story, freezable)
