@@ -496,6 +496,8 @@ def _check_ports_free() -> None:
     """Fail early and clearly if something else (e.g. another testbed) holds one of our ports."""
     busy = []
     for name, port in mf.PORTS.items():
+        if name in mf.REAL_NODE_PORTS:
+            continue
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:

@@ -41,6 +41,8 @@ _BASE_PORTS: dict[str, int] = {
 }
 PORT_OFFSET = int(os.environ.get("DISPATCH_TESTBED_PORT_OFFSET", "0"))
 PORTS: dict[str, int] = {k: v + PORT_OFFSET for k, v in _BASE_PORTS.items()}
+REAL_NODE_PORTS = ("kubelet", "kubelet-healthz")
+"""Checked only when the real node starts: a host's own kubelet on them means no real node, not no testbed."""
 
 # Annotations understood by the KWOK stages below (documented for test authors).
 ANN_DELETE_DELAY = "dispatch.test/delete-delay"  # seconds ("5") or a Go duration ("500ms"); default 1s

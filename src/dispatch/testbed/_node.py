@@ -129,12 +129,25 @@ def unsupported(kubelet: str | None, images: str | None = None) -> str | None:
     probe = CGROUP_ROOT if _cgroup_v2() else CGROUP_ROOT / "memory"
     if not probe.is_dir() or not os.access(probe, os.W_OK):
         return f"the cgroup filesystem ({probe}) is missing or read-only"
+    busy = [f"{mf.PORTS[n]}" for n in mf.REAL_NODE_PORTS if not _port_free(mf.PORTS[n])]
+    if busy:
+        return f"port {', '.join(busy)} on 127.0.0.1 is in use (another kubelet?)"
     held = kubepods_dirs()
     if held and not (_node_dir() / "host.json").exists():
         return (f"{held[0]} exists: another kubelet runs on this machine, or one that crashed left its cgroups "
                 "(one real node per machine; remove them with "
                 "`find /sys/fs/cgroup -depth -type d -path '*/kubepods*' -exec rmdir {} \\;`)")
     return None
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 # --------------------------------------------------------------------------------------------- paths
