@@ -3,10 +3,12 @@
 Nothing re-admits an object while any pod of it may still run. ``Adapter`` (sync) and ``AsyncAdapter``
 open, release, hold, inspect, find, close and wait on TrainJobs; ``ceased`` proves cessation. Errors
 form one tree rooted at ``DispatchError`` (see ``dispatch.errors``). ``dispatch.testing`` holds an
-in-process fake Kubernetes API for tests.
+in-process fake Kubernetes API for tests. ``Fence`` (``dispatch.fence``) fences a training process's
+checkpoints on its execution's A.
 """
 
-from ._adapter import Adapter, AsyncAdapter, validate_spec
+from typing import TYPE_CHECKING
+
 from ._enrol import ENROL_LABEL
 from ._names import (
     ANNOTATION_ADMISSION,
@@ -29,6 +31,23 @@ from .errors import (
     Refused,
     Unreachable,
 )
+from .fence import Checkpoint, Fence, Fenced, PosixStore, S3Store
+
+if TYPE_CHECKING:
+    from ._adapter import Adapter, AsyncAdapter, validate_spec
+
+_LAZY = frozenset({"Adapter", "AsyncAdapter", "validate_spec"})
+"""Imported on first use: they pull in the HTTP client and asyncio (about a second), which a training
+process that only fences its checkpoints (``dispatch.fence``) must not pay for."""
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from . import _adapter
+
+        return getattr(_adapter, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # The one source of the version: the package metadata (pyproject.toml), `dispatch --version`, the
 # controller's dispatch_build_info gauge and the image label all read it.
@@ -47,7 +66,10 @@ __all__ = [
     "AsyncAdapter",
     "Cause",
     "Cessation",
+    "Checkpoint",
     "DispatchError",
+    "Fence",
+    "Fenced",
     "FieldCause",
     "Forbidden",
     "Identity",
@@ -56,9 +78,11 @@ __all__ = [
     "NotFound",
     "PodEnd",
     "PodsRemain",
+    "PosixStore",
     "ReadOnly",
     "Refused",
     "RemainingPod",
+    "S3Store",
     "State",
     "Status",
     "Unreachable",
