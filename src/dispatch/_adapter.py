@@ -185,9 +185,9 @@ class AsyncAdapter:
         n.validate_ref(name)
         tj = await self.core.trainjob_or_none(name)
         target = Target.of(tj) if tj is not None else Target(name)
-        snap = await self.core.read_one(target, lower=False)
+        snap = await self.core.read_one(target)
         return d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
-                           pods=snap.pods, nodes=snap.nodes)
+                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs)
 
     # ------------------------------------------------------------------ writes
 

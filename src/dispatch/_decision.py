@@ -210,13 +210,16 @@ def cessation(
     submission: str,
     pods: Iterable[PodView],
     nodes: Mapping[str, NodeView],
+    jobset: JobSetView | None = None,
+    jobs: Iterable[JobView] = (),
 ) -> Cessation:
     """Whether the object's processes are proven gone.
 
     True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
     Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
     not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
-    per pod how.
+    per pod how. The layers below are judged as the rule judges them: a JobSet or child Job that has not
+    acted on the suspension could still start a pod, so nothing has ceased while one lags.
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     rest = remaining(views, nodes)
@@ -224,6 +227,10 @@ def cessation(
     admitted = trainjob is not None and not trainjob.suspended and not trainjob.deleting
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         return Cessation(False, f"{name} is admitted and running", rest, proofs)
+    lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
+                     jobs=jobs).blockers
+    if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
+        return Cessation(False, "a layer below could still start a pod: " + "; ".join(lagging), rest, proofs)
     open_ends = {e.name for e in proofs if not e.proven}
     unproven = [p for p in rest if p.name in open_ends]
     if not unproven:

@@ -106,14 +106,15 @@ def test_demo_failure_exits_1(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None
 def test_demo_passes_its_options(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch.cli import _demo
 
-    seen: list[tuple[bool, float]] = []
+    seen: list[tuple[bool, float, bool]] = []
 
-    def fake(console: object, *, keep: bool, step_timeout: float) -> None:
-        seen.append((keep, step_timeout))
+    def fake(console: object, *, keep: bool, step_timeout: float, real_node: bool) -> None:
+        seen.append((keep, step_timeout, real_node))
 
     monkeypatch.setattr(_demo, "run_demo", fake)
     assert cli("demo", "--keep", "--step-timeout", "30").exit_code == 0
-    assert seen == [(True, 30.0)]
+    assert cli("demo", "--real-node").exit_code == 0
+    assert seen == [(True, 30.0, False), (False, 120.0, True)]
 
 
 def test_watcher_flags_two_running_executions(monkeypatch: pytest.MonkeyPatch) -> None:

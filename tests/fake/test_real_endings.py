@@ -199,3 +199,20 @@ def test_an_out_of_service_taint_on_a_node_that_still_reports_ready_proves_nothi
         adapter.release(NAME)
     assert [p.pod for p in cluster.running_processes()] == [first]
     cluster.history.check()
+
+
+def test_ceased_is_false_while_a_layer_below_could_still_start_a_pod(adapter: Adapter, cluster: FakeCluster) -> None:
+    """Issue 25, item 9: cessation judges the JobSet and its Jobs as the rule does."""
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    adapter.hold(NAME)
+    cluster.trainer_sync()  # the JobSet is suspended; its Job has not acted on it yet
+    cluster.jobset_sync()
+    cessation = adapter.ceased(NAME)
+    assert not cessation.ceased
+    assert cessation.reason.startswith("a layer below could still start a pod: job llama-s1-node-0")
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    assert adapter.ceased(NAME).ceased

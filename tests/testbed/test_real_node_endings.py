@@ -363,3 +363,46 @@ def test_kueue_mode_re_admits_only_after_the_real_process_exits(node: str, tmp_p
     assert procs[0].termed_ms is not None, "A=1 got SIGTERM and wrote on through its grace"
     assert waited, "the check waited on A=1's Terminating pod while its process ran"
     oracle.assert_no_overlap(recs)
+
+
+HOLD = "dispatch.test/hold"
+"""A finalizer of the test's own, so the pod's last status can be read after its end."""
+
+
+def _ended_status(ns: str, name: str) -> Obj:
+    def ended() -> Obj | None:
+        pod = get("pod", name, "-n", ns)
+        states = [c.get("state") or {} for c in pod["status"].get("containerStatuses") or []]
+        done = pod["status"].get("phase") in ("Succeeded", "Failed") and states and all(
+            "terminated" in s for s in states)
+        return pod if done else None
+    status: Obj = wait_for(f"pod {name}'s end", ended, 60)["status"]
+    return status
+
+
+def test_kwok_ends_a_deleted_pod_as_the_real_kubelet_ends_one_that_outlives_its_grace(
+        ns: str, node: str, tmp_path: Path) -> None:
+    """KWOK imitates a kubelet: its deletion stage must write what the real one writes for a process that
+    does not exit on SIGTERM (killed at the end of its grace period: Failed, Error, 137)."""
+    real = realnode.workload_pod("real", ns, tmp_path, grace_period_seconds=2, linger=True)
+    real["metadata"]["finalizers"] = [HOLD]
+    kwok: Obj = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "kwok", "namespace": ns, "finalizers": [HOLD],
+                              "annotations": {testbed.ANN_DELETE_DELAY: "1"}},
+                 "spec": {"containers": [{"name": "workload", "image": "example.invalid/train"}],
+                          "nodeName": testbed.regular_nodes()[0], "restartPolicy": "Never"}}
+    for pod in (real, kwok):
+        testbed.kubectl("apply", "-f", "-", input=json.dumps(pod))
+    wait_for("both Running", lambda: all(get("pod", n, "-n", ns)["status"].get("phase") == "Running"
+                                         for n in ("real", "kwok")), 60)
+    try:
+        for name in ("real", "kwok"):
+            testbed.kubectl("delete", "pod", name, "-n", ns, "--wait=false")
+        real_end, kwok_end = _ended_status(ns, "real"), _ended_status(ns, "kwok")
+        assert ending_shape(real_end)["containerStatuses"] == [("terminated", "Error", 137, "")]
+        assert ending_shape(kwok_end) == ending_shape(real_end)
+        assert not any(p.alive for p in oracle.processes(oracle.read(tmp_path)))
+    finally:
+        for name in ("real", "kwok"):
+            testbed.kubectl("patch", "pod", name, "-n", ns, "--type=json",
+                            "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)
