@@ -1,0 +1,171 @@
+"""Cost of fencing a checkpoint: time per ``Fence.commit`` against a plain write of the same files.
+
+For each store and payload size, ``--rounds`` (default 30) checkpoints of one file:
+
+* POSIX (a directory under ``--dir``): *plain* is the durable write a careful trainer does anyway (a new
+  directory, the file written and ``fsync``-ed, the directories ``fsync``-ed); *fenced* is ``commit``
+  writing the same file (that work, plus two log reads, a log entry made by ``link`` and ``fsync``-ed, and
+  one more read);
+* S3 (a MinIO server started here from the binary ``scripts/build-minio`` built): *plain* is one
+  ``upload_file``; *fenced* is ``commit`` (the upload, plus two ``GetObject`` that find no entry, one
+  conditional ``PutObject`` and the first use's two-request probe, amortised over the rounds).
+
+Also the claim of a new execution when the log already holds ``--history`` (default 1000) entries: a new
+execution reads the whole log once; a running one reads only what is new.
+
+Run: ``python -m bench.fence_bench [--rounds 30] [--dir DIR] [--no-s3]``; prints one JSON object (medians
+in milliseconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from dispatch.fence import Fence
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"4KiB": 4 << 10, "16MiB": 16 << 20}
+
+
+def durable_write(directory: Path, data: bytes) -> None:
+    with (directory / "payload").open("wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def median_ms(run: Callable[[int], None], rounds: int) -> float:
+    times = []
+    for i in range(rounds):
+        start = time.perf_counter()
+        run(i)
+        times.append((time.perf_counter() - start) * 1000)
+    return round(statistics.median(times), 2)
+
+
+def posix(base: Path, rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for label, size in SIZES.items():
+        data = os.urandom(size)
+        plain_root = base / f"plain-{label}"
+        plain_root.mkdir(parents=True)
+
+        def plain(i: int, root: Path = plain_root, data: bytes = data) -> None:
+            d = root / f"step-{i}"
+            d.mkdir()
+            durable_write(d, data)
+            fsync_dir(d)
+            fsync_dir(root)
+
+        fence = Fence.at(base / "fenced", "bench", label, 1)
+        fence.claim()
+
+        def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:
+            fence.commit(i, lambda d: durable_write(d, data))
+
+        out[label] = {"plain_ms": median_ms(plain, rounds), "fenced_ms": median_ms(fenced, rounds)}
+        out[label]["extra_ms"] = round(out[label]["fenced_ms"] - out[label]["plain_ms"], 2)
+    return out
+
+
+def history(root: str, entries: int, client: Any = None) -> dict[str, float]:
+    writer = Fence.at(root, "bench", "history", 1, s3_client=client)
+    writer.claim()
+    for i in range(entries - 1):
+        writer._append("claim")  # a long log of cheap entries
+        del i
+    start = time.perf_counter()
+    Fence.at(root, "bench", "history", 2, s3_client=client).claim()
+    return {"entries": entries, "new_execution_claim_ms": round((time.perf_counter() - start) * 1000, 1)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def s3(rounds: int, entries: int) -> dict[str, Any]:
+    import boto3
+
+    binary = subprocess.run([str(ROOT / "scripts" / "build-minio")], capture_output=True, text=True,
+                            check=True).stdout.strip().splitlines()[-1]
+    port = free_port()
+    with tempfile.TemporaryDirectory() as data_dir:
+        env = {**os.environ, "MINIO_ROOT_USER": "bench", "MINIO_ROOT_PASSWORD": "bench-secret",
+               "MINIO_BROWSER": "off"}
+        server = subprocess.Popen([binary, "server", data_dir, "--address", f"127.0.0.1:{port}",
+                                   "--console-address", f"127.0.0.1:{free_port()}", "--quiet"],
+                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            endpoint = f"http://127.0.0.1:{port}"
+            for _ in range(600):
+                try:
+                    with urllib.request.urlopen(f"{endpoint}/minio/health/live", timeout=1):
+                        break
+                except OSError:
+                    time.sleep(0.1)
+            client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="bench",
+                                  aws_secret_access_key="bench-secret", region_name="us-east-1")
+            client.create_bucket(Bucket="bench")
+            out: dict[str, Any] = {}
+            with tempfile.TemporaryDirectory() as tmp:
+                for label, size in SIZES.items():
+                    local = Path(tmp) / f"{label}.bin"
+                    local.write_bytes(os.urandom(size))
+                    data = local.read_bytes()
+
+                    def plain(i: int, local: Path = local, label: str = label) -> None:
+                        client.upload_file(str(local), "bench", f"plain/{label}/step-{i}/payload")
+
+                    fence = Fence.at(f"s3://bench/fenced-{label}", "bench", label, 1, s3_client=client)
+                    fence.claim()
+
+                    def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:
+                        fence.commit(i, lambda d: (d / "payload").write_bytes(data))
+
+                    out[label] = {"plain_ms": median_ms(plain, rounds), "fenced_ms": median_ms(fenced, rounds)}
+                    out[label]["extra_ms"] = round(out[label]["fenced_ms"] - out[label]["plain_ms"], 2)
+            out["history"] = history("s3://bench/history", entries, client)
+            return out
+        finally:
+            server.terminate()
+            server.wait(10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--history", type=int, default=1000)
+    parser.add_argument("--dir", default=None, help="where the POSIX checkpoints go (default: a temp dir)")
+    parser.add_argument("--no-s3", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(dir=args.dir) as base:
+        result: dict[str, Any] = {"posix": posix(Path(base), args.rounds)}
+        result["posix"]["history"] = history(str(Path(base) / "history"), args.history)
+    if not args.no_s3:
+        result["s3"] = s3(args.rounds, args.history)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
