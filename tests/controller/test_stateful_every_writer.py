@@ -70,7 +70,7 @@ WRITER = ("dispatch-writer", "dispatch-node-reader")
 """dispatch's library, and the bypassing ``kubectl`` user: exactly the shipped writer role."""
 ADMIN = ("dispatch-admin", "dispatch-node-reader")
 """The operator who takes the actions a status names (``dispatch admin release-pod``)."""
-HEALING_ROUNDS = 6
+HEALING_ROUNDS = 3
 """Rounds of the cluster, Kueue and the finalizer keeper after faults stop: grace periods end, kubelets
 confirm, the keeper deletes rejected pods and frees proven ones."""
 ACTION = re.compile(r"`(?:dispatch admin release-pod ([a-z0-9.-]+) (--process-gone|--node-confirmed-down)|"
