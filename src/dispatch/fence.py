@@ -273,15 +273,20 @@ class Fence:
         self._advance()
         self._refuse_if_newer(action)
         prefix = f"{_DATA}a-{self.admission:0{_SEQ_DIGITS}d}/step-{step:0{_SEQ_DIGITS}d}-{secrets.token_hex(6)}"
+        entry_may_exist = False
         try:
             self.store.write_data(prefix, write)
             self._advance()
             self._refuse_if_newer(action)
+            entry_may_exist = True
             seq = self._append("commit", step=step, data=prefix)
             self._refuse_if_newer(action, before=seq)
-        except Fenced:
-            with contextlib.suppress(Exception):
-                self.store.discard_data(prefix)
+        except BaseException as err:
+            # The data goes if no commit that counts can name it: refused, or failed before its entry. An
+            # append that failed (a lost reply) may have made an entry that counts, so its data stays.
+            if isinstance(err, Fenced) or not entry_may_exist:
+                with contextlib.suppress(Exception):
+                    self.store.discard_data(prefix)
             raise
         return self._checkpoint(self._log[seq - 1])
 
@@ -471,7 +476,11 @@ class PosixStore:
 
     @contextlib.contextmanager
     def open_data(self, prefix: str) -> Iterator[Path]:
-        yield self.path / prefix
+        path = self.path / prefix
+        if not path.is_dir():
+            raise Refused(f"{path}: a committed checkpoint's directory is missing (removed by hand?)",
+                          reason="FenceDataMissing")
+        yield path
 
     def discard_data(self, prefix: str) -> None:
         shutil.rmtree(self.path / prefix, ignore_errors=True)

@@ -194,3 +194,22 @@ def test_an_s3_store_that_ignores_if_none_match_is_refused(minio: Minio) -> None
         fence.claim()
     honest = Fence(S3Store(BUCKET, "honours", client=minio.client()), 1)
     assert honest.claim() is None
+
+
+def test_a_write_that_fails_leaves_nothing_behind(location: Location) -> None:
+    fence = location.fence(1)
+    fence.claim()
+    fence.commit(1, save("a1 s1"))
+
+    def broken(directory: Path) -> None:
+        (directory / "payload").write_text("half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        fence.commit(2, broken)
+    store = location.fence(9).store
+    assert [(e.kind, e.step) for e in read_log(store)] == [("claim", -1), ("commit", 1)]
+    if location.kind == "posix":
+        assert [p.name[:17] for p in (Path(location.root) / "llama" / "s1" / "data" / "a-000000000001").iterdir()] \
+            == ["step-000000000001"]
+    assert payload(location.fence(2).claim()) == "a1 s1"
