@@ -172,12 +172,12 @@ def test_committed_stacks_are_complete() -> None:
     assert (REPO_TESTBED / "stacks" / "default").read_text().strip() in stacks
     for name in stacks:
         d = REPO_TESTBED / "stacks" / name
-        for comp in ("k8s", "kwok", "jobset", "trainer", "kueue"):
+        for comp in ("k8s", "kwok", "jobset", "trainer", "kueue", "kubelet"):
             assert (d / "gomod" / comp / "go.mod").is_file(), (name, comp)
             assert (d / "gomod" / comp / "go.sum").is_file(), (name, comp)
         times = read_build_times(d / "build-times")
         assert set(times) == {"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "etcd",
-                              "kwok", "jobset", "trainer", "kueue"}, name
+                              "kwok", "jobset", "trainer", "kueue", "kubelet", "pause", "workload"}, name
         k8s = [ln for ln in (d / "versions.env").read_text().splitlines() if ln.startswith("K8S_VERSION=")]
         assert k8s and f"k8s.io/kubernetes {k8s[0].split('=')[1]}" in (d / "gomod/k8s/go.mod").read_text()
 

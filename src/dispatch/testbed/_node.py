@@ -517,9 +517,17 @@ def _tasks() -> list[tuple[str, str]]:
     return out
 
 
+def _sandboxes() -> set[str]:
+    """Ids of the sandbox (pause) containers: the kubelet stops them after the pod's own containers."""
+    proc = ctr("containers", "ls", check=False, timeout=15)
+    return {parts[0] for line in proc.stdout.splitlines()[1:] if len(parts := line.split()) >= 2
+            and parts[1] == PAUSE_IMAGE}
+
+
 def _delete_pods() -> None:
     """Delete the node's pods and wait until the kubelet stopped their containers (a finalizer may keep a
-    pod object; its processes still end). Nothing here may block ``down`` for long."""
+    pod object; its processes still end), sandboxes aside: those are killed right after. Nothing here may
+    block ``down`` for long."""
     if cl._alive("kube-apiserver") is None or cl._alive("kubelet") is None:
         return
     pid = cl._alive("kubelet")
@@ -530,9 +538,11 @@ def _delete_pods() -> None:
                "--wait=false", "--ignore-not-found", check=False, timeout=30)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        if not any(status in ("RUNNING", "PAUSED", "PAUSING") for _, status in _tasks()):
+        sandboxes = _sandboxes()
+        if not any(status in ("RUNNING", "PAUSED", "PAUSING") and task not in sandboxes
+                   for task, status in _tasks()):
             return
-        time.sleep(0.5)
+        time.sleep(0.25)
     cl._log("real node: containers still running 30s after their pods were deleted; killing them")
 
 
