@@ -374,7 +374,7 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "delete", "batch", "jobs", "", False),
     ("controller", "watch", "jobset.x-k8s.io", "jobsets", "", True),
     ("controller", "patch", "jobset.x-k8s.io", "jobsets", "", False),
-    ("controller", "delete", "", "pods", "", False),
+    ("controller", "delete", "", "pods", "", True),  # a pod its kubelet rejected, so the kubelet confirms its end
     ("controller", "get", "", "pods", "", True),  # the finalizer keeper reads each pod afresh
     ("controller", "patch", "", "pods", "", True),  # and removes dispatch's pod finalizer
     ("controller", "get", "", "pods", "log", False),
