@@ -210,6 +210,8 @@ def identity_labels(job_id: str, submission: str, admission: int | None = None) 
     return out
 
 
+ENV_PREFIX = "DISPATCH_"
+"""Trainer environment variables dispatch owns: the identity below, and any it adds later."""
 ENV_FROM_LABELS = (
     ("DISPATCH_JOB_ID", LABEL_JOB_ID),
     ("DISPATCH_SUBMISSION", LABEL_SUBMISSION),

@@ -10,12 +10,13 @@ read the message; and because Python's duck typing would otherwise turn a wrong 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import _names as n
 from ._records import JobSpec
+from ._trainer import ENV_FROM_LABELS, ENV_PREFIX
 from .errors import FieldCause
 
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -35,6 +36,19 @@ _RESERVED_LABELS = {
     n.KUEUE_PRIORITY_LABEL: "set priority_class= instead",
     n.JOBSET_NAME_LABEL: "JobSet sets it",
 }
+
+INT32_MAX = 2**31 - 1
+"""``spec.trainer.numNodes`` is an int32 in Trainer's API."""
+INT64_MAX = 2**63 - 1
+"""A pod's ``terminationGracePeriodSeconds`` is an int64; a quantity's value is capped there too."""
+REQUEST_LIMIT = 3 * 1024 * 1024
+"""kube-apiserver's default limit on a request body (``--max-request-body-bytes``): a spec whose text alone is
+larger can never be created, so it is refused before it is built (a few aliases in a YAML file can expand to
+hundreds of megabytes)."""
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Control characters other than tab and newline: a NUL cannot reach a process through exec, and the rest
+are never meant (a stray escape, a pasted terminal sequence); refused rather than sent on or stripped."""
+_ENV_FROM_LABELS = dict(ENV_FROM_LABELS)
 
 Problems = list[FieldCause]
 
@@ -115,7 +129,8 @@ def _text(problems: Problems, field: str, value: object, *, optional: bool = Fal
     return value
 
 
-def _int(problems: Problems, field: str, value: object, minimum: int) -> None:
+def _int(problems: Problems, field: str, value: object, minimum: int, maximum: int, api_type: str) -> None:
+    """An int within the API's type: Python's ints are unbounded, the API server's are not."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
@@ -123,6 +138,21 @@ def _int(problems: Problems, field: str, value: object, minimum: int) -> None:
     elif value < minimum:
         _bad(problems, field, f"must be at least {minimum} (got {value})" if minimum else
              f"must not be negative (got {value})")
+    elif value > maximum:
+        _bad(problems, field, f"must be at most {maximum}, the largest {api_type} the API takes (got {value})")
+
+
+def control_problem(text: str) -> str | None:
+    """Why ``text`` may not be sent (a control character other than tab or newline), or None."""
+    found = _CONTROL.search(text)
+    if found is None:
+        return None
+    return f"contains the control character U+{ord(found.group()):04X} at offset {found.start()}"
+
+
+def _no_control(problems: Problems, field: str, text: str) -> None:
+    if problem := control_problem(text):
+        _bad(problems, field, problem)
 
 
 def _str_map(problems: Problems, field: str, value: object) -> list[tuple[str, str]]:
@@ -156,6 +186,8 @@ def _str_list(problems: Problems, field: str, value: object) -> None:
     for i, item in enumerate(value):
         if not isinstance(item, str):
             _bad(problems, f"{field}[{i}]", f"must be a string (got {_kind(item)})", "FieldValueTypeInvalid")
+        else:
+            _no_control(problems, f"{field}[{i}]", item)
 
 
 def _ids(problems: Problems, spec: JobSpec) -> None:
@@ -205,6 +237,8 @@ def _image(problems: Problems, spec: JobSpec) -> None:
         _bad(problems, "image", "must not be empty; pass None to use the runtime's image", "FieldValueRequired")
     elif any(c.isspace() for c in image):
         _bad(problems, "image", f"{image!r} must not contain whitespace")
+    else:
+        _no_control(problems, "image", image)
 
 
 def _kueue(problems: Problems, spec: JobSpec) -> None:
@@ -232,6 +266,9 @@ def _grace_under_kueue(problems: Problems, spec: JobSpec) -> None:
         _bad(problems, "termination_grace_period_seconds", KUEUE_DROPS_GRACE, "FieldValueNotSupported")
 
 
+_MILLI = Decimal("0.001")
+
+
 def _resources(problems: Problems, spec: JobSpec) -> None:
     for key, value in _str_map(problems, "resources_per_node", spec.resources_per_node):
         field = f"resources_per_node[{key}]"
@@ -244,15 +281,29 @@ def _resources(problems: Problems, spec: JobSpec) -> None:
             _bad(problems, field, f"{value!r} is not a quantity (such as 2, 500m, 4Gi or 1e3)")
         elif quantity < 0:
             _bad(problems, field, f"{value!r} must not be negative")
+        elif quantity > INT64_MAX:
+            # The API server caps a larger quantity at 2^63-1 rather than refusing it.
+            _bad(problems, field, f"{value!r} is more than {INT64_MAX}, the largest quantity the API keeps")
+        elif quantity % _MILLI:
+            # The API server rounds a finer quantity up to the next thousandth (0.1m becomes 1m).
+            _bad(problems, field, f"{value!r} is finer than a thousandth (1m); the API would round it up")
         elif "/" in key and not key.startswith("kubernetes.io/") and quantity != quantity.to_integral_value():
             _bad(problems, field, f"{value!r} must be a whole number for an extended resource")
 
 
 def _env(problems: Problems, spec: JobSpec) -> None:
-    for key, _value in _str_map(problems, "env", spec.env):
-        problem = env_name_problem(key)
-        if problem:
-            _bad(problems, f"env[{key}]", f"{key!r} is not an environment variable name: {problem}")
+    for key, value in _str_map(problems, "env", spec.env):
+        field = f"env[{key}]"
+        if problem := env_name_problem(key):
+            _bad(problems, field, f"{key!r} is not an environment variable name: {problem}")
+        elif key in _ENV_FROM_LABELS:
+            # As enrolment refuses it: the trainer would get two entries, and A must come from the pod's label.
+            _bad(problems, field, f"is set by dispatch from the pod's label {_ENV_FROM_LABELS[key]}",
+                 "FieldValueForbidden")
+        elif key.startswith(ENV_PREFIX):
+            _bad(problems, field, f"is reserved for dispatch (variables starting {ENV_PREFIX})", "FieldValueForbidden")
+        else:
+            _no_control(problems, field, value)
 
 
 def _labels(problems: Problems, spec: JobSpec) -> None:
@@ -276,6 +327,8 @@ def _pod_annotations(problems: Problems, spec: JobSpec) -> None:
             _bad(problems, f"pod_annotations[{key}]", "is reserved for dispatch", "FieldValueForbidden")
         elif problem := qualified_name_problem(key):
             _bad(problems, f"pod_annotations[{key}]", f"key {key!r} {problem}")
+        else:
+            _no_control(problems, f"pod_annotations[{key}]", value)
     if total > _ANNOTATIONS_LIMIT:
         _bad(problems, "pod_annotations", f"total {total} bytes, more than the API's {_ANNOTATIONS_LIMIT}",
              "FieldValueTooLong")
@@ -290,11 +343,39 @@ def _node_selector(problems: Problems, spec: JobSpec) -> None:
             _bad(problems, field, f"{value!r} is not a valid label value: {problem}")
 
 
+def _texts(spec: JobSpec) -> Iterator[object]:
+    """Every piece of text the TrainJob will carry, the same object as often as it is used."""
+    yield from (spec.job_id, spec.submission, spec.name, spec.runtime, spec.image, spec.queue, spec.priority_class)
+    for seq in (spec.command, spec.args):
+        if isinstance(seq, Sequence) and not isinstance(seq, str | bytes):
+            yield from seq
+    for mapping in (spec.resources_per_node, spec.env, spec.labels, spec.pod_annotations, spec.node_selector):
+        if isinstance(mapping, Mapping):
+            for key, value in mapping.items():
+                yield key
+                yield value
+
+
+def _size(problems: Problems, spec: JobSpec) -> None:
+    """Refuse a spec whose text alone passes the request limit, counting no further than the limit."""
+    total = 0
+    for text in _texts(spec):
+        if isinstance(text, str):
+            total += len(text) if len(text) > REQUEST_LIMIT else len(text.encode("utf-8", "surrogatepass"))
+            if total > REQUEST_LIMIT:
+                _bad(problems, "spec", f"its text is more than {REQUEST_LIMIT} bytes, the API server's limit on a "
+                     "request", "FieldValueTooLong")
+                return
+
+
 def spec_problems(spec: Any) -> tuple[str, Problems]:
     """(the TrainJob name, every problem of ``spec``), without raising."""
     problems: Problems = []
     if not isinstance(spec, JobSpec):
         _bad(problems, "spec", f"must be a dispatch.JobSpec (got {type(spec).__name__})", "FieldValueTypeInvalid")
+        return "", problems
+    _size(problems, spec)
+    if problems:  # nothing else is read of a spec that large
         return "", problems
     _ids(problems, spec)
     name = _name(problems, spec)
@@ -302,8 +383,8 @@ def spec_problems(spec: Any) -> tuple[str, Problems]:
     _image(problems, spec)
     _str_list(problems, "command", spec.command)
     _str_list(problems, "args", spec.args)
-    _int(problems, "num_nodes", spec.num_nodes, 1)
-    _int(problems, "termination_grace_period_seconds", spec.termination_grace_period_seconds, 0)
+    _int(problems, "num_nodes", spec.num_nodes, 1, INT32_MAX, "int32")
+    _int(problems, "termination_grace_period_seconds", spec.termination_grace_period_seconds, 0, INT64_MAX, "int64")
     _kueue(problems, spec)
     _grace_under_kueue(problems, spec)
     _resources(problems, spec)

@@ -15,7 +15,7 @@ import yaml
 from dispatch import CONTROLLER_NAME, LABEL_ADMISSION, Status
 from dispatch._adapter import Following
 from dispatch._trainer import identity_env
-from dispatch.cli import EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
+from dispatch.cli import EXIT_NOT_CEASED, EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
 
 from .cli_harness import Cli
 
@@ -470,14 +470,16 @@ def test_ceased_through_a_frozen_node_and_the_out_of_service_taint(cli: Cli, run
     cli.cluster.freeze_node(node)
     assert cli("hold", name).exit_code == 0
     cli.cluster.settle()
-    data = cli.json("ceased", name)
+    not_yet = cli("-o", "json", "ceased", name)
+    assert not_yet.exit_code == EXIT_NOT_CEASED  # the answer is the exit code, as grep -q's is
+    data = json.loads(not_yet.stdout)
     assert set(data) == {"name", "ceased", "reason", "remaining", "pods", "ends"}
     assert data["ceased"] is False
     assert [(e["proof"], e["finalizer"]) for e in data["ends"]] == [("unproven", True)]
     assert "Ready=Unknown" in data["remaining"][0]
     assert data["pods"][0]["nodeState"] == "Ready=Unknown"
     table = cli("ceased", name)
-    assert table.exit_code == 0
+    assert table.exit_code == EXIT_NOT_CEASED
     assert "not ceased" in table.stdout
     status = cli.json("status", name)
     assert "Ready=Unknown" in status["cause"]["detail"]
@@ -491,8 +493,16 @@ def test_ceased_through_a_frozen_node_and_the_out_of_service_taint(cli: Cli, run
 def test_ceased_works_read_only(cli: Cli, running: Callable[[], str]) -> None:
     name = running()
     result = cli("--read-only", "-o", "json", "ceased", name)
-    assert result.exit_code == 0
+    assert result.exit_code == EXIT_NOT_CEASED
     assert json.loads(result.stdout)["ceased"] is False
+
+
+def test_ceased_exit_codes_are_documented_like_grep_q(cli: Cli) -> None:
+    text = " ".join(cli("ceased", "--help").stdout.split())
+    assert "0 ceased, 1 not ceased" in text
+    assert "Exit codes, as grep -q's: 0 ceased; 1 not ceased" in text
+    assert cli("ceased").exit_code == EXIT_USAGE  # an error is never 0 or 1
+    assert cli("ceased", "Not_A_Name").exit_code == EXIT_REFUSED
 
 
 # ------------------------------------------------------------------------------------------------ wait

@@ -4,6 +4,7 @@ answers with a message. Nothing is written on a refusal."""
 
 from __future__ import annotations
 
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -319,3 +320,170 @@ def test_the_api_servers_own_plain_text_404_still_means_not_served(cli: Cli) -> 
     assert result.exit_code == EXIT_REFUSED
     assert "install Kubeflow Trainer" in result.stderr
     assert writes(cli) == []
+
+
+# ------------------------------------------------------------------------- input refused, never reshaped
+
+
+# (spec file body, words of the usage error): values a spec file cannot honour as written
+REFUSED_AS_WRITTEN: list[tuple[str, str]] = [
+    ("env: {A: !!binary aGVsbG8=}\n", "line 3: env.A has the YAML tag !!binary, which a spec does not take"),
+    ("image: !!python/name:os.system x\n", "image has the YAML tag !!python/name:os.system"),
+    ("queue: !local lq\n", "queue has the YAML tag !local,"),
+    ("args: !!set {a, b}\n", "args has the YAML tag !!set"),
+    ("labels: !!omap [{a: b}]\n", "labels has the YAML tag !!omap"),
+    ("numNodes: !!float 2\n", "numNodes has the YAML tag !!float"),
+    ("env: {!!binary aGk=: x}\n", "env has the YAML tag !!binary"),
+    ("env: {A: ! x}\n", "env.A has the YAML tag !,"),
+    ('env: {A: "a\\0b"}\n', "line 3: env.A contains the control character U+0000 at offset 1"),
+    ('args: ["x\\x1b[31m"]\n', "args[0] contains the control character U+001B"),
+    ('command: "python\\rtrain.py"\n', "command contains the control character U+000D"),
+    ('labels: {a: "\\x7f"}\n', "labels.a contains the control character U+007F"),
+    ("numNodes: 019\n", "has a leading zero, which YAML 1.1 reads as octal (not octal either)"),
+    ("numNodes: 2_0\n", "numNodes must be an integer, got '2_0'"),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), REFUSED_AS_WRITTEN, ids=[w[:40] for _, w in REFUSED_AS_WRITTEN])
+def test_tags_and_control_characters_in_a_spec_file_are_refused_not_dropped(
+    cli: Cli, tmp_path: Path, body: str, words: str
+) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(HEAD + body)
+    result = cli("open", "-f", str(path))
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert words in one_line(result.stderr)
+    assert cli.connected == []
+
+
+def test_explicit_str_and_int_tags_are_what_the_fields_are(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(HEAD + "env: !!map {A: !!str 1.10}\nargs: !!seq [!!str x]\nnumNodes: !!int 2\n"
+                    'podAnnotations: {example.com/x: "a\\tb\\nc"}\n')
+    result = cli("open", "-f", str(path))
+    assert result.exit_code == 0, result.output
+    tj = trainjob(cli)
+    assert [e for e in tj["spec"]["trainer"]["env"] if "value" in e] == [{"name": "A", "value": "1.10"}]
+    assert tj["spec"]["trainer"]["args"] == ["x"] and tj["spec"]["trainer"]["numNodes"] == 2
+    assert template(tj)["metadata"]["annotations"] == {"example.com/x": "a\tb\nc"}  # tab and newline are text
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "words"),
+    [
+        ("env: {DISPATCH_ADMISSION: '99'}\n", "env[DISPATCH_ADMISSION]",
+         "is set by dispatch from the pod's label dispatch.phpboyscout.uk/admission"),
+        ("env: {DISPATCH_JOB_ID: x}\n", "env[DISPATCH_JOB_ID]", "is set by dispatch from the pod's label"),
+        ("env: {DISPATCH_ANYTHING: x}\n", "env[DISPATCH_ANYTHING]", "is reserved for dispatch"),
+        ("numNodes: 2147483648\n", "num_nodes", "must be at most 2147483647, the largest int32 the API takes"),
+        ("terminationGracePeriodSeconds: 9223372036854775808\n", "termination_grace_period_seconds",
+         "must be at most 9223372036854775807, the largest int64"),
+        ("resourcesPerNode: {memory: 9223372036854775808}\n", "resources_per_node[memory]",
+         "the largest quantity the API keeps"),
+        ("resourcesPerNode: {cpu: 0.1m}\n", "resources_per_node[cpu]", "finer than a thousandth"),
+        ("resourcesPerNode: {cpu: 1e-4}\n", "resources_per_node[cpu]", "the API would round it up"),
+    ],
+)
+def test_values_past_the_apis_ranges_and_reserved_names_are_refused_by_file_and_line(
+    cli: Cli, tmp_path: Path, body: str, field: str, words: str
+) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(HEAD + body)
+    result = cli("open", "-f", str(path))
+    assert result.exit_code == EXIT_REFUSED, result.output
+    err = one_line(result.stderr)
+    assert f"{path} line 3: {field}: " in err and words in err
+    assert cli.cluster.server.requests == []
+
+
+def test_a_value_error_names_the_file_and_line_but_not_for_a_value_a_flag_gave(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(HEAD + "env:\n  OK: x\n  MY VAR: x\n  B: x\nimage: a b\nnumNodes: 0\n")
+    result = cli("open", "-f", str(path), "-e", "B=\x02", "--nodes", "0")
+    assert result.exit_code == EXIT_REFUSED
+    err = one_line(result.stderr)
+    assert f"{path} line 5: env[MY VAR]: 'MY VAR' is not an environment variable name" in err
+    assert f"{path} line 7: image: 'a b' must not contain whitespace" in err
+    assert "; env[B]: contains the control character U+0002" in err  # from --env: no file, no line
+    assert "; num_nodes: must be at least 1" in err                  # --nodes overrode the file
+    assert cli.cluster.server.requests == []
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--nodes", "2.0"), "--nodes must be an integer, got '2.0'"),
+        (("--nodes", "010"), "--nodes must be an integer: 010 has a leading zero"),
+        (("--nodes", "2_0"), "--nodes must be an integer, got '2_0'"),
+        (("--nodes", " 2"), "--nodes must be an integer, got ' 2'"),
+        (("--nodes", "+2"), "--nodes must be an integer, got '+2'"),
+        (("--grace-period", "1e3"), "--grace-period must be an integer, got '1e3'"),
+    ],
+)
+def test_integer_flags_follow_the_spec_files_rule(cli: Cli, args: tuple[str, ...], words: str) -> None:
+    result = cli("open", "--job-id", "llama", "--submission", "s1", *args)
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert words in one_line(result.stderr)
+    assert cli.connected == []
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--nodes", "2147483648"), "num_nodes: must be at most 2147483647"),
+        (("--nodes", "0"), "num_nodes: must be at least 1 (got 0)"),
+        (("-e", "DISPATCH_ADMISSION=99"), "env[DISPATCH_ADMISSION]: is set by dispatch"),
+        (("-e", "A=a\x1bb"), "env[A]: contains the control character U+001B"),
+        (("--arg", "\x7f"), "args[0]: contains the control character U+007F"),
+        (("--pod-annotation", "example.com/a=\x00"), "pod_annotations[example.com/a]: contains the control"),
+    ],
+)
+def test_flag_values_past_the_apis_ranges_or_reserved_are_refused(cli: Cli, args: tuple[str, ...], words: str) -> None:
+    result = cli("open", "--job-id", "llama", "--submission", "s1", *args)
+    assert result.exit_code == EXIT_REFUSED, result.output
+    assert words in one_line(result.stderr)
+    assert cli.cluster.server.requests == []
+
+
+def aliases(size: int) -> str:
+    """A spec of about ``size`` bytes whose aliases expand a thousandfold (a 'billion laughs' of args)."""
+    anchor = "x" * 1000
+    refs = (size - 1100) // 4
+    return f"{HEAD}env: {{A: &a {anchor}}}\nargs: [{', '.join(['*a'] * refs)}]\n"
+
+
+def merges(depth: int) -> str:
+    """Merge keys that repeat mappings exponentially: each level merges the one below it ten times."""
+    def level(d: int) -> str:
+        if d == 0:
+            return "&m0 {" + ", ".join(f"K{i}: v" for i in range(10)) + "}"
+        return f"&m{d} {{<<: [{level(d - 1)}, {', '.join([f'*m{d - 1}'] * 9)}]}}"
+    return f"{HEAD}labels: {{<<: {level(depth)}}}\n"
+
+
+@pytest.mark.parametrize("body", [aliases(1_000_000), merges(8)], ids=["aliases", "merges"])
+def test_a_spec_whose_aliases_expand_past_the_request_limit_is_refused_in_bounded_memory(
+    cli: Cli, tmp_path: Path, body: str
+) -> None:
+    """A ~1 MB file of aliases expanded to a ~200 MB request before; now refused having read at most the
+    API server's 3 MiB request limit of it (memory measured, not time: time varies by machine)."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(body)
+    tracemalloc.start()
+    try:
+        result = cli("open", "-f", str(path))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == EXIT_USAGE, result.output[:300]
+    assert "the spec expands to more than 3145728 bytes (the API server's request limit)" in one_line(result.stderr)
+    assert peak < 64 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    assert cli.connected == []
+
+
+def test_a_spec_file_larger_than_the_request_limit_is_not_read_whole(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(HEAD + "# " + "x" * (4 * 2**20) + "\n")
+    result = cli("open", "-f", str(path))
+    assert result.exit_code == EXIT_USAGE
+    assert "is larger than 3145728 bytes, the API server's request limit" in one_line(result.stderr)

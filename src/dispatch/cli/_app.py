@@ -15,8 +15,10 @@ from rich.table import Table
 
 from .. import __version__
 from .._records import State, Status
+from .._validate import validate_spec
 from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
-from ._errors import EXIT_CODES_HELP, EXIT_FAILURE, EXIT_USAGE, guard
+from ..errors import InvalidInput
+from ._errors import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_FAILURE, EXIT_NOT_CEASED, EXIT_USAGE, guard
 from ._output import (
     emit,
     identity_dict,
@@ -28,7 +30,7 @@ from ._output import (
     status_table,
 )
 from ._release import release_once, release_wait
-from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, parse_pairs
+from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, locate, parse_integer, parse_pairs
 from ._state import CliState, Output, Settings
 from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT
 
@@ -159,7 +161,9 @@ def open_(
     args: Annotated[
         list[str] | None, typer.Option("--arg", metavar="ARG", help="A trainer argument (repeatable).")
     ] = None,
-    nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Number of nodes.")] = None,
+    nodes: Annotated[
+        str | None, typer.Option("--nodes", metavar="INTEGER", help="Number of nodes (a plain decimal integer).")
+    ] = None,
     resource: Annotated[
         list[str] | None,
         typer.Option(
@@ -202,7 +206,8 @@ def open_(
     queue: Annotated[str | None, typer.Option("--queue", help="Kueue LocalQueue (Kueue mode).")] = None,
     priority: Annotated[str | None, typer.Option("--priority", help="Kueue WorkloadPriorityClass.")] = None,
     grace_period: Annotated[
-        int | None, typer.Option("--grace-period", min=0, help="Pods' termination grace period, seconds.")
+        str | None, typer.Option("--grace-period", metavar="INTEGER",
+                                 help="Pods' termination grace period, seconds (a plain decimal integer).")
     ] = None,
     hold: Annotated[
         bool,
@@ -213,33 +218,36 @@ def open_(
 ) -> None:
     """Create a TrainJob for one submission, held unless --no-hold."""
     state = _state(ctx, output, namespace)
+    lines: dict[str, int] = {}
     try:
-        from_file = load_spec_file(spec_file) if spec_file is not None else {}
-        spec = build_spec(
-            from_file,
-            {
-                "job_id": job_id,
-                "submission": submission,
-                "name": name,
-                "runtime": runtime,
-                "runtime_kind": runtime_kind,
-                "image": image,
-                "command": shlex.split(command) if command is not None else None,
-                "args": list(args or []),
-                "num_nodes": nodes,
-                "resources_per_node": parse_pairs("--resource", resource or []),
-                "env": parse_pairs("--env", env or []),
-                "labels": parse_pairs("--label", label or []),
-                "node_selector": parse_pairs("--node-selector", node_selector or []),
-                "pod_annotations": parse_pairs("--pod-annotation", pod_annotation or []),
-                "queue": queue,
-                "priority_class": priority,
-                "termination_grace_period_seconds": grace_period,
-            },
-        )
+        from_file = load_spec_file(spec_file, lines) if spec_file is not None else {}
+        flags: dict[str, Any] = {
+            "job_id": job_id,
+            "submission": submission,
+            "name": name,
+            "runtime": runtime,
+            "runtime_kind": runtime_kind,
+            "image": image,
+            "command": shlex.split(command) if command is not None else None,
+            "args": list(args or []),
+            "num_nodes": parse_integer("--nodes", nodes),
+            "resources_per_node": parse_pairs("--resource", resource or []),
+            "env": parse_pairs("--env", env or []),
+            "labels": parse_pairs("--label", label or []),
+            "node_selector": parse_pairs("--node-selector", node_selector or []),
+            "pod_annotations": parse_pairs("--pod-annotation", pod_annotation or []),
+            "queue": queue,
+            "priority_class": priority,
+            "termination_grace_period_seconds": parse_integer("--grace-period", grace_period),
+        }
+        spec = build_spec(from_file, flags)
     except (SpecError, ValueError) as exc:
         raise typer.BadParameter(str(exc), ctx=ctx, param_hint="spec") from None
     with guard(state):
+        try:
+            validate_spec(spec)  # here too, so that a value from the file is named by its file and line
+        except InvalidInput as exc:
+            raise locate(exc, spec_file, lines, flags) if spec_file is not None else exc from None
         status = state.adapter().open(spec, hold=hold)
 
     def human() -> None:
@@ -455,17 +463,20 @@ def status(
         print_statuses(state, many)
 
 
-@app.command(epilog=EXIT_CODES_HELP)
+@app.command(epilog=CEASED_EXIT_CODES_HELP)
 def ceased(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
     """Whether the object's processes are proven gone (writes nothing; needs get on Nodes).
 
     True once every remaining pod is finished or sits on a Node that is deleted or tainted
-    node.kubernetes.io/out-of-service. The answer is printed; the exit code is 0 either way.
+    node.kubernetes.io/out-of-service. The answer is printed and is the exit code, as grep -q's is:
+    0 ceased, 1 not ceased, so `if dispatch ceased NAME; then ...` acts only on a proven end.
     """
     state = _state(ctx, output, namespace)
     with guard(state):
         result = state.adapter().ceased(name)
     print_cessation(state, name, result)
+    if not result.ceased:
+        raise typer.Exit(EXIT_NOT_CEASED)
 
 
 @app.command(epilog=EXIT_CODES_HELP)

@@ -13,6 +13,8 @@ import yaml
 
 from .._kubeconfig import yaml_problem
 from .._records import JobSpec
+from .._validate import REQUEST_LIMIT, control_problem
+from ..errors import FieldCause, InvalidInput
 
 # Spec file keys (camelCase, as in Kubernetes; snake_case is accepted too) -> JobSpec fields.
 SPEC_KEYS: dict[str, str] = {
@@ -59,9 +61,62 @@ class SpecError(ValueError):
 
 _NULL = "tag:yaml.org,2002:null"
 _MERGE = "tag:yaml.org,2002:merge"
+_STR = "tag:yaml.org,2002:str"
+_INT = "tag:yaml.org,2002:int"
+_SEQ = "tag:yaml.org,2002:seq"
+_MAP = "tag:yaml.org,2002:map"
 _INT_FIELDS = ("num_nodes", "termination_grace_period_seconds")
 _DECIMAL = re.compile(r"^-?(0|[1-9][0-9]*)$")
 """A plain decimal integer; the library says why a negative one is refused."""
+_OCTAL = re.compile(r"^-?0[0-9]+$")
+_ENTRY_COST = 8
+"""What each value or key taken from the file counts beyond its text (the JSON around it), so that a
+spec of many tiny aliased entries meets the limit too."""
+
+
+def integer_problem(written: str) -> str | None:
+    """Why ``written`` is not an integer as spec files and flags take them (plain decimal digits), or None.
+
+    One rule for both, so ``--nodes 2.0`` and ``numNodes: 2.0`` are refused alike, and ``010``, ``2_0`` or
+    `` 2`` are refused rather than read as 8, 20 or 2.
+    """
+    if _DECIMAL.match(written):
+        return None
+    if _OCTAL.match(written):
+        return (f"must be an integer: {written} has a leading zero, which YAML 1.1 reads as octal "
+                f"({int(written, 8) if re.match(r'^-?0[0-7]+$', written) else 'not octal either'}); "
+                "write it without the zero")
+    return f"must be an integer, got {written!r}"
+
+
+def parse_integer(option: str, written: str | None) -> int | None:
+    """A flag's integer, by spec files' rule; None when the flag is not given."""
+    if written is None:
+        return None
+    problem = integer_problem(written)
+    if problem:
+        raise SpecError(f"{option} {problem}")
+    return int(written)
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe composer, noting which nodes carry an explicit tag (``!!binary``, ``!foo``).
+
+    A composed node keeps only its resolved tag, and a tag the spec cannot honour would otherwise be
+    silently dropped (``!!binary aGk=`` sent as the text ``aGk=``).
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.explicit: dict[int, str] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event = self.peek_event()  # type: ignore[no-untyped-call]
+        tag = None if isinstance(event, yaml.AliasEvent) else getattr(event, "tag", None)
+        node: yaml.Node | None = super().compose_node(parent, index)
+        if tag is not None and node is not None:
+            self.explicit[id(node)] = tag
+        return node
 
 
 class _File:
@@ -72,20 +127,52 @@ class _File:
     taken from the node's own text instead; integer fields take plain decimal integers only.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, explicit: Mapping[int, str]) -> None:
         self.path = path
+        self.explicit = explicit
+        self.spent = 0
+        self.lines: dict[str, int] = {}
+        """The line of each JobSpec field and entry (``env[A]``, ``args[1]``), as the library names them."""
 
     def where(self, node: yaml.Node, field: str) -> str:
         return f"{self.path} line {node.start_mark.line + 1}: {field}"
 
+    def spend(self, node: yaml.Node, text: str) -> None:
+        """Count what the file expands to, refusing it once past the API's request limit.
+
+        Aliases make a small file large (each ``*a`` repeats its anchor's whole value, and merges repeat
+        whole mappings); counting as the values are taken keeps the memory and time bounded by the limit.
+        """
+        self.spent += len(text) + _ENTRY_COST
+        if self.spent > REQUEST_LIMIT:
+            raise SpecError(
+                f"{self.path} line {node.start_mark.line + 1}: the spec expands to more than {REQUEST_LIMIT} bytes "
+                "(the API server's request limit), through its aliases or its size"
+            )
+
+    def tag(self, node: yaml.Node, field: str, scalar: str = _STR) -> None:
+        """Refuse an explicit tag the field cannot honour: only ``!!str`` on text (``!!int`` on integers),
+        ``!!seq`` on a list and ``!!map`` on a mapping."""
+        tag = self.explicit.get(id(node))
+        allowed = (_MAP if isinstance(node, yaml.MappingNode) else _SEQ if isinstance(node, yaml.SequenceNode)
+                   else scalar)
+        if tag is None or tag == allowed:
+            return
+        shown = "!!" + tag[len("tag:yaml.org,2002:"):] if tag.startswith("tag:yaml.org,2002:") else tag
+        raise SpecError(f"{self.where(node, field)} has the YAML tag {shown}, which a spec does not take; "
+                        "write the value as plain text")
+
     def mapping(self, node: yaml.Node, field: str) -> list[tuple[str, yaml.Node]]:
         """(key text, value node) pairs; a key given twice is refused, ``<<`` merges are applied."""
+        self.tag(node, field)
         if not isinstance(node, yaml.MappingNode):
             raise SpecError(f"{self.where(node, field)} must be a mapping of names to values")
         merged: dict[str, yaml.Node] = {}
         own: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
+            self.spend(key_node, "")
             if key_node.tag == _MERGE:
+                self.tag(key_node, field, _MERGE)
                 sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
                 for source in sources:
                     for key, value in self.mapping(source, field):
@@ -93,7 +180,9 @@ class _File:
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
                 raise SpecError(f"{self.where(key_node, field)} keys must be plain names, not lists or mappings")
+            self.tag(key_node, field)
             key = key_node.value
+            self.spend(key_node, key)
             if key in own:
                 raise SpecError(f"{self.where(key_node, field)}: key {key!r} is given twice")
             own[key] = value_node
@@ -101,56 +190,89 @@ class _File:
 
     def text(self, node: yaml.Node, field: str) -> str:
         """A scalar's text exactly as written (quoted scalars unquoted, as YAML does)."""
+        self.tag(node, field)
         if isinstance(node, yaml.ScalarNode):
             if node.tag == _NULL and node.style is None:
                 raise SpecError(
                     f"{self.where(node, field)} has no value ({node.value or 'empty'}); "
                     f'write {field.rsplit(".", 1)[-1]}: "" for an empty string'
                 )
+            self.spend(node, node.value)
+            if problem := control_problem(node.value):
+                raise SpecError(f"{self.where(node, field)} {problem}; write it without")
             return str(node.value)
         shape = "a list" if isinstance(node, yaml.SequenceNode) else "a mapping"
         raise SpecError(f"{self.where(node, field)} must be a single value, not {shape}")
 
     def integer(self, node: yaml.Node, field: str) -> int:
-        if (isinstance(node, yaml.ScalarNode) and node.style is None and _DECIMAL.match(node.value)):
-            return int(node.value)
-        if isinstance(node, yaml.ScalarNode) and node.style is None and re.match(r"^-?0[0-9]+$", node.value):
-            raise SpecError(
-                f"{self.where(node, field)} must be an integer: {node.value} has a leading zero, which YAML 1.1 "
-                f"reads as octal ({int(node.value, 8)}); write it without the zero"
-            )
+        self.tag(node, field, _INT)
+        if isinstance(node, yaml.ScalarNode) and node.style is None:
+            problem = integer_problem(node.value)
+            if problem is None:
+                return int(node.value)
+            if _OCTAL.match(node.value):
+                raise SpecError(f"{self.where(node, field)} {problem}")
         written = node.value if isinstance(node, yaml.ScalarNode) else "a list or mapping"
         quoted = " (quoted: write it without quotes)" if isinstance(node, yaml.ScalarNode) and node.style else ""
         raise SpecError(f"{self.where(node, field)} must be an integer, got {written!r}{quoted}")
 
-    def str_list(self, node: yaml.Node, field: str) -> list[str]:
+    def note(self, name: str, node: yaml.Node) -> None:
+        self.lines[name] = node.start_mark.line + 1
+
+    def str_list(self, node: yaml.Node, field: str, name: str) -> list[str]:
+        self.note(name, node)
+        self.tag(node, field)
         if isinstance(node, yaml.ScalarNode) and not (node.tag == _NULL and node.style is None):
+            line = self.text(node, field)
             try:
-                return shlex.split(node.value)
+                words = shlex.split(line)
             except ValueError as exc:
                 raise SpecError(f"{self.where(node, field)} cannot be split like a shell line: {exc}") from None
+            for i in range(len(words)):
+                self.note(f"{name}[{i}]", node)
+            return words
         if isinstance(node, yaml.SequenceNode):
-            return [self.text(item, f"{field}[{i}]") for i, item in enumerate(node.value)]
+            out = []
+            for i, item in enumerate(node.value):
+                out.append(self.text(item, f"{field}[{i}]"))
+                self.note(f"{name}[{i}]", item)
+            return out
         raise SpecError(f"{self.where(node, field)} must be a list of strings or one string")
 
-    def str_map(self, node: yaml.Node, field: str) -> dict[str, str]:
-        return {key: self.text(value, f"{field}.{key}") for key, value in self.mapping(node, field)}
+    def str_map(self, node: yaml.Node, field: str, name: str) -> dict[str, str]:
+        self.note(name, node)
+        out = {}
+        for key, value in self.mapping(node, field):
+            out[key] = self.text(value, f"{field}.{key}")
+            self.note(f"{name}[{key}]", value)
+        return out
 
 
-def load_spec_file(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> str:
+    """The file's text, reading no more than the request limit allows (one character past it, to know)."""
+    if str(path) == "-":
+        return sys.stdin.read(REQUEST_LIMIT + 1)
+    with path.open(encoding="utf-8") as f:
+        return f.read(REQUEST_LIMIT + 1)
+
+
+def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str, Any]:
     """Read a spec file into JobSpec keyword arguments; unknown keys are an error naming them.
 
     Values reach the TrainJob exactly as written: text fields keep their text (``1.10`` stays "1.10",
     ``true`` stays "true", a key ``on`` stays "on"); integers must be written as plain decimal integers.
-    A top-level key with no value counts as not given.
+    A top-level key with no value counts as not given. ``lines`` receives the line of each field and
+    entry, named as the library names them (``env[A]``), so its refusals can point into the file.
     """
     try:
-        text = path.read_text() if str(path) != "-" else sys.stdin.read()
+        text = _read(path)
     except OSError as exc:
         raise SpecError(f"cannot read spec file {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise SpecError(f"spec file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
-    loader = yaml.SafeLoader(text)
+    if len(text) > REQUEST_LIMIT:
+        raise SpecError(f"spec file {path} is larger than {REQUEST_LIMIT} bytes, the API server's request limit")
+    loader = _Loader(text)
     try:
         root = loader.get_single_node()
     except yaml.YAMLError as exc:
@@ -161,7 +283,9 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(root, yaml.MappingNode):
         raise SpecError(f"spec file {path} must be a mapping of keys to values (see `dispatch open --help`)")
-    doc = _File(path)
+    doc = _File(path, loader.explicit)
+    if lines is not None:
+        doc.lines = lines
     out: dict[str, Any] = {}
     unknown: list[str] = []
     for key, node in doc.mapping(root, "spec"):
@@ -172,13 +296,15 @@ def load_spec_file(path: Path) -> dict[str, Any]:
         if isinstance(node, yaml.ScalarNode) and node.tag == _NULL and node.style is None:
             continue
         if field in ("command", "args"):
-            out[field] = doc.str_list(node, key)
+            out[field] = doc.str_list(node, key, field)
         elif field in _MAPS:
-            out[field] = doc.str_map(node, key)
+            out[field] = doc.str_map(node, key, field)
         elif field in _INT_FIELDS:
             out[field] = doc.integer(node, key)
+            doc.note(field, node)
         else:
             out[field] = doc.text(node, key)
+            doc.note(field, node)
     if unknown:
         known = ", ".join(SPEC_KEYS)
         raise SpecError(f"unknown key(s) in {path}: {', '.join(unknown)} (known: {known})")
@@ -211,6 +337,28 @@ def parse_pairs(option: str, values: Sequence[str], *, split: bool | None = None
                 raise SpecError(f"{option} gives {key} twice ({out[key]!r} and {value!r})")
             out[key] = value
     return out
+
+
+def locate(exc: InvalidInput, path: Path, lines: Mapping[str, int], flags: Mapping[str, Any]) -> InvalidInput:
+    """``exc`` with each cause whose value came from the spec file named by its file and line.
+
+    A value a flag gave (or overrode) keeps its field name alone: it is not in the file.
+    """
+    def line(field: str) -> int | None:
+        top = field.split("[", 1)[0]
+        given = flags.get(top)
+        if top in _MAPS:
+            from_flags = bool(given) and (field == top or field[len(top) + 1:-1] in (given or {}))
+        else:
+            from_flags = bool(given) if top in ("command", "args") else given is not None
+        return None if from_flags else lines.get(field)
+
+    causes = []
+    for cause in exc.causes:
+        found = line(cause.field)
+        located = cause.field if found is None else f"{path} line {found}: {cause.field}"
+        causes.append(FieldCause(located, cause.message, cause.reason))
+    return InvalidInput(exc.message, reason=exc.reason, code=exc.code, causes=causes)
 
 
 def build_spec(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -> JobSpec:
