@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import ipaddress
 import json
 import os
+import re
 import ssl
 import subprocess
 import tempfile
@@ -258,16 +260,47 @@ def _select(merged: _Merged, context: str | None) -> Connection:
     return Connection(server, verify, auth, namespace, proxy, f"{src}, context {name}")
 
 
+_BARE_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]+)?$")
+"""A bare ``host[:port]`` (no scheme), which client-go's DefaultServerURL completes with a scheme."""
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?(\.[A-Za-z0-9_]([A-Za-z0-9_-]*[A-Za-z0-9_])?)*\.?$")
+
+
 def _server(body: Entry, where: str, *, default_tls: bool) -> str:
+    """The API server's URL, or a refusal naming the entry.
+
+    A URL that cannot reach any server (no host, a bad port, a space) is the kubeconfig's fault: refused
+    here, so it reads as bad input (exit 4) rather than as a server that is down (exit 3, retry forever).
+    """
     server = _str(body, "server", where, required=True)
     assert server is not None
-    parts = urlsplit(server)
-    if not parts.scheme or not parts.netloc:
+
+    def bad(why: str) -> Refused:
+        return _bad(f"{where}.server {server!r} {why}; write it as https://HOST[:PORT][/PATH]")
+
+    if "://" not in server and _BARE_HOST.match(server):
         # client-go's DefaultServerURL: a bare host[:port] gets https when TLS is configured, else http
         server = ("https://" if default_tls else "http://") + server
+    elif "://" not in server:
+        raise bad("has no scheme and is not a bare host[:port]")
+    try:
         parts = urlsplit(server)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _bad(f"{where}.server {body['server']!r} is not an http(s) URL of the API server")
+        port = parts.port
+    except ValueError as exc:
+        raise bad(f"is not a URL ({exc})") from None
+    if parts.scheme not in ("http", "https"):
+        raise _bad(f"{where}.server {server!r} is not an http(s) URL of the API server")
+    host = parts.hostname or ""
+    if not host:
+        raise bad("has no host")
+    if any(c.isspace() or not c.isprintable() for c in server):
+        raise bad("contains a space or control character")
+    if not _HOST_NAME.match(host):
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise bad(f"has a host {host!r} that is not a DNS name or IP address") from None
+    if port == 0:
+        raise bad("has port 0")
     return server
 
 

@@ -41,10 +41,13 @@ INT32_MAX = 2**31 - 1
 """``spec.trainer.numNodes`` is an int32 in Trainer's API."""
 INT64_MAX = 2**63 - 1
 """A pod's ``terminationGracePeriodSeconds`` is an int64; a quantity's value is capped there too."""
-REQUEST_LIMIT = 3 * 1024 * 1024
-"""kube-apiserver's default limit on a request body (``--max-request-body-bytes``): a spec whose text alone is
-larger can never be created, so it is refused before it is built (a few aliases in a YAML file can expand to
-hundreds of megabytes)."""
+OBJECT_LIMIT = 1536 * 1024
+"""etcd's default ``--max-request-bytes``, the most the API server can store as one object (its own request
+body limit, 3 MiB, is larger). A spec whose text alone is larger can never be created, and the server's
+answer would be a 500 that reads as "retry": refused before anything is built instead (a few aliases in a
+YAML file can expand to hundreds of megabytes)."""
+_TEXT_COST = 4
+"""What each piece of text costs beyond itself in the TrainJob's JSON (quotes, separators)."""
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 """Control characters other than tab and newline: a NUL cannot reach a process through exec, and the rest
 are never meant (a stray escape, a pasted terminal sequence); refused rather than sent on or stripped."""
@@ -357,14 +360,15 @@ def _texts(spec: JobSpec) -> Iterator[object]:
 
 
 def _size(problems: Problems, spec: JobSpec) -> None:
-    """Refuse a spec whose text alone passes the request limit, counting no further than the limit."""
+    """Refuse a spec whose text alone passes the object limit, counting no further than the limit."""
     total = 0
     for text in _texts(spec):
         if isinstance(text, str):
-            total += len(text) if len(text) > REQUEST_LIMIT else len(text.encode("utf-8", "surrogatepass"))
-            if total > REQUEST_LIMIT:
-                _bad(problems, "spec", f"its text is more than {REQUEST_LIMIT} bytes, the API server's limit on a "
-                     "request", "FieldValueTooLong")
+            size = len(text) if len(text) > OBJECT_LIMIT else len(text.encode("utf-8", "surrogatepass"))
+            total += size + _TEXT_COST
+            if total > OBJECT_LIMIT:
+                _bad(problems, "spec", f"its text is more than {OBJECT_LIMIT} bytes, the most the API server can "
+                     "store as one object (etcd's default request limit)", "FieldValueTooLong")
                 return
 
 

@@ -31,6 +31,25 @@ CASES = [
     (JobSpec(job_id="llama", submission="s1", labels={LABEL_ADMISSION: "9"}),
      "labels[dispatch.phpboyscout.uk/admission]", "reserved"),
     (JobSpec(job_id="llama", submission="s1", labels={"team": "a b"}), "labels[team]", "label value"),
+    # refused, never reshaped: what the API would cap, round, drop or duplicate
+    (JobSpec(job_id="llama", submission="s1", env={"DISPATCH_ADMISSION": "99"}), "env[DISPATCH_ADMISSION]",
+     "is set by dispatch from the pod's label dispatch.phpboyscout.uk/admission"),
+    (JobSpec(job_id="llama", submission="s1", env={"DISPATCH_OWN": "x"}), "env[DISPATCH_OWN]",
+     "is reserved for dispatch (variables starting DISPATCH_)"),
+    (JobSpec(job_id="llama", submission="s1", num_nodes=2**31), "num_nodes", "at most 2147483647"),
+    (JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=2**63),
+     "termination_grace_period_seconds", "at most 9223372036854775807"),
+    (JobSpec(job_id="llama", submission="s1", resources_per_node={"memory": "9Ei"}), "resources_per_node[memory]",
+     "more than 9223372036854775807"),
+    (JobSpec(job_id="llama", submission="s1", resources_per_node={"cpu": "1.0001"}), "resources_per_node[cpu]",
+     "finer than a thousandth"),
+    (JobSpec(job_id="llama", submission="s1", command=["python", "a\x00b"]), "command[1]",
+     "contains the control character U+0000 at offset 1"),
+    (JobSpec(job_id="llama", submission="s1", image="img\x00"), "image", "U+0000"),
+    (JobSpec(job_id="llama", submission="s1", env={"A": "\x9b31m"}), "env[A]", "U+009B"),
+    (JobSpec(job_id="llama", submission="s1", pod_annotations={"a": "\r"}), "pod_annotations[a]", "U+000D"),
+    (JobSpec(job_id="llama", submission="s1", args=["x" * 1024] * 4096), "spec",
+     "its text is more than 1572864 bytes, the most the API server can store as one object"),
 ]
 
 
@@ -117,3 +136,10 @@ def test_a_grace_period_the_cluster_would_drop_is_refused_and_nothing_is_written
         assert fake.server.objects("trainer.kubeflow.org", "trainjobs") == []
         del fake.server.prune["trainjobs"]
         adapter.open(JobSpec(job_id="llama", submission="s1", termination_grace_period_seconds=5))
+
+
+def test_tab_and_newline_are_text_and_the_largest_api_values_pass(fake: FakeCluster) -> None:
+    spec = JobSpec(job_id="llama", submission="s1", env={"SCRIPT": "a\tb\nc"}, num_nodes=2**31 - 1,
+                   resources_per_node={"cpu": "1.001", "memory": "7Ei"}, args=["x" * 1024] * 1500)
+    with Adapter.connect("default", transport=fake.transport()) as adapter:
+        adapter.open(spec)

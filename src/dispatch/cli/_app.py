@@ -539,6 +539,16 @@ def logs(
 # ----------------------------------------------------------------------------------------- controller
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(value: str) -> str:
+    """A usage error for a level the controller does not know (it would otherwise log at info unasked)."""
+    if value.lower() not in LOG_LEVELS:
+        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)} (got {value!r})")
+    return value.lower()
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def controller(
     ctx: typer.Context,
@@ -587,7 +597,9 @@ def controller(
     controller_name: Annotated[
         str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
     ] = DEFAULTS.controller_name,
-    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = LOG_LEVEL,
+    log_level: Annotated[
+        str, typer.Option("--log-level", metavar="LEVEL", callback=_log_level, help="debug, info, warning or error.")
+    ] = LOG_LEVEL,
     guard_port: Annotated[
         int | None, typer.Option("--guard-port", min=0, max=65535,
                                  help="Serve the guard (validating webhook) over HTTPS on this port (default: none).")

@@ -13,7 +13,7 @@ import yaml
 
 from .._kubeconfig import yaml_problem
 from .._records import JobSpec
-from .._validate import REQUEST_LIMIT, control_problem
+from .._validate import OBJECT_LIMIT, control_problem
 from ..errors import FieldCause, InvalidInput
 
 # Spec file keys (camelCase, as in Kubernetes; snake_case is accepted too) -> JobSpec fields.
@@ -99,24 +99,55 @@ def parse_integer(option: str, written: str | None) -> int | None:
     return int(written)
 
 
+def _too_large(path: Path, node: yaml.Node | yaml.Event) -> SpecError:
+    mark = node.start_mark
+    return SpecError(
+        f"{path} line {mark.line + 1 if mark else '?'}: the spec expands to more than {OBJECT_LIMIT} bytes "
+        "(the most the API server can store as one object), through its aliases or its size"
+    )
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe composer, noting which nodes carry an explicit tag (``!!binary``, ``!foo``).
+    """PyYAML's safe composer, noting which nodes carry an explicit tag (``!!binary``, ``!foo``), and
+    counting what the document expands to as it is composed.
 
     A composed node keeps only its resolved tag, and a tag the spec cannot honour would otherwise be
-    silently dropped (``!!binary aGk=`` sent as the text ``aGk=``).
+    silently dropped (``!!binary aGk=`` sent as the text ``aGk=``). An alias costs nothing to compose but
+    the whole of its anchor to send: counting it here stops a file of aliases at the limit, not after
+    parsing all of it.
     """
 
-    def __init__(self, stream: str) -> None:
+    def __init__(self, stream: str, path: Path) -> None:
         super().__init__(stream)
+        self.path = path
         self.explicit: dict[int, str] = {}
+        self.sizes: dict[int, int] = {}
+        self.expanded = 0
 
     def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
         event = self.peek_event()  # type: ignore[no-untyped-call]
-        tag = None if isinstance(event, yaml.AliasEvent) else getattr(event, "tag", None)
         node: yaml.Node | None = super().compose_node(parent, index)
-        if tag is not None and node is not None:
-            self.explicit[id(node)] = tag
+        if node is None:
+            return None
+        if isinstance(event, yaml.AliasEvent):
+            self.grow(self.sizes.get(id(node), 0), event)
+            return node
+        if getattr(event, "tag", None) is not None:
+            self.explicit[id(node)] = event.tag
+        if isinstance(node, yaml.ScalarNode):
+            size = len(node.value) + _ENTRY_COST
+            self.grow(size, event)
+        elif isinstance(node, yaml.SequenceNode):  # its items were counted as they were composed
+            size = sum(self.sizes.get(id(item), 0) for item in node.value)
+        else:
+            size = sum(self.sizes.get(id(k), 0) + self.sizes.get(id(v), 0) for k, v in node.value)
+        self.sizes[id(node)] = min(size, OBJECT_LIMIT + 1)
         return node
+
+    def grow(self, size: int, event: yaml.Event) -> None:
+        self.expanded += size
+        if self.expanded > OBJECT_LIMIT:
+            raise _too_large(self.path, event)
 
 
 class _File:
@@ -138,17 +169,14 @@ class _File:
         return f"{self.path} line {node.start_mark.line + 1}: {field}"
 
     def spend(self, node: yaml.Node, text: str) -> None:
-        """Count what the file expands to, refusing it once past the API's request limit.
+        """Count what the file expands to, refusing it once past the API's object limit.
 
         Aliases make a small file large (each ``*a`` repeats its anchor's whole value, and merges repeat
         whole mappings); counting as the values are taken keeps the memory and time bounded by the limit.
         """
         self.spent += len(text) + _ENTRY_COST
-        if self.spent > REQUEST_LIMIT:
-            raise SpecError(
-                f"{self.path} line {node.start_mark.line + 1}: the spec expands to more than {REQUEST_LIMIT} bytes "
-                "(the API server's request limit), through its aliases or its size"
-            )
+        if self.spent > OBJECT_LIMIT:
+            raise _too_large(self.path, node)
 
     def tag(self, node: yaml.Node, field: str, scalar: str = _STR) -> None:
         """Refuse an explicit tag the field cannot honour: only ``!!str`` on text (``!!int`` on integers),
@@ -249,11 +277,11 @@ class _File:
 
 
 def _read(path: Path) -> str:
-    """The file's text, reading no more than the request limit allows (one character past it, to know)."""
+    """The file's text, reading no more than the object limit allows (one character past it, to know)."""
     if str(path) == "-":
-        return sys.stdin.read(REQUEST_LIMIT + 1)
+        return sys.stdin.read(OBJECT_LIMIT + 1)
     with path.open(encoding="utf-8") as f:
-        return f.read(REQUEST_LIMIT + 1)
+        return f.read(OBJECT_LIMIT + 1)
 
 
 def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str, Any]:
@@ -270,9 +298,10 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
         raise SpecError(f"cannot read spec file {path}: {exc.strerror or exc}") from exc
     except UnicodeDecodeError as exc:
         raise SpecError(f"spec file {path} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
-    if len(text) > REQUEST_LIMIT:
-        raise SpecError(f"spec file {path} is larger than {REQUEST_LIMIT} bytes, the API server's request limit")
-    loader = _Loader(text)
+    if len(text) > OBJECT_LIMIT:
+        raise SpecError(f"spec file {path} is larger than {OBJECT_LIMIT} bytes, the most the API server can "
+                        "store as one object")
+    loader = _Loader(text, path)
     try:
         root = loader.get_single_node()
     except yaml.YAMLError as exc:
