@@ -484,7 +484,7 @@ def test_a_spec_whose_aliases_expand_past_the_request_limit_is_refused_in_bounde
     assert cli.connected == []
 
 
-def test_a_spec_file_larger_than_the_request_limit_is_not_read_whole(cli: Cli, tmp_path: Path) -> None:
+def test_a_spec_file_larger_than_the_object_limit_is_not_read_whole(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "spec.yaml"
     path.write_text(HEAD + "# " + "x" * (2 * 2**20) + "\n")
     result = cli("open", "-f", str(path))

@@ -44,7 +44,7 @@ EXIT_CODES_HELP = (
 )
 CEASED_EXIT_CODES_HELP = (
     "Exit codes, as grep -q's: 0 ceased; 1 not ceased (or an unexpected failure: either way, act as if "
-    "it may still run); 2 usage error; 3 retryable failure (Unreachable); 4 refused (Refused: not found, "
+    "it may still run); 2 usage error; 3 retryable failure (Unreachable); 4 refused (Refused: an invalid name, "
     "forbidden, an unusable kubeconfig, ...); 130 interrupted."
 )
 
