@@ -333,6 +333,12 @@ def test_kueue_mode_re_admits_only_after_the_real_process_exits(node: str, tmp_p
                 await asyncio.to_thread(wait_for, "A=1 runs", lambda: any(
                     r.admission == "1" and r.event == "TICK" for r in oracle.read(tmp_path)), 90)
                 await adapter.hold("kq-s1")
+                # As the harness's re-admission rounds do: release once Kueue's eviction has reached the
+                # pod (on Kueue v0.17 a release landing before it left the Workload deactivated).
+                t_hold = time.monotonic()
+                while not any(p["metadata"].get("deletionTimestamp") for p in (await kube.list(k.PODS)).items):
+                    assert time.monotonic() - t_hold < 60, "the hold never reached the pod"
+                    await asyncio.sleep(0.2)
                 await adapter.release("kq-s1")
                 t0 = time.monotonic()
                 while time.monotonic() - t0 < 90:
