@@ -25,19 +25,13 @@ from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
-from ._core import Core, Snapshot, Target
+from ._core import Core
 from ._follow import Follower, selections
+from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
-from .errors import (
-    FieldCause,
-    NotFound,
-    PodsRemain,
-    ReadOnly,
-    Refused,
-    Unreachable,
-)
+from .errors import Conflict, FieldCause, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -152,19 +146,14 @@ class AsyncAdapter:
             selector.append(f"{n.LABEL_SUBMISSION}={submission}")
         if unmanaged and not (job_id or submission):
             selector = []
-        try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector) or None)).items
-        except NotFound as exc:
-            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                           reason=exc.reason, code=exc.code) from exc
-        trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
+        trainjobs = await self.core.trainjobs(",".join(selector) or None)
         if state is not None:
             wanted = {state} if isinstance(state, State) else set(state)
             trainjobs = [t for t in trainjobs if t.state in wanted]
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
         if not idle:
             return sorted((self._status(t, None) for t in trainjobs), key=lambda s: s.name)
-        snaps = await self.core.read_namespace([Target.of(t) for t in idle])
+        snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
         # Kueue may manage an object without the queue-name label: its Workload says so
         ours = await self.core.our_checks()
         workloads = await self.core.workloads_by_owner()
@@ -209,17 +198,13 @@ class AsyncAdapter:
             target = Target(name, spec.job_id, spec.submission)
             verdict = (await self.core.read_one(target)).verdict(target)
             if verdict.remaining:
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
-                                 verdict.remaining)
+                raise _pods_remain(name, verdict)
         record = await self.core.claim(spec.job_id, spec.submission, name)
         try:
             created = tr.TrainJobView.from_obj(await self._kube.create(k.TRAINJOBS, body))
         except NotFound as exc:
             await self.core.unclaim(record)
-            raise NotFound(
-                "the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                reason=exc.reason, code=exc.code,
-            ) from exc
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
         except Refused as exc:
             if exc.reason == "AlreadyExists":
                 await self.core.unclaim(record)
@@ -258,28 +243,17 @@ class AsyncAdapter:
                 if workload is not None:
                     await self.core.set_active(workload, True)
                 return ident
-            target = Target.of(tj)
             record = await self.core.record(tj.job_id, tj.submission)
-            snap, verdict = await self._settled_read(target)
+            snap, verdict = await self._settled_read(Target.of(tj))
             if not verdict.admissible:
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
-                                 verdict.remaining)
-            mine = snap.object_pods(target)
-            problem = d.record_problem(tj, record, mine)
-            if problem:
-                raise Refused(problem, reason="RecordInvalid")
-            plan = d.next_admission(tj, mine, record, own={token}, plain=True)
+                raise _pods_remain(name, verdict)
             try:
-                if plan.write_record:
-                    await self.core.issue(record, tj, plan.admission, token)
-                raised = await self.core.raise_trainjob(tj, plan.admission, token) if plan.write_trainjob else tj
-            except Unreachable as exc:
-                if exc.code == 409:
-                    continue
-                raise
-            if await self.core.unsuspend(raised, plan.admission, self.conflict_retries):
-                return Identity(tj.job_id, tj.submission, plan.admission)
-        raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
+                admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
+            except Conflict:
+                continue
+            if await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                return Identity(tj.job_id, tj.submission, admitted.admission)
+        raise Conflict(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
     async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
         """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
@@ -390,7 +364,7 @@ class AsyncAdapter:
                 continue
             if await self.core.remove_finalizer(view, forbidden_ok=False):
                 return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
-        raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
+        raise Conflict(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
@@ -455,7 +429,7 @@ class AsyncAdapter:
     async def logs(self, name: str, *, node: int = 0, follow: bool = False) -> AsyncIterator[str]:
         """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs."""
         n.validate_ref(name)
-        raw = (await self._kube.list(k.PODS, labels=f"{n.JOBSET_NAME_LABEL}={name}")).items
+        raw = (await self._kube.list(k.PODS, labels=by_jobset([name]))).items
         live = [p for p in raw if not PodView.from_obj(p).deleting] or raw
         index = str(node)
         key = "batch.kubernetes.io/job-completion-index"
@@ -464,6 +438,10 @@ class AsyncAdapter:
             raise NotFound(f"no pod of {name} for node {node} yet", reason="NotFound")
         async for line in self._kube.logs(name_of(chosen[0]), follow=follow):
             yield line
+
+
+def _pods_remain(name: str, verdict: d.Verdict) -> PodsRemain:
+    return PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining], verdict.remaining)
 
 
 class Adapter:

@@ -367,6 +367,66 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
     return None
 
 
+# --------------------------------------------------------------------------- claiming a submission
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an ``open`` does with a submission's record: ``create`` it, ``resume`` the same open's claim,
+    ``take`` it over from a holder that is gone, or nothing, ``refusal`` (message, reason) saying why."""
+
+    action: str
+    refusal: tuple[str, str] | None = None
+
+
+def claim_refusal_of_record(record: RecordView, job_id: str, submission: str) -> tuple[str, str] | None:
+    """A record that does not parse, or names another submission, is never claimed (or trusted)."""
+    if record.problems or (record.job_id, record.submission) != (job_id, submission):
+        return (f"{record.describe()} of {job_id}/{submission} cannot be trusted: "
+                f"{'; '.join(record.problems) or 'it names another submission'}", "RecordInvalid")
+    return None
+
+
+def claim_held(record: RecordView | None, holder: TrainJobView | None) -> bool:
+    """Whether the record's holder still exists as the object it was bound to."""
+    return (record is not None and holder is not None
+            and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid))
+
+
+def claim(job_id: str, submission: str, trainjob: str, record: RecordView | None, holder: TrainJobView | None,
+          other: TrainJobView | None) -> Claim:
+    """How ``open`` of ``trainjob`` claims a submission: only one caller can win it.
+
+    ``record`` is the submission's record as read, ``holder`` the TrainJob it names (read only when it
+    names one) and ``other`` any live TrainJob of the submission (read only when the record is missing
+    or its holder is gone: the holder may have been edited). A new submission's record is created; an
+    existing one is taken over only when its holder is gone (closed, or deleted after it had run); one
+    held by a TrainJob that exists, or claimed by another name not created yet, is refused as
+    AlreadyExists naming that object. Re-running the same open (same name) resumes its claim.
+    """
+    ident = f"{job_id}/{submission}"
+    taken = f"submission {ident} already exists as trainjob {{}}; choose a new submission"
+    if record is None:
+        if other is not None:
+            return Claim("", (taken.format(other.name), "AlreadyExists"))
+        return Claim("create")
+    invalid = claim_refusal_of_record(record, job_id, submission)
+    if invalid is not None:
+        return Claim("", invalid)
+    held = claim_held(record, holder)
+    if not held and other is not None and other.name != trainjob:
+        return Claim("", (taken.format(other.name), "AlreadyExists"))
+    if record.trainjob == trainjob and not held and not record.trainjob_uid:
+        return Claim("resume")  # the same open again: its claim stands
+    if held:
+        return Claim("", (taken.format(record.trainjob), "AlreadyExists"))
+    if record.trainjob and not record.trainjob_uid and holder is None:
+        return Claim("", (f"submission {ident} already exists by an open of trainjob {record.trainjob} that has "
+                          f"not created it yet (if that open failed, `dispatch close {record.trainjob}` releases "
+                          "the claim); choose a new submission", "AlreadyExists"))
+    return Claim("take")
+
+
 # --------------------------------------------------------------------------- after a conflict
 
 

@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 
 from . import _kube as k
-from . import _names as n
+from ._read import by_identity, by_jobset
 from .errors import DispatchError, Refused
 
 RESYNC_SECONDS = 30.0
@@ -38,9 +38,9 @@ class Selection:
 def selections(name: str, job_id: str, submission: str) -> list[Selection]:
     """What one object's decision depends on that a watch can follow: its pods by JobSet's jobset-name
     and by dispatch's labels, and its TrainJob (by dispatch's labels: a label-less TrainJob is polled)."""
-    out = [Selection(k.PODS, f"{n.JOBSET_NAME_LABEL}={name}")]
-    if job_id and submission:
-        identity = f"{n.LABEL_JOB_ID}={job_id},{n.LABEL_SUBMISSION}={submission}"
+    out = [Selection(k.PODS, by_jobset([name]))]
+    identity = by_identity([(job_id, submission)] if job_id and submission else [])
+    if identity is not None:
         out += [Selection(k.PODS, identity), Selection(k.TRAINJOBS, identity)]
     return out
 

@@ -41,10 +41,12 @@ from ._api import (  # re-exported: callers name kinds k.PODS, k.TRAINJOBS, ...
     Res,
 )
 from .errors import (
+    Conflict,
     DispatchError,
     FieldCause,
     Forbidden,
     NotFound,
+    NotServed,
     Refused,
     Unreachable,
 )
@@ -67,7 +69,8 @@ def _decode(data: bytes) -> Any:
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
-JSON_PATCH = "application/json-patch+json"
+NOT_SERVED_TEXTS = ("the server could not find the requested resource", "404 page not found")
+"""How kube-apiserver words a 404 for a kind it does not serve (``error_for`` makes it ``NotServed``)."""
 
 
 
@@ -127,11 +130,15 @@ def error_for(method: str, path: str, response: httpx2.Response, *, list_call: b
     if code == 403:
         return Forbidden(f"forbidden: cannot {verb} {_resource_words(path)}: {message}", **kw)
     if code == 404:
+        # kube-apiserver's answers for a kind it does not serve: a served group without the resource, or a
+        # group it does not know at all (plain text "404 page not found")
+        if any(text in message for text in NOT_SERVED_TEXTS):
+            return NotServed(f"not found: {message}", **kw)
         return NotFound(f"not found: {message}", **kw)
-    if code in (409,) and reason == "AlreadyExists":
+    if code == 409 and reason == "AlreadyExists":
         return Refused(f"already exists: {message}", **kw)
     if code == 409:
-        return Unreachable(f"conflict: {message}", **kw)
+        return Conflict(f"conflict: {message}", **kw)
     if code == 429 or code >= 500:
         return Unreachable(f"API server unavailable (HTTP {code}): {message}", **kw)
     if code == 401:
