@@ -30,7 +30,7 @@ from ._read import Reader, Snapshot, Target, _no_record_kind, by_identity
 from ._views import POD_FINALIZER, NodeView, PodView, parse_count
 from .errors import Conflict, Forbidden, NotFound, Refused
 
-__all__ = ["Admitted", "Core", "Snapshot", "Target"]
+__all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
 
 CONFLICT_RETRIES = 5
 """How often a write of the record is read and tried again when someone else wrote it first."""
@@ -269,3 +269,19 @@ class Core(Reader):
         await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
                               workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
         self.on_write("workload")
+
+
+class Cores:
+    """One ``Core`` per namespace, made on first use: the controller's parts (reconciler, guard, finalizer
+    keeper) each serve every namespace through one API client."""
+
+    def __init__(self, kube: Kube, *, on_write: Callable[[str], None] = lambda _kind: None) -> None:
+        self._kube = kube
+        self._on_write = on_write
+        self._made: dict[str, Core] = {}
+
+    def __call__(self, namespace: str) -> Core:
+        found = self._made.get(namespace)
+        if found is None:
+            found = self._made[namespace] = Core(self._kube.in_namespace(namespace), on_write=self._on_write)
+        return found

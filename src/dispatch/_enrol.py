@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._api import Obj
 from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
@@ -45,8 +46,6 @@ from ._names import (
 )
 from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs
 from ._views import mapping
-
-Obj = dict[str, Any]
 
 ENROL_LABEL = f"{DOMAIN}/enrol"
 """On a Namespace, value ``true``: every new TrainJob there is brought under dispatch at creation."""

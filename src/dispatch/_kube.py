@@ -38,6 +38,7 @@ from ._api import (  # re-exported: callers name kinds k.PODS, k.TRAINJOBS, ...
     RUNTIMES,
     TRAINJOBS,
     WORKLOADS,
+    Obj,
     Res,
 )
 from .errors import (
@@ -50,8 +51,6 @@ from .errors import (
     Refused,
     Unreachable,
 )
-
-Obj = dict[str, Any]
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder()

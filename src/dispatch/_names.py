@@ -27,14 +27,6 @@ PATCH_MANAGER = f"{DOMAIN}/dispatch"
 FIELD_MANAGER = "dispatch"
 CONTROLLER_NAME = f"{DOMAIN}/admission"
 """The ``spec.controllerName`` of the Kueue AdmissionChecks dispatch's controller owns."""
-LEDGER_NAME = "dispatch-admissions"
-"""The namespace's ConfigMap remembering each submission's highest A, so a closed and re-opened
-submission never reuses an execution identity."""
-
-
-def ledger_key(job_id: str, submission: str) -> str:
-    """An unambiguous ConfigMap key for a submission (label values may contain '.', '-' and '_')."""
-    return f"{len(job_id)}.{job_id}.{submission}"
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from . import _api as api
+from ._api import Obj
 from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
@@ -42,8 +43,6 @@ from ._views import (
     parse_count,
     text,
 )
-
-Obj = dict[str, Any]
 
 
 def _patch_replicated_jobs(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:

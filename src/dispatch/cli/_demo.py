@@ -37,14 +37,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._adapter import Adapter
+from .._api import Obj
 from .._names import JOBSET_NAME_LABEL, LABEL_ADMISSION, OUT_OF_SERVICE_TAINT
 from .._records import JobSpec, State, Status
 from ..errors import PodsRemain
 from ._output import status_table
 from ._release import release_wait
 from ._state import CliState
-
-Obj = dict[str, Any]
 
 DELETE_DELAY = "20s"
 """How long the testbed keeps the first object's deleted pod Terminating (a kubelet's grace period)."""

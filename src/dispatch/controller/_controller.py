@@ -22,6 +22,7 @@ import structlog
 from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
+from .._api import Obj
 from ..errors import DispatchError, Forbidden
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
@@ -37,7 +38,6 @@ from ._routing import RoutedWorkload, Router
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 
 __all__ = ["ACTIVE_MESSAGE", "ACTIVE_REASON", "DEFAULTS", "LOG_LEVEL", "METRICS_PORT", "Config", "Controller",
            "default_identity"]

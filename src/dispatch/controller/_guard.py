@@ -39,7 +39,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -53,13 +52,13 @@ from .. import _api as api
 from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
-from .._core import Core, Target
+from .._api import Obj
+from .._core import Cores, Target
 from .._trainer import TrainJobView
 from ..errors import DispatchError, NotFound, Unreachable
 
 log = structlog.get_logger("dispatch.guard")
 
-Obj = dict[str, Any]
 
 PATH = "/validate-trainjob"
 MUTATE_PATH = "/mutate-trainjob"
@@ -232,7 +231,7 @@ class Guard:
 
     def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None) -> None:
         self.kube = kube
-        self._cores: dict[str, Core] = {}
+        self._core = Cores(kube)
         self.reviews = 0
         self.denials = 0
         reg = registry if registry is not None else CollectorRegistry()
@@ -242,11 +241,6 @@ class Guard:
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
                                   registry=reg)
 
-    def _core(self, namespace: str) -> Core:
-        found = self._cores.get(namespace)
-        if found is None:
-            found = self._cores[namespace] = Core(self.kube.in_namespace(namespace))
-        return found
 
     async def decide(self, request: Obj) -> str | None:
         """The denial for one AdmissionRequest, or None."""
@@ -423,14 +417,6 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
                 writer.close()
 
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_BODY)
-
-
-async def keep_published(kube: k.Kube, webhook: str, ca_pem: bytes, every: float = REPUBLISH_SECONDS) -> None:
-    """Keep this replica's CA in the caBundle of the webhook configurations named ``webhook`` (another
-    replica may prune it): the validating one, and the mutating one of enrolment when it is installed."""
-    while True:
-        await _publish(kube, webhook, ca_pem)
-        await asyncio.sleep(every)
 
 
 async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:

@@ -35,7 +35,8 @@ from .. import _decision as d
 from .. import _kueue as kq
 from .. import _names as n
 from .. import _trainer as tr
-from .._core import Core, Snapshot, Target
+from .._api import Obj
+from .._core import Cores, Snapshot, Target
 from .._identity import RecordView
 from .._kube import Kube
 from .._read import by_identity
@@ -45,7 +46,6 @@ from ._metrics import Metrics
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 ForeignPolicy = Literal["ready", "ignore"]
 
 WAITING_PREFIX = d.WAITING_PREFIX
@@ -116,18 +116,13 @@ class Reconciler:
         self.foreign = foreign
         self.field_manager = field_manager
         self._last_gone = last_gone
-        self._cores: dict[str, Core] = {}
+        self.core = Cores(kube, on_write=self._wrote)
         self.on_written: Callable[[str], None] = lambda _key: None
         self.written: dict[str, tuple[str, str]] = {}
         """Per Workload key, the (state, message) of our entry as last written: its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
         """Test hook: runs between raising A and setting Ready (a crash point)."""
 
-    def core(self, namespace: str) -> Core:
-        found = self._cores.get(namespace)
-        if found is None:
-            found = self._cores[namespace] = Core(self._kube.in_namespace(namespace), on_write=self._wrote)
-        return found
 
     # ------------------------------------------------------------------ writes
 

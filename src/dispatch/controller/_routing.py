@@ -19,15 +19,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from .. import _kueue as kq
 from .. import _names as n
+from .._api import Obj
 from .._views import NodeView, PodView, Ref, labels_of, meta, name_of, text
 from ._informer import Pages
 from ._queue import WorkQueue
 
-Obj = dict[str, Any]
 OURS = object()
 Pair = tuple[str, str]
 Ident = tuple[str, str, str]

@@ -15,19 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import httpx2
 
 from .. import _decision as d
 from .. import _names as n
+from .._api import Obj
 from .._identity import RecordView, record_name
 from .._kueue import WorkloadView
 from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
 from ..testing import ApiFailure, FakeCluster
 
-Obj = dict[str, Any]
 KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"

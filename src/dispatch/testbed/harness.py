@@ -31,12 +31,12 @@ import yaml
 from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
+from dispatch._api import Obj
 from dispatch.controller import _guard as g_
 from dispatch.errors import NotFound
 from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
-Obj = dict[str, Any]
 A = LABEL_ADMISSION
 LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)

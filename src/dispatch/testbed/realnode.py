@@ -14,11 +14,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from dispatch._api import Obj
 from dispatch.testbed import _cluster
 from dispatch.testbed._node import LABEL, NODE, PAUSE_IMAGE, TAINT, WORKLOAD_IMAGE, WORKLOAD_PATH
 from dispatch.testbed.oracle import pid_alive
 
-Obj = dict[str, Any]
 ORACLE_MOUNT = "/oracle"
 """Where the oracle directory is mounted in the workload's container."""
 ORACLE_FILE = f"{ORACLE_MOUNT}/oracle.log"

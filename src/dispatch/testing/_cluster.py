@@ -15,10 +15,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx2
 
+from .._api import Obj
 from .._names import (
     ANNOTATION_ADMISSION,
     JOBSET_NAME_LABEL,
@@ -32,7 +32,6 @@ from .._views import TERMINATED_BY_KUBELET
 from ._rbac import Binding, Policy
 from ._server import ApiFailure, FakeApiServer, _now_text
 
-Obj = dict[str, Any]
 TRAINER = "trainer.kubeflow.org"
 JOBSET = "jobset.x-k8s.io"
 

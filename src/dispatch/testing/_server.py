@@ -27,10 +27,9 @@ from urllib.parse import parse_qs
 
 import httpx2
 
-from .._api import ALL, Res
+from .._api import ALL, Obj, Res
 from ._rbac import Attributes, Binding, Forbidden, Identity, Policy, shipped_policy
 
-Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
 
 Kind = Res
