@@ -447,8 +447,8 @@ def _pods_remain(name: str, verdict: d.Verdict) -> PodsRemain:
 class Adapter:
     """Synchronous facade over ``AsyncAdapter``, for scripts and the CLI."""
 
-    def __init__(self, core: AsyncAdapter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-        self._core = core
+    def __init__(self, aio: AsyncAdapter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self._async = aio
         self._loop = loop
         self._thread = thread
 
@@ -492,59 +492,59 @@ class Adapter:
 
     @property
     def namespace(self) -> str:
-        return self._core.namespace
+        return self._async.namespace
 
     @property
     def read_only(self) -> bool:
-        return self._core.read_only
+        return self._async.read_only
 
     @property
     def core(self) -> AsyncAdapter:
-        return self._core
+        return self._async
 
     def open(self, spec: JobSpec, *, hold: bool = True) -> Status:
-        return self._run(self._core.open(spec, hold=hold))
+        return self._run(self._async.open(spec, hold=hold))
 
     def release(self, name: str) -> Identity:
-        return self._run(self._core.release(name))
+        return self._run(self._async.release(name))
 
     def hold(self, name: str) -> Status:
-        return self._run(self._core.hold(name))
+        return self._run(self._async.hold(name))
 
     def inspect(self, name: str) -> Status:
-        return self._run(self._core.inspect(name))
+        return self._run(self._async.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
              state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
-        return self._run(self._core.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
+        return self._run(self._async.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
 
     def ceased(self, name: str) -> Cessation:
-        return self._run(self._core.ceased(name))
+        return self._run(self._async.ceased(name))
 
     def close(self, name: str) -> tuple[RemainingPod, ...]:
-        return self._run(self._core.close(name))
+        return self._run(self._async.close(name))
 
     def wait(self, name: str, states: State | Collection[State], *, timeout: float = 600.0,
              interval: float = 1.0, on_status: Callable[[Status], None] | None = None) -> Status:
-        return self._run(self._core.wait(name, states, timeout=timeout, interval=interval,
+        return self._run(self._async.wait(name, states, timeout=timeout, interval=interval,
                                          on_status=on_status))
 
     def follow(self, name: str, *, interval: float = 1.0) -> Following:
         """The object's pods and TrainJob, followed by watches (see ``AsyncAdapter.follow``)."""
-        return Following(self, self._run(self._core.follow(name, interval=interval)))
+        return Following(self, self._run(self._async.follow(name, interval=interval)))
 
     def forget(self, job_id: str, submission: str) -> bool:
-        return self._run(self._core.forget(job_id, submission))
+        return self._run(self._async.forget(job_id, submission))
 
     def release_pod(self, pod: str, *, node_confirmed_down: bool = False, process_gone: bool = False) -> PodEnd:
-        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down,
+        return self._run(self._async.release_pod(pod, node_confirmed_down=node_confirmed_down,
                                                 process_gone=process_gone))
 
     def migrate(self) -> tuple[int, int]:
-        return self._run(self._core.migrate())
+        return self._run(self._async.migrate())
 
     def logs(self, name: str, *, node: int = 0, follow: bool = False) -> Iterator[str]:
-        agen = self._core.logs(name, node=node, follow=follow)
+        agen = self._async.logs(name, node=node, follow=follow)
         while True:
             try:
                 yield self._run(agen.__anext__())
@@ -556,7 +556,7 @@ class Adapter:
         if not self._loop.is_running():
             return
         try:
-            self._run(self._core.aclose())
+            self._run(self._async.aclose())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)

@@ -4,7 +4,7 @@ dispatch's verbs and its Kueue check only start an execution once no pod of the 
 but any writer with patch on TrainJobs could unsuspend one by hand. The API server sends every write
 that could start an execution of a dispatch TrainJob, or touch its identity, here first (the
 ValidatingWebhookConfiguration in ``deploy/base/guard.yaml``, ``failurePolicy: Fail``), and this server
-answers with the same consistent read the admission protocol takes (``_core.Core.read``, with the
+answers with the same consistent read the admission protocol takes (``_read.Reader.read``, with the
 controller's own ServiceAccount) and the pure decision ``_decision.guard``.
 
 * **stateless**: every replica serves (leader or not); each answer is one fresh read.
@@ -55,7 +55,7 @@ from .. import _kube as k
 from .._api import Obj
 from .._core import Cores, Target
 from .._trainer import TrainJobView
-from ..errors import DispatchError, NotFound, Unreachable
+from ..errors import Conflict, DispatchError, NotFound
 
 log = structlog.get_logger("dispatch.guard")
 
@@ -201,9 +201,8 @@ async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api
         try:
             await kube.merge_patch(res, webhook, body)
             return True
-        except Unreachable as exc:
-            if exc.code != 409:
-                raise
+        except Conflict:
+            continue
     return False
 
 

@@ -430,8 +430,3 @@ async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[
             raise result
         out[name] = result
 
-
-def error_reason(exc: DispatchError) -> str:
-    if exc.code == 409:
-        return "Conflict"
-    return exc.reason or type(exc).__name__
