@@ -71,12 +71,12 @@ def parse_format(value: str) -> Format:
             except TemplateError as exc:
                 raise ValueError(f"custom-columns: bad path in {spec!r}: {exc}") from None
         return Format(Output.CUSTOM_COLUMNS, columns=tuple(columns))
-    if eq:
-        raise ValueError(f"-o {kind} takes no template (got {value!r}); formats: {FORMATS}")
     try:
         output = Output(kind)
     except ValueError:
         raise ValueError(f"unknown output format {value!r}; formats: {FORMATS}") from None
+    if eq:
+        raise ValueError(f"-o {kind} takes no template (got {value!r}); formats: {FORMATS}")
     if output in (Output.JSONPATH, Output.CUSTOM_COLUMNS):
         raise ValueError(f"-o {kind} needs a template: -o {kind}=...")
     return Format(output)
