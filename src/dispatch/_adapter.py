@@ -177,6 +177,11 @@ class AsyncAdapter:
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if selector and exc.code == 400:  # the API server parses selectors: name the one it refused
+                raise Refused(f"label selector {selector!r} refused by the API server: {exc}", reason="BadSelector",
+                              code=exc.code, causes=exc.causes) from exc
+            raise
         if not all_namespaces:
             return await self._statuses(listed, state)
         by_namespace: dict[str, list[k.Obj]] = {}

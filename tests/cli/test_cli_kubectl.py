@@ -196,6 +196,10 @@ def test_selector(cli: Cli) -> None:
     assert names("-l", "team=ml", "--all") == ["a-s1", "foreign"]
     bad = cli("status", "-l", "team=ml\x00")
     assert bad.exit_code == EXIT_REFUSED and "is not a label selector" in bad.stderr
+    unparsed = cli("find", "-l", "team in ml")
+    err = " ".join(unparsed.stderr.split())
+    assert unparsed.exit_code == EXIT_REFUSED and "label selector 'team in ml' refused by the API server" in err
+    assert "'key in (a,b)'" in err
 
 
 def release(cli: Cli, name: str) -> None:
