@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from .. import __version__
 from .._api import PODS, TRAINJOBS
@@ -25,6 +25,8 @@ from ..errors import InvalidInput
 from ._completion import completion_script
 from ._errors import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_FAILURE, EXIT_NOT_CEASED, EXIT_USAGE, guard
 from ._output import (
+    Column,
+    Grid,
     emit,
     identity_dict,
     pod_dict,
@@ -1049,14 +1051,12 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     up = all(c.healthy or c.frozen for c in components)
 
     def human() -> None:
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in ("COMPONENT", "PID", "STATE"):
-            table.add_column(col)
+        grid = Grid([Column("COMPONENT"), Column("PID"), Column("STATE")])
         for c in components:
             word = "frozen" if c.frozen else "healthy" if c.healthy else "running" if c.running else "stopped"
             style = {"healthy": "green", "frozen": "cyan", "running": "yellow", "stopped": "red"}[word]
-            table.add_row(c.name, "-" if c.pid is None else str(c.pid), f"[{style}]{word}[/]")
-        state.out.print(table)
+            grid.add([c.name, "-" if c.pid is None else str(c.pid), Text(word, style=style)])
+        show(state, grid)
         state.out.print(f"testbed is {'up' if up else 'not up'}; kubeconfig: {kubeconfig}")
         if real_node:
             state.out.print(f"real node: {real_node} (label dispatch.test/real-node=true, NoSchedule taint)")
