@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx2
 
@@ -25,8 +25,9 @@ from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
+from ._api import Obj
 from ._core import Core
-from ._follow import Follower, selections
+from ._follow import Follower, Selection, selections
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
@@ -36,6 +37,26 @@ from .errors import Conflict, FieldCause, NotFound, PodsRemain, ReadOnly, Refuse
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
 """How long a release waits for lower layers to acknowledge a suspension before it reports them."""
+
+
+def find_selector(*, job_id: str | None = None, submission: str | None = None, unmanaged: bool = False,
+                  selector: str | None = None) -> str | None:
+    """The label selector ``find`` lists TrainJobs with; invalid filters are refused naming them."""
+    problems = []
+    for field, value in (("job_id", job_id), ("submission", submission)):
+        if value is not None and n.label_value_problem(value):
+            problems.append(FieldCause(field, f"{value!r} is not a valid label value", "FieldValueInvalid"))
+    if selector is not None and (not selector.strip() or any(ord(c) < 32 or ord(c) == 127 for c in selector)):
+        problems.append(FieldCause("selector", f"{selector!r} is not a label selector", "FieldValueInvalid"))
+    n.check(problems)
+    parts = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
+    if submission:
+        parts.append(f"{n.LABEL_SUBMISSION}={submission}")
+    if unmanaged and not (job_id or submission):
+        parts = []
+    if selector:
+        parts.append(selector.strip())
+    return ",".join(parts) or None
 
 
 class AsyncAdapter:
@@ -57,13 +78,17 @@ class AsyncAdapter:
         context: str | None = None,
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
+        request_timeout: float | None = None,
     ) -> AsyncAdapter:
-        """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster)."""
+        """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster).
+
+        ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``)."""
         if namespace is not None:
             problem = n.dns1123_subdomain_problem(namespace)
             if problem:
                 n.check([FieldCause("namespace", f"{namespace!r} {problem}", "FieldValueInvalid")])
-        kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport)
+        kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport,
+                              request_timeout=request_timeout)
         return cls(kube, read_only=read_only)
 
     @property
@@ -132,21 +157,39 @@ class AsyncAdapter:
         submission: str | None = None,
         state: State | Collection[State] | None = None,
         unmanaged: bool = False,
+        selector: str | None = None,
+        all_namespaces: bool = False,
     ) -> list[Status]:
         """Status of many objects with a constant number of list calls, however many match.
 
-        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which)."""
-        problems = []
-        for field, value in (("job_id", job_id), ("submission", submission)):
-            if value is not None and n.label_value_problem(value):
-                problems.append(FieldCause(field, f"{value!r} is not a valid label value", "FieldValueInvalid"))
-        n.check(problems)
-        selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
-        if submission:
-            selector.append(f"{n.LABEL_SUBMISSION}={submission}")
-        if unmanaged and not (job_id or submission):
-            selector = []
-        trainjobs = await self.core.trainjobs(",".join(selector) or None)
+        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which).
+        ``selector`` is a label selector the TrainJobs must also match (kubectl's ``-l``). With
+        ``all_namespaces`` the TrainJobs of every namespace are listed in one call, then each namespace
+        that has some is read as one namespace is (sorted by namespace, then name)."""
+        labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
+        try:
+            listed = (await self._kube.list(k.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
+        except NotFound as exc:
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if selector and exc.code == 400:  # the API server parses selectors: name the one it refused
+                raise Refused(f"label selector {selector!r} refused by the API server: {exc}", reason="BadSelector",
+                              code=exc.code, causes=exc.causes) from exc
+            raise
+        if not all_namespaces:
+            return await self._statuses(listed, state)
+        by_namespace: dict[str, list[Obj]] = {}
+        for obj in listed:
+            by_namespace.setdefault(str((obj.get("metadata") or {}).get("namespace") or ""), []).append(obj)
+        out: list[Status] = []
+        for ns in sorted(by_namespace):
+            other = AsyncAdapter(self._kube.in_namespace(ns), read_only=True)
+            out.extend(await other._statuses(by_namespace[ns], state))
+        return out
+
+    async def _statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
+        """``find``'s statuses of the TrainJobs listed in this adapter's namespace."""
+        trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
         if state is not None:
             wanted = {state} if isinstance(state, State) else set(state)
             trainjobs = [t for t in trainjobs if t.state in wanted]
@@ -217,6 +260,33 @@ class AsyncAdapter:
         status = await self.inspect(name)
         return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
                                                                          *status.warnings])))
+
+    async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
+        """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
+
+        With ``server`` the API server validates it (Trainer's webhooks and the guard included) and
+        applies its defaults with ``dryRun=All``, storing nothing; else it is the body dispatch would
+        send (the runtime is still read). The submission is not claimed, so a submission already taken
+        is found only by the real ``open``."""
+        name = validate_spec(spec)
+        if server:
+            self._writer("open")
+        replicated, _ = await self.core.runtime_jobs(spec)
+        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        if not server:
+            return body
+        if spec.termination_grace_period_seconds is not None:
+            await self.core.check_grace_kept(body)
+        try:
+            return await self._kube.create(k.TRAINJOBS, body, dry_run=True)
+        except NotFound as exc:
+            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
+                           reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                raise Refused(f"trainjob {name} already exists in namespace {self.namespace}; choose another "
+                              "name or submission", reason="AlreadyExists", code=exc.code) from exc
+            raise
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -395,6 +465,21 @@ class AsyncAdapter:
         await follower.start()
         return follower
 
+    async def follow_find(self, *, job_id: str | None = None, submission: str | None = None,
+                          unmanaged: bool = False, selector: str | None = None, all_namespaces: bool = False,
+                          interval: float = 1.0) -> Follower:
+        """Follow what ``find`` with the same filters answers from: the TrainJobs it lists and the pods of
+        dispatch's objects (and, with ``unmanaged``, every JobSet's pods), for ``status --watch``."""
+        labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
+        pods = f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID
+        chosen = [Selection(k.TRAINJOBS, labels or "", all_namespaces),
+                  Selection(k.PODS, pods, all_namespaces)]
+        if unmanaged:
+            chosen.append(Selection(k.PODS, n.JOBSET_NAME_LABEL, all_namespaces))
+        follower = Follower(self._kube, chosen, interval=interval)
+        await follower.start()
+        return follower
+
     async def wait(
         self,
         name: str,
@@ -426,8 +511,23 @@ class AsyncAdapter:
                     )
                 await follower.changed(max(0.0, deadline - time.monotonic()))
 
-    async def logs(self, name: str, *, node: int = 0, follow: bool = False) -> AsyncIterator[str]:
-        """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs."""
+    async def logs(self, name: str, *, node: int = 0, follow: bool = False, tail: int | None = None,
+                   since_seconds: int | None = None, timestamps: bool = False, container: str | None = None,
+                   previous: bool = False) -> AsyncIterator[str]:
+        """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs.
+
+        ``tail``, ``since_seconds``, ``timestamps``, ``container`` and ``previous`` are the pod log API's
+        ``tailLines``, ``sinceSeconds``, ``timestamps``, ``container`` and ``previous`` (kubectl logs' flags)."""
+        problems = []
+        if tail is not None and tail < 0:
+            problems.append(FieldCause("tail", f"{tail} is negative", "FieldValueInvalid"))
+        if since_seconds is not None and since_seconds <= 0:
+            problems.append(FieldCause("since_seconds", f"{since_seconds} is not positive", "FieldValueInvalid"))
+        if container is not None:
+            why = n.dns1123_subdomain_problem(container) or ("must not contain '.'" if "." in container else None)
+            if why:
+                problems.append(FieldCause("container", f"{container!r} {why}", "FieldValueInvalid"))
+        n.check(problems)
         n.validate_ref(name)
         raw = (await self._kube.list(k.PODS, labels=by_jobset([name]))).items
         live = [p for p in raw if not PodView.from_obj(p).deleting] or raw
@@ -436,7 +536,8 @@ class AsyncAdapter:
         chosen = [p for p in live if labels_of(p).get(key) == index or annotations_of(p).get(key) == index]
         if not chosen:
             raise NotFound(f"no pod of {name} for node {node} yet", reason="NotFound")
-        async for line in self._kube.logs(name_of(chosen[0]), follow=follow):
+        async for line in self._kube.logs(name_of(chosen[0]), follow=follow, tail=tail, since_seconds=since_seconds,
+                                          timestamps=timestamps, container=container, previous=previous):
             yield line
 
 
@@ -461,6 +562,7 @@ class Adapter:
         context: str | None = None,
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
+        request_timeout: float | None = None,
     ) -> Adapter:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="dispatch-loop", daemon=True)
@@ -468,7 +570,8 @@ class Adapter:
 
         async def build() -> AsyncAdapter:
             return AsyncAdapter.connect(
-                namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport
+                namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport,
+                request_timeout=request_timeout,
             )
 
         try:
@@ -515,8 +618,20 @@ class Adapter:
         return self._run(self._async.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
-             state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
-        return self._run(self._async.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
+             state: State | Collection[State] | None = None, unmanaged: bool = False,
+             selector: str | None = None, all_namespaces: bool = False) -> list[Status]:
+        return self._run(self._async.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged,
+                                         selector=selector, all_namespaces=all_namespaces))
+
+    def follow_find(self, *, job_id: str | None = None, submission: str | None = None, unmanaged: bool = False,
+                    selector: str | None = None, all_namespaces: bool = False, interval: float = 1.0) -> Following:
+        """What ``find`` answers from, followed by watches (see ``AsyncAdapter.follow_find``)."""
+        return Following(self, self._run(self._async.follow_find(
+            job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector,
+            all_namespaces=all_namespaces, interval=interval)))
+
+    def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
+        return self._run(self._async.open_dry_run(spec, server=server))
 
     def ceased(self, name: str) -> Cessation:
         return self._run(self._async.ceased(name))
@@ -543,8 +658,11 @@ class Adapter:
     def migrate(self) -> tuple[int, int]:
         return self._run(self._async.migrate())
 
-    def logs(self, name: str, *, node: int = 0, follow: bool = False) -> Iterator[str]:
-        agen = self._async.logs(name, node=node, follow=follow)
+    def logs(self, name: str, *, node: int = 0, follow: bool = False, tail: int | None = None,
+             since_seconds: int | None = None, timestamps: bool = False, container: str | None = None,
+             previous: bool = False) -> Iterator[str]:
+        agen = self._async.logs(name, node=node, follow=follow, tail=tail, since_seconds=since_seconds,
+                               timestamps=timestamps, container=container, previous=previous)
         while True:
             try:
                 yield self._run(agen.__anext__())

@@ -620,7 +620,7 @@ def explain(
 
 def kueue_raise_token(workload_uid: str, generation: int | None) -> str:
     """The token of a Kueue-mode raise of A: the Workload's uid and the TrainJob generation the raise was
-    made on (the controller writes it; ``controller._reconcile.kueue_token`` must agree)."""
+    made on: the controller writes it with the raise, the guard recognises it; both call this."""
     return f"{workload_uid}/{generation or 0}"
 
 

@@ -27,17 +27,18 @@ class Cli:
     transport: Callable[[], httpx2.AsyncBaseTransport] | None = None
     """Replaces the fake cluster's own transport (to serve logs, say)."""
 
-    def __call__(self, *args: str, input: str | None = None) -> Result:
+    def __call__(self, *args: str, input: str | None = None, env: dict[str, str | None] | None = None) -> Result:
         def connect(settings: Settings) -> Adapter:
             self.connected.append(settings)
             roles = READER if settings.read_only else WRITER  # exactly the shipped roles the CLI is run with
             transport = self.transport() if self.transport else self.cluster.transport(roles=roles)
-            return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only)
+            return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only,
+                                   request_timeout=settings.request_timeout)
 
         runner = CliRunner()
         return runner.invoke(
             app, list(args), obj=CliState(connect=connect), input=input,
-            env={"COLUMNS": "250", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None},
+            env={"COLUMNS": "250", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None, **(env or {})},
             catch_exceptions=False,
         )
 
