@@ -146,7 +146,7 @@ class Controller:
         self.guard: Running | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
-        self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
+        self.router = Router(self.queue, on_change=self._gauges)
         self.checks = CheckKeeper(kube, self.metrics, controller_name=self.config.controller_name,
                                   field_manager=self.config.field_manager, now=now_text,
                                   on_names=self.router.set_check_names, events=self.events)
@@ -155,7 +155,7 @@ class Controller:
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
         )
-        self.reconciler.on_written = self.router.written
+        self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds

@@ -117,9 +117,8 @@ class Reconciler:
         self.field_manager = field_manager
         self._last_gone = last_gone
         self.core = Cores(kube, on_write=self._wrote)
-        self.on_written: Callable[[str], None] = lambda _key: None
-        self.written: dict[str, tuple[str, str]] = {}
-        """Per Workload key, the (state, message) of our entry as last written: its echo needs no reconcile."""
+        self.on_written: Callable[[str, str, str], None] = lambda _key, _state, _message: None
+        """Told (key, state, message) of each entry written, so that its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
         """Test hook: runs between raising A and setting Ready (a crash point)."""
 
@@ -132,8 +131,7 @@ class Reconciler:
     async def _write_check(self, workload: kq.Addressed, entry: Obj) -> None:
         await self.core(workload.ref.namespace).write_check(workload, entry, field_manager=self.field_manager)
         key = f"{workload.ref.namespace}/{workload.ref.name}"
-        self.written[key] = (str(entry["state"]), str(entry["message"]))
-        self.on_written(key)
+        self.on_written(key, str(entry["state"]), str(entry["message"]))
 
     async def _pending(self, workload: kq.Addressed, entry: kq.CheckEntry, message: str) -> None:
         await self._write_check(workload, kq.entry_body(entry.name, "Pending", message,
