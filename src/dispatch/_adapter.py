@@ -333,9 +333,9 @@ class AsyncAdapter:
         delay = 0.1
         deadline = time.monotonic() + self.settle_seconds
         while True:
+            # dispatch's pod finalizer is freed by the controller's keeper (the writer role may not patch
+            # pods: a writer that could would be able to hide a pod that may run), never here.
             snap = await self.core.read_one(target)
-            if await self.core.free(snap.object_pods(target), snap.nodes):
-                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
             verdict = snap.verdict(target)
             if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
                 return snap, verdict
@@ -385,7 +385,6 @@ class AsyncAdapter:
         target = Target.of(tj)
         snap = await self.core.read_one(target, lower=False)
         mine = snap.object_pods(target)
-        await self.core.free(mine, snap.nodes)
         if tj.labelled:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:

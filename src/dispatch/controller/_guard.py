@@ -52,6 +52,7 @@ from .. import _api as api
 from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
+from .. import _names as n
 from .._api import Obj
 from .._core import Cores, Target
 from .._trainer import TrainJobView
@@ -299,7 +300,24 @@ class Guard:
                 runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
             else:
                 runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
-        return e.enrol(obj, uid, runtime)
+        got = e.enrol(obj, uid, runtime)
+        if got.denial is None and got.job_id and got.submission:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            denial = await self._collision(request, name, got.job_id, got.submission)
+            if denial:
+                return e.Enrolment(denial=denial)
+        return got
+
+    async def _collision(self, request: Obj, name: str, job_id: str, submission: str) -> str | None:
+        """``_enrol.collision`` over the submission's record and its live TrainJobs (a get and a list)."""
+        namespace = str(request.get("namespace") or "")
+        core = self._core(namespace)
+        record, listed = await asyncio.gather(
+            core.record(job_id, submission),
+            self.kube.list(api.TRAINJOBS, namespace=namespace,
+                           labels=f"{n.LABEL_JOB_ID}={job_id},{n.LABEL_SUBMISSION}={submission}"))
+        live = [v.name for v in map(TrainJobView.from_obj, listed.items) if not v.deleting]
+        return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 
     async def mutate(self, body: Obj, timeout: float) -> Obj:
         """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a

@@ -322,7 +322,10 @@ class FakeGuard:
         self.allowed_starts = 0
 
     def install(self) -> None:
+        """The guard as ``deploy/base/guard.yaml`` installs it: the webhook and CEL policy on TrainJobs, and
+        the ``dispatch-pods`` policy."""
         self.server.add_admission("trainjobs", self._admit)
+        self.cluster.install_pod_policy()
 
     def _admit(self, operation: str, old: Obj | None, new: Obj) -> str | None:
         denial = self.decision(operation, old, new)
