@@ -36,9 +36,10 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -52,11 +53,13 @@ from .. import _api as api
 from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
-from .. import _names as n
 from .._api import Obj
 from .._core import Cores, Target
+from .._read import by_identity
 from .._trainer import TrainJobView
 from ..errors import Conflict, DispatchError, NotFound
+
+T = TypeVar("T")
 
 log = structlog.get_logger("dispatch.guard")
 
@@ -260,23 +263,25 @@ class Guard:
             core.workload_of(new) if operation == "UPDATE" else _none())
         return d.guard(operation, old, new, snap.verdict(target), record, workload)
 
-    async def review(self, body: Obj, timeout: float) -> Obj:
-        request = body.get("request")
-        if not isinstance(request, dict):
-            raise ValueError("not an AdmissionReview: no request")
-        uid = str(request.get("uid") or "")
+    async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
+        """One review's reads under the webhook's deadline, counted and timed; a read that fails or runs
+        out of time is a denial naming ``what`` could not be read (the guard fails closed)."""
         self.reviews += 1
         started = time.monotonic()
-        answer = "denied"
         try:
-            denial = await asyncio.wait_for(self.decide(request), timeout)
-            answer = "allowed" if denial is None else "denied"
+            return await asyncio.wait_for(work, timeout), None
         except TimeoutError:
-            denial, answer = f"the guard could not read the object's pods within {timeout:.1f}s; retry", "error"
+            return None, f"the guard could not read {what} within {timeout:.1f}s; retry"
         except DispatchError as exc:
-            denial, answer = f"the guard could not read the object's pods: {exc}", "error"
-        self._answers.labels(answer).inc()
-        self._seconds.observe(time.monotonic() - started)
+            return None, f"the guard could not read {what}: {exc}"
+        finally:
+            self._seconds.observe(time.monotonic() - started)
+
+    async def review(self, body: Obj, timeout: float) -> Obj:
+        request, uid = _request_of(body)
+        decided, failure = await self._within(self.decide(request), timeout, "the object's pods")
+        denial = failure if failure is not None else decided
+        self._answers.labels("error" if failure is not None else "allowed" if denial is None else "denied").inc()
         if denial is not None:
             self.denials += 1
             obj = request.get("object") or {}
@@ -312,32 +317,22 @@ class Guard:
         """``_enrol.collision`` over the submission's record and its live TrainJobs (a get and a list)."""
         namespace = str(request.get("namespace") or "")
         core = self._core(namespace)
-        record, listed = await asyncio.gather(
-            core.record(job_id, submission),
-            self.kube.list(api.TRAINJOBS, namespace=namespace,
-                           labels=f"{n.LABEL_JOB_ID}={job_id},{n.LABEL_SUBMISSION}={submission}"))
-        live = [v.name for v in map(TrainJobView.from_obj, listed.items) if not v.deleting]
+        record, listed = await asyncio.gather(core.record(job_id, submission),
+                                              core.trainjobs(by_identity([(job_id, submission)])))
+        live = [v.name for v in listed if not v.deleting]
         return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 
     async def mutate(self, body: Obj, timeout: float) -> Obj:
         """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a
         denial naming the field; a runtime that cannot be read in time is a denial too: failing closed)."""
-        request = body.get("request")
-        if not isinstance(request, dict):
-            raise ValueError("not an AdmissionReview: no request")
-        uid = str(request.get("uid") or "")
-        self.reviews += 1
-        started = time.monotonic()
-        try:
-            got = await asyncio.wait_for(self.enrolment(request), timeout)
+        request, uid = _request_of(body)
+        enrolled, failure = await self._within(self.enrolment(request), timeout, "the TrainJob's runtime")
+        if enrolled is None or failure is not None:
+            got, answer = e.Enrolment(denial=failure), "error"
+        else:
+            got = enrolled
             answer = "enrolled" if got.patch else ("denied" if got.denial else "unchanged")
-        except TimeoutError:
-            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime within {timeout:.1f}s; "
-                                             "retry"), "error"
-        except DispatchError as exc:
-            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime: {exc}"), "error"
         self._answers.labels(answer).inc()
-        self._seconds.observe(time.monotonic() - started)
         obj = request.get("object") or {}
         name = request.get("name") or obj.get("metadata", {}).get("name")
         if got.denial is not None:
@@ -352,6 +347,14 @@ class Guard:
 
 async def _none() -> None:
     return None
+
+
+def _request_of(body: Obj) -> tuple[Obj, str]:
+    """The AdmissionRequest of a review and its uid (the answer must carry it back)."""
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise ValueError("not an AdmissionReview: no request")
+    return request, str(request.get("uid") or "")
 
 
 # --------------------------------------------------------------------------- HTTPS
