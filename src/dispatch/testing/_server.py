@@ -604,32 +604,25 @@ class FakeApiServer:
                     if grace != 0 or current_grace == 0:
                         return copy.deepcopy(current)
                     if finalizers:  # a force delete of a terminating pod a finalizer holds: grace becomes 0
-                        new = copy.deepcopy(current)
-                        new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
-                        new["metadata"]["deletionGracePeriodSeconds"] = 0
-                        new["metadata"]["resourceVersion"] = str(self._bump())
-                        self._objects[key] = new
-                        self._record("MODIFIED", key, new)
-                        return copy.deepcopy(new)
+                        return self._mark_deleting(key, current, 0)
                 if grace > 0:
-                    new = copy.deepcopy(current)
-                    new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
-                    new["metadata"]["deletionGracePeriodSeconds"] = grace
-                    new["metadata"]["resourceVersion"] = str(self._bump())
-                    self._objects[key] = new
-                    self._record("MODIFIED", key, new)
-                    return copy.deepcopy(new)
+                    return self._mark_deleting(key, current, grace)
             if finalizers:
                 if meta.get("deletionTimestamp"):
                     return copy.deepcopy(current)
-                new = copy.deepcopy(current)
-                new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
-                new["metadata"]["deletionGracePeriodSeconds"] = 0
-                new["metadata"]["resourceVersion"] = str(self._bump())
-                self._objects[key] = new
-                self._record("MODIFIED", key, new)
-                return copy.deepcopy(new)
+                return self._mark_deleting(key, current, 0)
             return self._remove(key, copy.deepcopy(current))
+
+    def _mark_deleting(self, key: Key, current: Obj, grace: int) -> Obj:
+        """A delete that leaves the object in place, Terminating: its deletionTimestamp (now plus the grace
+        period) and grace period set, a new resourceVersion, a MODIFIED event."""
+        new = copy.deepcopy(current)
+        new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
+        new["metadata"]["deletionGracePeriodSeconds"] = grace
+        new["metadata"]["resourceVersion"] = str(self._bump())
+        self._objects[key] = new
+        self._record("MODIFIED", key, new)
+        return copy.deepcopy(new)
 
     # ------------------------------------------------------------------ lists
 
