@@ -210,7 +210,11 @@ def test_a_stale_execution_on_a_node_tainted_while_it_runs_commits_nothing_that_
         assert payload.read_text().startswith(f"A=2 step={e['step']} ")
     latest = Fence.at(checkpoints, JOB, SUBMISSION, 2).latest()
     assert latest is not None and latest.admission == 2 and latest.step >= commits2[-1]["step"]
+    term = procs["1"].termed_ms
+    after_term = "" if term is None else f", {procs['2'].started_ms - term} ms after the kubelet SIGTERMed A=1"
     print(f"A=1: {len(of(evs, 1, 'commit'))} commits that count, {len(fenced)} refused after A=2's claim "
-          f"({len(late)} of them after making their log entry), overlap "
-          f"{(procs['1'].ended_ms or 0) - procs['2'].started_ms} ms; A=2 resumed from A=1 step "
-          f"{resume['step']}; timeline {timeline}")
+          f"({len(late)} of them after making their log entry), then exit code {procs['1'].exit_code}; "
+          f"alive together {(procs['1'].ended_ms or 0) - procs['2'].started_ms} ms; A=2 started "
+          f"{procs['2'].started_ms / 1000 - timeline['thawed']:.2f} s after the thaw"
+          f"{after_term}; "
+          f"A=2 resumed from A=1 step {resume['step']}")
