@@ -9,8 +9,9 @@ names (``ldd``), the dynamic loader, ``os.py`` (the interpreter's landmark for i
 ``encodings`` package (the locale decides which codec starts first). Files keep their paths on this machine,
 so the interpreter finds its prefix and libraries as it does here; ``dispatch`` goes to ``/app``.
 
-Built from the sources it runs (the ``dispatch`` package this process imported), in about a second, each
-time a test asks for it (:func:`dispatch.testbed.realnode.python_image`), so it never lags the code.
+Built from the sources it runs (the ``dispatch`` package this process imported), in a few seconds, each
+time a test asks for it (:func:`dispatch.testbed.realnode.python_image`, cached while the node lives), so it
+never lags the code.
 """
 
 from __future__ import annotations
