@@ -335,6 +335,14 @@ def _part_two(story: Story, node: str) -> None:
     if not cessation.ceased:
         raise DemoFailed(f"ceased was false after the out-of-service taint: {cessation.reason}")
 
+    # dispatch's pod finalizer keeps the old pod until its end is proven and someone frees it: the controller's
+    # finalizer keeper where the controller runs; here, with none, the operator (the admin role)
+    for old in [p for p in _pods(story.namespace, name) if _deleting(p)]:
+        pod = str(old["metadata"]["name"])
+        story.step(f"No controller runs here, so the operator frees the old pod: dispatch admin release-pod {pod}")
+        end = a.release_pod(pod)
+        story.say(f"released {pod}: its end is proven ({end.proof})")
+
     story.step(f"Release {name}: admitted with A=2 once Kubernetes has force-deleted the old pod")
     story.release_waiting(name, expect=2, timeout=story.step_timeout)
 
