@@ -357,7 +357,7 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "", True),
     ("writer", "patch", "kueue.x-k8s.io", "workloads", "status", False),
     ("writer", "delete", "", "pods", "", False),
-    ("writer", "patch", "", "pods", "", True),  # removes dispatch's pod finalizer once a pod's end is proven
+    ("writer", "patch", "", "pods", "", False),  # freeing dispatch's pod finalizer is the controller's (issue 25)
     ("reader", "patch", "", "pods", "", False),
     ("writer", "update", "trainer.kubeflow.org", "trainjobs", "", False),
     ("writer", "list", "", "secrets", "", False),

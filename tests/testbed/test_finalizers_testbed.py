@@ -21,6 +21,7 @@ from dispatch import LABEL_ADMISSION, POD_FINALIZER, Adapter, JobSpec, PodsRemai
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
+from dispatch.testbed.harness import keeper_pass
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -181,6 +182,9 @@ def test_a_force_deleted_pod_on_a_frozen_node_stays_and_blocks_until_the_taint(a
         left = pod_or_none(ns, pod)
         assert left is not None, "PodGC's delete cannot remove it either: only dispatch does"
         print("after the taint and PodGC:", describe(left))
+        with pytest.raises(PodsRemain, match="dispatch's controller removes dispatch's finalizer"):
+            adapter.release(name)  # proven, but the writer may not free it: the controller's keeper does
+        assert keeper_pass(ns) == {f"{ns}/{pod}": "out-of-service"}
         assert adapter.release(name).admission == 2
         wait_for("the freed pod gone", lambda: pod_or_none(ns, pod) is None, timeout=30)
     finally:

@@ -51,6 +51,26 @@ def running_testbed_kubeconfig() -> Path | None:
     return testbed.kubeconfig_path() if testbed.is_up() else None
 
 
+def keeper_pass(ns: str, kubeconfig: Path | None = None) -> dict[str, str]:
+    """One pass of the controller's finalizer keeper over a namespace's pods, as a running controller's keeper
+    acts (by default as the testbed's admin, whom the dispatch-pods policy lets free dispatch's finalizer):
+    for a scenario that runs no controller, the step the shipped install's controller takes by itself."""
+    from dispatch import testbed
+    from dispatch.controller._finalizers import FinalizerKeeper
+    from dispatch.controller._metrics import Metrics
+
+    async def go() -> dict[str, str]:
+        kube = k.Kube.connect(namespace=ns, kubeconfig=kubeconfig or testbed.kubeconfig_path())
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods((await kube.list(k.PODS)).items)
+            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
+        finally:
+            await kube.aclose()
+
+    return asyncio.run(go())
+
+
 @asynccontextmanager
 async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
     """(admin Kube in a fresh namespace, namespace, ClusterQueue name); all removed afterwards."""
