@@ -18,7 +18,7 @@ from ._names import (
     LABEL_SUBMISSION,
     PATCH_MANAGER,
 )
-from ._records import Cause, Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
+from ._records import Cause, Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Toleration, Volume
 from ._views import POD_FINALIZER
 from .errors import (
     Conflict,
@@ -89,7 +89,9 @@ __all__ = [
     "S3Store",
     "State",
     "Status",
+    "Toleration",
     "Unreachable",
+    "Volume",
     "__version__",
     "validate_spec",
 ]

@@ -30,6 +30,7 @@ from ._core import Core
 from ._follow import Follower, Selection, selections
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
+from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
 from .errors import Conflict, FieldCause, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
@@ -231,8 +232,7 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        replicated, warning = await self.core.runtime_jobs(spec)
-        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        body, warning = await self._body(spec, name)
         if spec.termination_grace_period_seconds is not None:
             await self.core.check_grace_kept(body)
         if not hold and spec.queue is None:
@@ -261,6 +261,13 @@ class AsyncAdapter:
         return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
                                                                          *status.warnings])))
 
+    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, str | None]:
+        """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
+        warning; what of the spec the runtime cannot take is refused naming the field, before any write."""
+        shape, warning = await self.core.runtime_shape(spec)
+        n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
+        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warning
+
     async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
 
@@ -271,8 +278,7 @@ class AsyncAdapter:
         name = validate_spec(spec)
         if server:
             self._writer("open")
-        replicated, _ = await self.core.runtime_jobs(spec)
-        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        body, _ = await self._body(spec, name)
         if not server:
             return body
         if spec.termination_grace_period_seconds is not None:

@@ -41,7 +41,17 @@ from ._output import (
     wide,
 )
 from ._release import release_once, release_wait
-from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, locate, parse_integer, parse_pairs
+from ._spec import (
+    EXAMPLE,
+    SpecError,
+    build_spec,
+    load_spec_file,
+    locate,
+    parse_integer,
+    parse_pairs,
+    parse_toleration,
+    parse_volume,
+)
 from ._state import FORMATS, CliState, Output, Settings, parse_format
 from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT, parse_duration
 
@@ -269,6 +279,30 @@ def open_(
         str | None, typer.Option("--grace-period", metavar="INTEGER",
                                  help="Pods' termination grace period, seconds (a plain decimal integer).")
     ] = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume", metavar="KEY=VALUE,...",
+            help="A volume mounted in the trainer container (repeatable): name=ckpt,claim=llama-ckpt,mountPath=/ckpt; "
+            "the source is claim=, configMap=, secret= or emptyDir; optional readOnly, subPath=.",
+        ),
+    ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--toleration", metavar="KEY[=VALUE][:EFFECT[:SECONDS]]",
+            help="A toleration of every pod, written as kubectl taint writes a taint (repeatable); without =VALUE "
+            "the operator is Exists; '*' tolerates every taint.",
+        ),
+    ] = None,
+    service_account: Annotated[
+        str | None, typer.Option("--service-account", help="ServiceAccount every pod runs as.")
+    ] = None,
+    image_pull_secret: Annotated[
+        list[str] | None,
+        typer.Option("--image-pull-secret", metavar="NAME",
+                     help="Secret every pod pulls images with (repeatable, or comma-separated)."),
+    ] = None,
     hold: Annotated[
         bool,
         typer.Option("--hold/--no-hold", help="Create it held (default), or admit it at once through the check."),
@@ -305,6 +339,10 @@ def open_(
             "queue": queue,
             "priority_class": priority,
             "termination_grace_period_seconds": parse_integer("--grace-period", grace_period),
+            "volumes": [parse_volume(v) for v in volume or []],
+            "tolerations": [parse_toleration(t) for t in toleration or []],
+            "service_account": service_account,
+            "image_pull_secrets": [name for item in image_pull_secret or [] for name in item.split(",")],
         }
         spec = build_spec(from_file, flags)
     except (SpecError, ValueError) as exc:
