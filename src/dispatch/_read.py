@@ -288,6 +288,17 @@ class Reader:
         return shape, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
                                                     tr.runtime_replacement_policies(runtime))
 
+    async def runtime_or_none(self, kind: str, name: str) -> Obj | None:
+        """The (Cluster)TrainingRuntime ``kind``/``name`` as served, or None if it does not exist (what
+        enrolment's ``enrol`` takes); a cluster without Trainer is named."""
+        res = api.CLUSTER_RUNTIMES if kind == "ClusterTrainingRuntime" else api.RUNTIMES
+        try:
+            return await self.kube.get(res, name)
+        except NotServed as exc:
+            raise not_served(exc, TRAINER_MISSING) from exc
+        except NotFound:
+            return None
+
     async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
         """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""
         if not tj.ref.uid:

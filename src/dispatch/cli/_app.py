@@ -45,7 +45,7 @@ from ._spec import (
     EXAMPLE,
     SpecError,
     build_spec,
-    load_spec_file,
+    load_input,
     locate,
     parse_integer,
     parse_pairs,
@@ -211,7 +211,7 @@ def open_(
     ctx: typer.Context,
     spec_file: Annotated[
         Path | None,
-        typer.Option("--file", "-f", help="YAML spec file ('-' for stdin); flags override its values."),
+        typer.Option("--file", "-f", help="YAML spec file, or a whole TrainJob manifest brought under dispatch as enrolment would ('-' for stdin); flags override a spec file's values."),
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="The logical job (a label value).")] = None,
     submission: Annotated[
@@ -320,7 +320,7 @@ def open_(
     state = _state(ctx, output, namespace)
     lines: dict[str, int] = {}
     try:
-        from_file = load_spec_file(spec_file, lines) if spec_file is not None else {}
+        from_file, manifest = load_input(spec_file, lines) if spec_file is not None else ({}, None)
         flags: dict[str, Any] = {
             "job_id": job_id,
             "submission": submission,
@@ -344,9 +344,19 @@ def open_(
             "service_account": service_account,
             "image_pull_secrets": [name for item in image_pull_secret or [] for name in item.split(",")],
         }
-        spec = build_spec(from_file, flags)
+        if manifest is not None:
+            given = [option for option, value in zip(_SPEC_OPTIONS, flags.values(), strict=True)
+                     if value not in (None, [], {})]
+            if given:
+                raise SpecError(f"{spec_file} is a TrainJob manifest: {', '.join(given)} cannot be given with it "
+                                "(dispatch takes the manifest as written; edit it instead)")
+        else:
+            spec = build_spec(from_file, flags)
     except (SpecError, ValueError) as exc:
         raise typer.BadParameter(str(exc), ctx=ctx, param_hint="spec") from None
+    if manifest is not None:
+        _open_manifest(state, manifest, hold=hold, dry_run=dry_run)
+        return
     with guard(state):
         try:
             validate_spec(spec)  # here too, so that a value from the file is named by its file and line
@@ -367,6 +377,38 @@ def open_(
     def human() -> None:
         verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
         state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
+        show(state, status_grid([status], wide=wide(state)))
+
+    emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+
+
+_SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-kind", "--image", "--command",
+                 "--arg", "--nodes", "--resource", "--env", "--label", "--node-selector", "--pod-annotation",
+                 "--queue", "--priority", "--grace-period", "--volume", "--toleration", "--service-account",
+                 "--image-pull-secret")
+"""The options that build a spec, in the order ``open_`` gathers them (none may come with a manifest)."""
+
+
+def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry_run: str) -> None:
+    """``open -f trainjob.yaml``: the manifest brought under dispatch as enrolment would, then opened."""
+    with guard(state):
+        if dry_run != "none":
+            body = state.adapter().open_manifest_dry_run(manifest, server=dry_run == "server")
+        else:
+            status = state.adapter().open_manifest(manifest, hold=hold)
+    if dry_run != "none":
+        meta = body.get("metadata") or {}
+        shown = str(meta.get("name", ""))
+        emit(state, body, lambda: state.out.print(
+            f"{resource_name(TRAINJOBS, escape(shown))} opened ({dry_run} dry run; nothing written) in namespace "
+            f"{escape(str(meta.get('namespace') or state.adapter().namespace))}", highlight=False),
+            names=trainjob_names(shown))
+        return
+
+    def human() -> None:
+        verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
+        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)} as "
+                        f"{escape(status.identity.job_id)}/{escape(status.identity.submission)}")
         show(state, status_grid([status], wide=wide(state)))
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))

@@ -86,6 +86,8 @@ _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
+_BOOL = "tag:yaml.org,2002:bool"
+_FLOAT = "tag:yaml.org,2002:float"
 _INT_FIELDS = ("num_nodes", "termination_grace_period_seconds")
 _DECIMAL = re.compile(r"^-?(0|[1-9][0-9]*)$")
 """A plain decimal integer; the library says why a negative one is refused."""
@@ -352,6 +354,71 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
     A top-level key with no value counts as not given. ``lines`` receives the line of each field and
     entry, named as the library names them (``env[A]``), so its refusals can point into the file.
     """
+    return _spec_values(path, *_root(path), lines)
+
+
+def load_input(path: Path, lines: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``open -f``'s file: (JobSpec keyword arguments, None) for a spec file, or ({}, the manifest) for a
+    whole TrainJob manifest (a mapping with ``apiVersion`` or ``kind`` at its top)."""
+    root, explicit = _root(path)
+    if isinstance(root, yaml.MappingNode) and any(
+            isinstance(k, yaml.ScalarNode) and k.value in ("apiVersion", "kind") for k, _ in root.value):
+        return {}, _manifest(_File(path, explicit), root)
+    return _spec_values(path, root, explicit, lines), None
+
+
+_YAML11_BOOLS = ("yes", "no", "on", "off", "y", "n")
+
+
+def _manifest(doc: _File, root: yaml.Node) -> dict[str, Any]:
+    """A TrainJob manifest's YAML into plain data, refusing what YAML would reshape rather than sending it.
+
+    The JSON the API server takes has no tags, no octal or sexagesimal numbers and only ``true``/``false``
+    as booleans; PyYAML reads YAML 1.1, where ``on`` is true and ``010`` is 8. Such a value, an explicit
+    tag other than the plain kinds (``!!binary``), a control character, or a key given twice is refused
+    naming its line; aliases count towards the object limit as they expand."""
+    def value(node: yaml.Node, field: str) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            return {key: value(item, f"{field}.{key}" if field else key)
+                    for key, item in doc.mapping(node, field or "manifest")}
+        if isinstance(node, yaml.SequenceNode):
+            doc.tag(node, field)
+            return [value(item, f"{field}[{i}]") for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.ScalarNode)
+        plain = node.style is None
+        doc.tag(node, field, node.tag if node.tag in (_STR, _INT, _NULL, _BOOL, _FLOAT) else _STR)
+        if not plain or node.tag == _STR or node.tag not in (_INT, _NULL, _BOOL, _FLOAT):
+            return doc.text(node, field)
+        doc.spend(node, node.value)
+        written = node.value
+        if node.tag == _NULL:
+            return None
+        if node.tag == _BOOL:
+            if written.lower() in _YAML11_BOOLS:
+                raise SpecError(f"{doc.where(node, field)} is {written!r}, a boolean in YAML 1.1 but text in JSON "
+                                "and YAML 1.2; write true or false, or quote it")
+            return written.lower() == "true"
+        if node.tag == _INT:
+            if integer_problem(written) is not None:
+                raise SpecError(f"{doc.where(node, field)} is {written!r}, which YAML 1.1 reads as a number other "
+                                "than it shows; write it in plain decimal, or quote it")
+            return int(written)
+        try:
+            number = float(written)
+        except ValueError:
+            number = float("nan")
+        if "_" in written or number != number or number in (float("inf"), float("-inf")):
+            raise SpecError(f"{doc.where(node, field)} is {written!r}, which is no JSON number; quote it if it is "
+                            "text")
+        return number
+
+    out = value(root, "")
+    assert isinstance(out, dict)
+    return out
+
+
+def _root(path: Path) -> tuple[yaml.Node | None, dict[int, str]]:
+    """The file's one YAML document, composed with its explicit tags noted and its expansion bounded."""
     try:
         text = _read(path)
     except OSError as exc:
@@ -368,11 +435,16 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
         raise SpecError(f"spec file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     finally:
         loader.dispose()
+    return root, loader.explicit
+
+
+def _spec_values(path: Path, root: yaml.Node | None, explicit: Mapping[int, str],
+                 lines: dict[str, int] | None) -> dict[str, Any]:
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
         return {}
     if not isinstance(root, yaml.MappingNode):
         raise SpecError(f"spec file {path} must be a mapping of keys to values (see `dispatch open --help`)")
-    doc = _File(path, loader.explicit)
+    doc = _File(path, explicit)
     if lines is not None:
         doc.lines = lines
     out: dict[str, Any] = {}
