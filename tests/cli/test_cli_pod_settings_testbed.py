@@ -203,5 +203,5 @@ def test_a_whole_manifest_is_opened_and_runs_as_a_dispatch_object(writer: tuple[
     assert (labels["dispatch.phpboyscout.uk/job-id"], labels["dispatch.phpboyscout.uk/submission"]) == (
         "kept", submission)
     env = {e["name"]: e.get("valueFrom") for c in pod["spec"]["containers"] if c["name"] == "node" for e in c["env"]}
-    assert env["DISPATCH_ADMISSION"] == {"fieldRef": {"apiVersion": "v1",
-                                                      "fieldPath": "metadata.labels['dispatch.phpboyscout.uk/admission']"}}
+    field = "metadata.labels['dispatch.phpboyscout.uk/admission']"
+    assert env["DISPATCH_ADMISSION"] == {"fieldRef": {"apiVersion": "v1", "fieldPath": field}}
