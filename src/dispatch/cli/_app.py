@@ -211,7 +211,8 @@ def open_(
     ctx: typer.Context,
     spec_file: Annotated[
         Path | None,
-        typer.Option("--file", "-f", help="YAML spec file, or a whole TrainJob manifest brought under dispatch as enrolment would ('-' for stdin); flags override a spec file's values."),
+        typer.Option("--file", "-f", help="YAML spec file, or a whole TrainJob manifest brought under dispatch as "
+                     "enrolment would ('-' for stdin); flags override a spec file's values."),
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="The logical job (a label value).")] = None,
     submission: Annotated[
