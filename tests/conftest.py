@@ -36,24 +36,10 @@ def reader(cluster: FakeCluster) -> Iterator[Adapter]:
 
 
 def keeper_pass(cluster: FakeCluster) -> dict[str, str]:
-    """One pass of the controller's finalizer keeper (the shipped controller role) over every pod: dispatch's
-    pod finalizer is freed by the controller alone (the writer role may not patch pods, issue 25)."""
-    import asyncio
+    """One pass of the controller's finalizer keeper over every pod (``dispatch.controller.testing``)."""
+    from dispatch.controller.testing import keeper_pass as one_pass
 
-    from dispatch import _kube as k
-    from dispatch.controller._finalizers import FinalizerKeeper
-    from dispatch.controller._metrics import Metrics
-
-    async def go() -> dict[str, str]:
-        kube = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
-        keeper = FinalizerKeeper(kube, Metrics.create())
-        try:
-            keeper.list_pods(cluster.server.objects("", "pods"))
-            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
-        finally:
-            await kube.aclose()
-
-    return asyncio.run(go())
+    return one_pass(cluster, settle=False)
 
 
 @pytest.fixture

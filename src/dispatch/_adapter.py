@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import httpx2
 
 from . import _decision as d
+from . import _enrol as enr
 from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
@@ -30,9 +31,10 @@ from ._core import Core
 from ._follow import Follower, Selection, selections
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
+from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
-from .errors import Conflict, FieldCause, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+from .errors import Conflict, FieldCause, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -231,18 +233,58 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        replicated, warning = await self.core.runtime_jobs(spec)
-        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        body, warning = await self._body(spec, name)
         if spec.termination_grace_period_seconds is not None:
             await self.core.check_grace_kept(body)
-        if not hold and spec.queue is None:
+        return await self._create(body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
+                                  warning=warning)
+
+    async def open_manifest(self, manifest: Mapping[str, Any], *, hold: bool = True) -> Status:
+        """Create a whole TrainJob manifest as dispatch's, exactly as enrolment brings a TrainJob created in
+        an enrolled namespace under dispatch (``_enrol.enrol``: identity labels, A=0, the identity env
+        variables, dispatch's runtime patch entry, suspended), then as ``open`` does (the submission
+        claimed, held unless ``hold`` is False). What enrolment refuses is refused naming the field, and
+        so is a manifest that is not a TrainJob of this namespace; nothing else of it is changed.
+
+        The job-id is the ``job-id`` label, else the name; the submission the ``submission`` label, else a
+        fresh UUID (as enrolment takes its admission request's uid), so opening one manifest twice makes two
+        submissions (the second refused while the name is taken)."""
+        self._writer("open")
+        body, job_id, submission = await self._manifest_body(manifest)
+        kueue = bool(labels_of(body).get(n.KUEUE_QUEUE_LABEL))
+        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warning=None)
+
+    async def open_manifest_dry_run(self, manifest: Mapping[str, Any], *, server: bool = True) -> dict[str, Any]:
+        """The TrainJob ``open_manifest`` would create, and nothing written (as ``open_dry_run``)."""
+        if server:
+            self._writer("open")
+        body, _, _ = await self._manifest_body(manifest)
+        return await self._dry_create(body) if server else body
+
+    async def _manifest_body(self, manifest: Mapping[str, Any]) -> tuple[Obj, str, str]:
+        """(the body, job-id, submission) of a TrainJob manifest brought under dispatch by ``_enrol.enrol``."""
+        problems = enr.manifest_problems(manifest, self.namespace)
+        n.check([FieldCause(field, message, "FieldValueInvalid") for field, message in problems])
+        ref = enr.runtime_ref(manifest)
+        runtime = await self.core.runtime_or_none(*ref) if ref is not None else None
+        got = enr.enrol(manifest, str(uuid.uuid4()), runtime)
+        if got.denial is not None:
+            raise InvalidInput(got.denial.replace("cannot be enrolled in dispatch", "cannot be opened by dispatch"),
+                               reason="Invalid")
+        return enr.apply_patch(manifest, got.patch), got.job_id, got.submission
+
+    async def _create(self, body: Obj, name: str, job_id: str, submission: str, *, hold: bool,
+                      warning: str | None) -> Status:
+        """``open``'s writes after its body is built: the submission claimed, the TrainJob created, and
+        (``hold`` False) released through the same check as ``release``."""
+        if not hold:
             # An earlier object of the same name or submission may still have pods: refuse before writing
             # anything (release reads again before it admits).
-            target = Target(name, spec.job_id, spec.submission)
+            target = Target(name, job_id, submission)
             verdict = (await self.core.read_one(target)).verdict(target)
             if verdict.remaining:
                 raise _pods_remain(name, verdict)
-        record = await self.core.claim(spec.job_id, spec.submission, name)
+        record = await self.core.claim(job_id, submission, name)
         try:
             created = tr.TrainJobView.from_obj(await self._kube.create(k.TRAINJOBS, body))
         except NotFound as exc:
@@ -254,12 +296,19 @@ class AsyncAdapter:
                 raise Refused(f"trainjob {name} already exists in namespace {self.namespace}; choose another "
                               "name or submission", reason="AlreadyExists", code=exc.code) from exc
             raise
-        if hold or spec.queue is not None:
+        if hold:
             return self._status(created, d.Verdict((), ()), warnings=[warning])
         await self.release(name)
         status = await self.inspect(name)
         return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
                                                                          *status.warnings])))
+
+    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, str | None]:
+        """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
+        warning; what of the spec the runtime cannot take is refused naming the field, before any write."""
+        shape, warning = await self.core.runtime_shape(spec)
+        n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
+        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warning
 
     async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
@@ -271,12 +320,15 @@ class AsyncAdapter:
         name = validate_spec(spec)
         if server:
             self._writer("open")
-        replicated, _ = await self.core.runtime_jobs(spec)
-        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        body, _ = await self._body(spec, name)
         if not server:
             return body
         if spec.termination_grace_period_seconds is not None:
             await self.core.check_grace_kept(body)
+        return await self._dry_create(body)
+
+    async def _dry_create(self, body: Obj) -> dict[str, Any]:
+        name = name_of(body)
         try:
             return await self._kube.create(k.TRAINJOBS, body, dry_run=True)
         except NotFound as exc:
@@ -631,6 +683,12 @@ class Adapter:
 
     def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         return self._run(self._async.open_dry_run(spec, server=server))
+
+    def open_manifest(self, manifest: Mapping[str, Any], *, hold: bool = True) -> Status:
+        return self._run(self._async.open_manifest(manifest, hold=hold))
+
+    def open_manifest_dry_run(self, manifest: Mapping[str, Any], *, server: bool = True) -> dict[str, Any]:
+        return self._run(self._async.open_manifest_dry_run(manifest, server=server))
 
     def ceased(self, name: str) -> Cessation:
         return self._run(self._async.ceased(name))

@@ -28,7 +28,8 @@ both identity labels and dispatch's entry (``dispatch open``) is left exactly as
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,8 @@ from ._names import (
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     PATCH_MANAGER,
+    TRAINER_GROUP,
+    TRAINER_VERSION,
     label_value_problem,
 )
 from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs
@@ -276,3 +279,72 @@ def collision(name: str, job_id: str, submission: str, holder: str, live: list[s
             f"is held by trainjob {others[0]}; one submission is one object: set another "
             f"{_label_field(LABEL_SUBMISSION)} (or leave it out: enrolment then takes a fresh one)")
 
+
+# --------------------------------------------------------------------------- open -f trainjob.yaml
+
+SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds",
+                 "generation", "managedFields", "selfLink")
+"""Metadata the API server sets: a manifest carrying them was read from a cluster, and a create would
+refuse some and silently drop the others."""
+
+
+def manifest_problems(obj: object, namespace: str) -> list[tuple[str, str]]:
+    """Why a TrainJob manifest cannot be opened in ``namespace``, as (field, message) pairs; empty if it can.
+
+    Only what ``dispatch open`` needs of the manifest is checked here (what it is, where it goes, a name to
+    claim the submission for); what enrolment refuses is ``enrol``'s, and the rest of the object is the
+    API server's and Trainer's to validate, as for ``kubectl create``."""
+    if not isinstance(obj, Mapping):
+        return [("manifest", f"must be a TrainJob object (a mapping), not {type(obj).__name__}")]
+    out: list[tuple[str, str]] = []
+    want = f"{TRAINER_GROUP}/{TRAINER_VERSION}"
+    if obj.get("apiVersion") != want:
+        out.append(("apiVersion", f"must be {want} (got {obj.get('apiVersion')!r})"))
+    if obj.get("kind") != "TrainJob":
+        out.append(("kind", f"must be TrainJob (got {obj.get('kind')!r}); dispatch open -f takes a TrainJob "
+                            "manifest or a dispatch spec file"))
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        out.append(("metadata", "must be an object with at least a name"))
+        return out
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        hint = (" (generateName is not taken: the submission is claimed for a name before the TrainJob exists)"
+                if meta.get("generateName") else "")
+        out.append(("metadata.name", f"must be set{hint}"))
+    ns = meta.get("namespace")
+    if ns is not None and ns != namespace:
+        out.append(("metadata.namespace", f"is {ns!r}, not the namespace {namespace!r} it would be created in; "
+                                          "remove it or pass -n"))
+    for key in SERVER_FIELDS:
+        if key in meta:
+            out.append((f"metadata.{key}", "is set by the API server; remove it (was the manifest read from a "
+                                           "cluster?)"))
+    if "status" in obj:
+        out.append(("status", "is written by Trainer, not by a create; remove it"))
+    if not isinstance(obj.get("spec"), Mapping):
+        out.append(("spec", "must be an object"))
+    return out
+
+
+def _pointer_tokens(path: str) -> list[str]:
+    return [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+
+
+def apply_patch(obj: Mapping[str, Any], ops: Sequence[Obj]) -> Obj:
+    """``obj`` with a JSONPatch of ``add`` operations applied (all that ``enrol`` answers), as the API server
+    applies a mutating webhook's answer; ``obj`` itself is not changed."""
+    out: Obj = copy.deepcopy(dict(obj))
+    for op in ops:
+        if op.get("op") != "add":
+            raise ValueError(f"only add operations are applied, not {op.get('op')!r}")
+        *parents, last = _pointer_tokens(str(op["path"]))
+        target: Any = out
+        for token in parents:
+            target = target[int(token)] if isinstance(target, list) else target[token]
+        value = copy.deepcopy(op["value"])
+        if isinstance(target, list):
+            target.append(value) if last == "-" else target.insert(int(last), value)
+        else:
+            target[last] = value
+    return out

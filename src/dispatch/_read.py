@@ -265,6 +265,12 @@ class Reader:
     async def runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
         """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
         (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
+        shape, warning = await self.runtime_shape(spec)
+        return list(shape.jobs), warning
+
+    async def runtime_shape(self, spec: JobSpec) -> tuple[tr.RuntimeShape, str | None]:
+        """The runtime's ``RuntimeShape`` (its jobs, containers, volumes and mounts) and the warning of
+        ``runtime_jobs``."""
         res = api.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
         try:
             runtime = await self.kube.get(res, spec.runtime)
@@ -276,11 +282,22 @@ class Reader:
                 + (" in namespace " + self.namespace if res.namespaced else ""),
                 reason=exc.reason, code=exc.code, causes=[FieldCause("runtime", "not found", "NotFound")],
             ) from exc
-        names = tr.runtime_jobs(runtime)
-        if not names:
+        shape = tr.runtime_shape(runtime)
+        if not shape.jobs:
             raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
-        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+        return shape, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
                                                     tr.runtime_replacement_policies(runtime))
+
+    async def runtime_or_none(self, kind: str, name: str) -> Obj | None:
+        """The (Cluster)TrainingRuntime ``kind``/``name`` as served, or None if it does not exist (what
+        enrolment's ``enrol`` takes); a cluster without Trainer is named."""
+        res = api.CLUSTER_RUNTIMES if kind == "ClusterTrainingRuntime" else api.RUNTIMES
+        try:
+            return await self.kube.get(res, name)
+        except NotServed as exc:
+            raise not_served(exc, TRAINER_MISSING) from exc
+        except NotFound:
+            return None
 
     async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
         """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""

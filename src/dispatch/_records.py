@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status"]
+__all__ = ["Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status", "Toleration",
+           "Volume"]
 
 
 class State(enum.StrEnum):
@@ -178,6 +179,50 @@ class Cessation:
 
 
 @dataclass(frozen=True)
+class Volume:
+    """A volume mounted at ``mount_path`` in the trainer container (Trainer's ``node``) of every pod that has
+    one: above all the checkpoint volume the promise protects, a PersistentVolumeClaim (``claim``).
+
+    Exactly one source: ``claim`` (a PVC's name), ``config_map``, ``secret`` (their names) or
+    ``empty_dir``. ``sub_path`` mounts one path inside the volume (relative, no ``..``)."""
+
+    name: str
+    mount_path: str
+    claim: str | None = None
+    config_map: str | None = None
+    secret: str | None = None
+    empty_dir: bool = False
+    read_only: bool = False
+    sub_path: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the spec file writes it (camelCase keys, unset ones left out)."""
+        out: dict[str, Any] = {"name": self.name, "mountPath": self.mount_path}
+        for key, value in (("claim", self.claim), ("configMap", self.config_map), ("secret", self.secret),
+                           ("subPath", self.sub_path)):
+            if value is not None:
+                out[key] = value
+        if self.empty_dir:
+            out["emptyDir"] = True
+        if self.read_only:
+            out["readOnly"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A pod toleration, as Kubernetes spells it (``operator`` ``Equal`` or ``Exists``; ``effect`` empty,
+    ``NoSchedule``, ``PreferNoSchedule`` or ``NoExecute``; ``seconds`` is ``tolerationSeconds``, NoExecute
+    only)."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+    seconds: int | None = None
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """What ``open`` needs to create a TrainJob.
 
@@ -204,3 +249,11 @@ class JobSpec:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     """A node selector for every pod (through dispatch's runtime patch)."""
     termination_grace_period_seconds: int | None = None
+    volumes: Sequence[Volume] = ()
+    """Volumes mounted in every trainer container (the checkpoint volume: ``Volume(..., claim=...)``)."""
+    tolerations: Sequence[Toleration] = ()
+    """Tolerations of every pod."""
+    service_account: str | None = None
+    """The ServiceAccount every pod runs as (None: the runtime's, else the namespace's default)."""
+    image_pull_secrets: Sequence[str] = ()
+    """Names of Secrets every pod pulls its images with."""

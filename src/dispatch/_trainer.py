@@ -9,7 +9,7 @@ server-side-apply body that raises A, and capability checks such as the grace-pe
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -28,7 +28,7 @@ from ._names import (
     PATCH_MANAGER,
     TRAINER_GROUP,
 )
-from ._records import Identity, JobSpec, State
+from ._records import Identity, JobSpec, State, Toleration, Volume
 from ._views import (
     POD_FINALIZER,
     Ref,
@@ -191,6 +191,51 @@ class TrainJobView:
 # --------------------------------------------------------------------------- bodies
 
 
+TRAINER_CONTAINER = "node"
+"""The trainer container's name in Trainer's runtimes (its ``constants.Node``): Trainer puts
+``spec.trainer``'s env and resources there, and dispatch mounts the user's volumes there."""
+
+
+@dataclass(frozen=True)
+class RuntimeShape:
+    """What ``open`` needs to know of a (Cluster)TrainingRuntime: its replicatedJobs and, per job, its
+    containers' names with the volume names and mount paths its pod template already has (so a volume of
+    the spec that would collide is refused before anything is written, not when JobSet makes the pods)."""
+
+    jobs: tuple[str, ...]
+    containers: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    volumes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Volume names of each job's pod template."""
+    mounts: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Mount paths of each job's trainer container."""
+
+    @property
+    def trainer_jobs(self) -> tuple[str, ...]:
+        """The replicatedJobs whose pods have the trainer container (where volumes are mounted)."""
+        return tuple(job for job in self.jobs if TRAINER_CONTAINER in self.containers.get(job, ()))
+
+
+def runtime_shape(runtime: Obj) -> RuntimeShape:
+    """A runtime's ``RuntimeShape``."""
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    jobs: list[str] = []
+    containers: dict[str, tuple[str, ...]] = {}
+    volumes: dict[str, tuple[str, ...]] = {}
+    mounts: dict[str, tuple[str, ...]] = {}
+    for rj in items(spec.get("replicatedJobs")):
+        job = text(rj.get("name"))
+        if not job:
+            continue
+        jobs.append(job)
+        pod = mapping(mapping(mapping(mapping(rj.get("template")).get("spec")).get("template")).get("spec"))
+        found = items(pod.get("containers"))
+        containers[job] = tuple(text(c.get("name")) for c in found if text(c.get("name")))
+        volumes[job] = tuple(text(v.get("name")) for v in items(pod.get("volumes")) if text(v.get("name")))
+        mounts[job] = tuple(text(m.get("mountPath")) for c in found if text(c.get("name")) == TRAINER_CONTAINER
+                            for m in items(c.get("volumeMounts")) if text(m.get("mountPath")))
+    return RuntimeShape(tuple(jobs), containers, volumes, mounts)
+
+
 def runtime_jobs(runtime: Obj) -> list[str]:
     """The replicatedJob names of a (Cluster)TrainingRuntime."""
     spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
@@ -228,25 +273,88 @@ def identity_env() -> list[Obj]:
             for var, label in ENV_FROM_LABELS]
 
 
-def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec | None = None) -> Obj:
+def volume_body(volume: Volume) -> Obj:
+    """A ``Volume`` as a pod's ``volumes`` entry."""
+    source: Obj
+    if volume.claim is not None:
+        source = {"persistentVolumeClaim": {"claimName": volume.claim}}
+        if volume.read_only:
+            source["persistentVolumeClaim"]["readOnly"] = True
+    elif volume.config_map is not None:
+        source = {"configMap": {"name": volume.config_map}}
+    elif volume.secret is not None:
+        source = {"secret": {"secretName": volume.secret}}
+    else:
+        source = {"emptyDir": {}}
+    return {"name": volume.name, **source}
+
+
+def mount_body(volume: Volume) -> Obj:
+    """A ``Volume`` as a container's ``volumeMounts`` entry."""
+    out: Obj = {"name": volume.name, "mountPath": volume.mount_path}
+    if volume.read_only:
+        out["readOnly"] = True
+    if volume.sub_path is not None:
+        out["subPath"] = volume.sub_path
+    return out
+
+
+def toleration_body(toleration: Toleration) -> Obj:
+    """A ``Toleration`` as a pod's ``tolerations`` entry (empty fields left out, as the API prints them)."""
+    out: Obj = {}
+    if toleration.key:
+        out["key"] = toleration.key
+    out["operator"] = toleration.operator
+    if toleration.value:
+        out["value"] = toleration.value
+    if toleration.effect:
+        out["effect"] = toleration.effect
+    if toleration.seconds is not None:
+        out["tolerationSeconds"] = toleration.seconds
+    return out
+
+
+def _pod_spec(spec: JobSpec, trainer_job: bool) -> Obj:
+    """The pod spec settings of ``spec`` for one replicatedJob (volumes only where the trainer runs)."""
+    pod_spec: Obj = {}
+    if spec.termination_grace_period_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.service_account is not None:
+        pod_spec["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": secret} for secret in spec.image_pull_secrets]
+    if spec.tolerations:
+        pod_spec["tolerations"] = [toleration_body(t) for t in spec.tolerations]
+    if spec.volumes and trainer_job:
+        pod_spec["volumes"] = [volume_body(v) for v in spec.volumes]
+        pod_spec["containers"] = [{"name": TRAINER_CONTAINER, "volumeMounts": [mount_body(v) for v in spec.volumes]}]
+    return pod_spec
+
+
+def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobSpec | None = None,
+                trainer_jobs: Collection[str] = ()) -> Obj:
     """dispatch's own runtime patch entry: identity labels, dispatch's pod finalizer (so a pod that may
     still run stays in the API even after a force delete, until dispatch proves its end) and the user's
-    pod settings, per replicatedJob. ``spec`` None: no pod settings (an enrolled TrainJob's entry, which
-    is otherwise exactly what ``open`` writes)."""
-    pod_template: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
-    if spec is not None and spec.pod_annotations:
-        pod_template["metadata"]["annotations"] = dict(spec.pod_annotations)
-    pod_spec: Obj = {}
-    if spec is not None and spec.termination_grace_period_seconds is not None:
-        pod_spec["terminationGracePeriodSeconds"] = spec.termination_grace_period_seconds
-    if spec is not None and spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if pod_spec:
-        pod_template["spec"] = pod_spec
+    pod settings, per replicatedJob; the volumes go only to ``trainer_jobs`` (the jobs whose pods have
+    the trainer container they are mounted in). ``spec`` None: no pod settings (an enrolled TrainJob's
+    entry, which is otherwise exactly what ``open`` writes)."""
+    def template(job: str) -> Obj:
+        out: Obj = {"metadata": {"labels": dict(labels), "finalizers": [POD_FINALIZER]}}
+        if spec is None:
+            return out
+        if spec.pod_annotations:
+            out["metadata"]["annotations"] = dict(spec.pod_annotations)
+        pod_spec = _pod_spec(spec, job in trainer_jobs)
+        if pod_spec:
+            out["spec"] = pod_spec
+        return out
+
     return {
         "manager": PATCH_MANAGER,
         "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-            {"name": rj, "template": {"spec": {"template": copy.deepcopy(pod_template)}}} for rj in replicated
+            {"name": rj, "template": {"spec": {"template": template(rj)}}} for rj in replicated
         ]}}},
     }
 
@@ -336,8 +444,9 @@ def labels_entry(manager: str, labels_by_job: Mapping[str, Mapping[str, str]]) -
 
 
 def trainjob_body(spec: JobSpec, name: str, namespace: str, replicated: Sequence[str], *, admission: int = 0,
-                  suspend: bool = True) -> Obj:
-    """The TrainJob ``open`` creates: identity labels, A, dispatch's runtime patch entry, suspended."""
+                  suspend: bool = True, trainer_jobs: Collection[str] = ()) -> Obj:
+    """The TrainJob ``open`` creates: identity labels, A, dispatch's runtime patch entry, suspended.
+    ``trainer_jobs``: the replicatedJobs whose pods mount ``spec.volumes`` (``RuntimeShape.trainer_jobs``)."""
     labels = dict(spec.labels)
     labels.update(identity_labels(spec.job_id, spec.submission))
     if spec.queue:
@@ -373,7 +482,7 @@ def trainjob_body(spec: JobSpec, name: str, namespace: str, replicated: Sequence
             "suspend": suspend,
             "trainer": trainer,
             "runtimePatches": [patch_entry(replicated, identity_labels(spec.job_id, spec.submission, admission),
-                                           spec)],
+                                           spec, trainer_jobs)],
         },
     }
 

@@ -9,14 +9,15 @@ read the message; and because Python's duck typing would otherwise turn a wrong 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from . import _names as n
-from ._records import JobSpec
-from ._trainer import ENV_FROM_LABELS, ENV_PREFIX
+from ._records import JobSpec, Toleration, Volume
+from ._trainer import ENV_FROM_LABELS, ENV_PREFIX, TRAINER_CONTAINER, RuntimeShape
 from .errors import FieldCause
 
 _QUALIFIED_NAME_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
@@ -346,6 +347,189 @@ def _node_selector(problems: Problems, spec: JobSpec) -> None:
             _bad(problems, field, f"{value!r} is not a valid label value: {problem}")
 
 
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_OPERATORS = ("Equal", "Exists")
+MAX_VOLUMES = 128
+"""Trainer's CRD: at most 128 volumes, mounts and tolerations in a runtime patch; 64 image pull secrets."""
+MAX_PULL_SECRETS = 64
+
+
+def _dns_label(problems: Problems, field: str, value: str, what: str) -> None:
+    """A DNS-1123 label (a volume's name): lowercase alphanumerics and '-', at most 63."""
+    if not value:
+        _bad(problems, field, "must not be empty", "FieldValueRequired")
+    elif len(value) > 63 or n.dns1123_subdomain_problem(value) or "." in value:
+        _bad(problems, field, f"{value!r} is not a valid {what}: lowercase letters, digits and '-', starting and "
+             "ending with a letter or digit, at most 63 characters")
+
+
+def _object_name(problems: Problems, field: str, value: object, what: str) -> str | None:
+    """The name of an object the pods refer to (a claim, a Secret): a DNS-1123 subdomain."""
+    name = _text(problems, field, value)
+    if name is None:
+        return None
+    if not name:
+        _bad(problems, field, f"must not be empty: the {what}'s name", "FieldValueRequired")
+    elif problem := n.dns1123_subdomain_problem(name):
+        _bad(problems, field, f"{name!r} is not a valid {what} name: {problem}")
+    return name
+
+
+def _relative_path(problems: Problems, field: str, value: str) -> None:
+    if not value:
+        _bad(problems, field, "must not be empty; leave it unset to mount the whole volume", "FieldValueRequired")
+    elif value.startswith("/"):
+        _bad(problems, field, f"{value!r} must be a relative path inside the volume")
+    elif ".." in value.split("/"):
+        _bad(problems, field, f"{value!r} must not contain '..'")
+    else:
+        _no_control(problems, field, value)
+
+
+def _volumes(problems: Problems, spec: JobSpec) -> None:
+    """Each volume: a valid unique name, an absolute unique mount path, exactly one source."""
+    volumes = spec.volumes
+    if isinstance(volumes, str | bytes | Mapping) or not isinstance(volumes, Sequence):
+        _bad(problems, "volumes", f"must be a list of dispatch.Volume (got {type(volumes).__name__})",
+             "FieldValueTypeInvalid")
+        return
+    if len(volumes) > MAX_VOLUMES:
+        _bad(problems, "volumes", f"{len(volumes)} volumes, more than Trainer's {MAX_VOLUMES}", "FieldValueTooMany")
+    names: set[str] = set()
+    paths: set[str] = set()
+    for i, volume in enumerate(volumes):
+        field = f"volumes[{i}]"
+        if not isinstance(volume, Volume):
+            _bad(problems, field, f"must be a dispatch.Volume (got {type(volume).__name__})", "FieldValueTypeInvalid")
+            continue
+        name = _text(problems, f"{field}.name", volume.name)
+        if name is not None:
+            _dns_label(problems, f"{field}.name", name, "volume name")
+            if name in names:
+                _bad(problems, f"{field}.name", f"{name!r} is given twice", "FieldValueDuplicate")
+            names.add(name)
+        path = _text(problems, f"{field}.mount_path", volume.mount_path)
+        if path is not None:
+            if not path.startswith("/"):
+                _bad(problems, f"{field}.mount_path", f"{path!r} must be an absolute path (starting with '/')"
+                     if path else "must not be empty", "FieldValueInvalid" if path else "FieldValueRequired")
+            elif ":" in path:
+                _bad(problems, f"{field}.mount_path", f"{path!r} must not contain ':'")
+            else:
+                _no_control(problems, f"{field}.mount_path", path)
+                normal = path.rstrip("/") or "/"
+                if normal in paths:
+                    _bad(problems, f"{field}.mount_path", f"{path!r} is mounted twice", "FieldValueDuplicate")
+                paths.add(normal)
+        sources = [key for key, given in (("claim", volume.claim is not None),
+                                          ("config_map", volume.config_map is not None),
+                                          ("secret", volume.secret is not None),
+                                          ("empty_dir", volume.empty_dir is not False)) if given]
+        if len(sources) != 1:
+            _bad(problems, field, "must have exactly one source: claim, config_map, secret or empty_dir (got "
+                 + (", ".join(sources) if sources else "none") + ")",
+                 "FieldValueRequired" if not sources else "FieldValueForbidden")
+        for key, what in (("claim", "PersistentVolumeClaim"), ("config_map", "ConfigMap"), ("secret", "Secret")):
+            if getattr(volume, key) is not None:
+                _object_name(problems, f"{field}.{key}", getattr(volume, key), what)
+        for key in ("empty_dir", "read_only"):
+            if not isinstance(getattr(volume, key), bool):
+                _bad(problems, f"{field}.{key}", f"must be a bool (got {_kind(getattr(volume, key))})",
+                     "FieldValueTypeInvalid")
+        if volume.sub_path is not None:
+            sub = _text(problems, f"{field}.sub_path", volume.sub_path)
+            if sub is not None:
+                _relative_path(problems, f"{field}.sub_path", sub)
+
+
+def _tolerations(problems: Problems, spec: JobSpec) -> None:
+    """The API server's rules for tolerations (``ValidateTolerations``), checked before any request."""
+    tolerations = spec.tolerations
+    if isinstance(tolerations, str | bytes | Mapping) or not isinstance(tolerations, Sequence):
+        _bad(problems, "tolerations", f"must be a list of dispatch.Toleration (got {type(tolerations).__name__})",
+             "FieldValueTypeInvalid")
+        return
+    if len(tolerations) > MAX_VOLUMES:
+        _bad(problems, "tolerations", f"{len(tolerations)} tolerations, more than Trainer's {MAX_VOLUMES}",
+             "FieldValueTooMany")
+    for i, tol in enumerate(tolerations):
+        field = f"tolerations[{i}]"
+        if not isinstance(tol, Toleration):
+            _bad(problems, field, f"must be a dispatch.Toleration (got {type(tol).__name__})", "FieldValueTypeInvalid")
+            continue
+        key = _text(problems, f"{field}.key", tol.key)
+        operator = _text(problems, f"{field}.operator", tol.operator)
+        value = _text(problems, f"{field}.value", tol.value)
+        effect = _text(problems, f"{field}.effect", tol.effect)
+        if key and (problem := qualified_name_problem(key)):
+            _bad(problems, f"{field}.key", f"key {key!r} {problem}")
+        if operator is not None and operator not in _OPERATORS:
+            _bad(problems, f"{field}.operator", f"must be Equal or Exists (got {operator!r})", "FieldValueNotSupported")
+        elif operator == "Exists" and value:
+            _bad(problems, f"{field}.value", f"must be empty when the operator is Exists (got {value!r})")
+        elif operator == "Equal" and value is not None and (problem := n.label_value_problem(value)):
+            _bad(problems, f"{field}.value", f"{value!r} is not a valid label value: {problem}")
+        if key == "" and operator == "Equal":
+            _bad(problems, f"{field}.operator", "must be Exists when the key is empty (an empty key with Exists "
+                 "tolerates every taint)")
+        if effect is not None and effect and effect not in _EFFECTS:
+            _bad(problems, f"{field}.effect", f"must be empty, {', '.join(_EFFECTS)} (got {effect!r})",
+                 "FieldValueNotSupported")
+        if tol.seconds is not None:
+            _int(problems, f"{field}.seconds", tol.seconds, -(2**63), INT64_MAX, "int64")
+            if effect != "NoExecute":
+                _bad(problems, f"{field}.seconds", "is taken only with the effect NoExecute (tolerationSeconds)",
+                     "FieldValueForbidden")
+
+
+def _pod_identity(problems: Problems, spec: JobSpec) -> None:
+    """The service account and image pull secrets: names of objects of the namespace."""
+    if spec.service_account is not None:
+        _object_name(problems, "service_account", spec.service_account, "ServiceAccount")
+    secrets = spec.image_pull_secrets
+    if isinstance(secrets, str | bytes) or not isinstance(secrets, Sequence):
+        _bad(problems, "image_pull_secrets", "must be a list of Secret names"
+             + (f", not one string (pass [{secrets!r}])" if isinstance(secrets, str) else
+                f" (got {type(secrets).__name__})"), "FieldValueTypeInvalid")
+        return
+    if len(secrets) > MAX_PULL_SECRETS:
+        _bad(problems, "image_pull_secrets", f"{len(secrets)} secrets, more than Trainer's {MAX_PULL_SECRETS}",
+             "FieldValueTooMany")
+    seen: set[str] = set()
+    for i, secret in enumerate(secrets):
+        name = _object_name(problems, f"image_pull_secrets[{i}]", secret, "Secret")
+        if name:
+            if name in seen:
+                _bad(problems, f"image_pull_secrets[{i}]", f"{name!r} is given twice", "FieldValueDuplicate")
+            seen.add(name)
+
+
+def runtime_problems(spec: JobSpec, shape: RuntimeShape, runtime: str) -> Problems:
+    """What of ``spec`` the runtime cannot take: volumes with no trainer container to mount them in, or
+    whose name or mount path the runtime's pod template already uses (JobSet would fail to make the pods,
+    later, with nobody there to read why)."""
+    problems: Problems = []
+    if not spec.volumes:
+        return problems
+    jobs = shape.trainer_jobs
+    if not jobs:
+        _bad(problems, "volumes", f"{runtime} has no container named {TRAINER_CONTAINER!r} (Trainer's trainer "
+             "container) to mount them in", "FieldValueNotSupported")
+        return problems
+    for i, volume in enumerate(spec.volumes):
+        for job in jobs:
+            if volume.name in shape.volumes.get(job, ()):
+                _bad(problems, f"volumes[{i}].name", f"{volume.name!r} is a volume of {runtime}'s job {job} already; "
+                     "choose another name", "FieldValueDuplicate")
+                break
+            normal = volume.mount_path.rstrip("/") or "/"
+            if normal in {m.rstrip("/") or "/" for m in shape.mounts.get(job, ())}:
+                _bad(problems, f"volumes[{i}].mount_path", f"{volume.mount_path!r} is mounted by {runtime}'s job "
+                     f"{job} already", "FieldValueDuplicate")
+                break
+    return problems
+
+
 def _texts(spec: JobSpec) -> Iterator[object]:
     """Every piece of text the TrainJob will carry, the same object as often as it is used."""
     yield from (spec.job_id, spec.submission, spec.name, spec.runtime, spec.image, spec.queue, spec.priority_class)
@@ -357,6 +541,15 @@ def _texts(spec: JobSpec) -> Iterator[object]:
             for key, value in mapping.items():
                 yield key
                 yield value
+    yield spec.service_account
+    lists: tuple[object, ...] = (spec.volumes, spec.tolerations, spec.image_pull_secrets)
+    for many in lists:
+        if isinstance(many, Sequence) and not isinstance(many, str | bytes):
+            for item in many:
+                if isinstance(item, Volume | Toleration):
+                    yield from (getattr(item, f.name) for f in dataclasses.fields(item))
+                else:
+                    yield item
 
 
 def _size(problems: Problems, spec: JobSpec) -> None:
@@ -396,6 +589,9 @@ def spec_problems(spec: Any) -> tuple[str, Problems]:
     _labels(problems, spec)
     _pod_annotations(problems, spec)
     _node_selector(problems, spec)
+    _volumes(problems, spec)
+    _tolerations(problems, spec)
+    _pod_identity(problems, spec)
     return name, problems
 
 

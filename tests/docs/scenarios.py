@@ -20,7 +20,7 @@ from dispatch import _names as n
 from dispatch._identity import record_name
 from dispatch.controller import Metrics, Reconciler
 from dispatch.controller._events import EventRecorder
-from dispatch.controller.testing import FakeKueue
+from dispatch.controller.testing import FakeKueue, keeper_pass
 from dispatch.testing import FakeCluster
 
 NODES = ("node-0", "node-1", "node-2", "node-3")
@@ -119,9 +119,10 @@ def lost_node_tainted() -> FakeCluster:
 
 
 def lost_node_collected() -> FakeCluster:
-    """lost-node-tainted after PodGC deleted the pod of the tainted node."""
+    """lost-node-tainted after the controller freed the pod (its end proven by the taint) and PodGC deleted it."""
     cluster = lost_node_tainted()
     cluster.settle()
+    keeper_pass(cluster)  # the installed controller frees it by itself
     return cluster
 
 
@@ -207,8 +208,10 @@ def _delete_record(cluster: FakeCluster) -> None:
 
 
 def record_missing() -> FakeCluster:
-    """llama-s1 ran as A=1 and was held; its pod is gone; then its identity record was deleted."""
+    """llama-s1 ran as A=1 and was held; its pod is gone (the controller freed it); then its identity record
+    was deleted."""
     cluster = held_gone()
+    keeper_pass(cluster)  # the installed controller frees it by itself
     _delete_record(cluster)
     return cluster
 

@@ -82,3 +82,22 @@ def test_every_page_is_built(site: Path) -> None:
         page = source.relative_to(ROOT / "docs").with_suffix("")
         built = site / page.parent / "index.html" if page.name == "index" else site / page / "index.html"
         assert built.exists(), f"docs/{page}.md was not built"
+
+
+def test_the_api_reference_starts_with_adapter_and_shows_real_label_keys(site: Path) -> None:
+    html = (site / "reference" / "api" / "index.html").read_text()
+    entries = re.findall(r'id="dispatch\.(\w+)"', html)
+    assert entries[:3] == ["Adapter", "AsyncAdapter", "JobSpec"], entries[:5]
+    import dispatch
+
+    for name in ("ENROL_LABEL", "LABEL_JOB_ID", "LABEL_ADMISSION", "POD_FINALIZER"):
+        assert f"{getattr(dispatch, name)}&#39;" in html, f"{name}'s value is not shown"
+    assert "{DOMAIN}" not in html
+
+
+def test_nothing_is_loaded_from_outside_the_site(site: Path) -> None:
+    """No script, stylesheet or image from a CDN: the site works air-gapped."""
+    for page in site.rglob("*.html"):
+        text = page.read_text()
+        outside = re.findall(r'<(?:script|link|img)[^>]+(?:src|href)="(https?:)?//[^"]+"', text)
+        assert not outside, f"{page.relative_to(site)} loads from outside: {outside}"

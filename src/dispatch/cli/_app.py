@@ -41,7 +41,17 @@ from ._output import (
     wide,
 )
 from ._release import release_once, release_wait
-from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, locate, parse_integer, parse_pairs
+from ._spec import (
+    EXAMPLE,
+    SpecError,
+    build_spec,
+    load_input,
+    locate,
+    parse_integer,
+    parse_pairs,
+    parse_toleration,
+    parse_volume,
+)
 from ._state import FORMATS, CliState, Output, Settings, parse_format
 from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT, parse_duration
 
@@ -201,7 +211,8 @@ def open_(
     ctx: typer.Context,
     spec_file: Annotated[
         Path | None,
-        typer.Option("--file", "-f", help="YAML spec file ('-' for stdin); flags override its values."),
+        typer.Option("--file", "-f", help="YAML spec file, or a whole TrainJob manifest brought under dispatch as "
+                     "enrolment would ('-' for stdin); flags override a spec file's values."),
     ] = None,
     job_id: Annotated[str | None, typer.Option("--job-id", help="The logical job (a label value).")] = None,
     submission: Annotated[
@@ -269,6 +280,30 @@ def open_(
         str | None, typer.Option("--grace-period", metavar="INTEGER",
                                  help="Pods' termination grace period, seconds (a plain decimal integer).")
     ] = None,
+    volume: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--volume", metavar="KEY=VALUE,...",
+            help="A volume mounted in the trainer container (repeatable): name=ckpt,claim=llama-ckpt,mountPath=/ckpt; "
+            "the source is claim=, configMap=, secret= or emptyDir; optional readOnly, subPath=.",
+        ),
+    ] = None,
+    toleration: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--toleration", metavar="KEY[=VALUE][:EFFECT[:SECONDS]]",
+            help="A toleration of every pod, written as kubectl taint writes a taint (repeatable); without =VALUE "
+            "the operator is Exists; '*' tolerates every taint.",
+        ),
+    ] = None,
+    service_account: Annotated[
+        str | None, typer.Option("--service-account", help="ServiceAccount every pod runs as.")
+    ] = None,
+    image_pull_secret: Annotated[
+        list[str] | None,
+        typer.Option("--image-pull-secret", metavar="NAME",
+                     help="Secret every pod pulls images with (repeatable, or comma-separated)."),
+    ] = None,
     hold: Annotated[
         bool,
         typer.Option("--hold/--no-hold", help="Create it held (default), or admit it at once through the check."),
@@ -286,7 +321,7 @@ def open_(
     state = _state(ctx, output, namespace)
     lines: dict[str, int] = {}
     try:
-        from_file = load_spec_file(spec_file, lines) if spec_file is not None else {}
+        from_file, manifest = load_input(spec_file, lines) if spec_file is not None else ({}, None)
         flags: dict[str, Any] = {
             "job_id": job_id,
             "submission": submission,
@@ -305,10 +340,24 @@ def open_(
             "queue": queue,
             "priority_class": priority,
             "termination_grace_period_seconds": parse_integer("--grace-period", grace_period),
+            "volumes": [parse_volume(v) for v in volume or []],
+            "tolerations": [parse_toleration(t) for t in toleration or []],
+            "service_account": service_account,
+            "image_pull_secrets": [name for item in image_pull_secret or [] for name in item.split(",")],
         }
-        spec = build_spec(from_file, flags)
+        if manifest is not None:
+            given = [option for option, value in zip(_SPEC_OPTIONS, flags.values(), strict=True)
+                     if value not in (None, [], {})]
+            if given:
+                raise SpecError(f"{spec_file} is a TrainJob manifest: {', '.join(given)} cannot be given with it "
+                                "(dispatch takes the manifest as written; edit it instead)")
+        else:
+            spec = build_spec(from_file, flags)
     except (SpecError, ValueError) as exc:
         raise typer.BadParameter(str(exc), ctx=ctx, param_hint="spec") from None
+    if manifest is not None:
+        _open_manifest(state, manifest, hold=hold, dry_run=dry_run)
+        return
     with guard(state):
         try:
             validate_spec(spec)  # here too, so that a value from the file is named by its file and line
@@ -329,6 +378,38 @@ def open_(
     def human() -> None:
         verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
         state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
+        show(state, status_grid([status], wide=wide(state)))
+
+    emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+
+
+_SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-kind", "--image", "--command",
+                 "--arg", "--nodes", "--resource", "--env", "--label", "--node-selector", "--pod-annotation",
+                 "--queue", "--priority", "--grace-period", "--volume", "--toleration", "--service-account",
+                 "--image-pull-secret")
+"""The options that build a spec, in the order ``open_`` gathers them (none may come with a manifest)."""
+
+
+def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry_run: str) -> None:
+    """``open -f trainjob.yaml``: the manifest brought under dispatch as enrolment would, then opened."""
+    with guard(state):
+        if dry_run != "none":
+            body = state.adapter().open_manifest_dry_run(manifest, server=dry_run == "server")
+        else:
+            status = state.adapter().open_manifest(manifest, hold=hold)
+    if dry_run != "none":
+        meta = body.get("metadata") or {}
+        shown = str(meta.get("name", ""))
+        emit(state, body, lambda: state.out.print(
+            f"{resource_name(TRAINJOBS, escape(shown))} opened ({dry_run} dry run; nothing written) in namespace "
+            f"{escape(str(meta.get('namespace') or state.adapter().namespace))}", highlight=False),
+            names=trainjob_names(shown))
+        return
+
+    def human() -> None:
+        verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
+        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)} as "
+                        f"{escape(status.identity.job_id)}/{escape(status.identity.submission)}")
         show(state, status_grid([status], wide=wide(state)))
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))

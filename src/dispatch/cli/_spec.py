@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from .._kubeconfig import yaml_problem
-from .._records import JobSpec
+from .._records import JobSpec, Toleration, Volume
 from .._validate import OBJECT_LIMIT, control_problem
 from ..errors import FieldCause, InvalidInput
 
@@ -35,9 +35,24 @@ SPEC_KEYS: dict[str, str] = {
     "podAnnotations": "pod_annotations",
     "nodeSelector": "node_selector",
     "terminationGracePeriodSeconds": "termination_grace_period_seconds",
+    "volumes": "volumes",
+    "tolerations": "tolerations",
+    "serviceAccount": "service_account",
+    "imagePullSecrets": "image_pull_secrets",
 }
+VOLUME_KEYS: dict[str, str] = {
+    "name": "name", "mountPath": "mount_path", "claim": "claim", "configMap": "config_map", "secret": "secret",
+    "emptyDir": "empty_dir", "readOnly": "read_only", "subPath": "sub_path",
+}
+"""A volume's keys in spec files and ``--volume`` (camelCase) -> ``Volume`` fields."""
+TOLERATION_KEYS: dict[str, str] = {
+    "key": "key", "operator": "operator", "value": "value", "effect": "effect", "tolerationSeconds": "seconds",
+}
+_BOOL_FIELDS = ("empty_dir", "read_only")
 _FIELDS = set(SPEC_KEYS.values())
 _MAPS = ("resources_per_node", "env", "labels", "pod_annotations", "node_selector")
+_LISTS = ("volumes", "tolerations", "image_pull_secrets")
+"""Fields whose flags add entries after the spec file's."""
 
 EXAMPLE = """\
 jobId: llama
@@ -52,6 +67,12 @@ env: {WANDB_MODE: offline}
 queue: lq            # Kueue mode; omit for plain mode
 priorityClass: high
 terminationGracePeriodSeconds: 30
+volumes:             # mounted in the trainer container; a PVC is the checkpoint volume
+  - {name: ckpt, mountPath: /ckpt, claim: llama-ckpt}
+tolerations:
+  - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+serviceAccount: trainer
+imagePullSecrets: [regcred]
 """
 
 
@@ -65,6 +86,8 @@ _STR = "tag:yaml.org,2002:str"
 _INT = "tag:yaml.org,2002:int"
 _SEQ = "tag:yaml.org,2002:seq"
 _MAP = "tag:yaml.org,2002:map"
+_BOOL = "tag:yaml.org,2002:bool"
+_FLOAT = "tag:yaml.org,2002:float"
 _INT_FIELDS = ("num_nodes", "termination_grace_period_seconds")
 _DECIMAL = re.compile(r"^-?(0|[1-9][0-9]*)$")
 """A plain decimal integer; the library says why a negative one is refused."""
@@ -267,6 +290,45 @@ class _File:
             return out
         raise SpecError(f"{self.where(node, field)} must be a list of strings or one string")
 
+    def boolean(self, node: yaml.Node, field: str) -> bool:
+        """``true`` or ``false`` as written (YAML 1.1's ``yes``/``on`` are refused, not read as true)."""
+        self.tag(node, field, "tag:yaml.org,2002:bool")
+        if isinstance(node, yaml.ScalarNode) and node.style is None and node.value in ("true", "false"):
+            self.spend(node, node.value)
+            return bool(node.value == "true")
+        written = node.value if isinstance(node, yaml.ScalarNode) else "a list or mapping"
+        raise SpecError(f"{self.where(node, field)} must be true or false, got {written!r}")
+
+    def records(self, node: yaml.Node, field: str, name: str, keys: Mapping[str, str],
+                required: Sequence[str] = ()) -> list[dict[str, Any]]:
+        """A list of mappings (volumes, tolerations) into keyword arguments, each key and entry's line noted
+        as the library names them (``volumes[0].mount_path``); an unknown key is refused naming it."""
+        self.note(name, node)
+        self.tag(node, field)
+        if not isinstance(node, yaml.SequenceNode):
+            raise SpecError(f"{self.where(node, field)} must be a list of mappings")
+        out = []
+        for i, item in enumerate(node.value):
+            where, named = f"{field}[{i}]", f"{name}[{i}]"
+            self.note(named, item)
+            entry: dict[str, Any] = {}
+            for key, value in self.mapping(item, where):
+                attr = keys.get(key)
+                if attr is None:
+                    raise SpecError(f"{self.where(value, where)}: unknown key {key!r} (known: {', '.join(keys)})")
+                self.note(f"{named}.{attr}", value)
+                if attr in _BOOL_FIELDS:
+                    entry[attr] = self.boolean(value, f"{where}.{key}")
+                elif attr == "seconds":
+                    entry[attr] = self.integer(value, f"{where}.{key}")
+                else:
+                    entry[attr] = self.text(value, f"{where}.{key}")
+            missing = [key for key in required if keys[key] not in entry]
+            if missing:
+                raise SpecError(f"{self.where(item, where)} needs {' and '.join(missing)}")
+            out.append(entry)
+        return out
+
     def str_map(self, node: yaml.Node, field: str, name: str) -> dict[str, str]:
         self.note(name, node)
         out = {}
@@ -292,6 +354,71 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
     A top-level key with no value counts as not given. ``lines`` receives the line of each field and
     entry, named as the library names them (``env[A]``), so its refusals can point into the file.
     """
+    return _spec_values(path, *_root(path), lines)
+
+
+def load_input(path: Path, lines: dict[str, int] | None = None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``open -f``'s file: (JobSpec keyword arguments, None) for a spec file, or ({}, the manifest) for a
+    whole TrainJob manifest (a mapping with ``apiVersion`` or ``kind`` at its top)."""
+    root, explicit = _root(path)
+    if isinstance(root, yaml.MappingNode) and any(
+            isinstance(k, yaml.ScalarNode) and k.value in ("apiVersion", "kind") for k, _ in root.value):
+        return {}, _manifest(_File(path, explicit), root)
+    return _spec_values(path, root, explicit, lines), None
+
+
+_YAML11_BOOLS = ("yes", "no", "on", "off", "y", "n")
+
+
+def _manifest(doc: _File, root: yaml.Node) -> dict[str, Any]:
+    """A TrainJob manifest's YAML into plain data, refusing what YAML would reshape rather than sending it.
+
+    The JSON the API server takes has no tags, no octal or sexagesimal numbers and only ``true``/``false``
+    as booleans; PyYAML reads YAML 1.1, where ``on`` is true and ``010`` is 8. Such a value, an explicit
+    tag other than the plain kinds (``!!binary``), a control character, or a key given twice is refused
+    naming its line; aliases count towards the object limit as they expand."""
+    def value(node: yaml.Node, field: str) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            return {key: value(item, f"{field}.{key}" if field else key)
+                    for key, item in doc.mapping(node, field or "manifest")}
+        if isinstance(node, yaml.SequenceNode):
+            doc.tag(node, field)
+            return [value(item, f"{field}[{i}]") for i, item in enumerate(node.value)]
+        assert isinstance(node, yaml.ScalarNode)
+        plain = node.style is None
+        doc.tag(node, field, node.tag if node.tag in (_STR, _INT, _NULL, _BOOL, _FLOAT) else _STR)
+        if not plain or node.tag == _STR or node.tag not in (_INT, _NULL, _BOOL, _FLOAT):
+            return doc.text(node, field)
+        doc.spend(node, node.value)
+        written = node.value
+        if node.tag == _NULL:
+            return None
+        if node.tag == _BOOL:
+            if written.lower() in _YAML11_BOOLS:
+                raise SpecError(f"{doc.where(node, field)} is {written!r}, a boolean in YAML 1.1 but text in JSON "
+                                "and YAML 1.2; write true or false, or quote it")
+            return written.lower() == "true"
+        if node.tag == _INT:
+            if integer_problem(written) is not None:
+                raise SpecError(f"{doc.where(node, field)} is {written!r}, which YAML 1.1 reads as a number other "
+                                "than it shows; write it in plain decimal, or quote it")
+            return int(written)
+        try:
+            number = float(written)
+        except ValueError:
+            number = float("nan")
+        if "_" in written or number != number or number in (float("inf"), float("-inf")):
+            raise SpecError(f"{doc.where(node, field)} is {written!r}, which is no JSON number; quote it if it is "
+                            "text")
+        return number
+
+    out = value(root, "")
+    assert isinstance(out, dict)
+    return out
+
+
+def _root(path: Path) -> tuple[yaml.Node | None, dict[int, str]]:
+    """The file's one YAML document, composed with its explicit tags noted and its expansion bounded."""
     try:
         text = _read(path)
     except OSError as exc:
@@ -308,11 +435,16 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
         raise SpecError(f"spec file {path} is not valid YAML: {yaml_problem(exc)}") from exc
     finally:
         loader.dispose()
+    return root, loader.explicit
+
+
+def _spec_values(path: Path, root: yaml.Node | None, explicit: Mapping[int, str],
+                 lines: dict[str, int] | None) -> dict[str, Any]:
     if root is None or (isinstance(root, yaml.ScalarNode) and root.tag == _NULL):
         return {}
     if not isinstance(root, yaml.MappingNode):
         raise SpecError(f"spec file {path} must be a mapping of keys to values (see `dispatch open --help`)")
-    doc = _File(path, loader.explicit)
+    doc = _File(path, explicit)
     if lines is not None:
         doc.lines = lines
     out: dict[str, Any] = {}
@@ -325,6 +457,14 @@ def load_spec_file(path: Path, lines: dict[str, int] | None = None) -> dict[str,
         if isinstance(node, yaml.ScalarNode) and node.tag == _NULL and node.style is None:
             continue
         if field in ("command", "args"):
+            out[field] = doc.str_list(node, key, field)
+        elif field == "volumes":
+            out[field] = [Volume(**v) for v in doc.records(node, key, field, VOLUME_KEYS, ("name", "mountPath"))]
+        elif field == "tolerations":
+            out[field] = [Toleration(**t) for t in doc.records(node, key, field, TOLERATION_KEYS)]
+        elif field == "image_pull_secrets":
+            if not isinstance(node, yaml.SequenceNode):
+                raise SpecError(f"{doc.where(node, key)} must be a list of Secret names")
             out[field] = doc.str_list(node, key, field)
         elif field in _MAPS:
             out[field] = doc.str_map(node, key, field)
@@ -368,6 +508,53 @@ def parse_pairs(option: str, values: Sequence[str], *, split: bool | None = None
     return out
 
 
+def parse_volume(written: str) -> Volume:
+    """``--volume name=ckpt,claim=llama-ckpt,mountPath=/ckpt[,readOnly][,subPath=x]``: the spec file's keys,
+    comma-separated (as ``docker run --mount`` takes them); ``readOnly`` and ``emptyDir`` alone mean true.
+    Names, claims and paths hold no comma a volume can use."""
+    entry: dict[str, Any] = {}
+    for part in written.split(","):
+        key, sep, value = part.partition("=")
+        attr = VOLUME_KEYS.get(key)
+        if attr is None:
+            raise SpecError(f"--volume {written!r}: unknown key {key!r} (known: {', '.join(VOLUME_KEYS)})")
+        if attr in entry:
+            raise SpecError(f"--volume {written!r}: {key} is given twice")
+        if attr in _BOOL_FIELDS:
+            if sep and value not in ("true", "false"):
+                raise SpecError(f"--volume {written!r}: {key} must be true or false (or alone), got {value!r}")
+            entry[attr] = not sep or value == "true"
+        elif not sep:
+            raise SpecError(f"--volume {written!r}: {key} needs a value ({key}=...)")
+        else:
+            entry[attr] = value
+    missing = [key for key in ("name", "mountPath") if VOLUME_KEYS[key] not in entry]
+    if missing:
+        raise SpecError(f"--volume {written!r} needs {' and '.join(missing)}, e.g. "
+                        "--volume name=ckpt,claim=llama-ckpt,mountPath=/ckpt")
+    return Volume(**entry)
+
+
+_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_toleration(written: str) -> Toleration:
+    """``--toleration KEY[=VALUE][:EFFECT[:SECONDS]]``, as ``kubectl taint`` writes a taint: with ``=VALUE``
+    the operator is Equal, without it Exists; ``*`` alone tolerates every taint (an empty key, Exists)."""
+    if written == "*":
+        return Toleration(operator="Exists")
+    head, _, tail = written.partition(":")
+    effect, _, seconds = tail.partition(":")
+    key, sep, value = head.partition("=")
+    if not key:
+        raise SpecError(f"--toleration {written!r} needs a key (KEY[=VALUE][:EFFECT[:SECONDS]], or * for every "
+                        "taint)")
+    if tail and effect not in _EFFECTS:
+        raise SpecError(f"--toleration {written!r}: the effect must be one of {', '.join(_EFFECTS)}, got {effect!r}")
+    return Toleration(key=key, operator="Equal" if sep else "Exists", value=value, effect=effect,
+                      seconds=parse_integer(f"--toleration {written!r}: SECONDS", seconds) if seconds else None)
+
+
 def locate(exc: InvalidInput, path: Path, lines: Mapping[str, int], flags: Mapping[str, Any]) -> InvalidInput:
     """``exc`` with each cause whose value came from the spec file named by its file and line.
 
@@ -376,7 +563,9 @@ def locate(exc: InvalidInput, path: Path, lines: Mapping[str, int], flags: Mappi
     def line(field: str) -> int | None:
         top = field.split("[", 1)[0]
         given = flags.get(top)
-        if top in _MAPS:
+        if top in _LISTS:
+            from_flags = False  # the file's entries come first; the flags' have no line
+        elif top in _MAPS:
             from_flags = bool(given) and (field == top or field[len(top) + 1:-1] in (given or {}))
         else:
             from_flags = bool(given) if top in ("command", "args") else given is not None
@@ -401,6 +590,10 @@ def build_spec(file_values: Mapping[str, Any], flag_values: Mapping[str, Any]) -
                 merged[key] = {**merged.get(key, {}), **value}
             continue
         if key in ("command", "args") and not value:
+            continue
+        if key in _LISTS:
+            if value:
+                merged[key] = [*merged.get(key, ()), *value]
             continue
         merged[key] = value
     missing = [flag for flag, key in (("--job-id", "job_id"), ("--submission", "submission")) if not merged.get(key)]

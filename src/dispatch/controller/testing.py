@@ -1,4 +1,5 @@
-"""A stand-in for Kueue on ``dispatch.testing.FakeCluster``, for the controller's tests and benchmarks.
+"""A stand-in for Kueue on ``dispatch.testing.FakeCluster``, for the controller's tests and benchmarks,
+and ``keeper_pass``: the controller's finalizer keeper, for a test of plain mode that runs no controller.
 
 The fake API server has no Kueue, so this plays the parts of it the admission check meets: the TrainJob
 webhook's runtime-patch entry, a Workload owned by the TrainJob with quota reserved and every check
@@ -31,6 +32,35 @@ KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"
 T0 = "2026-01-01T00:00:00Z"
+
+
+def keeper_pass(cluster: FakeCluster, namespace: str | None = None, *, settle: bool = True) -> dict[str, str]:
+    """One pass of the controller's finalizer keeper (the shipped ``dispatch-controller`` role) over the
+    pods of ``namespace`` (default: every namespace), then (``settle``) one settle: what an installed
+    controller does by itself. dispatch's pod finalizer is freed by the controller alone (the writer role
+    may not patch pods), so a plain-mode test with no controller running calls this where a pod's end is
+    proven. Returns, per ``namespace/pod``, what the keeper did (the proof, ``unproven``, ``deleted``, ...)."""
+    import asyncio
+
+    from .. import _kube as k
+    from ._finalizers import FinalizerKeeper
+    from ._metrics import Metrics
+
+    async def go() -> dict[str, str]:
+        kube = k.Kube.connect(namespace=namespace or cluster.namespace,
+                              transport=cluster.transport("dispatch-controller"))
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods([p for p in cluster.server.objects("", "pods")
+                              if namespace is None or (p.get("metadata") or {}).get("namespace") == namespace])
+            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
+        finally:
+            await kube.aclose()
+
+    done = asyncio.run(go())
+    if settle:
+        cluster.settle()
+    return done
 
 
 def _cond(obj: Obj, ctype: str) -> bool:

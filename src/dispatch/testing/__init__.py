@@ -22,4 +22,15 @@ from ._rbac import Binding, Policy, RbacError
 from ._server import ApiFailure, FakeApiServer, Fault, Kind
 
 __all__ = ["ApiFailure", "Binding", "FakeApiServer", "FakeCluster", "Fault", "History", "Kind", "Policy", "Process",
-           "RbacError", "ending_shape", "proof_of"]
+           "RbacError", "ending_shape", "keeper_pass", "proof_of"]
+
+
+def keeper_pass(cluster: FakeCluster, namespace: str | None = None, *, settle: bool = True) -> dict[str, str]:
+    """One pass of dispatch's controller's finalizer keeper over the cluster's pods (``namespace``: only
+    that one), then a settle: what an installed controller does by itself. dispatch's pod finalizer is
+    freed by the controller alone (the writer role may not patch pods), so a plain-mode test that runs no
+    controller calls this where a pod's end is proven. Needs the ``controller`` extra. Returns, per
+    ``namespace/pod``, what the keeper did (the proof, ``unproven``, ``deleted``, ...)."""
+    from ..controller.testing import keeper_pass as one_pass
+
+    return one_pass(cluster, namespace, settle=settle)

@@ -482,6 +482,8 @@ class FakeCluster:
                     selector = (ptmpl.get("spec") or {}).get("nodeSelector")
                     if selector:
                         rj["template"]["spec"]["template"].setdefault("spec", {})["nodeSelector"] = dict(selector)
+                    _merge_pod_settings(rj["template"]["spec"]["template"].setdefault("spec", {}),
+                                        ptmpl.get("spec") or {})
                     grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
             labels[JOBSET_NAME_LABEL] = name
             # JobSet's webhook defaults every pod template's restartPolicy to OnFailure.
@@ -877,3 +879,25 @@ class FakeCluster:
     def pods(self, obj_name: str | None = None) -> list[Obj]:
         return [p for p in self.server.objects("", "pods", self.namespace)
                 if obj_name is None or _labels(p).get(JOBSET_NAME_LABEL) == obj_name]
+
+
+def _merge_pod_settings(pod: Obj, patch: Obj) -> None:
+    """What Trainer merges from a runtime patch's pod spec into the JobSet's pod template: a strategic
+    merge patch over the runtime's (``mergeRuntimePatches``), so the service account is set, image pull
+    secrets and volumes merge by name, each named container's volume mounts by mount path, and
+    tolerations (a list without a merge key in the Pod API) replace the runtime's."""
+    if "serviceAccountName" in patch:
+        pod["serviceAccountName"] = patch["serviceAccountName"]
+    for key in ("imagePullSecrets", "volumes"):
+        if patch.get(key):
+            by_name = {item["name"]: item for item in pod.get(key) or []}
+            by_name.update({item["name"]: copy.deepcopy(item) for item in patch[key]})
+            pod[key] = list(by_name.values())
+    if patch.get("tolerations"):
+        pod["tolerations"] = copy.deepcopy(patch["tolerations"])
+    for container_patch in patch.get("containers") or []:
+        for container in pod.get("containers") or []:
+            if container.get("name") == container_patch.get("name") and container_patch.get("volumeMounts"):
+                mounts = {m["mountPath"]: m for m in container.get("volumeMounts") or []}
+                mounts.update({m["mountPath"]: copy.deepcopy(m) for m in container_patch["volumeMounts"]})
+                container["volumeMounts"] = list(mounts.values())
