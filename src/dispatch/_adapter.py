@@ -219,7 +219,8 @@ class AsyncAdapter:
         target = Target.of(tj) if tj is not None else Target(name)
         snap = await self.core.read_one(target)
         return d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
-                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs)
+                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
+                           kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
 
     # ------------------------------------------------------------------ writes
 

@@ -197,6 +197,8 @@ def decide(
     nodes: Mapping[str, NodeView],
     jobset: JobSetView | None = None,
     jobs: Iterable[JobView] = (),
+    kin_jobsets: Iterable[JobSetView] = (),
+    kin_jobs: Iterable[JobView] = (),
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
@@ -216,7 +218,36 @@ def decide(
         blocker = _job_blocker(job)
         if blocker:
             blockers.append(blocker)
+    blockers.extend(kin_blockers(name, kin_jobsets, kin_jobs))
     return Verdict(remaining(views, nodes), tuple(blockers))
+
+
+KIN = "of the same submission under trainjob"
+
+
+def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobView]) -> list[str]:
+    """The layers of the submission under another TrainJob name that could still start a pod.
+
+    A ``close`` deletes its TrainJob in the background: its JobSet and Jobs stay until garbage collection
+    reaches them, and a Job that is not suspended makes pods (a replacement of a failed one, say) that a
+    re-opened object's admission would not wait for. They are judged as the object's own layers are: a JobSet
+    not suspended, a Job whose suspension has not taken effect, blocks until it is gone, finished or
+    suspended. (The choice over refusing while any layer of the submission exists at all: a suspended layer
+    whose owner is gone cannot start anything, and waiting on it would stall a re-open for as long as
+    garbage collection lags.)"""
+    out = []
+    for js in sorted(jobsets, key=lambda j: j.name):
+        if js.name != name and not (js.deleting or js.suspended or js.finished):
+            out.append(f"jobset {js.name} {KIN} {js.name} (not this one) is not suspended yet (a closed object's "
+                       "layers stay until garbage collection removes them)")
+    for job in sorted(jobs, key=lambda j: j.name):
+        if job.jobset_name == name:
+            continue
+        blocker = _job_blocker(job)
+        if blocker:
+            blockers_text = blocker.replace(f"job {job.name} ", f"job {job.name} {KIN} {job.jobset_name} ", 1)
+            out.append(blockers_text + " (a closed object's layers stay until garbage collection removes them)")
+    return out
 
 
 def cessation(
@@ -229,6 +260,8 @@ def cessation(
     nodes: Mapping[str, NodeView],
     jobset: JobSetView | None = None,
     jobs: Iterable[JobView] = (),
+    kin_jobsets: Iterable[JobSetView] = (),
+    kin_jobs: Iterable[JobView] = (),
 ) -> Cessation:
     """Whether the object's processes are proven gone.
 
@@ -245,7 +278,7 @@ def cessation(
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         return Cessation(False, f"{name} is admitted and running", rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
-                     jobs=jobs).blockers
+                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
         return Cessation(False, "a layer below could still start a pod: " + "; ".join(lagging), rest, proofs)
     open_ends = {e.name for e in proofs if not e.proven}

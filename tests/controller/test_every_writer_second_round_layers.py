@@ -1,0 +1,74 @@
+"""Issue 25, every writer, second round, the rest: what a closed object leaves (items 2, 8), a runtime that
+changes under an object (item 3), other managers' runtime patch entries in dispatch's own release (the gap the
+every-writer machine found), and namespaces deleted and re-created (item 6).
+
+As in ``test_every_writer_second_round.py``: every client holds exactly a shipped role, the guard is installed
+as ``deploy/base/guard.yaml`` installs it, and each test fails on the code before its fix (the test names the
+item). The fake's garbage collection lags here when a test says so (``FakeApiServer.gc_lag``), as the real
+collector does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dispatch import Adapter, JobSpec, PodsRemain
+from dispatch.controller.testing import FakeGuard
+from dispatch.testing import FakeCluster
+
+NAME = "llama-s1"
+SPEC = JobSpec(job_id="llama", submission="s1")
+AGAIN = JobSpec(job_id="llama", submission="s1", name="llama-s1-again")
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+Obj = dict[str, Any]
+
+
+@pytest.fixture
+def guard(cluster: FakeCluster) -> FakeGuard:
+    fg = FakeGuard(cluster)
+    fg.install()
+    return fg
+
+
+@pytest.fixture
+def writer(cluster: FakeCluster, guard: FakeGuard) -> Iterator[Adapter]:
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as a:
+        a.core.settle_seconds = 0
+        yield a
+
+
+# ---------------------------------------------------------------- item 2: close, then re-open while GC lags
+
+
+def test_item2_a_closed_objects_lagging_job_blocks_the_reopened_submission_under_another_name(
+        writer: Adapter, cluster: FakeCluster) -> None:
+    """Released, and closed before its Job made a pod; garbage collection has not reached the JobSet and the
+    Job, which are not suspended. The submission re-opened under another name must wait for them: on the code
+    before, its release admitted A=2 and the old Job then made an A=1 pod beside it."""
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.trainer_sync()
+    cluster.jobset_sync()  # the JobSet and its Job run; the Job has made no pod yet
+    cluster.server.gc_lag = True
+    writer.close(NAME)
+    assert cluster.server.get("batch", "jobs", "default", "llama-s1-node-0") is not None
+    writer.open(AGAIN)
+    with pytest.raises(PodsRemain, match="job llama-s1-node-0 of the same submission under trainjob llama-s1 "
+                                         "is not suspended yet"):
+        writer.release("llama-s1-again")
+    assert not writer.ceased("llama-s1-again").ceased
+    cluster.settle()  # the old Job makes its pod: the rule now sees it too
+    with pytest.raises(PodsRemain):
+        writer.release("llama-s1-again")
+    cluster.history.check()
+    # the collector catches up; the old pod ends; the submission goes on at A=2
+    while cluster.server.collect_garbage():
+        cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    assert writer.release("llama-s1-again").admission == 2
+    cluster.settle()
+    cluster.history.check()
