@@ -138,8 +138,10 @@ class AsyncAdapter:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
+        gap = d.uncovered_warning(tj, await self.core.runtime_jobs_of(tj))
         if tj.state is State.RUNNING:
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name)])
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
+                                                    gap])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -148,7 +150,7 @@ class AsyncAdapter:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name)])
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), gap])
 
     async def find(
         self,
@@ -194,8 +196,16 @@ class AsyncAdapter:
             wanted = {state} if isinstance(state, State) else set(state)
             trainjobs = [t for t in trainjobs if t.state in wanted]
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
+        refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
+        got = await asyncio.gather(*(self.core.runtime_jobs_of(next(t for t in trainjobs
+                                                                    if (t.runtime_kind, t.runtime_name) == ref))
+                                     for ref in refs))
+        runtimes = dict(zip(refs, got, strict=True))
+
+        def gap(t: tr.TrainJobView) -> str | None:
+            return d.uncovered_warning(t, runtimes.get((t.runtime_kind, t.runtime_name)))
         if not idle:
-            return sorted((self._status(t, None) for t in trainjobs), key=lambda s: s.name)
+            return sorted((self._status(t, None, warnings=[gap(t)]) for t in trainjobs), key=lambda s: s.name)
         snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
         # Kueue may manage an object without the queue-name label: its Workload says so
         ours = await self.core.our_checks()
@@ -203,13 +213,13 @@ class AsyncAdapter:
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
-                out.append(self._status(t, None))
+                out.append(self._status(t, None, warnings=[gap(t)]))
                 continue
             snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
                                     d.workload_note(wl), kueue=wl is not None or bool(t.queue),
-                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name)]))
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), gap(t)]))
         return sorted(out, key=lambda s: s.name)
 
     async def ceased(self, name: str) -> Cessation:

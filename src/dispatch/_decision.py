@@ -27,7 +27,7 @@ from ._names import (
     POD_KEPT_LABELS,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
-from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings
+from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
 from ._views import (
     POD_FINALIZER,
     PROOF_KUBELET,
@@ -750,8 +750,35 @@ def effective_problem(new: TrainJobView) -> str | None:
     return None
 
 
+def uncovered_text(trainjob: TrainJobView, jobs: Sequence[str]) -> str | None:
+    """Why the runtime's replicatedJobs are not all covered by dispatch's entry (item 3 of issue 25), or None."""
+    missing = uncovered(trainjob, jobs)
+    if not missing:
+        return None
+    one = len(missing) == 1
+    return (f"replicatedJob{'' if one else 's'} {', '.join(missing)} of {trainjob.runtime_kind} "
+            f"{trainjob.runtime_name} {'is' if one else 'are'} not covered by dispatch's runtime patch entry "
+            f"(the runtime gained {'it' if one else 'them'} after the last raise of A), so {'its' if one else 'their'}"
+            " pods would carry no identity, no A and no dispatch finalizer; the next admission (`dispatch release`, "
+            "or dispatch's admission check under Kueue) re-targets the entry")
+
+
+def uncovered_warning(trainjob: TrainJobView, jobs: Sequence[str] | None) -> str | None:
+    """``status``'s warning for an object whose runtime gained a replicatedJob its entry does not cover."""
+    if jobs is None or not trainjob.dispatch_object:
+        return None
+    text = uncovered_text(trainjob, jobs)
+    if text is None:
+        return None
+    if trainjob.state is State.RUNNING:
+        return (f"trainjob {trainjob.name}: {text.split('; the next admission')[0]}; this execution's pods of "
+                "them run outside dispatch's rule (a force delete on a lost node would not be seen): hold and "
+                "release it to re-target")
+    return f"trainjob {trainjob.name}: {text}"
+
+
 def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, record: RecordView | None,
-               workload: WorkloadView | None) -> str | None:
+               workload: WorkloadView | None, runtime_jobs: Sequence[str] | None = None) -> str | None:
     """Why the A a starting write carries is not a fresh, armed one, or None."""
     what = f"trainjob {new.name} cannot start"
     if operation == "CREATE" or old is None:
@@ -759,6 +786,9 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
                 "(or Kueue through dispatch's admission check)")
     if not new.dispatch_object:
         return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
+    if gap:
+        return f"{what}: {gap}"
     a = new.admission
     if (workload is not None and workload.admitted and not workload.checks
             and _raised_on(old.token, workload.ref.uid) is None):
@@ -801,7 +831,8 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
 
 
 def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
-          record: RecordView | None, workload: WorkloadView | None = None) -> str | None:
+          record: RecordView | None, workload: WorkloadView | None = None,
+          runtime_jobs: Sequence[str] | None = None) -> str | None:
     """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
 
     Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
@@ -809,7 +840,9 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
     one consistent read (``verdict``) shows a pod of the object that may still run or a layer that has
     not confirmed its suspension, and unless the A it starts is fresh and armed:
 
-    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it;
+    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it: every
+      replicatedJob of the runtime as it is now (``runtime_jobs``) is covered by dispatch's entry, and no
+      other entry decides their identity labels (``effective_problem``);
     * it is above the ``started`` mark (the highest A dispatch's own unsuspend started);
     * plain mode (no Workload): the same write marks ``started`` = A, as dispatch's unsuspend does;
     * Kueue mode (a Workload owns the TrainJob): Kueue admitted that Workload, and the TrainJob's token
@@ -840,7 +873,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
-    return _not_armed(operation, old, new, record, workload)
+    return _not_armed(operation, old, new, record, workload, runtime_jobs)
 
 
 POD_RELEASE_PERMISSION = ("release", "dispatch.phpboyscout.uk", "podfinalizers")

@@ -72,3 +72,71 @@ def test_item2_a_closed_objects_lagging_job_blocks_the_reopened_submission_under
     assert writer.release("llama-s1-again").admission == 2
     cluster.settle()
     cluster.history.check()
+
+
+# ---------------------------------------------------------------- item 3: a runtime that gains a replicatedJob
+
+
+def gain_job(cluster: FakeCluster, job: str = "launcher") -> None:
+    """The platform team adds a replicatedJob to the runtime the object names (no podReplacementPolicy: the
+    runtime's own Jobs set Failed, the new one copies them)."""
+    def add(obj: Obj) -> None:
+        jobs = obj["spec"]["template"]["spec"]["replicatedJobs"]
+        jobs.append({**jobs[0], "name": job})
+    cluster.server.update("trainer.kubeflow.org", "clustertrainingruntimes", "", "torch-distributed", add,
+                          status=None)
+
+
+def test_item3_every_raise_re_targets_dispatchs_entry_at_the_runtime_as_it_is_now(
+        writer: Adapter, cluster: FakeCluster, keeper: Any) -> None:
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    gain_job(cluster)
+    running = writer.inspect(NAME)
+    assert any("replicatedJob launcher of ClusterTrainingRuntime torch-distributed is not covered" in w
+               and "run outside dispatch's rule" in w for w in running.warnings), running.warnings
+    writer.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    keeper()
+    held = writer.inspect(NAME)
+    assert any("the next admission (`dispatch release`" in w for w in held.warnings), held.warnings
+    assert writer.release(NAME).admission == 2
+    cluster.settle()
+    pods = cluster.pods(NAME)
+    launchers = [p for p in pods if p["metadata"]["name"].startswith("llama-s1-launcher")]
+    assert launchers, [p["metadata"]["name"] for p in pods]
+    for pod in launchers:
+        labels = pod["metadata"]["labels"]
+        assert (labels["dispatch.phpboyscout.uk/job-id"], labels["dispatch.phpboyscout.uk/admission"]) == ("llama", "2")
+        assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
+    assert not [w for w in writer.inspect(NAME).warnings if "not covered" in w]
+    cluster.history.check()
+
+
+def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
+        writer: Adapter, cluster: FakeCluster, guard: FakeGuard) -> None:
+    """The runtime gains its job between release's raise and its unsuspend: the guard refuses the start."""
+    writer.open(SPEC)
+    seen = {"raised": False}
+
+    def between(method: str, path: str) -> None:
+        if method == "PATCH" and "/trainjobs/" in path:
+            if seen["raised"]:  # the unsuspend: the raise went before it
+                cluster.server.before_request = None
+                gain_job(cluster)
+            seen["raised"] = True
+    cluster.server.before_request = between
+    with pytest.raises(Exception, match="replicatedJob launcher of ClusterTrainingRuntime torch-distributed is not "
+                                        "covered by dispatch's runtime patch entry"):
+        writer.release(NAME)
+    cluster.server.before_request = None
+    cluster.settle()
+    assert cluster.running_processes(NAME) == []
+    cluster.server.denied.clear()
+    assert writer.release(NAME).admission == 1  # the next release re-targets; the A never ran, so it is taken
+    cluster.settle()
+    assert {p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(NAME)} == {"1"}
+    cluster.history.check()
