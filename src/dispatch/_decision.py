@@ -410,6 +410,8 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
     if (record.job_id, record.submission) != (trainjob.job_id, trainjob.submission):
         return (f"{record.describe()} names {record.job_id}/{record.submission}, not {ident}; "
                 "it was edited by someone else")
+    if close_begun(trainjob, record):
+        return close_again_text(trainjob.name)
     if record.trainjob != trainjob.name or (record.trainjob_uid and record.trainjob_uid != trainjob.ref.uid):
         holder = record.trainjob or "no trainjob (closed)"
         return (f"submission {ident} is held by {holder}, not by trainjob {trainjob.name} "
@@ -624,13 +626,31 @@ def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: Chec
     return Cause("NotManaged", "; ".join(parts))
 
 
+def close_begun(trainjob: TrainJobView, record: RecordView | None) -> bool:
+    """Whether a ``dispatch close`` of this object released its submission's claim and did not delete it
+    (interrupted between the two writes): the record, trustworthy and of this submission, names no holder."""
+    return (record is not None and not record.problems and trainjob.labelled and not trainjob.deleting
+            and (record.job_id, record.submission) == (trainjob.job_id, trainjob.submission)
+            and not record.trainjob and not record.trainjob_uid)
+
+
+def close_again_text(name: str) -> str:
+    return (f"a `dispatch close` of trainjob {name} released its submission's claim and did not delete it (it "
+            f"was interrupted), so nothing admits it again; `dispatch close {name}` again finishes the close, "
+            "then open the submission again")
+
+
 def explain(
-    trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
+    trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = "",
+    record: RecordView | None = None,
 ) -> Cause:
-    """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
+    """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting; one whose
+    close was interrupted names ``close`` again as its remedy (``record``: its submission's identity record)."""
     state = trainjob.state
     if not trainjob.labelled:
         return unmanaged_cause(trainjob, verdict, check)
+    if state in (State.HELD, State.QUEUED) and close_begun(trainjob, record):
+        return Cause("CloseInterrupted", close_again_text(trainjob.name))
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"

@@ -140,3 +140,35 @@ def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
     cluster.settle()
     assert {p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(NAME)} == {"1"}
     cluster.history.check()
+
+
+# ---------------------------------------------------------------- item 8: an interrupted close
+
+
+def test_item8_an_interrupted_close_names_close_again_as_its_remedy(writer: Adapter, cluster: FakeCluster) -> None:
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    writer.hold(NAME)
+    cluster.settle()
+    # close releases the claim, then its delete never reaches the server (the process died, say)
+    cluster.server.inject(method="DELETE", path=r"/trainjobs/", status=500, times=10)
+    with pytest.raises(Exception):  # noqa: B017 - whichever error the dead delete surfaces as
+        writer.close(NAME)
+    cluster.server.faults.clear()
+    status = writer.inspect(NAME)
+    assert status.cause.reason == "CloseInterrupted", status.cause
+    assert f"`dispatch close {NAME}` again finishes the close" in status.cause.detail
+    assert "release admits it" not in status.cause.detail
+    assert [s.cause.reason for s in writer.find()] == ["CloseInterrupted"]
+    cluster.advance(60)
+    cluster.settle()  # its pods are gone: release is refused for the close, not for them
+    with pytest.raises(Exception, match=f"`dispatch close {NAME}` again finishes the close"):
+        writer.release(NAME)
+    writer.close(NAME)
+    cluster.settle()
+    writer.open(SPEC)
+    cluster.advance(60)
+    cluster.settle()
+    assert writer.release(NAME).admission == 2
+    cluster.history.check()
