@@ -233,6 +233,12 @@ class Core(Reader):
             raised = await self.raise_trainjob(tj, plan.admission, token if plan.write_trainjob else tj.token,
                                                jobs=jobs)
             self.on_write("trainjob")
+        # dispatch's own writers judge the pods Trainer will build from every entry, as the guard does, so a
+        # stale entry of another manager never decides the A the pods carry, with or without the guard (the A
+        # is armed and never started: the next admission takes it once the entry is fixed)
+        effective = d.effective_problem(raised, kueue=not plain)
+        if effective:
+            raise Refused(effective, reason="ForeignRuntimePatch")
         return Admitted(raised, plan.admission)
 
     async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str,

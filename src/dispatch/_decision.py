@@ -757,11 +757,18 @@ def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str |
             f"dispatch's entry ({PATCH_MANAGER}) sets dispatch's labels, DISPATCH_ variables and pod finalizer")
 
 
-def effective_problem(new: TrainJobView) -> str | None:
+KUEUE_MANAGERS = "kueue.x-k8s.io/"
+"""Kueue's runtime patch entries: rewritten with the admission's ``podSetUpdates`` when Kueue admits, after
+dispatch's check is Ready, so until then they may carry an earlier admission's labels."""
+
+
+def effective_problem(new: TrainJobView, *, kueue: bool = False) -> str | None:
     """Why the pods Trainer will build from every runtime patch entry (in list order) would not carry the
-    TrainJob's identity and A, or None."""
+    TrainJob's identity and A, or None. ``kueue``: judged before Kueue admits (dispatch's raise in Kueue
+    mode), so Kueue's own entries, which Kueue rewrites at admission, are left to the guard's judgement of the
+    start; every other manager's entry is judged as in plain mode."""
     want = {LABEL_JOB_ID: new.job_id, LABEL_SUBMISSION: new.submission, LABEL_ADMISSION: str(new.admission)}
-    for job, labels in sorted(effective_pod_labels(new).items()):
+    for job, labels in sorted(effective_pod_labels(new, KUEUE_MANAGERS if kueue else "").items()):
         for key in OWN_POD_LABELS:
             if labels.get(key, "") != want[key]:
                 return (f"trainjob {new.name} cannot start: Trainer applies every runtime patch entry in order, so "

@@ -334,11 +334,14 @@ def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list
     return out
 
 
-def effective_pod_labels(trainjob: TrainJobView) -> dict[str, dict[str, str]]:
+def effective_pod_labels(trainjob: TrainJobView, skip: str = "") -> dict[str, dict[str, str]]:
     """dispatch's identity labels of each replicatedJob's pods as Trainer will build them: every entry
-    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets."""
+    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets; entries of a
+    manager starting with ``skip`` (non-empty) left out."""
     out: dict[str, dict[str, str]] = {job: {} for job in trainjob.patch_targets}
     for entry in trainjob.patches:
+        if skip and text(entry.get("manager")).startswith(skip):
+            continue
         for job, labels in patch_pod_labels(entry).items():
             if job in out:
                 out[job].update({k: v for k, v in labels.items() if k in OWN_POD_LABELS})

@@ -172,3 +172,45 @@ def test_item8_an_interrupted_close_names_close_again_as_its_remedy(writer: Adap
     cluster.settle()
     assert writer.release(NAME).admission == 2
     cluster.history.check()
+
+
+# ---------------------------------------------------------------- dispatch's own release judges every entry
+
+
+def test_plain_release_judges_other_managers_entries_itself_without_the_guard(
+        cluster: FakeCluster, keeper: Any) -> None:
+    """The gap the every-writer machine found: only the guard judged other managers' entries. With no guard
+    installed (an emergency removal, or a cluster without it), a stale entry listed after dispatch's would
+    decide the A the pods carry; release refuses instead, and the A it armed is the next one's."""
+    with Adapter.connect("default", transport=cluster.transport(roles=WRITER)) as writer:
+        writer.core.settle_seconds = 0
+        writer.open(SPEC)
+        assert writer.release(NAME).admission == 1
+        cluster.settle()
+        writer.hold(NAME)
+        cluster.settle()
+        cluster.advance(60)
+        cluster.settle()
+        keeper()
+        stale = {"manager": "example.com/tuner", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"metadata": {"labels": {
+                "dispatch.phpboyscout.uk/admission": "1"}}}}}}]}}}}
+
+        def add(obj: Obj) -> None:
+            obj["spec"]["runtimePatches"].append(stale)
+        cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME, add, status=None)
+        with pytest.raises(Exception, match=r"Trainer applies every runtime patch entry in order, so the pods of "
+                                            r"replicatedJob node would carry dispatch.phpboyscout.uk/admission=1, "
+                                            r"not 2"):
+            writer.release(NAME)
+        cluster.settle()
+        assert cluster.running_processes(NAME) == []
+
+        def drop(obj: Obj) -> None:
+            obj["spec"]["runtimePatches"] = [e for e in obj["spec"]["runtimePatches"]
+                                             if e.get("manager") != "example.com/tuner"]
+        cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME, drop, status=None)
+        assert writer.release(NAME).admission == 2  # the armed A that never started
+        cluster.settle()
+        assert {p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(NAME)} >= {"2"}
+        cluster.history.check()
