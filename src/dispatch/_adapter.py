@@ -29,12 +29,13 @@ from . import _trainer as tr
 from ._api import Obj
 from ._core import Core
 from ._follow import Follower, Selection, selections
+from ._identity import RecordView
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
-from .errors import Conflict, FieldCause, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+from .errors import Conflict, FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -118,14 +119,15 @@ class AsyncAdapter:
     # ------------------------------------------------------------------ reads
 
     def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
-                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = ()) -> Status:
+                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
+                record: RecordView | None = None) -> Status:
         managed = bool(tj.queue) if kueue is None else kueue
         return Status(
             name=tj.name,
             namespace=tj.ref.namespace or self.namespace,
             state=tj.state,
             identity=tj.identity,
-            cause=d.explain(tj, verdict, check, note),
+            cause=d.explain(tj, verdict, check, note, record),
             mode="kueue" if managed else "plain",
             queue=tj.queue,
             created=tj.created,
@@ -140,17 +142,20 @@ class AsyncAdapter:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
+        gap = d.uncovered_warning(tj, await self.core.runtime_jobs_of(tj))
         if tj.state is State.RUNNING:
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name)])
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
+                                                    gap])
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
+        record = (await self._records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
         check = None
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name)])
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), gap], record=record)
 
     async def find(
         self,
@@ -196,23 +201,41 @@ class AsyncAdapter:
             wanted = {state} if isinstance(state, State) else set(state)
             trainjobs = [t for t in trainjobs if t.state in wanted]
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
+        refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
+        got = await asyncio.gather(*(self.core.runtime_jobs_of(next(t for t in trainjobs
+                                                                    if (t.runtime_kind, t.runtime_name) == ref))
+                                     for ref in refs))
+        runtimes = dict(zip(refs, got, strict=True))
+
+        def gap(t: tr.TrainJobView) -> str | None:
+            return d.uncovered_warning(t, runtimes.get((t.runtime_kind, t.runtime_name)))
         if not idle:
-            return sorted((self._status(t, None) for t in trainjobs), key=lambda s: s.name)
+            return sorted((self._status(t, None, warnings=[gap(t)]) for t in trainjobs), key=lambda s: s.name)
         snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
+        records = await self._records([(t.job_id, t.submission) for t in idle if t.labelled])
         # Kueue may manage an object without the queue-name label: its Workload says so
         ours = await self.core.our_checks()
         workloads = await self.core.workloads_by_owner()
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
-                out.append(self._status(t, None))
+                out.append(self._status(t, None, warnings=[gap(t)]))
                 continue
             snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
                                     d.workload_note(wl), kueue=wl is not None or bool(t.queue),
-                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name)]))
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), gap(t)],
+                                    record=records.get((t.job_id, t.submission))))
         return sorted(out, key=lambda s: s.name)
+
+    async def _records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], RecordView | None]:
+        """Status's records (whether a close was interrupted): none where they cannot be read, as status
+        reads without them otherwise."""
+        try:
+            return await self.core.records([p for p in pairs if p[0] and p[1]])
+        except (Refused, Forbidden):
+            return {}
 
     async def ceased(self, name: str) -> Cessation:
         """Whether the object's processes are proven gone. Writes nothing; needs get on Nodes."""
@@ -221,7 +244,8 @@ class AsyncAdapter:
         target = Target.of(tj) if tj is not None else Target(name)
         snap = await self.core.read_one(target)
         return d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
-                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs)
+                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
+                           kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
 
     # ------------------------------------------------------------------ writes
 

@@ -221,21 +221,34 @@ class Core(Reader):
         if problem:
             raise Refused(problem, reason="RecordInvalid")
         plan = d.next_admission(tj, mine, record, own=set(own), plain=plain)
+        # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
+        jobs = await self.runtime_jobs_of(tj)
+        retarget = jobs is not None and list(tj.patch_targets) != list(jobs)
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token)
             self.on_write("record")
         raised = tj
-        if plan.write_trainjob:
-            raised = await self.raise_trainjob(tj, plan.admission, token)
+        if plan.write_trainjob or retarget:
+            # a re-target alone (the raise was found) keeps the raise's token: a token changes only with A
+            raised = await self.raise_trainjob(tj, plan.admission, token if plan.write_trainjob else tj.token,
+                                               jobs=jobs)
             self.on_write("trainjob")
+        # dispatch's own writers judge the pods Trainer will build from every entry, as the guard does, so a
+        # stale entry of another manager never decides the A the pods carry, with or without the guard (the A
+        # is armed and never started: the next admission takes it once the entry is fixed)
+        effective = d.effective_problem(raised, kueue=not plain)
+        if effective:
+            raise Refused(effective, reason="ForeignRuntimePatch")
         return Admitted(raised, plan.admission)
 
-    async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str) -> tr.TrainJobView:
-        """A on the TrainJob and in dispatch's runtime patch entry (SSA, conditioned on the RV read)."""
+    async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str,
+                             jobs: list[str] | None = None) -> tr.TrainJobView:
+        """A on the TrainJob and in dispatch's runtime patch entry, re-targeted at the runtime's replicatedJobs
+        ``jobs`` (SSA, conditioned on the RV read)."""
         if not tj.dispatch_object:
             raise Refused(f"trainjob {tj.name} has no dispatch runtime patch; it was not opened by dispatch",
                           reason="NotDispatchObject")
-        obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token))
+        obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs))
         return tr.TrainJobView.from_obj(obj)
 
     async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = CONFLICT_RETRIES) -> bool:

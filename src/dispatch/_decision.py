@@ -27,7 +27,7 @@ from ._names import (
     POD_KEPT_LABELS,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
-from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings
+from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
 from ._views import (
     POD_FINALIZER,
     PROOF_KUBELET,
@@ -197,6 +197,8 @@ def decide(
     nodes: Mapping[str, NodeView],
     jobset: JobSetView | None = None,
     jobs: Iterable[JobView] = (),
+    kin_jobsets: Iterable[JobSetView] = (),
+    kin_jobs: Iterable[JobView] = (),
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
@@ -216,7 +218,36 @@ def decide(
         blocker = _job_blocker(job)
         if blocker:
             blockers.append(blocker)
+    blockers.extend(kin_blockers(name, kin_jobsets, kin_jobs))
     return Verdict(remaining(views, nodes), tuple(blockers))
+
+
+KIN = "of the same submission under trainjob"
+
+
+def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobView]) -> list[str]:
+    """The layers of the submission under another TrainJob name that could still start a pod.
+
+    A ``close`` deletes its TrainJob in the background: its JobSet and Jobs stay until garbage collection
+    reaches them, and a Job that is not suspended makes pods (a replacement of a failed one, say) that a
+    re-opened object's admission would not wait for. They are judged as the object's own layers are: a JobSet
+    not suspended, a Job whose suspension has not taken effect, blocks until it is gone, finished or
+    suspended. (The choice over refusing while any layer of the submission exists at all: a suspended layer
+    whose owner is gone cannot start anything, and waiting on it would stall a re-open for as long as
+    garbage collection lags.)"""
+    out = []
+    for js in sorted(jobsets, key=lambda j: j.name):
+        if js.name != name and not (js.deleting or js.suspended or js.finished):
+            out.append(f"jobset {js.name} {KIN} {js.name} (not this one) is not suspended yet (a closed object's "
+                       "layers stay until garbage collection removes them)")
+    for job in sorted(jobs, key=lambda j: j.name):
+        if job.jobset_name == name:
+            continue
+        blocker = _job_blocker(job)
+        if blocker:
+            blockers_text = blocker.replace(f"job {job.name} ", f"job {job.name} {KIN} {job.jobset_name} ", 1)
+            out.append(blockers_text + " (a closed object's layers stay until garbage collection removes them)")
+    return out
 
 
 def cessation(
@@ -229,6 +260,8 @@ def cessation(
     nodes: Mapping[str, NodeView],
     jobset: JobSetView | None = None,
     jobs: Iterable[JobView] = (),
+    kin_jobsets: Iterable[JobSetView] = (),
+    kin_jobs: Iterable[JobView] = (),
 ) -> Cessation:
     """Whether the object's processes are proven gone.
 
@@ -245,7 +278,7 @@ def cessation(
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         return Cessation(False, f"{name} is admitted and running", rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
-                     jobs=jobs).blockers
+                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
         return Cessation(False, "a layer below could still start a pod: " + "; ".join(lagging), rest, proofs)
     open_ends = {e.name for e in proofs if not e.proven}
@@ -377,6 +410,8 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
     if (record.job_id, record.submission) != (trainjob.job_id, trainjob.submission):
         return (f"{record.describe()} names {record.job_id}/{record.submission}, not {ident}; "
                 "it was edited by someone else")
+    if close_begun(trainjob, record):
+        return close_again_text(trainjob.name)
     if record.trainjob != trainjob.name or (record.trainjob_uid and record.trainjob_uid != trainjob.ref.uid):
         holder = record.trainjob or "no trainjob (closed)"
         return (f"submission {ident} is held by {holder}, not by trainjob {trainjob.name} "
@@ -591,13 +626,31 @@ def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: Chec
     return Cause("NotManaged", "; ".join(parts))
 
 
+def close_begun(trainjob: TrainJobView, record: RecordView | None) -> bool:
+    """Whether a ``dispatch close`` of this object released its submission's claim and did not delete it
+    (interrupted between the two writes): the record, trustworthy and of this submission, names no holder."""
+    return (record is not None and not record.problems and trainjob.labelled and not trainjob.deleting
+            and (record.job_id, record.submission) == (trainjob.job_id, trainjob.submission)
+            and not record.trainjob and not record.trainjob_uid)
+
+
+def close_again_text(name: str) -> str:
+    return (f"a `dispatch close` of trainjob {name} released its submission's claim and did not delete it (it "
+            f"was interrupted), so nothing admits it again; `dispatch close {name}` again finishes the close, "
+            "then open the submission again")
+
+
 def explain(
-    trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = ""
+    trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = "",
+    record: RecordView | None = None,
 ) -> Cause:
-    """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting."""
+    """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting; one whose
+    close was interrupted names ``close`` again as its remedy (``record``: its submission's identity record)."""
     state = trainjob.state
     if not trainjob.labelled:
         return unmanaged_cause(trainjob, verdict, check)
+    if state in (State.HELD, State.QUEUED) and close_begun(trainjob, record):
+        return Cause("CloseInterrupted", close_again_text(trainjob.name))
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"
@@ -704,11 +757,18 @@ def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str |
             f"dispatch's entry ({PATCH_MANAGER}) sets dispatch's labels, DISPATCH_ variables and pod finalizer")
 
 
-def effective_problem(new: TrainJobView) -> str | None:
+KUEUE_MANAGERS = "kueue.x-k8s.io/"
+"""Kueue's runtime patch entries: rewritten with the admission's ``podSetUpdates`` when Kueue admits, after
+dispatch's check is Ready, so until then they may carry an earlier admission's labels."""
+
+
+def effective_problem(new: TrainJobView, *, kueue: bool = False) -> str | None:
     """Why the pods Trainer will build from every runtime patch entry (in list order) would not carry the
-    TrainJob's identity and A, or None."""
+    TrainJob's identity and A, or None. ``kueue``: judged before Kueue admits (dispatch's raise in Kueue
+    mode), so Kueue's own entries, which Kueue rewrites at admission, are left to the guard's judgement of the
+    start; every other manager's entry is judged as in plain mode."""
     want = {LABEL_JOB_ID: new.job_id, LABEL_SUBMISSION: new.submission, LABEL_ADMISSION: str(new.admission)}
-    for job, labels in sorted(effective_pod_labels(new).items()):
+    for job, labels in sorted(effective_pod_labels(new, KUEUE_MANAGERS if kueue else "").items()):
         for key in OWN_POD_LABELS:
             if labels.get(key, "") != want[key]:
                 return (f"trainjob {new.name} cannot start: Trainer applies every runtime patch entry in order, so "
@@ -717,8 +777,35 @@ def effective_problem(new: TrainJobView) -> str | None:
     return None
 
 
+def uncovered_text(trainjob: TrainJobView, jobs: Sequence[str]) -> str | None:
+    """Why the runtime's replicatedJobs are not all covered by dispatch's entry (item 3 of issue 25), or None."""
+    missing = uncovered(trainjob, jobs)
+    if not missing:
+        return None
+    one = len(missing) == 1
+    return (f"replicatedJob{'' if one else 's'} {', '.join(missing)} of {trainjob.runtime_kind} "
+            f"{trainjob.runtime_name} {'is' if one else 'are'} not covered by dispatch's runtime patch entry "
+            f"(the runtime gained {'it' if one else 'them'} after the last raise of A), so {'its' if one else 'their'}"
+            " pods would carry no identity, no A and no dispatch finalizer; the next admission (`dispatch release`, "
+            "or dispatch's admission check under Kueue) re-targets the entry")
+
+
+def uncovered_warning(trainjob: TrainJobView, jobs: Sequence[str] | None) -> str | None:
+    """``status``'s warning for an object whose runtime gained a replicatedJob its entry does not cover."""
+    if jobs is None or not trainjob.dispatch_object:
+        return None
+    text = uncovered_text(trainjob, jobs)
+    if text is None:
+        return None
+    if trainjob.state is State.RUNNING:
+        return (f"trainjob {trainjob.name}: {text.split('; the next admission')[0]}; this execution's pods of "
+                "them run outside dispatch's rule (a force delete on a lost node would not be seen): hold and "
+                "release it to re-target")
+    return f"trainjob {trainjob.name}: {text}"
+
+
 def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, record: RecordView | None,
-               workload: WorkloadView | None) -> str | None:
+               workload: WorkloadView | None, runtime_jobs: Sequence[str] | None = None) -> str | None:
     """Why the A a starting write carries is not a fresh, armed one, or None."""
     what = f"trainjob {new.name} cannot start"
     if operation == "CREATE" or old is None:
@@ -726,6 +813,9 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
                 "(or Kueue through dispatch's admission check)")
     if not new.dispatch_object:
         return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
+    if gap:
+        return f"{what}: {gap}"
     a = new.admission
     if (workload is not None and workload.admitted and not workload.checks
             and _raised_on(old.token, workload.ref.uid) is None):
@@ -768,7 +858,8 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
 
 
 def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
-          record: RecordView | None, workload: WorkloadView | None = None) -> str | None:
+          record: RecordView | None, workload: WorkloadView | None = None,
+          runtime_jobs: Sequence[str] | None = None) -> str | None:
     """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
 
     Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
@@ -776,7 +867,9 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
     one consistent read (``verdict``) shows a pod of the object that may still run or a layer that has
     not confirmed its suspension, and unless the A it starts is fresh and armed:
 
-    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it;
+    * it is the A the identity record issued to this TrainJob's uid, and the pods will carry it: every
+      replicatedJob of the runtime as it is now (``runtime_jobs``) is covered by dispatch's entry, and no
+      other entry decides their identity labels (``effective_problem``);
     * it is above the ``started`` mark (the highest A dispatch's own unsuspend started);
     * plain mode (no Workload): the same write marks ``started`` = A, as dispatch's unsuspend does;
     * Kueue mode (a Workload owns the TrainJob): Kueue admitted that Workload, and the TrainJob's token
@@ -807,7 +900,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
-    return _not_armed(operation, old, new, record, workload)
+    return _not_armed(operation, old, new, record, workload, runtime_jobs)
 
 
 POD_RELEASE_PERMISSION = ("release", "dispatch.phpboyscout.uk", "podfinalizers")

@@ -51,6 +51,10 @@ def by_identity(pairs: Collection[tuple[str, str]] | None) -> str | None:
             f"{n.LABEL_SUBMISSION} in {_in(s for _, s in pairs)}")
 
 
+async def _nothing() -> list[Obj]:
+    return []
+
+
 def not_served(exc: NotFound, what: str) -> NotFound:
     """A kind that is not served names what to install; a missing object stays as it was."""
     return NotServed(what, reason=exc.reason, code=exc.code) if isinstance(exc, NotServed) else exc
@@ -86,10 +90,15 @@ class Snapshot:
     pods: tuple[PodView, ...]
     nodes: Mapping[str, NodeView]
     resource_version: str
+    kin_jobsets: tuple[JobSetView, ...] = ()
+    kin_jobs: tuple[JobView, ...] = ()
+    """JobSets and Jobs of the same submission under another TrainJob name (a closed object's, until garbage
+    collection removes them): selected by dispatch's identity labels, which its runtime patch entry gives them."""
 
     def verdict(self, target: Target) -> d.Verdict:
         return d.decide(name=target.name, job_id=target.job_id, submission=target.submission, pods=self.pods,
-                        nodes=self.nodes, jobset=self.jobset, jobs=self.jobs)
+                        nodes=self.nodes, jobset=self.jobset, jobs=self.jobs, kin_jobsets=self.kin_jobsets,
+                        kin_jobs=self.kin_jobs)
 
     def object_pods(self, target: Target) -> list[PodView]:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
@@ -142,19 +151,34 @@ class Reader:
         if not names:
             return {}
         scope = None if namespace else names
-        jobsets: dict[str, JobSetView | None] = {}
-        jobs: list[JobView] = []
-        if lower:
-            if list_jobsets:
-                listed = {name_of(j): j for j in await self._list_or_empty(api.JOBSETS)}
-                jobsets = {name: JobSetView.from_obj(listed[name]) if name in listed else None for name in names}
-            else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
-                got = await asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names))
-                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
-                           for name, o in zip(names, got, strict=True)}
-            jobs = [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, by_jobset(scope))]
         identity = by_identity(None if namespace else {(t.job_id, t.submission) for t in targets
                                                        if t.job_id and t.submission})
+        jobsets: dict[str, JobSetView | None] = {}
+        jobs: list[JobView] = []
+        kin_sets: list[JobSetView] = []
+        if lower:
+            if list_jobsets:
+                every = [JobSetView.from_obj(j) for j in await self._list_or_empty(api.JOBSETS)]
+                listed = {j.name: j for j in every}
+                jobsets = {name: listed.get(name) for name in names}
+                kin_sets = [j for j in every if j.job_id]
+                named, by_ident_jobs = await asyncio.gather(
+                    self._list_or_empty(api.JOBS, by_jobset(scope)),
+                    self._list_or_empty(api.JOBS, identity) if identity and scope is not None else _nothing())
+                jobs = [JobView.from_obj(j) for j in {name_of(j): j for j in [*named, *by_ident_jobs]}.values()]
+            else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
+                # the submission's layers under any name too (item 2 of issue 25: a closed object's JobSet and
+                # Jobs until garbage collection reaches them), by the identity labels dispatch's entry gives them
+                got, by_ident_sets, named, by_ident_jobs = await asyncio.gather(
+                    asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names)),
+                    self._list_or_empty(api.JOBSETS, identity) if identity else _nothing(),
+                    self._list_or_empty(api.JOBS, by_jobset(scope)),
+                    self._list_or_empty(api.JOBS, identity) if identity else _nothing())
+                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
+                           for name, o in zip(names, got, strict=True)}
+                kin_sets = [JobSetView.from_obj(o) for o in by_ident_sets]
+                seen_jobs = {name_of(j): j for j in [*named, *by_ident_jobs]}
+                jobs = [JobView.from_obj(j) for j in seen_jobs.values()]
         if identity is not None:
             first = await self.kube.list(api.PODS, labels=identity)
             second = await self.kube.list(api.PODS, labels=by_jobset(scope),
@@ -172,13 +196,34 @@ class Reader:
             if pod.job_id:
                 by_ident.setdefault((pod.job_id, pod.submission), []).append(pod)
         jobs_of: dict[str, list[JobView]] = {}
+        kin_jobs_of: dict[tuple[str, str], list[JobView]] = {}
         for job in jobs:
             jobs_of.setdefault(job.jobset_name, []).append(job)
+            if job.job_id:
+                kin_jobs_of.setdefault((job.job_id, job.submission), []).append(job)
+        kin_sets_of: dict[tuple[str, str], list[JobSetView]] = {}
+        for js in kin_sets:
+            kin_sets_of.setdefault((js.job_id, js.submission), []).append(js)
         out: dict[str, Snapshot] = {}
         for t in targets:
             mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
-            out[t.name] = Snapshot(jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes, rv)
+            key = (t.job_id, t.submission)
+            out[t.name] = Snapshot(
+                jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes, rv,
+                kin_jobsets=tuple(js for js in kin_sets_of.get(key, []) if js.name != t.name) if t.job_id else (),
+                kin_jobs=tuple(j for j in kin_jobs_of.get(key, []) if j.jobset_name != t.name) if t.job_id else ())
         return out
+
+    async def runtime_jobs_of(self, tj: tr.TrainJobView) -> list[str] | None:
+        """The replicatedJobs of the runtime a TrainJob names, as it is now (None: it cannot be read, so
+        dispatch's entry is left as it is; Trainer cannot build a JobSet from a missing runtime either)."""
+        if not tj.runtime_name:
+            return None
+        res = api.CLUSTER_RUNTIMES if tj.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
+        try:
+            return tr.runtime_jobs(await self.kube.get(res, tj.runtime_name)) or None
+        except (NotFound, Forbidden):
+            return None
 
     async def jobs_of(self, name: str) -> list[JobView]:
         """The child Jobs of one JobSet (none where the Job kind cannot be read as such)."""

@@ -101,6 +101,9 @@ class TrainJobView:
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
     patches: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, repr=False)
     """Every ``spec.runtimePatches`` entry, in order (Trainer applies them so: a later one wins)."""
+    runtime_kind: str = "ClusterTrainingRuntime"
+    runtime_name: str = ""
+    """``spec.runtimeRef``: the runtime Trainer builds the JobSet from (its replicatedJobs as they are now)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:
@@ -155,6 +158,9 @@ class TrainJobView:
             patch_entry=entry,
             labels=labels,
             patches=tuple(items(mapping(obj.get("spec")).get("runtimePatches"))),
+            runtime_kind=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("kind"))
+            or "ClusterTrainingRuntime",
+            runtime_name=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("name")),
         )
 
     @property
@@ -353,10 +359,25 @@ def patch_entry(replicated: Sequence[str], labels: Mapping[str, str], spec: JobS
 
     return {
         "manager": PATCH_MANAGER,
-        "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-            {"name": rj, "template": {"spec": {"template": template(rj)}}} for rj in replicated
+        "trainingRuntimeSpec": {"template": {"metadata": {"labels": layer_labels(labels)}, "spec": {"replicatedJobs": [
+            _replicated(rj, template(rj), labels) for rj in replicated
         ]}}},
     }
+
+
+def layer_labels(labels: Mapping[str, str]) -> dict[str, str]:
+    """The identity labels the JobSet and its Jobs carry (job-id and submission, not A, which changes at every
+    raise): Trainer copies the entry's template labels onto the JobSet, and JobSet a Job template's labels onto
+    each Job, so the layers of an object of the submission are found by the submission, whatever their name
+    (a closed object's JobSet and Jobs, until garbage collection removes them)."""
+    return {k: v for k, v in labels.items() if k in (LABEL_JOB_ID, LABEL_SUBMISSION)}
+
+
+def _replicated(name: str, pod_template: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> Obj:
+    ident = layer_labels(labels if labels is not None else
+                         mapping(mapping(pod_template.get("metadata")).get("labels")))
+    return {"name": name, "template": {"metadata": {"labels": ident},
+                                       "spec": {"template": copy.deepcopy(dict(pod_template))}}}
 
 
 def patch_entries(trainjob: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -421,11 +442,14 @@ def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list
     return out
 
 
-def effective_pod_labels(trainjob: TrainJobView) -> dict[str, dict[str, str]]:
+def effective_pod_labels(trainjob: TrainJobView, skip: str = "") -> dict[str, dict[str, str]]:
     """dispatch's identity labels of each replicatedJob's pods as Trainer will build them: every entry
-    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets."""
+    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets; entries of a
+    manager starting with ``skip`` (non-empty) left out."""
     out: dict[str, dict[str, str]] = {job: {} for job in trainjob.patch_targets}
     for entry in trainjob.patches:
+        if skip and text(entry.get("manager")).startswith(skip):
+            continue
         for job, labels in patch_pod_labels(entry).items():
             if job in out:
                 out[job].update({k: v for k, v in labels.items() if k in OWN_POD_LABELS})
@@ -502,16 +526,48 @@ def grace_kept(stored: Obj) -> bool:
     return True
 
 
-def raise_body(tj: TrainJobView, admission: int, token: str) -> Obj:
+def retarget(entry: Obj, jobs: Sequence[str] | None) -> None:
+    """Point dispatch's entry at exactly the runtime's replicatedJobs ``jobs`` (None: leave it as it is).
+
+    Trainer builds the JobSet from the runtime as it is now, so a replicatedJob the runtime gained after
+    ``open`` would run pods without dispatch's labels, A and finalizer; one it lost would be added back by
+    Trainer's strategic merge as a bare replicatedJob. A new target gets the pod template the entry gives
+    every other (``open`` writes the same one for each)."""
+    if jobs is None:
+        return
+    tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
+    have = {text(rj.get("name")): rj for rj in tmpl_spec.get("replicatedJobs") or []}
+    model = next(iter(have.values()), None)
+    pod_template = copy.deepcopy(dict(_pod_template(model))) if model is not None else {}
+    # volumes go only where the trainer container is (``patch_entry``): a new job gets the pod-wide settings
+    pod_spec = pod_template.get("spec")
+    if isinstance(pod_spec, dict):
+        pod_spec.pop("volumes", None)
+        pod_spec.pop("containers", None)
+    tmpl_spec["replicatedJobs"] = [have[job] if job in have else _replicated(job, pod_template) for job in jobs]
+
+
+def uncovered(tj: TrainJobView, jobs: Sequence[str]) -> list[str]:
+    """The runtime's replicatedJobs dispatch's entry does not target (their pods would carry no identity)."""
+    return [job for job in jobs if job not in tj.patch_targets]
+
+
+def raise_body(tj: TrainJobView, admission: int, token: str, jobs: Sequence[str] | None = None) -> Obj:
     """Server-side apply body of the first admitting write: A (and its token) on the TrainJob and in
     dispatch's runtime patch entry, conditioned on the resourceVersion read. Only dispatch's own entry of
-    ``spec.runtimePatches`` is sent, so Kueue's entry (same list, another key) is merged, not replaced."""
+    ``spec.runtimePatches`` is sent, so Kueue's entry (same list, another key) is merged, not replaced.
+    With ``jobs`` (the runtime's replicatedJobs now) the entry is re-targeted at them (``retarget``)."""
     entry = copy.deepcopy(dict(tj.patch_entry or {}))
     entry.pop("time", None)  # stamped by Trainer's defaulting webhook; not ours to own
+    retarget(entry, jobs)
     labels = identity_labels(tj.job_id, tj.submission, admission)
-    tmpl_spec = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {}).setdefault("spec", {})
+    template_root = entry.setdefault("trainingRuntimeSpec", {}).setdefault("template", {})
+    template_root.setdefault("metadata", {}).setdefault("labels", {}).update(layer_labels(labels))
+    tmpl_spec = template_root.setdefault("spec", {})
     for rj in tmpl_spec.get("replicatedJobs") or []:
-        template = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+        job_template = rj.setdefault("template", {})
+        job_template.setdefault("metadata", {}).setdefault("labels", {}).update(layer_labels(labels))
+        template = job_template.setdefault("spec", {}).setdefault("template", {})
         tmeta = template.setdefault("metadata", {})
         tmeta.setdefault("labels", {}).update(labels)
         if POD_FINALIZER not in (tmeta.get("finalizers") or []):

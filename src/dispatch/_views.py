@@ -425,11 +425,17 @@ class JobSetView:
     suspended: bool
     deleting: bool
     finished: bool
+    job_id: str = ""
+    submission: str = ""
+    """dispatch's identity labels, which dispatch's runtime patch entry puts on the JobSet (so the layers of a
+    closed object of the submission are found by the submission, whatever their name)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobSetView:
+        labels = labels_of(obj)
         return JobSetView(name_of(obj), is_suspended(obj), is_deleting(obj),
-                          condition_true(obj, "Completed") or condition_true(obj, "Failed"))
+                          condition_true(obj, "Completed") or condition_true(obj, "Failed"),
+                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""))
 
 
 @dataclass(frozen=True)
@@ -444,15 +450,20 @@ class JobView:
     started: bool
     replacement_policy: str = ""
     """``spec.podReplacementPolicy`` (the API defaults it to TerminatingOrFailed without a podFailurePolicy)."""
+    job_id: str = ""
+    submission: str = ""
+    """dispatch's identity labels (JobSet copies them from the Job template dispatch's entry labels)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobView:
         status = mapping(obj.get("status"))
         started = bool(status.get("startTime")) or (parse_count(status.get("active")) or 0) > 0 or (
             parse_count(status.get("ready")) or 0) > 0
+        labels = labels_of(obj)
         return JobView(
-            name_of(obj), labels_of(obj).get(JOBSET_NAME_LABEL, ""), is_suspended(obj),
+            name_of(obj), labels.get(JOBSET_NAME_LABEL, ""), is_suspended(obj),
             condition_true(obj, "Suspended"),
             condition_true(obj, "Complete") or condition_true(obj, "Failed"), started,
             text(mapping(obj.get("spec")).get("podReplacementPolicy")),
+            labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""),
         )

@@ -229,9 +229,10 @@ async def test_a_batch_of_waiting_workloads_reads_a_constant_number_of_times() -
                                                          hints=cache_of(world)))
     assert set(got.values()) == {"waiting"}
     reads = [(m, p, q) for m, p, q in world.cluster.server.requests[before:] if m == "GET" and "/events" not in p]
-    # Workloads, TrainJobs, JobSets, Jobs, two pod lists, one Node: not one read per Workload.
+    # Workloads, TrainJobs, JobSets, Jobs (by jobset-name, and by the submissions: a closed object's lagging
+    # Jobs, issue 25 item 2), two pod lists, one Node: not one read per Workload.
     assert [p.rsplit("/", 1)[-1] for _, p, _ in reads] == [
-        "workloads", "trainjobs", "jobsets", "jobs", "pods", "pods", "node-0"], reads
+        "workloads", "trainjobs", "jobsets", "jobs", "jobs", "pods", "pods", "node-0"], reads
     assert "kueue.x-k8s.io/job-uid in (" in reads[0][2]["labelSelector"]
     assert "dispatch.phpboyscout.uk/job-id in (batch)" in reads[1][2]["labelSelector"]
     await world.kube.aclose()

@@ -258,10 +258,10 @@ class Guard:
             return d.guard(operation, old, new, None, None)
         core = self._core(str(request.get("namespace") or new.ref.namespace))
         target = Target.of(new)
-        snap, record, workload = await asyncio.gather(
+        snap, record, workload, jobs = await asyncio.gather(
             core.read_one(target), core.record(new.job_id, new.submission),
-            core.workload_of(new) if operation == "UPDATE" else _none())
-        return d.guard(operation, old, new, snap.verdict(target), record, workload)
+            core.workload_of(new) if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
+        return d.guard(operation, old, new, snap.verdict(target), record, workload, jobs)
 
     async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
         """One review's reads under the webhook's deadline, counted and timed; a read that fails or runs

@@ -389,9 +389,18 @@ class FakeGuard:
         jobset = self.server.get(n.JOBSET_GROUP, "jobsets", ns, name)
         jobs = [JobView.from_obj(j) for j in self.server.objects("batch", "jobs", ns)
                 if (j["metadata"].get("labels") or {}).get(n.JOBSET_NAME_LABEL) == name]
+        ident = (new_view.job_id, new_view.submission)
+        kin_sets = [v for v in map(JobSetView.from_obj, self.server.objects(n.JOBSET_GROUP, "jobsets", ns))
+                    if (v.job_id, v.submission) == ident and v.name != name]
+        kin_jobs = [v for v in map(JobView.from_obj, self.server.objects("batch", "jobs", ns))
+                    if (v.job_id, v.submission) == ident and v.jobset_name != name]
         verdict = d.decide(name=name, job_id=new_view.job_id, submission=new_view.submission, pods=pods,
                            nodes=nodes, jobset=JobSetView.from_obj(jobset) if jobset is not None else None,
-                           jobs=jobs)
+                           jobs=jobs, kin_jobsets=kin_sets, kin_jobs=kin_jobs)
+        runtime = self.server.get(n.TRAINER_GROUP, "clustertrainingruntimes", "", new_view.runtime_name) \
+            if new_view.runtime_kind == "ClusterTrainingRuntime" else \
+            self.server.get(n.TRAINER_GROUP, "trainingruntimes", ns, new_view.runtime_name)
+        runtime_jobs_now = (runtime_jobs(runtime) or None) if runtime is not None else None
         rec = self.server.get(n.DOMAIN, "submissionrecords", ns, record_name(new_view.job_id, new_view.submission))
         workload = None
         if operation == "UPDATE":
@@ -399,7 +408,7 @@ class FakeGuard:
             workload = next((WorkloadView.from_obj(w) for w in self.server.objects(KUEUE, "workloads", ns)
                              if (w["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL) == uid), None)
         denial = d.guard(operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None,
-                         workload)
+                         workload, runtime_jobs_now)
         if denial is None:
             self.allowed_starts += 1
         return denial

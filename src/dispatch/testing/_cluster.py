@@ -442,21 +442,31 @@ class FakeCluster:
                 continue
             if js is None:
                 made = self.server.create(JOBSET, "jobsets", ns, {
-                    "metadata": {"name": name, "ownerReferences": [
+                    "metadata": {"name": name, "labels": self._jobset_labels(tj), "ownerReferences": [
                         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
                          "uid": meta["uid"], "controller": True}]},
                     "spec": desired,
                 }, admit=False)
                 self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
-                def mutate(obj: Obj, desired: Obj = desired) -> None:
+                def mutate(obj: Obj, desired: Obj = desired, tj: Obj = tj) -> None:
                     obj["spec"] = desired
+                    obj["metadata"].setdefault("labels", {}).update(self._jobset_labels(tj))
                 self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
                 self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
             self.server.update(TRAINER, "trainjobs", ns, name, cond, status=True)
+
+    @staticmethod
+    def _jobset_labels(tj: Obj) -> dict[str, str]:
+        """Trainer's propagation labels: every runtime patch entry's JobSet template labels, in order."""
+        out: dict[str, str] = {}
+        for patch in patch_entries(tj):
+            out.update((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("metadata") or {})
+                       .get("labels") or {})
+        return out
 
     def _jobset_spec(self, tj: Obj) -> Obj | None:
         ref = (tj.get("spec") or {}).get("runtimeRef") or {}
@@ -470,6 +480,11 @@ class FakeCluster:
             labels = pod_meta.setdefault("labels", {})
             grace = None
             for patch in patch_entries(tj):
+                for prj in ((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {})
+                            .get("replicatedJobs") or []):
+                    job_labels = ((prj.get("template") or {}).get("metadata") or {}).get("labels")
+                    if prj.get("name") == rj["name"] and job_labels:  # the Job template's labels
+                        rj["template"].setdefault("metadata", {}).setdefault("labels", {}).update(job_labels)
                 ptmpl = patch_pod_templates(patch).get(rj["name"])
                 if ptmpl is not None:
                     labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
@@ -513,7 +528,8 @@ class FakeCluster:
                 job = self.server.get("batch", "jobs", ns, job_name)
                 if job is None:
                     self.server.create("batch", "jobs", ns, {
-                        "metadata": {"name": job_name, "labels": {JOBSET_NAME_LABEL: name},
+                        "metadata": {"name": job_name, "labels": {
+                            **(((rj["template"].get("metadata") or {}).get("labels")) or {}), JOBSET_NAME_LABEL: name},
                                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
                                                           "kind": "JobSet", "name": name, "uid": meta["uid"],
                                                           "controller": True}]},

@@ -331,6 +331,10 @@ class FakeApiServer:
         self.compacted_below = 0
         self.prune: dict[str, Callable[[Obj], Obj]] = {}
         """Per plural: how the schema prunes a body on write (plays a CRD's structural schema)."""
+        self.gc_lag = False
+        """Garbage collection waits for ``collect_garbage`` instead of following each removal at once."""
+        self.gc_pending: list[str] = []
+        """uids of removed owners whose dependents the lagging garbage collector has not reached yet."""
         self.before_request: Callable[[str, str], None] | None = None
         """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
 
@@ -570,7 +574,25 @@ class FakeApiServer:
         return copy.deepcopy(obj)
 
     def _collect_dependents(self, uid: str) -> None:
-        """Background garbage collection: dependents of a removed owner are deleted (gracefully)."""
+        """Background garbage collection: dependents of a removed owner are deleted (gracefully); while
+        ``gc_lag`` is set, only once ``collect_garbage`` is stepped (the real collector works from its own
+        informers, seconds behind, and a busy or broken one far longer)."""
+        if self.gc_lag:
+            self.gc_pending.append(uid)
+            return
+        self._delete_dependents(uid)
+
+    def collect_garbage(self, owners: int | None = None) -> int:
+        """One pass of the lagging garbage collector over ``owners`` removed owners (None: all waiting);
+        their dependents go (and theirs wait for the next pass). Returns how many owners were collected."""
+        with self._lock:
+            take = self.gc_pending[:owners] if owners is not None else list(self.gc_pending)
+            del self.gc_pending[:len(take)]
+            for uid in take:
+                self._delete_dependents(uid)
+            return len(take)
+
+    def _delete_dependents(self, uid: str) -> None:
         for key, obj in list(self._objects.items()):
             owners = obj["metadata"].get("ownerReferences") or []
             if any(o.get("uid") == uid for o in owners) and key in self._objects:
