@@ -105,6 +105,24 @@ async def test_readyz_fails_and_names_the_cause_until_the_lists_succeed(cluster:
     await task
 
 
+async def test_readyz_waits_for_the_guard_and_turns_unready_when_stopping(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Any) -> None:
+    """A replica gets webhook calls once ready, so ready means it can answer them: guard serving with a
+    trusted certificate, caches synced; and a stopping replica leaves the Service at once."""
+    from dispatch.controller import Config, Controller
+
+    ctl = Controller(kube, Config(resync_seconds=3600, workers=2, guard_port=0, guard_host="127.0.0.1",
+                                  guard_cert_dir=str(tmp_path / "certs"), guard_webhook="", metrics_port=0))
+    assert ctl.readyz() == (False, "guard not started")
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await until(lambda: ctl.readyz()[0], timeout=5)
+    assert ctl.readyz() == (True, "ok (leader)") and ctl.guard is not None
+    stop.set()
+    await task
+    assert ctl.readyz() == (False, "stopping")
+
+
 async def test_run_returns_when_stopped(cluster: FakeCluster, kube: k.Kube) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(run(kube, BASE, stop=stop))

@@ -300,6 +300,14 @@ class Controller:
         return (not self._stopping, "ok" if not self._stopping else "stopping")
 
     def readyz(self) -> tuple[bool, str]:
+        """Ready only while this replica can serve: not stopping, its guard's certificate loaded and trusted,
+        its informers synced (the Service sends webhook calls to ready replicas only)."""
+        if self._stopping:
+            return False, "stopping"
+        if self.config.guard_port is not None:
+            ok, why = self.guard.ready() if self.guard is not None else (False, "guard not started")
+            if not ok:
+                return False, why
         unsynced = [name for name, inf in self.informers.items() if not inf.synced.is_set()]
         if unsynced:
             errors = "; ".join(f"{n_}: {self.informers[n_].last_error}" for n_ in unsynced
