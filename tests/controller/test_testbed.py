@@ -452,6 +452,25 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
     assert events
 
 
+async def test_identity_records_are_in_the_built_in_view_and_edit_roles_read_only(rbac: tuple[k.Kube, str]) -> None:
+    """dispatch-records-view aggregates into view (and through it edit and admin): who views a namespace
+    reads its records; nobody gains a write on them that way (a deleted record lets an A be reused)."""
+    kube, ns = rbac
+    records = ("dispatch.phpboyscout.uk", "submissionrecords")
+    for role in ("view", "edit", "admin"):
+        sa = f"builtin-{role}"
+        await kube.create(SERVICE_ACCOUNTS, {"metadata": {"name": sa}})
+        await kube.create(BINDINGS, {"metadata": {"name": sa}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+
+        async def reads(sa: str = sa) -> bool:     # the aggregation controller fills the role within moments
+            return all([await _can(kube, sa, ns, verb, *records) for verb in ("get", "list", "watch")])
+        await until(reads, timeout=30, what=f"{role} reading identity records")
+        for verb in ("create", "patch", "update", "delete", "deletecollection"):
+            assert not await _can(kube, sa, ns, verb, *records), (role, verb)
+
+
 async def test_the_guard_reads_with_only_the_controllers_service_account(
         rbac: tuple[k.Kube, str], tmp_path: Path) -> None:
     """The controller's own token (deploy/base/rbac.yaml): the guard's consistent read and enrolment's
