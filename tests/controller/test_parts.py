@@ -91,6 +91,28 @@ async def test_probes_and_metrics_are_served(cluster: FakeCluster, kueue: FakeKu
             assert (await http.post("/metrics")).status_code == 405
 
 
+async def test_the_standard_controller_series_are_exported_without_created(
+        cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube) -> None:
+    """controller-runtime's names: API requests by code, method and resource with latency, the work
+    queues, the leader status; and no ``*_created`` series."""
+    from prometheus_client import generate_latest
+
+    async with running(kube, BASE, metrics_port=0) as ctl:
+        value = ctl.metrics.registry.get_sample_value
+        await until(lambda: (value("rest_client_requests_total",
+                                   {"code": "200", "method": "GET", "resource": "pods"}) or 0) >= 1)
+        assert (value("rest_client_request_duration_seconds_count", {"verb": "GET", "resource": "pods"}) or 0) >= 1
+        assert value("leader_election_master_status", {"name": ctl.config.lease_name}) == 1
+        for name in ("workloads", "pod-finalizers"):
+            assert value("workqueue_depth", {"name": name}) is not None
+        ctl.queue.add("default/w-1")                     # one key through the queue, as a worker takes it
+        await until(lambda: value("workqueue_queue_duration_seconds_count", {"name": "workloads"}) == 1)
+        assert value("workqueue_adds_total", {"name": "workloads"}) == 1
+        await until(lambda: value("workqueue_work_duration_seconds_count", {"name": "workloads"}) == 1)
+        text = generate_latest(ctl.metrics.registry).decode()
+    assert "_created" not in text, [line for line in text.splitlines() if "_created" in line][:3]
+
+
 async def test_readyz_fails_and_names_the_cause_until_the_lists_succeed(cluster: FakeCluster, kube: k.Kube) -> None:
     from dispatch.controller import Controller
 

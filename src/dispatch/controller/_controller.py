@@ -23,6 +23,7 @@ from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
 from ..errors import DispatchError, Forbidden
+from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._finalizers import FinalizerKeeper
@@ -140,6 +141,8 @@ class Controller:
         self.identity = self.config.identity or default_identity()
         self.metrics = metrics or Metrics.create()
         self.queue = WorkQueue()
+        self.queue.instrument(self.metrics.queue, "workloads")
+        kube.observe(*api_hooks(self.metrics))
         self.leading = asyncio.Event()
         self.http_port: int | None = None
         self.metrics_port: int | None = None
@@ -157,6 +160,7 @@ class Controller:
         )
         self.reconciler.on_written = self.router.written
         self.finalizers = FinalizerKeeper(kube, self.metrics)
+        self.finalizers.queue.instrument(self.metrics.queue, "pod-finalizers")
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
@@ -289,6 +293,7 @@ class Controller:
 
     def _leadership(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        self.metrics.leader_status.labels(self.config.lease_name).set(1 if leading else 0)
         if leading:
             self.leading.set()
             self.router.requeue_all()
