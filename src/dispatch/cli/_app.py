@@ -16,7 +16,6 @@ from rich.table import Table
 from .. import __version__
 from .._records import State, Status
 from .._validate import validate_spec
-from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 from ..errors import InvalidInput
 from ._errors import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_FAILURE, EXIT_NOT_CEASED, EXIT_USAGE, guard
 from ._output import (
@@ -33,6 +32,14 @@ from ._release import release_once, release_wait
 from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, locate, parse_integer, parse_pairs
 from ._state import CliState, Output, Settings
 from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT
+
+try:
+    from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+except ModuleNotFoundError as _missing:   # the `controller` extra is not installed: only that command needs it
+    from . import _nocontroller
+    from ._nocontroller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+
+    _nocontroller.MISSING = _nocontroller.missing_module(_missing)
 
 HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
 
