@@ -21,6 +21,7 @@ from typing import TypeVar
 import httpx2
 
 from . import _decision as d
+from . import _events as ev
 from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
@@ -227,6 +228,8 @@ class AsyncAdapter:
                               "name or submission", reason="AlreadyExists", code=exc.code) from exc
             raise
         if hold or spec.queue is not None:
+            if spec.queue is None:
+                await ev.record(self._kube, ev.opened(created))
             return self._status(created, d.Verdict((), ()), warnings=[warning])
         await self.release(name)
         status = await self.inspect(name)
@@ -262,6 +265,7 @@ class AsyncAdapter:
             record = await self.core.record(tj.job_id, tj.submission)
             snap, verdict = await self._settled_read(target)
             if not verdict.admissible:
+                await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
                 raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
                                  verdict.remaining)
             mine = snap.object_pods(target)
@@ -278,6 +282,7 @@ class AsyncAdapter:
                     continue
                 raise
             if await self.core.unsuspend(raised, plan.admission, self.conflict_retries):
+                await ev.record(self._kube, ev.admitted(raised, plan.admission))
                 return Identity(tj.job_id, tj.submission, plan.admission)
         raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
@@ -322,6 +327,7 @@ class AsyncAdapter:
             raise Unreachable(f"Kueue has not created a Workload for {name} yet; retry", reason="NoWorkload")
         elif not tj.suspended:
             await self.core.suspend(tj)
+            await ev.record(self._kube, ev.held(tj))
         return await self.inspect(name)
 
     async def close(self, name: str) -> tuple[RemainingPod, ...]:
@@ -352,7 +358,9 @@ class AsyncAdapter:
             await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
         except NotFound:
             pass
-        return d.remaining(mine, snap.nodes)
+        left = d.remaining(mine, snap.nodes)
+        await ev.record(self._kube, ev.closed(tj, left))
+        return left
 
     # ------------------------------------------------------------------ admin
 

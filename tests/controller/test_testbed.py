@@ -381,6 +381,10 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "watch", "", "nodes", "", True),
     ("controller", "patch", "", "nodes", "", False),
     ("controller", "create", "", "events", "", True),
+    ("writer", "create", "", "events", "", True),  # plain mode's Events on the TrainJob
+    ("writer", "patch", "", "events", "", False),
+    ("writer", "delete", "", "events", "", False),
+    ("reader", "create", "", "events", "", False),
     ("controller", "create", "coordination.k8s.io", "leases", "", True),
     ("controller", "list", "", "secrets", "", False),
     ("reader", "create", "", "configmaps", "", False),
