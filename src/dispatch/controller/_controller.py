@@ -235,8 +235,7 @@ class Controller:
         # ran); deciding before they all synced would decide each Workload once per list. Decisions do
         # not read these caches, so an informer that cannot list (readyz names it) delays them only so long.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(inf.synced.wait() for inf in self.informers.values())),
-                                   self.config.sync_wait_seconds)
+            await asyncio.wait_for(self._all_synced(), self.config.sync_wait_seconds)
         while True:
             await self.leading.wait()
             keys = await self.queue.get_batch(self.config.batch)
@@ -325,7 +324,14 @@ class Controller:
         return all(inf.synced.is_set() for inf in self.informers.values())
 
     async def wait_synced(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers.values())), timeout)
+        await asyncio.wait_for(self._all_synced(), timeout)
+
+    async def _all_synced(self) -> None:
+        """Every informer has listed. One wait after another, not a gather: a gather cancelled from outside
+        (a stop during an API outage, while nothing has synced) leaves a future whose CancelledError nobody
+        retrieves, and asyncio prints it with a traceback at exit."""
+        for inf in self.informers.values():
+            await inf.synced.wait()
 
     # ------------------------------------------------------------------ run
 
