@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -33,6 +33,33 @@ def adapter(cluster: FakeCluster) -> Iterator[Adapter]:
 def reader(cluster: FakeCluster) -> Iterator[Adapter]:
     with Adapter.connect("default", transport=cluster.transport(roles=READER), read_only=True) as a:
         yield a
+
+
+def keeper_pass(cluster: FakeCluster) -> dict[str, str]:
+    """One pass of the controller's finalizer keeper (the shipped controller role) over every pod: dispatch's
+    pod finalizer is freed by the controller alone (the writer role may not patch pods, issue 25)."""
+    import asyncio
+
+    from dispatch import _kube as k
+    from dispatch.controller._finalizers import FinalizerKeeper
+    from dispatch.controller._metrics import Metrics
+
+    async def go() -> dict[str, str]:
+        kube = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
+        keeper = FinalizerKeeper(kube, Metrics.create())
+        try:
+            keeper.list_pods(cluster.server.objects("", "pods"))
+            return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
+        finally:
+            await kube.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def keeper(cluster: FakeCluster) -> Callable[[], dict[str, str]]:
+    """``keeper()``: the controller frees the pods whose end is proven, as the shipped install's does."""
+    return lambda: keeper_pass(cluster)
 
 
 @pytest.fixture(scope="session")

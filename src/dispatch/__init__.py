@@ -21,11 +21,13 @@ from ._names import (
 from ._records import Cause, Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._views import POD_FINALIZER
 from .errors import (
+    Conflict,
     DispatchError,
     FieldCause,
     Forbidden,
     InvalidInput,
     NotFound,
+    NotServed,
     PodsRemain,
     ReadOnly,
     Refused,
@@ -67,6 +69,7 @@ __all__ = [
     "Cause",
     "Cessation",
     "Checkpoint",
+    "Conflict",
     "DispatchError",
     "Fence",
     "Fenced",
@@ -76,6 +79,7 @@ __all__ = [
     "InvalidInput",
     "JobSpec",
     "NotFound",
+    "NotServed",
     "PodEnd",
     "PodsRemain",
     "PosixStore",

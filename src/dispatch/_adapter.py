@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx2
 
@@ -26,23 +26,38 @@ from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
-from ._core import Core, Snapshot, Target
-from ._follow import Follower, selections
+from ._api import Obj
+from ._core import Core
+from ._follow import Follower, Selection, selections
+from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
-from .errors import (
-    FieldCause,
-    NotFound,
-    PodsRemain,
-    ReadOnly,
-    Refused,
-    Unreachable,
-)
+from .errors import Conflict, FieldCause, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
 """How long a release waits for lower layers to acknowledge a suspension before it reports them."""
+
+
+def find_selector(*, job_id: str | None = None, submission: str | None = None, unmanaged: bool = False,
+                  selector: str | None = None) -> str | None:
+    """The label selector ``find`` lists TrainJobs with; invalid filters are refused naming them."""
+    problems = []
+    for field, value in (("job_id", job_id), ("submission", submission)):
+        if value is not None and n.label_value_problem(value):
+            problems.append(FieldCause(field, f"{value!r} is not a valid label value", "FieldValueInvalid"))
+    if selector is not None and (not selector.strip() or any(ord(c) < 32 or ord(c) == 127 for c in selector)):
+        problems.append(FieldCause("selector", f"{selector!r} is not a label selector", "FieldValueInvalid"))
+    n.check(problems)
+    parts = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
+    if submission:
+        parts.append(f"{n.LABEL_SUBMISSION}={submission}")
+    if unmanaged and not (job_id or submission):
+        parts = []
+    if selector:
+        parts.append(selector.strip())
+    return ",".join(parts) or None
 
 
 class AsyncAdapter:
@@ -64,13 +79,17 @@ class AsyncAdapter:
         context: str | None = None,
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
+        request_timeout: float | None = None,
     ) -> AsyncAdapter:
-        """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster)."""
+        """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster).
+
+        ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``)."""
         if namespace is not None:
             problem = n.dns1123_subdomain_problem(namespace)
             if problem:
                 n.check([FieldCause("namespace", f"{namespace!r} {problem}", "FieldValueInvalid")])
-        kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport)
+        kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport,
+                              request_timeout=request_timeout)
         return cls(kube, read_only=read_only)
 
     @property
@@ -139,25 +158,38 @@ class AsyncAdapter:
         submission: str | None = None,
         state: State | Collection[State] | None = None,
         unmanaged: bool = False,
+        selector: str | None = None,
+        all_namespaces: bool = False,
     ) -> list[Status]:
         """Status of many objects with a constant number of list calls, however many match.
 
-        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which)."""
-        problems = []
-        for field, value in (("job_id", job_id), ("submission", submission)):
-            if value is not None and n.label_value_problem(value):
-                problems.append(FieldCause(field, f"{value!r} is not a valid label value", "FieldValueInvalid"))
-        n.check(problems)
-        selector = [f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID]
-        if submission:
-            selector.append(f"{n.LABEL_SUBMISSION}={submission}")
-        if unmanaged and not (job_id or submission):
-            selector = []
+        ``unmanaged`` lists every TrainJob of the namespace, dispatch's or not (``Status.managed`` tells which).
+        ``selector`` is a label selector the TrainJobs must also match (kubectl's ``-l``). With
+        ``all_namespaces`` the TrainJobs of every namespace are listed in one call, then each namespace
+        that has some is read as one namespace is (sorted by namespace, then name)."""
+        labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=",".join(selector) or None)).items
+            listed = (await self._kube.list(k.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
         except NotFound as exc:
-            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                           reason=exc.reason, code=exc.code) from exc
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if selector and exc.code == 400:  # the API server parses selectors: name the one it refused
+                raise Refused(f"label selector {selector!r} refused by the API server: {exc}", reason="BadSelector",
+                              code=exc.code, causes=exc.causes) from exc
+            raise
+        if not all_namespaces:
+            return await self._statuses(listed, state)
+        by_namespace: dict[str, list[Obj]] = {}
+        for obj in listed:
+            by_namespace.setdefault(str((obj.get("metadata") or {}).get("namespace") or ""), []).append(obj)
+        out: list[Status] = []
+        for ns in sorted(by_namespace):
+            other = AsyncAdapter(self._kube.in_namespace(ns), read_only=True)
+            out.extend(await other._statuses(by_namespace[ns], state))
+        return out
+
+    async def _statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
+        """``find``'s statuses of the TrainJobs listed in this adapter's namespace."""
         trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
         if state is not None:
             wanted = {state} if isinstance(state, State) else set(state)
@@ -165,7 +197,7 @@ class AsyncAdapter:
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
         if not idle:
             return sorted((self._status(t, None) for t in trainjobs), key=lambda s: s.name)
-        snaps = await self.core.read_namespace([Target.of(t) for t in idle])
+        snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
         # Kueue may manage an object without the queue-name label: its Workload says so
         ours = await self.core.our_checks()
         workloads = await self.core.workloads_by_owner()
@@ -210,17 +242,13 @@ class AsyncAdapter:
             target = Target(name, spec.job_id, spec.submission)
             verdict = (await self.core.read_one(target)).verdict(target)
             if verdict.remaining:
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
-                                 verdict.remaining)
+                raise _pods_remain(name, verdict)
         record = await self.core.claim(spec.job_id, spec.submission, name)
         try:
             created = tr.TrainJobView.from_obj(await self._kube.create(k.TRAINJOBS, body))
         except NotFound as exc:
             await self.core.unclaim(record)
-            raise NotFound(
-                "the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                reason=exc.reason, code=exc.code,
-            ) from exc
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
         except Refused as exc:
             if exc.reason == "AlreadyExists":
                 await self.core.unclaim(record)
@@ -235,6 +263,33 @@ class AsyncAdapter:
         status = await self.inspect(name)
         return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
                                                                          *status.warnings])))
+
+    async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
+        """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
+
+        With ``server`` the API server validates it (Trainer's webhooks and the guard included) and
+        applies its defaults with ``dryRun=All``, storing nothing; else it is the body dispatch would
+        send (the runtime is still read). The submission is not claimed, so a submission already taken
+        is found only by the real ``open``."""
+        name = validate_spec(spec)
+        if server:
+            self._writer("open")
+        replicated, _ = await self.core.runtime_jobs(spec)
+        body = tr.trainjob_body(spec, name, self.namespace, replicated)
+        if not server:
+            return body
+        if spec.termination_grace_period_seconds is not None:
+            await self.core.check_grace_kept(body)
+        try:
+            return await self._kube.create(k.TRAINJOBS, body, dry_run=True)
+        except NotFound as exc:
+            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
+                           reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                raise Refused(f"trainjob {name} already exists in namespace {self.namespace}; choose another "
+                              "name or submission", reason="AlreadyExists", code=exc.code) from exc
+            raise
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -261,30 +316,19 @@ class AsyncAdapter:
                 if workload is not None:
                     await self.core.set_active(workload, True)
                 return ident
-            target = Target.of(tj)
             record = await self.core.record(tj.job_id, tj.submission)
-            snap, verdict = await self._settled_read(target)
+            snap, verdict = await self._settled_read(Target.of(tj))
             if not verdict.admissible:
                 await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
-                raise PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining],
-                                 verdict.remaining)
-            mine = snap.object_pods(target)
-            problem = d.record_problem(tj, record, mine)
-            if problem:
-                raise Refused(problem, reason="RecordInvalid")
-            plan = d.next_admission(tj, mine, record, own={token}, plain=True)
+                raise _pods_remain(name, verdict)
             try:
-                if plan.write_record:
-                    await self.core.issue(record, tj, plan.admission, token)
-                raised = await self.core.raise_trainjob(tj, plan.admission, token) if plan.write_trainjob else tj
-            except Unreachable as exc:
-                if exc.code == 409:
-                    continue
-                raise
-            if await self.core.unsuspend(raised, plan.admission, self.conflict_retries):
-                await ev.record(self._kube, ev.admitted(raised, plan.admission))
-                return Identity(tj.job_id, tj.submission, plan.admission)
-        raise Unreachable(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
+                admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
+            except Conflict:
+                continue
+            if await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
+                return Identity(tj.job_id, tj.submission, admitted.admission)
+        raise Conflict(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
     async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
         """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
@@ -294,9 +338,9 @@ class AsyncAdapter:
         delay = 0.1
         deadline = time.monotonic() + self.settle_seconds
         while True:
+            # dispatch's pod finalizer is freed by the controller's keeper (the writer role may not patch
+            # pods: a writer that could would be able to hide a pod that may run), never here.
             snap = await self.core.read_one(target)
-            if await self.core.free(snap.object_pods(target), snap.nodes):
-                snap = await self.core.read_one(target)  # the pods freed may be gone now: read afresh
             verdict = snap.verdict(target)
             if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
                 return snap, verdict
@@ -347,7 +391,6 @@ class AsyncAdapter:
         target = Target.of(tj)
         snap = await self.core.read_one(target, lower=False)
         mine = snap.object_pods(target)
-        await self.core.free(mine, snap.nodes)
         if tj.labelled:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:
@@ -398,7 +441,7 @@ class AsyncAdapter:
                 continue
             if await self.core.remove_finalizer(view, forbidden_ok=False):
                 return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
-        raise Unreachable(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
+        raise Conflict(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
@@ -426,6 +469,21 @@ class AsyncAdapter:
         tj = await self.core.trainjob(name)
         follower = Follower(self._kube, selections(name, tj.job_id, tj.submission), interval=interval,
                             complete=bool(tj.job_id and tj.submission))
+        await follower.start()
+        return follower
+
+    async def follow_find(self, *, job_id: str | None = None, submission: str | None = None,
+                          unmanaged: bool = False, selector: str | None = None, all_namespaces: bool = False,
+                          interval: float = 1.0) -> Follower:
+        """Follow what ``find`` with the same filters answers from: the TrainJobs it lists and the pods of
+        dispatch's objects (and, with ``unmanaged``, every JobSet's pods), for ``status --watch``."""
+        labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
+        pods = f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID
+        chosen = [Selection(k.TRAINJOBS, labels or "", all_namespaces),
+                  Selection(k.PODS, pods, all_namespaces)]
+        if unmanaged:
+            chosen.append(Selection(k.PODS, n.JOBSET_NAME_LABEL, all_namespaces))
+        follower = Follower(self._kube, chosen, interval=interval)
         await follower.start()
         return follower
 
@@ -460,25 +518,45 @@ class AsyncAdapter:
                     )
                 await follower.changed(max(0.0, deadline - time.monotonic()))
 
-    async def logs(self, name: str, *, node: int = 0, follow: bool = False) -> AsyncIterator[str]:
-        """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs."""
+    async def logs(self, name: str, *, node: int = 0, follow: bool = False, tail: int | None = None,
+                   since_seconds: int | None = None, timestamps: bool = False, container: str | None = None,
+                   previous: bool = False) -> AsyncIterator[str]:
+        """Log lines of the object's node ``node`` (trainer container), like TrainerClient.get_job_logs.
+
+        ``tail``, ``since_seconds``, ``timestamps``, ``container`` and ``previous`` are the pod log API's
+        ``tailLines``, ``sinceSeconds``, ``timestamps``, ``container`` and ``previous`` (kubectl logs' flags)."""
+        problems = []
+        if tail is not None and tail < 0:
+            problems.append(FieldCause("tail", f"{tail} is negative", "FieldValueInvalid"))
+        if since_seconds is not None and since_seconds <= 0:
+            problems.append(FieldCause("since_seconds", f"{since_seconds} is not positive", "FieldValueInvalid"))
+        if container is not None:
+            why = n.dns1123_subdomain_problem(container) or ("must not contain '.'" if "." in container else None)
+            if why:
+                problems.append(FieldCause("container", f"{container!r} {why}", "FieldValueInvalid"))
+        n.check(problems)
         n.validate_ref(name)
-        raw = (await self._kube.list(k.PODS, labels=f"{n.JOBSET_NAME_LABEL}={name}")).items
+        raw = (await self._kube.list(k.PODS, labels=by_jobset([name]))).items
         live = [p for p in raw if not PodView.from_obj(p).deleting] or raw
         index = str(node)
         key = "batch.kubernetes.io/job-completion-index"
         chosen = [p for p in live if labels_of(p).get(key) == index or annotations_of(p).get(key) == index]
         if not chosen:
             raise NotFound(f"no pod of {name} for node {node} yet", reason="NotFound")
-        async for line in self._kube.logs(name_of(chosen[0]), follow=follow):
+        async for line in self._kube.logs(name_of(chosen[0]), follow=follow, tail=tail, since_seconds=since_seconds,
+                                          timestamps=timestamps, container=container, previous=previous):
             yield line
+
+
+def _pods_remain(name: str, verdict: d.Verdict) -> PodsRemain:
+    return PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining], verdict.remaining)
 
 
 class Adapter:
     """Synchronous facade over ``AsyncAdapter``, for scripts and the CLI."""
 
-    def __init__(self, core: AsyncAdapter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-        self._core = core
+    def __init__(self, aio: AsyncAdapter, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+        self._async = aio
         self._loop = loop
         self._thread = thread
 
@@ -491,6 +569,7 @@ class Adapter:
         context: str | None = None,
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
+        request_timeout: float | None = None,
     ) -> Adapter:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="dispatch-loop", daemon=True)
@@ -498,7 +577,8 @@ class Adapter:
 
         async def build() -> AsyncAdapter:
             return AsyncAdapter.connect(
-                namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport
+                namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport,
+                request_timeout=request_timeout,
             )
 
         try:
@@ -522,59 +602,74 @@ class Adapter:
 
     @property
     def namespace(self) -> str:
-        return self._core.namespace
+        return self._async.namespace
 
     @property
     def read_only(self) -> bool:
-        return self._core.read_only
+        return self._async.read_only
 
     @property
     def core(self) -> AsyncAdapter:
-        return self._core
+        return self._async
 
     def open(self, spec: JobSpec, *, hold: bool = True) -> Status:
-        return self._run(self._core.open(spec, hold=hold))
+        return self._run(self._async.open(spec, hold=hold))
 
     def release(self, name: str) -> Identity:
-        return self._run(self._core.release(name))
+        return self._run(self._async.release(name))
 
     def hold(self, name: str) -> Status:
-        return self._run(self._core.hold(name))
+        return self._run(self._async.hold(name))
 
     def inspect(self, name: str) -> Status:
-        return self._run(self._core.inspect(name))
+        return self._run(self._async.inspect(name))
 
     def find(self, *, job_id: str | None = None, submission: str | None = None,
-             state: State | Collection[State] | None = None, unmanaged: bool = False) -> list[Status]:
-        return self._run(self._core.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged))
+             state: State | Collection[State] | None = None, unmanaged: bool = False,
+             selector: str | None = None, all_namespaces: bool = False) -> list[Status]:
+        return self._run(self._async.find(job_id=job_id, submission=submission, state=state, unmanaged=unmanaged,
+                                         selector=selector, all_namespaces=all_namespaces))
+
+    def follow_find(self, *, job_id: str | None = None, submission: str | None = None, unmanaged: bool = False,
+                    selector: str | None = None, all_namespaces: bool = False, interval: float = 1.0) -> Following:
+        """What ``find`` answers from, followed by watches (see ``AsyncAdapter.follow_find``)."""
+        return Following(self, self._run(self._async.follow_find(
+            job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector,
+            all_namespaces=all_namespaces, interval=interval)))
+
+    def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
+        return self._run(self._async.open_dry_run(spec, server=server))
 
     def ceased(self, name: str) -> Cessation:
-        return self._run(self._core.ceased(name))
+        return self._run(self._async.ceased(name))
 
     def close(self, name: str) -> tuple[RemainingPod, ...]:
-        return self._run(self._core.close(name))
+        return self._run(self._async.close(name))
 
     def wait(self, name: str, states: State | Collection[State], *, timeout: float = 600.0,
              interval: float = 1.0, on_status: Callable[[Status], None] | None = None) -> Status:
-        return self._run(self._core.wait(name, states, timeout=timeout, interval=interval,
+        return self._run(self._async.wait(name, states, timeout=timeout, interval=interval,
                                          on_status=on_status))
 
     def follow(self, name: str, *, interval: float = 1.0) -> Following:
         """The object's pods and TrainJob, followed by watches (see ``AsyncAdapter.follow``)."""
-        return Following(self, self._run(self._core.follow(name, interval=interval)))
+        return Following(self, self._run(self._async.follow(name, interval=interval)))
 
     def forget(self, job_id: str, submission: str) -> bool:
-        return self._run(self._core.forget(job_id, submission))
+        return self._run(self._async.forget(job_id, submission))
 
     def release_pod(self, pod: str, *, node_confirmed_down: bool = False, process_gone: bool = False) -> PodEnd:
-        return self._run(self._core.release_pod(pod, node_confirmed_down=node_confirmed_down,
+        return self._run(self._async.release_pod(pod, node_confirmed_down=node_confirmed_down,
                                                 process_gone=process_gone))
 
     def migrate(self) -> tuple[int, int]:
-        return self._run(self._core.migrate())
+        return self._run(self._async.migrate())
 
-    def logs(self, name: str, *, node: int = 0, follow: bool = False) -> Iterator[str]:
-        agen = self._core.logs(name, node=node, follow=follow)
+    def logs(self, name: str, *, node: int = 0, follow: bool = False, tail: int | None = None,
+             since_seconds: int | None = None, timestamps: bool = False, container: str | None = None,
+             previous: bool = False) -> Iterator[str]:
+        agen = self._async.logs(name, node=node, follow=follow, tail=tail, since_seconds=since_seconds,
+                               timestamps=timestamps, container=container, previous=previous)
         while True:
             try:
                 yield self._run(agen.__anext__())
@@ -586,7 +681,7 @@ class Adapter:
         if not self._loop.is_running():
             return
         try:
-            self._run(self._core.aclose())
+            self._run(self._async.aclose())
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)

@@ -7,8 +7,12 @@ ones, so a kind or version changes in one place for both.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from . import _names as n
+
+Obj = dict[str, Any]
+"""A Kubernetes object as the API serves it (decoded JSON); parsed into views once, where it is read."""
 
 
 @dataclass(frozen=True)

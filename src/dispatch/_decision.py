@@ -20,13 +20,25 @@ from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
     ANNOTATION_TOKEN,
+    LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     PATCH_MANAGER,
+    POD_KEPT_LABELS,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
-from ._trainer import TrainJobView
-from ._views import POD_FINALIZER, PROOF_UNPROVEN, PROVEN, TERMINAL_PHASES, JobSetView, JobView, NodeView, PodView
+from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings
+from ._views import (
+    POD_FINALIZER,
+    PROOF_KUBELET,
+    PROOF_UNPROVEN,
+    PROVEN,
+    TERMINAL_PHASES,
+    JobSetView,
+    JobView,
+    NodeView,
+    PodView,
+)
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
@@ -60,9 +72,14 @@ def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[R
             continue
         node = nodes.get(pod.node) if pod.node else None
         state = node.state_text() if node else ("not readable" if pod.node else "")
-        held = pod.ours and pod.deleting and pod.deletion_grace == 0 and pod.end(node) == PROOF_UNPROVEN
+        end = pod.end(node)
+        held = pod.ours and pod.deleting and pod.deletion_grace == 0 and end == PROOF_UNPROVEN
+        why = pod.unproven_why(node)
+        if pod.ours and end in PROVEN and end != PROOF_KUBELET:
+            why = (f"its end is proven ({end}); dispatch's controller removes dispatch's finalizer so it goes "
+                   f"(without a controller running: `dispatch admin release-pod {pod.name}`)")
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
-                                pod.deletion_timestamp, held=held, why=pod.unproven_why(node)))
+                                pod.deletion_timestamp, held=held, why=why))
     return tuple(out)
 
 
@@ -328,12 +345,12 @@ def next_admission(trainjob: TrainJobView, pods: Iterable[PodView], record: Reco
     bind = record is not None and record.trainjob_uid != trainjob.ref.uid
     if record is not None and issued > seen and not bind:
         return Plan(issued, write_record=False, write_trainjob=True)
-    if record is not None and issued > 0 and trainjob.admission == issued == trainjob.patch_admission:
+    if record is not None and issued > 0 and trainjob.admission == issued == trainjob.patch_admission and not bind:
         if trainjob.token and trainjob.token in own:
-            return Plan(issued, write_record=bind, write_trainjob=False)
+            return Plan(issued, write_record=False, write_trainjob=False)
         pods_a = max([0, *(p.admission or 0 for p in pods)])
         if plain and trainjob.started < issued and pods_a < issued:
-            return Plan(issued, write_record=bind, write_trainjob=False)
+            return Plan(issued, write_record=False, write_trainjob=False)
     return Plan(max(seen, issued) + 1, write_record=True, write_trainjob=True)
 
 
@@ -365,6 +382,66 @@ def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iter
         return (f"submission {ident} is held by {holder}, not by trainjob {trainjob.name} "
                 f"({record.describe()}); open a new submission instead")
     return None
+
+
+# --------------------------------------------------------------------------- claiming a submission
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What an ``open`` does with a submission's record: ``create`` it, ``resume`` the same open's claim,
+    ``take`` it over from a holder that is gone, or nothing, ``refusal`` (message, reason) saying why."""
+
+    action: str
+    refusal: tuple[str, str] | None = None
+
+
+def claim_refusal_of_record(record: RecordView, job_id: str, submission: str) -> tuple[str, str] | None:
+    """A record that does not parse, or names another submission, is never claimed (or trusted)."""
+    if record.problems or (record.job_id, record.submission) != (job_id, submission):
+        return (f"{record.describe()} of {job_id}/{submission} cannot be trusted: "
+                f"{'; '.join(record.problems) or 'it names another submission'}", "RecordInvalid")
+    return None
+
+
+def claim_held(record: RecordView | None, holder: TrainJobView | None) -> bool:
+    """Whether the record's holder still exists as the object it was bound to."""
+    return (record is not None and holder is not None
+            and (not record.trainjob_uid or holder.ref.uid == record.trainjob_uid))
+
+
+def claim(job_id: str, submission: str, trainjob: str, record: RecordView | None, holder: TrainJobView | None,
+          other: TrainJobView | None) -> Claim:
+    """How ``open`` of ``trainjob`` claims a submission: only one caller can win it.
+
+    ``record`` is the submission's record as read, ``holder`` the TrainJob it names (read only when it
+    names one) and ``other`` any live TrainJob of the submission (read only when the record is missing
+    or its holder is gone: the holder may have been edited). A new submission's record is created; an
+    existing one is taken over only when its holder is gone (closed, or deleted after it had run); one
+    held by a TrainJob that exists, or claimed by another name not created yet, is refused as
+    AlreadyExists naming that object. Re-running the same open (same name) resumes its claim.
+    """
+    ident = f"{job_id}/{submission}"
+    taken = f"submission {ident} already exists as trainjob {{}}; choose a new submission"
+    if record is None:
+        if other is not None:
+            return Claim("", (taken.format(other.name), "AlreadyExists"))
+        return Claim("create")
+    invalid = claim_refusal_of_record(record, job_id, submission)
+    if invalid is not None:
+        return Claim("", invalid)
+    held = claim_held(record, holder)
+    if not held and other is not None and other.name != trainjob:
+        return Claim("", (taken.format(other.name), "AlreadyExists"))
+    if record.trainjob == trainjob and not held and not record.trainjob_uid:
+        return Claim("resume")  # the same open again: its claim stands
+    if held:
+        return Claim("", (taken.format(record.trainjob), "AlreadyExists"))
+    if record.trainjob and not record.trainjob_uid and holder is None:
+        return Claim("", (f"submission {ident} already exists by an open of trainjob {record.trainjob} that has "
+                          f"not created it yet (if that open failed, `dispatch close {record.trainjob}` releases "
+                          "the claim); choose a new submission", "AlreadyExists"))
+    return Claim("take")
 
 
 # --------------------------------------------------------------------------- after a conflict
@@ -560,7 +637,7 @@ def explain(
 
 def kueue_raise_token(workload_uid: str, generation: int | None) -> str:
     """The token of a Kueue-mode raise of A: the Workload's uid and the TrainJob generation the raise was
-    made on (the controller writes it; ``controller._reconcile.kueue_token`` must agree)."""
+    made on: the controller writes it with the raise, the guard recognises it; both call this."""
     return f"{workload_uid}/{generation or 0}"
 
 
@@ -614,6 +691,29 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     if new.token != old.token and new.admission <= old.admission:
         return (f"{what}: annotation {ANNOTATION_TOKEN} changes only with a raise of "
                 f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
+    return foreign_problem(new, old)
+
+
+def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str | None:
+    """Why another manager's runtime patch entry may not be written so (``_trainer.foreign_settings``):
+    it would decide the identity, variables or finalizer of the pods Trainer builds. None if it may."""
+    found = foreign_settings(new, old)
+    if not found:
+        return None
+    return (f"trainjob {new.name}: {'; '.join(found[:3])}{' (and more)' if len(found) > 3 else ''}; only "
+            f"dispatch's entry ({PATCH_MANAGER}) sets dispatch's labels, DISPATCH_ variables and pod finalizer")
+
+
+def effective_problem(new: TrainJobView) -> str | None:
+    """Why the pods Trainer will build from every runtime patch entry (in list order) would not carry the
+    TrainJob's identity and A, or None."""
+    want = {LABEL_JOB_ID: new.job_id, LABEL_SUBMISSION: new.submission, LABEL_ADMISSION: str(new.admission)}
+    for job, labels in sorted(effective_pod_labels(new).items()):
+        for key in OWN_POD_LABELS:
+            if labels.get(key, "") != want[key]:
+                return (f"trainjob {new.name} cannot start: Trainer applies every runtime patch entry in order, so "
+                        f"the pods of replicatedJob {job} would carry {key}={labels.get(key) or '(none)'}, not "
+                        f"{want[key]}")
     return None
 
 
@@ -645,6 +745,9 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
         return f"{what}: {problem}"
     if new.patch_admission != a:
         return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={a}"
+    effective = effective_problem(new)
+    if effective:
+        return effective
     if a <= old.started:
         return (f"{what}: A={a} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
                 "`dispatch release` issues a new A")
@@ -692,6 +795,10 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         change = identity_change(old, new)
         if change:
             return change
+    if operation == "CREATE" and new.labelled:
+        foreign = foreign_problem(new)
+        if foreign:
+            return foreign
     if not starts_execution(operation, old, new):
         return None
     if not new.labelled:
@@ -701,6 +808,37 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
     return _not_armed(operation, old, new, record, workload)
+
+
+POD_RELEASE_PERMISSION = ("release", "dispatch.phpboyscout.uk", "podfinalizers")
+"""(verb, group, resource) the pod policy asks the authorizer about before dispatch's finalizer may go: held by
+the controller's role and the admin role only (a permission no real resource has, as ``use`` or ``bind``)."""
+
+
+POD_LABELS_KEPT = ("the labels that say whose a dispatch pod is are kept (dispatch.phpboyscout.uk/job-id, /submission, "
+                   "/admission; JobSet's jobset-name, replicatedjob-name, job-index; the Job controller's "
+                   "controller-uid and job-name)")
+"""The ``dispatch-pods`` policy's message when a write would change one of ``POD_KEPT_LABELS``."""
+POD_FINALIZER_KEPT = (f"dispatch's pod finalizer {POD_FINALIZER} is removed only by dispatch's controller once the "
+                      "pod's end is proven, or by `dispatch admin release-pod`")
+"""The ``dispatch-pods`` policy's message when a caller without ``POD_RELEASE_PERMISSION`` removes the finalizer."""
+
+
+def pod_write_problem(old_labels: Mapping[str, str], new_labels: Mapping[str, str],
+                      old_finalizers: Sequence[str], new_finalizers: Sequence[str], *,
+                      may_release: bool) -> str | None:
+    """Why an update of a dispatch pod is refused (the ``dispatch-pods`` CEL policy's message), or None.
+
+    A pod that may still run must stay visible to both selections of the rule and keep its A: the labels
+    of ``POD_KEPT_LABELS`` never change. dispatch's finalizer keeps a force-deleted pod in the API until
+    its end is proven; only a caller holding ``POD_RELEASE_PERMISSION`` (the controller's finalizer keeper,
+    ``dispatch admin release-pod``) removes it. A terminal phase in the object proves nothing by itself
+    (Kueue and PodGC write Failed over a process that may run), so no state of the pod lets anyone else."""
+    if any(old_labels.get(key) != new_labels.get(key) for key in POD_KEPT_LABELS):
+        return POD_LABELS_KEPT
+    if POD_FINALIZER in old_finalizers and POD_FINALIZER not in new_finalizers and not may_release:
+        return POD_FINALIZER_KEPT
+    return None
 
 
 OPERATOR_CONFIRMED = "operator-confirmed"

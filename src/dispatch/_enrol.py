@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._api import Obj
 from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
@@ -45,8 +46,6 @@ from ._names import (
 )
 from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs
 from ._views import mapping
-
-Obj = dict[str, Any]
 
 ENROL_LABEL = f"{DOMAIN}/enrol"
 """On a Namespace, value ``true``: every new TrainJob there is brought under dispatch at creation."""
@@ -260,3 +259,20 @@ def enrol(obj: Mapping[str, Any], request_uid: str, runtime: Mapping[str, Any] |
         warnings.append(f"dispatch enrolled this TrainJob as {job_id}/{submission}, suspended: "
                         f"`dispatch release {name or '<name>'}` starts it")
     return Enrolment(patch=tuple(ops), warnings=tuple(warnings), job_id=job_id, submission=submission)
+
+
+def collision(name: str, job_id: str, submission: str, holder: str, live: list[str]) -> str | None:
+    """Why a TrainJob being created may not take the submission (job-id, submission), or None.
+
+    ``holder`` is the TrainJob the submission's identity record names ("" for none: never opened, or
+    closed), ``live`` the TrainJobs that carry both identity labels and are not being deleted. One
+    submission is one object: a second TrainJob with a live submission's labels would never be released
+    (its record names the other) and would stand in the owner's way of re-opening her submission. The
+    object ``dispatch open`` claimed the record for (same name) passes."""
+    others = sorted({x for x in live if x != name} | ({holder} if holder and holder != name else set()))
+    if not others:
+        return None
+    return (f"trainjob {name or '(generated name)'} cannot be enrolled in dispatch: submission {job_id}/{submission} "
+            f"is held by trainjob {others[0]}; one submission is one object: set another "
+            f"{_label_field(LABEL_SUBMISSION)} (or leave it out: enrolment then takes a fresh one)")
+

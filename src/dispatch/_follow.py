@@ -16,7 +16,7 @@ import contextlib
 from dataclasses import dataclass
 
 from . import _kube as k
-from . import _names as n
+from ._read import by_identity, by_jobset
 from .errors import DispatchError, Refused
 
 RESYNC_SECONDS = 30.0
@@ -30,17 +30,18 @@ CANCEL_RETRY_SECONDS = 0.01
 class Selection:
     res: k.Res
     labels: str
+    all_namespaces: bool = False
 
     def describe(self) -> str:
-        return f"{self.res.plural} {self.labels}"
+        return f"{self.res.plural} {self.labels}" + (" (all namespaces)" if self.all_namespaces else "")
 
 
 def selections(name: str, job_id: str, submission: str) -> list[Selection]:
     """What one object's decision depends on that a watch can follow: its pods by JobSet's jobset-name
     and by dispatch's labels, and its TrainJob (by dispatch's labels: a label-less TrainJob is polled)."""
-    out = [Selection(k.PODS, f"{n.JOBSET_NAME_LABEL}={name}")]
-    if job_id and submission:
-        identity = f"{n.LABEL_JOB_ID}={job_id},{n.LABEL_SUBMISSION}={submission}"
+    out = [Selection(k.PODS, by_jobset([name]))]
+    identity = by_identity([(job_id, submission)] if job_id and submission else [])
+    if identity is not None:
         out += [Selection(k.PODS, identity), Selection(k.TRAINJOBS, identity)]
     return out
 
@@ -81,7 +82,8 @@ class Follower:
             self._tasks.append(asyncio.create_task(self._follow(sel, start)))
 
     async def _start_rv(self, sel: Selection) -> str:
-        async with contextlib.aclosing(self._kube.pages(sel.res, labels=sel.labels, limit=1)) as pages:
+        async with contextlib.aclosing(self._kube.pages(sel.res, labels=sel.labels or None, limit=1,
+                                                         all_namespaces=sel.all_namespaces)) as pages:
             async for page in pages:
                 return page.resource_version
         return ""
@@ -94,8 +96,9 @@ class Follower:
                     rv = await self._start_rv(sel)
                     self._up.add(sel)
                     self._changed.set()   # the watch was down: something may have changed unseen
-                async for etype, obj in self._kube.watch(sel.res, resource_version=rv, labels=sel.labels,
-                                                         timeout_seconds=WATCH_SECONDS):
+                async for etype, obj in self._kube.watch(sel.res, resource_version=rv, labels=sel.labels or None,
+                                                         timeout_seconds=WATCH_SECONDS,
+                                                         all_namespaces=sel.all_namespaces):
                     rv = str((obj.get("metadata") or {}).get("resourceVersion") or rv)
                     if etype in ("ADDED", "MODIFIED", "DELETED"):
                         self.events += 1

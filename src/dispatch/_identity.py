@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _api as api
+from ._api import Obj
 from ._names import DOMAIN, LABEL_JOB_ID, LABEL_SUBMISSION
 from ._views import Ref, mapping, parse_count, text
-
-Obj = dict[str, Any]
 
 RECORDS = api.SUBMISSION_RECORDS
 LEGACY_LEDGER = "dispatch-admissions"

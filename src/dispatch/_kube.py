@@ -38,18 +38,19 @@ from ._api import (  # re-exported: callers name kinds k.PODS, k.TRAINJOBS, ...
     RUNTIMES,
     TRAINJOBS,
     WORKLOADS,
+    Obj,
     Res,
 )
 from .errors import (
+    Conflict,
     DispatchError,
     FieldCause,
     Forbidden,
     NotFound,
+    NotServed,
     Refused,
     Unreachable,
 )
-
-Obj = dict[str, Any]
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder()
@@ -67,7 +68,8 @@ def _decode(data: bytes) -> Any:
 
 MERGE = "application/merge-patch+json"
 APPLY = "application/apply-patch+yaml"
-JSON_PATCH = "application/json-patch+json"
+NOT_SERVED_TEXTS = ("the server could not find the requested resource", "404 page not found")
+"""How kube-apiserver words a 404 for a kind it does not serve (``error_for`` makes it ``NotServed``)."""
 
 
 
@@ -127,11 +129,15 @@ def error_for(method: str, path: str, response: httpx2.Response, *, list_call: b
     if code == 403:
         return Forbidden(f"forbidden: cannot {verb} {_resource_words(path)}: {message}", **kw)
     if code == 404:
+        # kube-apiserver's answers for a kind it does not serve: a served group without the resource, or a
+        # group it does not know at all (plain text "404 page not found")
+        if any(text in message for text in NOT_SERVED_TEXTS):
+            return NotServed(f"not found: {message}", **kw)
         return NotFound(f"not found: {message}", **kw)
-    if code in (409,) and reason == "AlreadyExists":
+    if code == 409 and reason == "AlreadyExists":
         return Refused(f"already exists: {message}", **kw)
     if code == 409:
-        return Unreachable(f"conflict: {message}", **kw)
+        return Conflict(f"conflict: {message}", **kw)
     if code == 429 or code >= 500:
         return Unreachable(f"API server unavailable (HTTP {code}): {message}", **kw)
     if code == 401:
@@ -161,6 +167,12 @@ def _resource_words(path: str) -> str:
     return f"{what} in namespace {ns}" if ns else what
 
 
+def _words(exc: Exception) -> str:
+    """An HTTP client error's text, never empty (a read timeout's own text is)."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no answer in time)"
+
+
 @dataclass
 class ListResult:
     items: list[Obj]
@@ -171,10 +183,17 @@ class ListResult:
 class Kube:
     """Async JSON access to one cluster. Used by the adapter and the controller, never elsewhere."""
 
-    def __init__(self, client: httpx2.AsyncClient, namespace: str, *, retries: int = 3) -> None:
+    def __init__(self, client: httpx2.AsyncClient, namespace: str, *, retries: int = 3, where: str = "",
+                 request_timeout: float | None = None) -> None:
         self._client = client
         self.namespace = namespace
         self.retries = retries
+        self.where = where
+        """The server and where its settings came from (``https://host:6443 (kubeconfig F, context C)``),
+        so that an unreachable or silent server is named in the error, as kubectl names it."""
+        self.request_timeout = request_timeout
+        """Seconds one request may take with its retries (``--request-timeout``); None: only the
+        per-attempt timeout bounds it."""
         self.requests = 0
         self.bytes_received = 0
 
@@ -188,13 +207,19 @@ class Kube:
         context: str | None = None,
         transport: httpx2.AsyncBaseTransport | None = None,
         timeout: float = 15.0,
+        request_timeout: float | None = None,
     ) -> Kube:
-        """Build from a kubeconfig (or in-cluster credentials), or over a test transport."""
+        """Build from a kubeconfig (or in-cluster credentials), or over a test transport.
+
+        ``request_timeout`` bounds each request with its retries (kubectl's ``--request-timeout``)."""
+        if request_timeout is not None:
+            timeout = min(timeout, request_timeout)
         if transport is not None:
             client = httpx2.AsyncClient(
                 base_url="https://fake.invalid", transport=transport, timeout=timeout
             )
-            return Kube(client, namespace or "default")
+            return Kube(client, namespace or "default", where="https://fake.invalid",
+                        request_timeout=request_timeout)
         from . import _kubeconfig
 
         conn = _kubeconfig.load(kubeconfig, context)
@@ -205,7 +230,8 @@ class Kube:
             timeout=httpx2.Timeout(timeout),
             limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=120.0),
         )
-        return Kube(client, namespace or conn.namespace)
+        where = f"{conn.server} ({conn.source})" if conn.source else conn.server
+        return Kube(client, namespace or conn.namespace, where=where, request_timeout=request_timeout)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -222,7 +248,8 @@ class Kube:
 
         Shares the HTTP client, so only the original's ``aclose`` should be called; counters are its own.
         """
-        return Kube(self._client, namespace, retries=self.retries)
+        return Kube(self._client, namespace, retries=self.retries, where=self.where,
+                    request_timeout=self.request_timeout)
 
     # ------------------------------------------------------------------ core request
 
@@ -236,6 +263,31 @@ class Kube:
         content_type: str = "application/json",
         retry: bool = True,
         list_call: bool = False,
+    ) -> Obj:
+        if self.request_timeout is None:
+            return await self._attempts(method, path, params=params, body=body, content_type=content_type,
+                                        retry=retry, list_call=list_call)
+        try:
+            async with asyncio.timeout(self.request_timeout):
+                return await self._attempts(method, path, params=params, body=body, content_type=content_type,
+                                            retry=retry, list_call=list_call)
+        except TimeoutError:
+            raise Unreachable(f"the API server{self._server()} did not answer {method} {path.split('?')[0]} "
+                              f"within the request timeout of {self.request_timeout:g}s", reason="Timeout") from None
+
+    def _server(self) -> str:
+        return f" at {self.where}" if self.where else ""
+
+    async def _attempts(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        body: Any,
+        content_type: str,
+        retry: bool,
+        list_call: bool,
     ) -> Obj:
         attempts = self.retries if retry else 1
         delay = 0.05
@@ -251,11 +303,12 @@ class Kube:
                     headers={"Content-Type": content_type, "Accept": "application/json"},
                 )
             except httpx2.TimeoutException as exc:
-                last = Unreachable(f"timed out talking to the API server ({method} {path}): {exc}",
-                                   reason="Timeout")
+                last = Unreachable(f"timed out talking to the API server{self._server()} ({method} {path}): "
+                                   f"{_words(exc)}", reason="Timeout")
             except httpx2.TransportError as exc:
                 last = Unreachable(
-                    f"cannot reach the API server ({method} {path}): {exc}", reason="ConnectionError"
+                    f"cannot reach the API server{self._server()} ({method} {path}): {_words(exc)}",
+                    reason="ConnectionError",
                 )
             else:
                 self.bytes_received += len(response.content)
@@ -469,11 +522,20 @@ class Kube:
             raise Unreachable(f"watch connection lost: {exc}", reason="ConnectionError") from exc
 
     async def logs(
-        self, pod: str, namespace: str | None = None, *, container: str | None = None, follow: bool = False
+        self, pod: str, namespace: str | None = None, *, container: str | None = None, follow: bool = False,
+        tail: int | None = None, since_seconds: int | None = None, timestamps: bool = False, previous: bool = False,
     ) -> AsyncIterator[str]:
         params = {"follow": "true" if follow else "false"}
         if container:
             params["container"] = container
+        if tail is not None:
+            params["tailLines"] = str(tail)
+        if since_seconds is not None:
+            params["sinceSeconds"] = str(since_seconds)
+        if timestamps:
+            params["timestamps"] = "true"
+        if previous:
+            params["previous"] = "true"
         path = PODS.path(namespace or self.namespace, pod, "log")
         timeout = httpx2.Timeout(15.0, read=None if follow else 60.0)
         try:

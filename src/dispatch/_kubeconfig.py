@@ -454,6 +454,10 @@ class TokenFileAuth(httpx2.Auth):
             yield request
 
 
+STDERR_LINES = 50
+STDERR_WIDTH = 500
+
+
 class ExecAuth(httpx2.Auth):
     """A client-go credential plugin (``users[].user.exec``): run it for a token, reuse the token until it
     expires or the API server answers 401.
@@ -515,8 +519,15 @@ class ExecAuth(httpx2.Auth):
                     + (f"; its install hint: {hint}" if hint else ""), "ExecCredential")
 
     def _failed(self, code: int, stderr: bytes) -> Refused:
-        lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
-        said = f": {lines[-1][:300]}" if lines else ""
+        """The plugin's whole stderr, as kubectl shows it: a login plugin's advice is rarely on its last line.
+        Bounded (the last ``STDERR_LINES`` lines, each cut at ``STDERR_WIDTH``), control characters shown as
+        spaces so a terminal escape in it cannot rewrite the screen."""
+        text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", " ", stderr.decode(errors="replace"))
+        lines = [line.rstrip()[:STDERR_WIDTH] for line in text.splitlines() if line.strip()]
+        if len(lines) > STDERR_LINES:
+            lines = [f"({len(lines) - STDERR_LINES} earlier lines left out)", *lines[-STDERR_LINES:]]
+        said = (f": {lines[0].strip()}" if len(lines) == 1
+                else ("; its stderr:\n" + "\n".join(f"  {line}" for line in lines)) if lines else "")
         return _bad(f"credential plugin {self.argv[0]!r} ({self.where}) failed with exit code {code}{said}",
                     "ExecCredential")
 

@@ -14,11 +14,9 @@ from datetime import datetime
 from typing import Any
 
 from . import _api as api
+from ._api import Obj
 from ._names import KUEUE_JOB_UID_LABEL, LABEL_JOB_ID, LABEL_SUBMISSION, TRAINER_GROUP, label_value_problem
 from ._views import Ref, condition_true, conditions, is_deleting, items, labels_of, mapping, text
-
-Obj = dict[str, Any]
-
 
 WAITING_PREFIX = "waiting for "
 """Every message dispatch writes while it holds a check Pending starts so (restart-safe episode marker)."""
@@ -169,10 +167,14 @@ Addressed = WorkloadView | WorkloadHint
 """What a check write needs of a Workload: its ``ref`` (name, namespace, resourceVersion)."""
 
 
+def owned_by(check: Mapping[str, Any], controller_name: str) -> bool:
+    """Whether an AdmissionCheck is ``controller_name``'s: its ``spec.controllerName`` says so."""
+    return text(mapping(check.get("spec")).get("controllerName")) == controller_name
+
+
 def checks_owned(checks: Iterable[Mapping[str, Any]], controller_name: str) -> set[str]:
     """Names of the AdmissionChecks whose ``spec.controllerName`` is ``controller_name``."""
-    return {text(mapping(c.get("metadata")).get("name")) for c in checks
-            if text(mapping(c.get("spec")).get("controllerName")) == controller_name}
+    return {text(mapping(c.get("metadata")).get("name")) for c in checks if owned_by(c, controller_name)}
 
 
 def check_of(workload: WorkloadView | None, ours: set[str] | None) -> CheckEntry | None:

@@ -27,16 +27,16 @@ PATCH_MANAGER = f"{DOMAIN}/dispatch"
 FIELD_MANAGER = "dispatch"
 CONTROLLER_NAME = f"{DOMAIN}/admission"
 """The ``spec.controllerName`` of the Kueue AdmissionChecks dispatch's controller owns."""
-LEDGER_NAME = "dispatch-admissions"
-"""The namespace's ConfigMap remembering each submission's highest A, so a closed and re-opened
-submission never reuses an execution identity."""
-
-
-def ledger_key(job_id: str, submission: str) -> str:
-    """An unambiguous ConfigMap key for a submission (label values may contain '.', '-' and '_')."""
-    return f"{len(job_id)}.{job_id}.{submission}"
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+POD_KEPT_LABELS = (
+    LABEL_JOB_ID, LABEL_SUBMISSION, LABEL_ADMISSION,
+    JOBSET_NAME_LABEL, "jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index",
+    "batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "controller-uid", "job-name",
+)
+"""The labels that say whose a dispatch pod is (dispatch's identity and A; JobSet's and the Job
+controller's selections): the pod policy keeps them as they were created (``deploy/base/guard.yaml``,
+``dispatch-pods``), so no writer can hide a pod that may run from the rule's two selections."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"

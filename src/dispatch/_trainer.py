@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from . import _api as api
+from ._api import Obj
 from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
@@ -42,8 +43,6 @@ from ._views import (
     parse_count,
     text,
 )
-
-Obj = dict[str, Any]
 
 
 def _patch_replicated_jobs(entry: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -100,6 +99,8 @@ class TrainJobView:
     """The field manager of the create (managedFields' first Update/Apply entry), if the server recorded it."""
     patch_entry: Mapping[str, Any] | None = field(default=None, compare=False, repr=False)
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
+    patches: tuple[Mapping[str, Any], ...] = field(default=(), compare=False, repr=False)
+    """Every ``spec.runtimePatches`` entry, in order (Trainer applies them so: a later one wins)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:
@@ -153,6 +154,7 @@ class TrainJobView:
             created_by=_creator(obj),
             patch_entry=entry,
             labels=labels,
+            patches=tuple(items(mapping(obj.get("spec")).get("runtimePatches"))),
         )
 
     @property
@@ -263,6 +265,63 @@ def patch_pod_labels(entry: Mapping[str, Any]) -> dict[str, dict[str, str]]:
     """The pod-template labels a runtime patch entry sets, per replicatedJob."""
     return {job: {str(key): str(value) for key, value in mapping(mapping(tmpl.get("metadata")).get("labels")).items()}
             for job, tmpl in patch_pod_templates(entry).items()}
+
+
+OWN_POD_LABELS = (LABEL_JOB_ID, LABEL_SUBMISSION, LABEL_ADMISSION)
+"""The pod labels dispatch's entry sets: the execution identity the rule, the history and the fence read."""
+
+
+def _entry_containers(tmpl: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    spec = mapping(tmpl.get("spec"))
+    return [*items(spec.get("containers")), *items(spec.get("initContainers"))]
+
+
+def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list[str]:
+    """What runtime patch entries of other managers set that is dispatch's, each as a phrase.
+
+    Trainer applies every entry in list order, so a later entry decides what the pods carry: an entry of
+    another manager that sets dispatch's identity labels to other values than the TrainJob's (its job-id
+    and submission labels, its A annotation), any ``DISPATCH_`` variable of a container, or dispatch's pod
+    finalizer, would make the pods carry an identity the record never issued (or stand in for the
+    finalizer's protection). Kueue's own entry carries dispatch's labels legitimately: the check's
+    ``podSetUpdates`` copy them, with the TrainJob's values. With ``old`` (the object before the write),
+    entries the write left as they were are not judged: a raise of A by dispatch is not refused because
+    Kueue has not yet cleared an earlier admission's labels (a start is judged on the pods Trainer will
+    build, ``effective_pod_labels``)."""
+    wanted = {LABEL_JOB_ID: new.job_id, LABEL_SUBMISSION: new.submission, LABEL_ADMISSION: str(new.admission)}
+    before = old.patches if old is not None else ()
+    out: list[str] = []
+    for i, entry in enumerate(new.patches):
+        manager = text(entry.get("manager"))
+        if manager == PATCH_MANAGER or entry in before:
+            continue
+        where = f"spec.runtimePatches[{i}] (manager {manager or '(none)'})"
+        for job, tmpl in patch_pod_templates(entry).items():
+            md = mapping(tmpl.get("metadata"))
+            for key, value in mapping(md.get("labels")).items():
+                if key in OWN_POD_LABELS and str(value) != wanted[key]:
+                    out.append(f"{where} sets pod label {key}={str(value)[:40]} on replicatedJob {job}, "
+                               f"not the TrainJob's {wanted[key] or '(none)'}")
+            finalizers = md.get("finalizers")
+            if isinstance(finalizers, list) and POD_FINALIZER in [str(f) for f in finalizers]:
+                out.append(f"{where} sets dispatch's pod finalizer {POD_FINALIZER} on replicatedJob {job}")
+            for c in _entry_containers(tmpl):
+                for env in items(c.get("env")):
+                    if text(env.get("name")).startswith(ENV_PREFIX):
+                        out.append(f"{where} sets variable {text(env.get('name'))} of container "
+                                   f"{text(c.get('name'))} on replicatedJob {job}")
+    return out
+
+
+def effective_pod_labels(trainjob: TrainJobView) -> dict[str, dict[str, str]]:
+    """dispatch's identity labels of each replicatedJob's pods as Trainer will build them: every entry
+    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets."""
+    out: dict[str, dict[str, str]] = {job: {} for job in trainjob.patch_targets}
+    for entry in trainjob.patches:
+        for job, labels in patch_pod_labels(entry).items():
+            if job in out:
+                out[job].update({k: v for k, v in labels.items() if k in OWN_POD_LABELS})
+    return out
 
 
 def labels_entry(manager: str, labels_by_job: Mapping[str, Mapping[str, str]]) -> Obj:

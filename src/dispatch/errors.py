@@ -5,11 +5,13 @@ The split that matters to a caller is whether to retry::
     DispatchError
     ├── Unreachable          retry later: the call failed, nothing was decided
     │   │                    (connection, timeouts, 5xx, 429, conflicts that outlasted retries)
+    │   ├── Conflict         a write's precondition failed (409): the object changed since it was read
     │   └── PodsRemain       pods of the previous execution may still run; nothing was written
     └── Refused              do not retry unchanged: the request itself is wrong or not allowed
         ├── InvalidInput     bad input caught before any request was sent
         ├── ReadOnly         a write was asked of a read-only adapter
         ├── NotFound         the object (or a kind: CRD not installed) does not exist
+        │   └── NotServed    the kind itself is not served (its CRD or API group is not installed)
         └── Forbidden        RBAC said no; names the verb and the resource
 
 ``PodsRemain`` is an ``Unreachable`` on purpose: the object is fine and the call will succeed once
@@ -27,11 +29,13 @@ if TYPE_CHECKING:
     from ._records import RemainingPod
 
 __all__ = [
+    "Conflict",
     "DispatchError",
     "FieldCause",
     "Forbidden",
     "InvalidInput",
     "NotFound",
+    "NotServed",
     "PodsRemain",
     "ReadOnly",
     "Refused",
@@ -76,6 +80,13 @@ class Unreachable(DispatchError):
     """The call failed for a reason that may go away: retry it."""
 
 
+class Conflict(Unreachable):
+    """A write conditioned on a resourceVersion met a newer one (HTTP 409): read again and decide again.
+
+    One class, so that every caller that retries on a conflict says so by catching it rather than by
+    comparing status codes."""
+
+
 class Refused(DispatchError):
     """The request was refused; retrying it unchanged will fail the same way."""
 
@@ -90,6 +101,11 @@ class ReadOnly(Refused):
 
 class NotFound(Refused):
     """The named object, or the kind itself (its CRD is not installed), does not exist."""
+
+
+class NotServed(NotFound):
+    """The API server does not serve the kind at all (its CRD or API group is not installed), as
+    opposed to one object of a served kind not existing. Recognised once, where replies are mapped."""
 
 
 class Forbidden(Refused):

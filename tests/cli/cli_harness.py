@@ -16,6 +16,8 @@ from dispatch.testing import FakeCluster
 
 WRITER = ("dispatch-writer", "dispatch-node-reader")
 READER = ("dispatch-reader", "dispatch-node-reader")
+ADMIN = ("dispatch-admin", "dispatch-node-reader")
+"""`dispatch admin ...` runs as the operator bound to the admin role (the writer role may not patch pods)."""
 
 
 @dataclass
@@ -27,17 +29,19 @@ class Cli:
     transport: Callable[[], httpx2.AsyncBaseTransport] | None = None
     """Replaces the fake cluster's own transport (to serve logs, say)."""
 
-    def __call__(self, *args: str, input: str | None = None) -> Result:
+    def __call__(self, *args: str, input: str | None = None, env: dict[str, str | None] | None = None) -> Result:
         def connect(settings: Settings) -> Adapter:
             self.connected.append(settings)
-            roles = READER if settings.read_only else WRITER  # exactly the shipped roles the CLI is run with
+            # exactly the shipped roles the CLI is run with
+            roles = READER if settings.read_only else ADMIN if "admin" in args else WRITER
             transport = self.transport() if self.transport else self.cluster.transport(roles=roles)
-            return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only)
+            return Adapter.connect(settings.namespace, transport=transport, read_only=settings.read_only,
+                                   request_timeout=settings.request_timeout)
 
         runner = CliRunner()
         return runner.invoke(
             app, list(args), obj=CliState(connect=connect), input=input,
-            env={"COLUMNS": "250", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None},
+            env={"COLUMNS": "250", "KUBECONFIG": None, "DISPATCH_NAMESPACE": None, **(env or {})},
             catch_exceptions=False,
         )
 

@@ -22,6 +22,7 @@ import pytest
 
 from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch._api import Obj
 from dispatch.controller import ACTIVE_MESSAGE
 from dispatch.testbed.harness import (
     container_controller,
@@ -77,7 +78,7 @@ async def _set_inactive(kube: k.Kube) -> None:
         sub="status", field_manager="dispatch-test", force=True)
 
 
-def _active(check: k.Obj) -> k.Obj:
+def _active(check: Obj) -> Obj:
     return next((c for c in (check.get("status") or {}).get("conditions") or [] if c["type"] == "Active"), {})
 
 

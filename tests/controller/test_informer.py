@@ -169,7 +169,7 @@ async def test_a_watch_expiring_right_after_each_list_is_backed_off_too() -> Non
 
 def router_with(*workloads: dict[str, Any]) -> tuple[Router, WorkQueue]:
     queue = WorkQueue()
-    router = Router(queue, written=dict, on_change=lambda: None)
+    router = Router(queue, on_change=lambda: None)
     router.set_check_names(frozenset({"dispatch"}))
     router.list_workloads(list(workloads))
     drain(queue)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import os
 import random
 import re
@@ -53,10 +54,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
 from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec, NotFound, PodsRemain
+from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch._identity import record_name
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._finalizers import FinalizerKeeper
+from dispatch.controller._guard import Guard
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
 from dispatch.controller.testing import FakeGuard, FakeKueue
@@ -66,6 +70,16 @@ from .test_stateful_kueue import OBJECTS, NeverTwoExecutionsUnderKueue
 from .test_stateful_kueue import _step as kueue_walk_step
 
 NS = "default"
+EDITOR = """
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: namespace-editor}
+rules:
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list", "patch", "update", "delete"]
+"""
+"""A pod editor beside dispatch (as Kubernetes' own ``edit`` role): only the ``dispatch-pods`` policy stops it."""
 WRITER = ("dispatch-writer", "dispatch-node-reader")
 """dispatch's library, and the bypassing ``kubectl`` user: exactly the shipped writer role."""
 ADMIN = ("dispatch-admin", "dispatch-node-reader")
@@ -402,6 +416,122 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         finally:
             self.bypassing = False
 
+    # ------------------------------------------------------------------ writers of pods, records, entries (issue 25)
+
+    def _as(self, roles: tuple[str, ...], res: k.Res, name: str, body: dict[str, Any], rbac: str | None = None
+            ) -> bool:
+        """A merge patch as a user holding ``roles``; True if it went through. The refusals it provokes are
+        expected (the RBAC or a policy stands in its way), so they are not the shipped roles' denials the
+        invariant looks for."""
+        before = len(self.cluster.server.denied)
+
+        async def go() -> bool:
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport(roles=roles, rbac=rbac))
+            try:
+                await kube.merge_patch(res, name, body)
+                return True
+            except DispatchError:
+                return False
+            finally:
+                await kube.aclose()
+        try:
+            return asyncio.run(go())
+        finally:
+            del self.cluster.server.denied[before:]
+
+    @precondition(lambda self: bool(self.cluster.pods()))
+    @rule(who=st.sampled_from(["writer", "editor"]), what=st.sampled_from(["relabel", "unfinalize", "force-delete"]),
+          index=st.integers(0, 20))
+    def pod_writer(self, who: str, what: str, index: int) -> None:
+        """Issue 25, item 1: a writer (the shipped writer role) or a pod editor (no dispatch role, Kubernetes'
+        ``edit`` on pods) takes dispatch's labels and the JobSet's and Job's off a pod, or its finalizer after
+        a force delete. RBAC refuses the writer, the ``dispatch-pods`` policy the editor; were either let
+        through, the checker would see the next execution start beside the hidden pod."""
+        pods = self.cluster.pods()
+        pod = pods[index % len(pods)]["metadata"]["name"]
+        if what == "force-delete":
+            self.cluster.force_delete(pod)
+        roles, rbac = (WRITER, None) if who == "writer" else (("namespace-editor",), EDITOR)
+        body: dict[str, Any] = ({"metadata": {"labels": dict.fromkeys(n.POD_KEPT_LABELS)}} if what == "relabel"
+                                else {"metadata": {"finalizers": None}})
+        SEEN["pod-write-" + ("went-through" if self._as(roles, k.PODS, pod, body, rbac) else "refused")] += 1
+
+    @rule(name=st.sampled_from(OBJECTS), how=st.sampled_from(["bind", "forge-a"]))
+    def record_writer(self, name: str, how: str) -> None:
+        """Issue 25, item 4: a writer binds the submission's record to the object's uid without a raise, or
+        raises the TrainJob's annotation and entry to the record's A (an A that may have run under an earlier
+        object of the submission). The CRD's rule refuses the first; release never takes the second."""
+        tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
+        if tj is None:
+            return
+        job_id, submission = name.split("-")
+        record = self.cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name(job_id, submission))
+        if record is None:
+            return
+        if how == "bind":
+            body: dict[str, Any] = {"spec": {"trainJob": {"name": name, "uid": tj["metadata"]["uid"]}}}
+            went = self._as(WRITER, api.SUBMISSION_RECORDS, record["metadata"]["name"], body)
+            if went and record["spec"].get("trainJob", {}).get("uid") not in ("", tj["metadata"]["uid"], None):
+                raise AssertionError("a record was bound to another TrainJob without a raise")
+        else:
+            a = str(record["spec"]["admission"])
+            patches = copy.deepcopy(tj["spec"].get("runtimePatches") or [])
+            for entry in patches:
+                if entry.get("manager") == n.PATCH_MANAGER:
+                    for rj in entry["trainingRuntimeSpec"]["template"]["spec"].get("replicatedJobs") or []:
+                        rj["template"]["spec"]["template"]["metadata"]["labels"][n.LABEL_ADMISSION] = a
+            went = self._as(WRITER, k.TRAINJOBS, name, {"metadata": {"annotations": {n.ANNOTATION_ADMISSION: a}},
+                                                        "spec": {"runtimePatches": patches}})
+        SEEN[f"record-{how}-" + ("went-through" if went else "refused")] += 1
+
+    @rule(name=st.sampled_from(OBJECTS), delta=st.sampled_from([-1, 0, 1]))
+    def foreign_manager(self, name: str, delta: int) -> None:
+        """Issue 25, item 5: another manager adds an entry after dispatch's that sets the admission label
+        (the TrainJob's A, or one off it). Off it: refused by the policy; equal: allowed, and the start it
+        later meets (after a raise) is refused by the guard, as the pods would carry the stale A. Only in
+        examples where the guard judges everyone's writes: dispatch's own release and controller do not judge
+        other entries themselves (the guard does), so without it a stale entry would decide the pods' A."""
+        tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
+        if tj is None or not tj["spec"].get("suspend") or not self.guard_everyone:
+            return
+        a = int((tj["metadata"].get("annotations") or {}).get(n.ANNOTATION_ADMISSION, "0")) + delta
+        entry = {"manager": "example.com/tuner", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+            {"name": "node", "template": {"spec": {"template": {"metadata": {"labels": {
+                n.LABEL_ADMISSION: str(max(a, 0))}}}}}}]}}}}
+        patches = [e for e in tj["spec"].get("runtimePatches") or [] if e.get("manager") != "example.com/tuner"]
+        went = self._as(WRITER, k.TRAINJOBS, name, {"spec": {"runtimePatches": [*patches, entry]}})
+        SEEN["foreign-entry-" + ("went-through" if went else "refused")] += 1
+
+    @rule(name=st.sampled_from(OBJECTS))
+    def enrolment_collision(self, name: str) -> None:
+        """Issue 25, item 7: a TrainJob created in an enrolled namespace with a held submission's labels is
+        refused by enrolment (the guard's mutating webhook, with the controller's role)."""
+        job_id, submission = name.split("-")
+        review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
+            "uid": "collide", "operation": "CREATE", "namespace": NS, "name": f"{name}-thief", "object": {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "metadata": {"name": f"{name}-thief", "namespace": NS,
+                             "labels": {n.LABEL_JOB_ID: job_id, n.LABEL_SUBMISSION: submission}},
+                "spec": {"runtimeRef": {"name": "torch-distributed"}}}}}
+
+        async def go() -> dict[str, Any]:
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
+            try:
+                return dict((await Guard(kube).mutate(review, timeout=5))["response"])
+            finally:
+                await kube.aclose()
+        answer = asyncio.run(go())
+        held = any(not tj["metadata"].get("deletionTimestamp")
+                   for tj in self.cluster.server.objects(TRAINER, "trainjobs", NS)
+                   if (tj["metadata"].get("labels") or {}).get(n.LABEL_JOB_ID) == job_id
+                   and (tj["metadata"].get("labels") or {}).get(n.LABEL_SUBMISSION) == submission)
+        if held:  # refused: for the collision, or (an injected API error) because the guard fails closed
+            assert answer["allowed"] is False, answer
+            SEEN["enrol-collision-refused" if "is held by trainjob" in answer["status"]["message"]
+                 else "enrol-collision-failed-closed"] += 1
+        else:
+            SEEN["enrol-collision-free"] += 1
+
     # ------------------------------------------------------------------ more faults
 
     @rule(path=st.sampled_from([r"/submissionrecords", r"/trainjobs$", r"/trainjobs/", r"/workloads/"]),
@@ -547,7 +677,7 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
     name = rng.choice(OBJECTS)
     choice = rng.choices(
         ["writer", "progress", "kueue", "decide", "kueue-machine", "bypass", "inside", "concurrent", "lost",
-         "failed", "kubelet"], weights=[25, 20, 10, 10, 20, 4, 4, 4, 2, 1, 6])[0]
+         "failed", "kubelet", "second-round"], weights=[25, 20, 10, 10, 20, 4, 4, 4, 2, 1, 6, 4])[0]
     if choice == "writer":
         op = rng.choice(["release", "release", "release", "hold", "hold", "close", "reopen", "reopen-held",
                          "inspect", "ceased", "open-alias"])
@@ -583,6 +713,18 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
         path = rng.choice([r"/submissionrecords", r"/trainjobs$", r"/trainjobs/", r"/workloads/"])
         method = rng.choice(["POST", "PATCH"])
         return lambda: sm.lost_reply(path, method)
+    if choice == "second-round":
+        kind, index = rng.choice(["pod", "pod", "record", "foreign", "enrol"]), rng.randint(0, 20)
+        if kind == "pod":
+            who, what = rng.choice(["writer", "editor"]), rng.choice(["relabel", "unfinalize", "force-delete"])
+            return lambda: sm.pod_writer(who, what, index) if sm.cluster.pods() else None
+        if kind == "record":
+            how = rng.choice(["bind", "forge-a"])
+            return lambda: sm.record_writer(name, how)
+        if kind == "foreign":
+            delta = rng.choice([-1, 0, 1])
+            return lambda: sm.foreign_manager(name, delta)
+        return lambda: sm.enrolment_collision(name)
     if choice == "kubelet":
         outcome = rng.choice(["reject", "admit", "admit", "init-hangs", "init-finishes", "crash", "partition",
                               "heal", "heal", "failure-recovery"])
@@ -620,3 +762,7 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     # the kubelet outcomes and the healing phase are reached too
     assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, SEEN
     assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, SEEN
+    # issue 25's writers are reached, and every one that could hide a pod or reuse an A was refused
+    assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN
+    assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, SEEN
+    assert SEEN["enrol-collision-refused"] >= 3, SEEN

@@ -182,7 +182,9 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
     on = chart(tools)
     assert guard_objects(on) == [("MutatingWebhookConfiguration", "dispatch-guard"),
                                  ("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                 ("ValidatingAdmissionPolicy", "dispatch-pods"),
                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
+                                 ("ValidatingAdmissionPolicyBinding", "dispatch-pods"),
                                  ("ValidatingWebhookConfiguration", "dispatch-guard")]
     c = container(on)
     assert c["args"][4:6] == ["--guard-port=9443", "--guard-cert-dir=/var/run/dispatch-guard"]
@@ -202,9 +204,12 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
     assert mutating["webhooks"][0]["namespaceSelector"] == {"matchLabels": {ENROL_LABEL: "true"}}
 
     off = chart(tools, "guard.enabled=false")
-    # The CEL policy needs no server, so it stays: A and the started mark still only rise.
+    # The CEL policies need no server, so they stay: A and the started mark still only rise, and pods
+    # keep their labels and dispatch's finalizer.
     assert guard_objects(off) == [("ValidatingAdmissionPolicy", "dispatch-identity"),
-                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity")]
+                                  ("ValidatingAdmissionPolicy", "dispatch-pods"),
+                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
+                                  ("ValidatingAdmissionPolicyBinding", "dispatch-pods")]
     c = container(off)
     assert not [a for a in c["args"] if a.startswith("--guard")]
     assert "volumeMounts" not in c and [p["name"] for p in c["ports"]] == ["probes", "metrics"]

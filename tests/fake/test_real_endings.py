@@ -70,7 +70,11 @@ def test_a_pod_its_kubelet_rejected_is_deleted_by_the_controller_and_then_no_lon
     assert not cessation.ceased and "its kubelet rejected it" in cessation.reason
     # the controller deletes them; their kubelet confirms; the controller frees them
     keys = [f"default/{p['metadata']['name']}" for p in rejected]
-    assert keeper_pass(cluster) == dict.fromkeys(keys, "deleted")
+    got = keeper_pass(cluster)
+    assert {key: got[key] for key in keys} == dict.fromkeys(keys, "deleted")
+    # a replacement deleted before it was scheduled is freed in the same pass (release no longer frees it:
+    # the writer role may not patch pods, issue 25)
+    assert set(got.values()) - {"deleted"} <= {"not-scheduled"}
     cluster.settle()
     assert keeper_pass(cluster) == dict.fromkeys(keys, "kubelet-confirmed")
     assert adapter.ceased(NAME).ceased

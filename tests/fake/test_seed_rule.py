@@ -6,6 +6,8 @@ Job controller and kubelets are stepped by hand so each interleaving is chosen, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from dispatch import (
@@ -173,7 +175,8 @@ def test_if_pods_remain_nothing_is_raised_and_nothing_is_admitted(adapter: Adapt
     assert after is not None and after["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
 
 
-def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter, cluster: FakeCluster,
+                                                                keeper: Callable[[], object]) -> None:
     running(adapter, cluster)
     seen = [adapter.inspect(NAME).identity.admission]
     for _ in range(3):
@@ -184,6 +187,7 @@ def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter,
         seen.append(adapter.release(NAME).admission)
         cluster.settle()
     assert seen == [1, 2, 3, 4]
+    keeper()  # the controller frees the ended pods (their Jobs keep them)
     labels = {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)}
     assert labels == {"4"}
     cluster.history.check()
@@ -262,12 +266,14 @@ def test_pods_remain_is_classified_as_unreachable_not_refused() -> None:
     assert not issubclass(PodsRemain, Refused)
 
 
-def test_release_admits_once_the_pods_are_gone(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_release_admits_once_the_pods_are_gone(adapter: Adapter, cluster: FakeCluster,
+                                               keeper: Callable[[], object]) -> None:
     pod = held_with_terminating_pod(adapter, cluster)
     cluster.confirm_termination(pod)
     cluster.settle()
     assert adapter.release(NAME).admission == 2
     cluster.settle()
+    keeper()
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"2"}
     cluster.history.check()
 
@@ -327,7 +333,7 @@ def test_a_read_only_adapter_refuses_writes_before_any_request(reader: Adapter, 
 
 
 def test_on_a_lost_node_pods_stay_until_the_out_of_service_taint_and_then_admission_proceeds(
-    adapter: Adapter, cluster: FakeCluster
+    adapter: Adapter, cluster: FakeCluster, keeper: Callable[[], object]
 ) -> None:
     pod = running(adapter, cluster)
     cluster.freeze_node("node-0")
@@ -342,17 +348,21 @@ def test_on_a_lost_node_pods_stay_until_the_out_of_service_taint_and_then_admiss
     assert adapter.ceased(NAME).ceased  # proven before PodGC even runs
     cluster.settle()
     # Changed with the force-delete fix: PodGC's delete no longer removes the pod by itself. dispatch's
-    # finalizer keeps it (marked Failed by PodGC) until a dispatch writer proves its end, here by the taint.
+    # finalizer keeps it (marked Failed by PodGC) until dispatch's controller proves its end, here by the
+    # taint, and frees it (the writer role may not patch pods: issue 25).
     left = cluster.server.get("", "pods", "default", pod)
     assert left is not None and left["status"]["phase"] == "Failed"
     assert left["metadata"]["finalizers"] == [POD_FINALIZER]
-    assert adapter.release(NAME).admission == 2
+    with pytest.raises(PodsRemain, match="its end is proven"):
+        adapter.release(NAME)
+    keeper()
     assert cluster.server.get("", "pods", "default", pod) is None
+    assert adapter.release(NAME).admission == 2
     cluster.settle()
     cluster.history.check()
 
 
-def test_node_deletion_ends_the_wait(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_node_deletion_ends_the_wait(adapter: Adapter, cluster: FakeCluster, keeper: Callable[[], object]) -> None:
     pod = running(adapter, cluster)
     cluster.freeze_node("node-0")
     adapter.hold(NAME)
@@ -362,6 +372,7 @@ def test_node_deletion_ends_the_wait(adapter: Adapter, cluster: FakeCluster) -> 
     assert status.cause.detail.startswith(f"remaining pods: {pod} on node-0 (gone)")
     assert adapter.ceased(NAME).ceased
     cluster.settle()
+    keeper()
     assert adapter.release(NAME).admission == 2
 
 
@@ -398,9 +409,13 @@ def test_node_state_is_shown_for_each_remaining_pod(
         cluster.delete_node("node-0")
     if "taint" in act:
         cluster.taint_out_of_service("node-0")
-    assert adapter.inspect(NAME).cause.detail == f"remaining pods: {pod} on node-0 ({state})"
+    # a pod whose end its node proves names who frees it next
+    proven = {"delete": "node-deleted", "freeze+taint": "out-of-service"}.get(act)
+    why = (f"; pod {pod}: its end is proven ({proven}); dispatch's controller removes dispatch's finalizer so it "
+           f"goes (without a controller running: `dispatch admin release-pod {pod}`)" if proven else "")
+    assert adapter.inspect(NAME).cause.detail == f"remaining pods: {pod} on node-0 ({state}){why}"
     found = adapter.find(job_id="llama")
-    assert found[0].cause.detail == f"remaining pods: {pod} on node-0 ({state})"
+    assert found[0].cause.detail == f"remaining pods: {pod} on node-0 ({state}){why}"
 
 
 def test_node_state_not_readable_when_nodes_are_forbidden(adapter: Adapter, cluster: FakeCluster) -> None:
@@ -472,7 +487,8 @@ def test_the_seeds_broken_design_is_caught_by_the_history_checker(adapter: Adapt
         cluster.history.check()
 
 
-def test_pod_settings_survive_every_admission(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_pod_settings_survive_every_admission(adapter: Adapter, cluster: FakeCluster,
+                                             keeper: Callable[[], object]) -> None:
     """Raising A re-applies dispatch's whole patch entry, so annotations and node selector are kept."""
     spec = JobSpec(job_id="pinned", submission="s1", pod_annotations={"example.com/a": "1"},
                    node_selector={"kubernetes.io/hostname": "node-2"}, termination_grace_period_seconds=5)
@@ -488,10 +504,11 @@ def test_pod_settings_survive_every_admission(adapter: Adapter, cluster: FakeClu
         cluster.settle()
         cluster.advance(10)
         cluster.settle()
+        keeper()
 
 
 def test_a_closed_and_reopened_submission_never_reuses_an_admission_number(
-    adapter: Adapter, cluster: FakeCluster
+    adapter: Adapter, cluster: FakeCluster, keeper: Callable[[], object]
 ) -> None:
     """Found by the state machine: without a ledger, a re-opened submission started again at A=1."""
     running(adapter, cluster)
@@ -507,9 +524,10 @@ def test_a_closed_and_reopened_submission_never_reuses_an_admission_number(
     cluster.settle()
     # Changed with the force-delete fix: the pods ended after close, so close could not free them then;
     # with no controller running they stay, ended as their kubelet reports and held only by dispatch's
-    # finalizer, until a dispatch writer (this open) frees them.
+    # finalizer, until dispatch's controller frees them (the writer role may not patch pods: issue 25).
     assert all(PodView.from_obj(p).kubelet_confirmed and p["metadata"]["finalizers"] == [POD_FINALIZER]
                for p in cluster.pods(NAME))
+    keeper()
     assert adapter.open(SPEC, hold=False).identity.admission == 3
     cluster.settle()
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"3"}

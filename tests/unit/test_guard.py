@@ -13,7 +13,6 @@ from dispatch._kueue import WorkloadView
 from dispatch._names import ANNOTATION_ADMISSION, ANNOTATION_STARTED, ANNOTATION_TOKEN, PATCH_MANAGER
 from dispatch._records import RemainingPod
 from dispatch._trainer import TrainJobView
-from dispatch.controller._reconcile import kueue_token
 
 NAME, UID, WL_UID = "llama-s1", "tj-uid", "wl-uid"
 LABELS = {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}
@@ -91,9 +90,14 @@ def test_starts_execution(operation: str, old_suspend: bool | None, new_suspend:
     assert d.starts_execution(operation, old, tj(suspend=new_suspend)) is starts
 
 
-def test_token_format_agrees_with_the_controller() -> None:
-    assert d.kueue_raise_token(WL_UID, 5) == kueue_token(workload(), 5)
-    assert d.kueue_raise_token(WL_UID, None) == kueue_token(workload(), None)
+def kueue_token(workload: WorkloadView, generation: int | None) -> str:
+    """The token the controller writes with a Kueue-mode raise (it calls the same function)."""
+    return d.kueue_raise_token(workload.ref.uid, generation)
+
+
+def test_token_is_the_workload_uid_and_the_generation_raised_on() -> None:
+    assert d.kueue_raise_token(WL_UID, 5) == f"{WL_UID}/5"
+    assert d.kueue_raise_token(WL_UID, None) == f"{WL_UID}/0"
 
 
 # --------------------------------------------------------------------------- the armed starts pass

@@ -7,6 +7,7 @@ error; 3 retryable failure (``Unreachable``, including ``PodsRemain``); 4 refuse
 from __future__ import annotations
 
 from ._app import app
+from ._completion import complete_var, completion_init, kubectl_complete_main
 from ._errors import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -31,10 +32,20 @@ __all__ = [
     "Settings",
     "app",
     "connect_adapter",
+    "kubectl_complete_main",
+    "kubectl_main",
     "main",
 ]
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="dispatch")
+def main(prog_name: str | None = "dispatch") -> None:
+    """Console-script entry point (``dispatch``; ``python -m dispatch`` passes None, so that usage lines
+    read ``python -m dispatch``)."""
+    completion_init()  # so that the completion scripts' callbacks (_DISPATCH_COMPLETE=...) are answered
+    app(prog_name=prog_name)
+
+
+def kubectl_main() -> None:
+    """``kubectl-dispatch``: the same command as a kubectl plugin, so ``kubectl dispatch status`` works."""
+    completion_init()
+    app(prog_name="kubectl dispatch", complete_var=complete_var("kubectl-dispatch"))

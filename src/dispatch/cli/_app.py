@@ -3,35 +3,46 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import shlex
 import shutil
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from .. import __version__
+from .._api import PODS, TRAINJOBS
 from .._records import State, Status
 from .._validate import validate_spec
 from ..errors import InvalidInput
+from ._completion import completion_script
 from ._errors import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_FAILURE, EXIT_NOT_CEASED, EXIT_USAGE, guard
 from ._output import (
+    Column,
+    Grid,
     emit,
     identity_dict,
     pod_dict,
-    pods_table,
+    pods_grid,
     print_cessation,
     print_status,
     print_statuses,
-    status_table,
+    resource_name,
+    show,
+    status_grid,
+    trainjob_names,
+    wide,
 )
 from ._release import release_once, release_wait
 from ._spec import EXAMPLE, SpecError, build_spec, load_spec_file, locate, parse_integer, parse_pairs
-from ._state import CliState, Output, Settings
-from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT
+from ._state import FORMATS, CliState, Output, Settings, parse_format
+from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT, parse_duration
 
 try:
     from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
@@ -65,9 +76,24 @@ testbed_app = typer.Typer(
 )
 app.add_typer(testbed_app, name="testbed")
 
+def _format(value: str | None) -> str | None:
+    """``-o``'s value checked when read, so a bad format or template is a usage error before any request."""
+    if value is not None:
+        try:
+            parse_format(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+OUTPUT_HELP = f"Output format: {FORMATS} (as kubectl's)."
 OutputOpt = Annotated[
-    Output | None,
-    typer.Option("--output", "-o", case_sensitive=False, help="Output format (overrides the global -o)."),
+    str | None,
+    typer.Option("--output", "-o", metavar="FORMAT", callback=_format,
+                 help=OUTPUT_HELP.removesuffix(".") + "; overrides the global -o."),
+]
+NoHeadersOpt = Annotated[
+    bool, typer.Option("--no-headers", help="Print tables without their header row (as kubectl's).")
 ]
 NamespaceOpt = Annotated[
     str | None,
@@ -76,22 +102,44 @@ NamespaceOpt = Annotated[
 NameArg = Annotated[str, typer.Argument(metavar="NAME", help="The TrainJob's name (<job-id>-<submission> by default).")]
 
 
-def _state(ctx: typer.Context, output: Output | None = None, namespace: str | None = None) -> CliState:
+def _state(ctx: typer.Context, output: str | None = None, namespace: str | None = None, *, named: bool = True,
+           no_headers: bool = False) -> CliState:
+    """The invocation's state with this command's own -o and -n applied. ``named`` is False for a command
+    whose answer names no object, where ``-o name`` is a usage error (before anything is done)."""
     state = ctx.find_object(CliState)
     if state is None:  # invoked without the root callback (never in the product)
         state = CliState()
         ctx.obj = state
     if output is not None:
-        state.settings.output = output
+        _set_format(state.settings, output)
     if namespace is not None:
         state.settings.namespace = namespace
+    if no_headers:
+        state.settings.no_headers = True
+    if state.settings.output is Output.NAME and not named:
+        raise typer.BadParameter(f"{ctx.info_name}'s answer names no object; use another -o ({FORMATS})",
+                                 ctx=ctx, param_hint="'-o' / '--output'")
     return state
+
+
+def _set_format(settings: Settings, value: str) -> None:
+    fmt = parse_format(value)  # checked already by the option's callback
+    settings.output = fmt.output
+    settings.format = fmt
 
 
 def _version(value: bool) -> None:
     if value:
         typer.echo(f"dispatch {__version__}")
         raise typer.Exit()
+
+
+def _request_timeout(value: str) -> str:
+    try:
+        parse_duration(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
 
 
 @app.callback()
@@ -121,8 +169,18 @@ def root(
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks of errors.")] = False,
     output: Annotated[
-        Output, typer.Option("--output", "-o", case_sensitive=False, help="Output format.")
-    ] = Output.TABLE,
+        str, typer.Option("--output", "-o", metavar="FORMAT", callback=_format, help=OUTPUT_HELP)
+    ] = "table",
+    no_headers: NoHeadersOpt = False,
+    request_timeout: Annotated[
+        str,
+        typer.Option(
+            "--request-timeout", metavar="DURATION", callback=_request_timeout,
+            help="How long one request to the API server may take, retries included: a number of seconds or "
+            "a duration (5s, 2m, 1h); 0 waits as long as the library's own bounds. With --watch it also ends "
+            "the watch. As kubectl's.",
+        ),
+    ] = "0",
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version and exit.")
     ] = False,
@@ -135,8 +193,10 @@ def root(
         namespace=namespace,
         read_only=read_only,
         debug=debug,
-        output=output,
+        no_headers=no_headers,
+        request_timeout=parse_duration(request_timeout) or None,
     )
+    _set_format(state.settings, output)
     ctx.call_on_close(state.shutdown)
 
 
@@ -220,6 +280,12 @@ def open_(
         bool,
         typer.Option("--hold/--no-hold", help="Create it held (default), or admit it at once through the check."),
     ] = True,
+    dry_run: Annotated[
+        str, typer.Option("--dry-run", metavar="none|client|server", callback=_dry_run,
+                          help="As kubectl's: 'server' sends the create with dryRun=All (the API server and its "
+                          "webhooks validate and default it; nothing is stored); 'client' prints what would be "
+                          "sent; 'none' (default) creates it. The submission is not claimed by a dry run.")
+    ] = "none",
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -255,14 +321,30 @@ def open_(
             validate_spec(spec)  # here too, so that a value from the file is named by its file and line
         except InvalidInput as exc:
             raise locate(exc, spec_file, lines, flags) if spec_file is not None else exc from None
-        status = state.adapter().open(spec, hold=hold)
+        if dry_run != "none":
+            body = state.adapter().open_dry_run(spec, server=dry_run == "server")
+        else:
+            status = state.adapter().open(spec, hold=hold)
+    if dry_run != "none":
+        meta = body.get("metadata") or {}
+        shown = str(meta.get("name", ""))
+        emit(state, body, lambda: state.out.print(
+            f"{resource_name(TRAINJOBS, escape(shown))} opened ({dry_run} dry run; nothing written) in namespace "
+            f"{escape(str(meta.get('namespace', '')))}", highlight=False), names=trainjob_names(shown))
+        return
 
     def human() -> None:
         verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
         state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
-        state.out.print(status_table([status]))
+        show(state, status_grid([status], wide=wide(state)))
 
-    emit(state, status.to_dict(), human)
+    emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+
+
+def _dry_run(value: str) -> str:
+    if value not in ("none", "client", "server"):
+        raise typer.BadParameter(f"must be none, client or server (got {value!r})")
+    return value
 
 
 # --------------------------------------------------------------------------------------------- release
@@ -307,6 +389,7 @@ def release(
         state,
         {"name": name, "admitted": True, "identity": identity_dict(identity)},
         lambda: state.out.print(f"admitted {escape(name)}: execution {escape(str(identity))} (A={identity.admission})"),
+        names=trainjob_names(name),
     )
 
 
@@ -333,9 +416,10 @@ def close(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace
         state.out.print(f"closed {escape(name)}")
         if remaining:
             state.out.print("these pods may still run, and block a new object of the same name until they go:")
-            state.out.print(pods_table(remaining))
+            show(state, pods_grid(remaining, wide=wide(state)))
 
-    emit(state, {"name": name, "closed": True, "remaining": [pod_dict(p) for p in remaining]}, human)
+    emit(state, {"name": name, "closed": True, "remaining": [pod_dict(p) for p in remaining]}, human,
+         names=trainjob_names(name))
 
 
 # ------------------------------------------------------------------------------------------ admin
@@ -362,7 +446,7 @@ def admin_forget(
     Only once no process of it can run and nothing fences on its old admission numbers. Refused while a
     TrainJob holds the submission.
     """
-    state = _state(ctx, output, namespace)
+    state = _state(ctx, output, namespace, named=False)
     if not yes:
         raise typer.BadParameter("forgetting a submission lets it reuse admission numbers; pass --yes to confirm",
                                  param_hint="--yes")
@@ -408,7 +492,7 @@ def admin_release_pod(
     def human() -> None:
         state.out.print(f"released pod {escape(pod)} (end: {end.proof})")
 
-    emit(state, {"pod": pod, "released": True, **end.to_dict()}, human)
+    emit(state, {"pod": pod, "released": True, **end.to_dict()}, human, names=[resource_name(PODS, pod)])
 
 
 @admin_app.command("migrate", epilog=EXIT_CODES_HELP)
@@ -417,7 +501,7 @@ def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: Names
 
     Run it once per namespace after upgrading from a version without records; safe to run again.
     """
-    state = _state(ctx, output, namespace)
+    state = _state(ctx, output, namespace, named=False)
     with guard(state):
         created, raised = state.adapter().migrate()
     emit(state, {"created": created, "raised": raised},
@@ -427,24 +511,54 @@ def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: Names
 # ------------------------------------------------------------------------------------------ status etc.
 
 
-@app.command(epilog=EXIT_CODES_HELP)
+StateFilterOpt = Annotated[
+    list[State] | None,
+    typer.Option(
+        "--state",
+        case_sensitive=False,
+        metavar="STATE",
+        help="Only objects in this state: Held, Queued, Running, ... (repeatable).",
+    ),
+]
+JobIdOpt = Annotated[str | None, typer.Option("--job-id", help="Only this job.")]
+SubmissionOpt = Annotated[str | None, typer.Option("--submission", help="Only this submission.")]
+EveryOpt = Annotated[bool, typer.Option("--all", help="Every TrainJob of the namespace, dispatch's or not.")]
+AllNamespacesOpt = Annotated[
+    bool, typer.Option("--all-namespaces", "-A", help="Objects of every namespace (a NAMESPACE column first).")
+]
+SelectorOpt = Annotated[
+    str | None,
+    typer.Option("--selector", "-l", metavar="SELECTOR",
+                 help="Only TrainJobs whose labels match this selector (kubectl's: -l team=ml,tier!=low, "
+                 "-l 'tier in (gold,silver)')."),
+]
+WatchOpt = Annotated[
+    bool,
+    typer.Option("--watch", "-w",
+                 help="After the table, print a row whenever an object's status changes (watched, not polled), "
+                 "until Ctrl-C or --request-timeout."),
+]
+STATUS_EPILOG = EXIT_CODES_HELP + (
+    "\n\nPiped, tables are kubectl's plain columns, one row per line and nothing wrapped: "
+    "`dispatch status --no-headers | awk '{print $1}'` prints the names. -o name prints "
+    "trainjob.trainer.kubeflow.org/NAME, for `kubectl describe $(dispatch status -o name)`."
+)
+
+
+@app.command(epilog=STATUS_EPILOG)
 def status(
     ctx: typer.Context,
     name: Annotated[
         str | None, typer.Argument(metavar="NAME", help="One object to inspect; omit to list (find).")
     ] = None,
-    job_id: Annotated[str | None, typer.Option("--job-id", help="Only this job.")] = None,
-    submission: Annotated[str | None, typer.Option("--submission", help="Only this submission.")] = None,
-    every: Annotated[bool, typer.Option("--all", help="Every TrainJob of the namespace, dispatch's or not.")] = False,
-    state_filter: Annotated[
-        list[State] | None,
-        typer.Option(
-            "--state",
-            case_sensitive=False,
-            metavar="STATE",
-            help="Only objects in this state: Held, Queued, Running, ... (repeatable).",
-        ),
-    ] = None,
+    job_id: JobIdOpt = None,
+    submission: SubmissionOpt = None,
+    every: EveryOpt = False,
+    state_filter: StateFilterOpt = None,
+    selector: SelectorOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
+    watch: WatchOpt = False,
+    no_headers: NoHeadersOpt = False,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -453,21 +567,124 @@ def status(
     A not-running object's cause names what keeps it waiting, e.g. remaining pods with their nodes'
     states, or the Kueue admission check.
     """
-    state = _state(ctx, output, namespace)
-    if name is not None and (job_id or submission or state_filter or every):
+    state = _state(ctx, output, namespace, no_headers=no_headers)
+    if name is not None and (job_id or submission or state_filter or every or selector or all_namespaces):
         raise typer.BadParameter(
-            "give a NAME or filters (--job-id, --submission, --state), not both", ctx=ctx, param_hint="NAME"
+            "give a NAME or filters (--job-id, --submission, --state, --all, -l, -A), not both", ctx=ctx,
+            param_hint="NAME",
         )
+    if name is not None:
+        _inspect(state, name, watch=watch)
+    else:
+        _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
+
+
+@app.command(epilog=STATUS_EPILOG)
+def find(
+    ctx: typer.Context,
+    job_id: JobIdOpt = None,
+    submission: SubmissionOpt = None,
+    every: EveryOpt = False,
+    state_filter: StateFilterOpt = None,
+    selector: SelectorOpt = None,
+    all_namespaces: AllNamespacesOpt = False,
+    watch: WatchOpt = False,
+    no_headers: NoHeadersOpt = False,
+    output: OutputOpt = None,
+    namespace: NamespaceOpt = None,
+) -> None:
+    """List objects with their state, identity, A, age and cause (`status` without a NAME).
+
+    Costs a constant number of API calls however many objects match (one more per namespace with -A).
+    """
+    state = _state(ctx, output, namespace, no_headers=no_headers)
+    _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Filters:
+    job_id: str | None
+    submission: str | None
+    states: list[State] | None
+    every: bool
+    selector: str | None
+    all_namespaces: bool
+
+    def find(self, adapter: Any) -> list[Status]:
+        found: list[Status] = adapter.find(job_id=self.job_id, submission=self.submission, state=self.states,
+                                           unmanaged=self.every, selector=self.selector,
+                                           all_namespaces=self.all_namespaces)
+        return found
+
+
+def _inspect(state: CliState, name: str, *, watch: bool) -> None:
     with guard(state):
         adapter = state.adapter()
-        if name is not None:
-            one = adapter.inspect(name)
+        one = adapter.inspect(name)
+        if not watch:
+            print_status(state, one)
+            return
+        with adapter.follow(name) as following:
+            _watch(state, lambda: [adapter.inspect(name)], following.changed, first=[one], namespaces=False)
+
+
+def _find(state: CliState, filters: Filters, *, watch: bool) -> None:
+    with guard(state):
+        adapter = state.adapter()
+        if not watch:
+            many = filters.find(adapter)
         else:
-            many = adapter.find(job_id=job_id, submission=submission, state=state_filter or None, unmanaged=every)
-    if name is not None:
-        print_status(state, one)
-    else:
-        print_statuses(state, many)
+            with adapter.follow_find(job_id=filters.job_id, submission=filters.submission, unmanaged=filters.every,
+                                     selector=filters.selector, all_namespaces=filters.all_namespaces) as following:
+                _watch(state, lambda: filters.find(adapter), following.changed, first=None,
+                       namespaces=filters.all_namespaces)
+            return
+    print_statuses(state, many, namespaces=filters.all_namespaces)
+
+
+def _watch(state: CliState, read: Callable[[], list[Status]], changed: Callable[[float], bool], *,
+           first: list[Status] | None, namespaces: bool) -> None:
+    """kubectl's ``get -w``: the table, then a row for each object whose status changed (each re-read is the
+    library's consistent read; the watches only wake it). Ends after ``--request-timeout`` if given."""
+    limit = state.settings.request_timeout
+    deadline = None if limit is None else time.monotonic() + limit
+    shown: dict[tuple[str, str], dict[str, Any]] = {}
+    statuses = first if first is not None else read()
+    headers = not state.settings.no_headers
+    while True:
+        fresh = [s for s in statuses if shown.get((s.namespace, s.name)) != _visible(s)]
+        if fresh or not shown:
+            _watch_rows(state, fresh, namespaces=namespaces, headers=headers)
+            headers = False
+        for s in statuses:
+            shown[(s.namespace, s.name)] = _visible(s)
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        changed(3600.0 if deadline is None else max(0.0, deadline - time.monotonic()))
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        statuses = read()
+
+
+def _visible(s: Status) -> dict[str, Any]:
+    data = s.to_dict()
+    data.pop("resourceVersion", None)  # a status write alone changes nothing a person sees
+    return data
+
+
+def _watch_rows(state: CliState, statuses: list[Status], *, namespaces: bool, headers: bool) -> None:
+    fmt = state.settings.output
+    if fmt in (Output.TABLE, Output.WIDE):
+        if statuses:
+            saved = state.settings.no_headers
+            state.settings.no_headers = not headers
+            try:
+                show(state, status_grid(statuses, wide=fmt is Output.WIDE, namespaces=namespaces))
+            finally:
+                state.settings.no_headers = saved
+        return
+    for s in statuses:  # one document per change, as kubectl's -w -o json
+        emit(state, s.to_dict(), lambda: None, names=trainjob_names(s.name))
 
 
 @app.command(epilog=CEASED_EXIT_CODES_HELP)
@@ -533,14 +750,70 @@ def logs(
     node: Annotated[
         int, typer.Option("--node", min=0, metavar="INDEX", help="Which node's trainer pod (0-based).")
     ] = 0,
+    tail: Annotated[
+        int, typer.Option("--tail", min=-1, metavar="LINES",
+                          help="Only the last LINES lines (-1, the default: all), as kubectl's.")
+    ] = -1,
+    since: Annotated[
+        str | None, typer.Option("--since", metavar="DURATION", callback=_since,
+                                 help="Only lines newer than this: 30s, 5m, 2h (kubectl's --since).")
+    ] = None,
+    timestamps: Annotated[
+        bool, typer.Option("--timestamps", help="Prefix each line with its RFC 3339 timestamp.")
+    ] = False,
+    container: Annotated[
+        str | None, typer.Option("--container", "-c", metavar="NAME",
+                                 help="This container of the pod (default: the pod's default container).")
+    ] = None,
+    previous: Annotated[
+        bool, typer.Option("--previous", "-p", help="The previous, ended instance of the container (after a "
+                                                     "restart), as kubectl's.")
+    ] = False,
     namespace: NamespaceOpt = None,
 ) -> None:
     """Print the trainer logs of one node of the object."""
     state = _state(ctx, None, namespace)
+    since_seconds = None if since is None else max(1, math.ceil(parse_duration(since)))
     with guard(state):
-        for line in state.adapter().logs(name, node=node, follow=follow):
+        for line in state.adapter().logs(name, node=node, follow=follow, tail=None if tail < 0 else tail,
+                                         since_seconds=since_seconds, timestamps=timestamps, container=container,
+                                         previous=previous):
             state.out.file.write(line + "\n")
             state.out.file.flush()
+
+
+def _since(value: str | None) -> str | None:
+    if value is not None:
+        try:
+            seconds = parse_duration(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        if seconds <= 0:
+            raise typer.BadParameter(f"must be a positive duration such as 30s or 5m (got {value!r})")
+    return value
+
+
+# ----------------------------------------------------------------------------------------- completion
+
+
+SHELLS = ("bash", "zsh", "fish")
+
+
+@app.command(epilog="Exit codes: 0 success; 2 usage error (an unknown shell).")
+def completion(
+    ctx: typer.Context,
+    shell: Annotated[str, typer.Argument(metavar="SHELL", help="bash, zsh or fish.")],
+) -> None:
+    """Print the shell completion script for bash, zsh or fish (commands, options, states, formats).
+
+    \b
+    bash:  source <(dispatch completion bash)     (or save it in ~/.local/share/bash-completion/completions/dispatch)
+    zsh:   dispatch completion zsh > "${fpath[1]}/_dispatch"
+    fish:  dispatch completion fish > ~/.config/fish/completions/dispatch.fish
+    """
+    if shell not in SHELLS:
+        raise typer.BadParameter(f"must be one of {', '.join(SHELLS)} (got {shell!r})", ctx=ctx, param_hint="SHELL")
+    typer.echo(completion_script("dispatch", shell))  # `python -m dispatch` and the plugin complete otherwise
 
 
 # ----------------------------------------------------------------------------------------- controller
@@ -773,7 +1046,7 @@ def testbed_down(ctx: typer.Context) -> None:
 @testbed_app.command("status")
 def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Each component: running, healthy or frozen."""
-    state = _state(ctx, output)
+    state = _state(ctx, output, named=False)
     tb = _testbed(state)
     try:
         components = tb.status()
@@ -785,14 +1058,12 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     up = all(c.healthy or c.frozen for c in components)
 
     def human() -> None:
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        for col in ("COMPONENT", "PID", "STATE"):
-            table.add_column(col)
+        grid = Grid([Column("COMPONENT"), Column("PID"), Column("STATE")])
         for c in components:
             word = "frozen" if c.frozen else "healthy" if c.healthy else "running" if c.running else "stopped"
             style = {"healthy": "green", "frozen": "cyan", "running": "yellow", "stopped": "red"}[word]
-            table.add_row(c.name, "-" if c.pid is None else str(c.pid), f"[{style}]{word}[/]")
-        state.out.print(table)
+            grid.add([c.name, "-" if c.pid is None else str(c.pid), Text(word, style=style)])
+        show(state, grid)
         state.out.print(f"testbed is {'up' if up else 'not up'}; kubeconfig: {kubeconfig}")
         if real_node:
             state.out.print(f"real node: {real_node} (label dispatch.test/real-node=true, NoSchedule taint)")

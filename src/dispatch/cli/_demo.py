@@ -37,14 +37,13 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._adapter import Adapter
+from .._api import Obj
 from .._names import JOBSET_NAME_LABEL, LABEL_ADMISSION, OUT_OF_SERVICE_TAINT
 from .._records import JobSpec, State, Status
 from ..errors import PodsRemain
 from ._output import status_table
 from ._release import release_wait
 from ._state import CliState
-
-Obj = dict[str, Any]
 
 DELETE_DELAY = "20s"
 """How long the testbed keeps the first object's deleted pod Terminating (a kubelet's grace period)."""
@@ -335,6 +334,14 @@ def _part_two(story: Story, node: str) -> None:
     story.say(f"ceased={str(cessation.ceased).lower()}: {escape(cessation.reason)}")
     if not cessation.ceased:
         raise DemoFailed(f"ceased was false after the out-of-service taint: {cessation.reason}")
+
+    # dispatch's pod finalizer keeps the old pod until its end is proven and someone frees it: the controller's
+    # finalizer keeper where the controller runs; here, with none, the operator (the admin role)
+    for old in [p for p in _pods(story.namespace, name) if _deleting(p)]:
+        pod = str(old["metadata"]["name"])
+        story.step(f"No controller runs here, so the operator frees the old pod: dispatch admin release-pod {pod}")
+        end = a.release_pod(pod)
+        story.say(f"released {pod}: its end is proven ({end.proof})")
 
     story.step(f"Release {name}: admitted with A=2 once Kubernetes has force-deleted the old pod")
     story.release_waiting(name, expect=2, timeout=story.step_timeout)

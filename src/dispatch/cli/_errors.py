@@ -138,6 +138,9 @@ def explain(exc: DispatchError) -> tuple[str, str]:
     if isinstance(exc, Refused):
         if exc.reason == "AlreadyExists":
             return message, "choose a new --submission"
+        if exc.reason == "BadSelector":
+            return message, ("write the selector as kubectl's -l: key=value, key!=value, 'key in (a,b)', "
+                             "'key notin (a)', key, !key, joined by commas")
         if exc.reason == "NotDispatchObject":
             return message, UNMANAGED_HINT
         if exc.reason == "RecordInvalid":

@@ -16,14 +16,70 @@ from dataclasses import dataclass, field
 from rich.console import Console
 
 from .._adapter import Adapter
+from ._jsonpath import Path, Template, TemplateError, parse_path, parse_template
 
 
 class Output(enum.StrEnum):
-    """Output formats of ``-o``."""
+    """Output formats of ``-o``, as kubectl names them (``jsonpath`` and ``custom-columns`` take a template)."""
 
     TABLE = "table"
+    WIDE = "wide"
+    NAME = "name"
     JSON = "json"
     YAML = "yaml"
+    JSONPATH = "jsonpath"
+    CUSTOM_COLUMNS = "custom-columns"
+
+
+FORMATS = "table, wide, name, json, yaml, jsonpath=TEMPLATE, custom-columns=HEADER:PATH,..."
+
+
+@dataclass(frozen=True)
+class Format:
+    """A parsed ``-o`` value: the format and, for the template formats, the parsed template."""
+
+    output: Output
+    template: Template | None = None
+    columns: tuple[tuple[str, Path], ...] = ()
+
+
+def parse_format(value: str) -> Format:
+    """Parse ``-o``'s value as kubectl does (``-o jsonpath='{.name}'``, ``-o custom-columns=NAME:.name``).
+
+    A bad value raises ValueError naming what is wrong, so it is a usage error before any request."""
+    kind, eq, rest = value.partition("=")
+    kind = kind.strip().lower()
+    if kind in ("jsonpath", "jsonpath-as-json"):
+        if kind == "jsonpath-as-json":
+            raise ValueError("jsonpath-as-json is not supported; use -o json or -o jsonpath=TEMPLATE")
+        if not eq or not rest:
+            raise ValueError("jsonpath needs a template: -o jsonpath='{.items[*].name}'")
+        try:
+            return Format(Output.JSONPATH, template=parse_template(rest))
+        except TemplateError as exc:
+            raise ValueError(f"bad jsonpath template: {exc}") from None
+    if kind == "custom-columns":
+        if not eq or not rest:
+            raise ValueError("custom-columns needs columns: -o custom-columns=NAME:.name,A:.identity.admission")
+        columns: list[tuple[str, Path]] = []
+        for spec in rest.split(","):
+            header, colon, path = spec.partition(":")
+            if not colon or not header.strip() or not path.strip():
+                raise ValueError(f"custom-columns: {spec!r} is not HEADER:PATH (e.g. NAME:.name)")
+            try:
+                columns.append((header.strip(), parse_path(path.strip().strip("{}"))))
+            except TemplateError as exc:
+                raise ValueError(f"custom-columns: bad path in {spec!r}: {exc}") from None
+        return Format(Output.CUSTOM_COLUMNS, columns=tuple(columns))
+    try:
+        output = Output(kind)
+    except ValueError:
+        raise ValueError(f"unknown output format {value!r}; formats: {FORMATS}") from None
+    if eq:
+        raise ValueError(f"-o {kind} takes no template (got {value!r}); formats: {FORMATS}")
+    if output in (Output.JSONPATH, Output.CUSTOM_COLUMNS):
+        raise ValueError(f"-o {kind} needs a template: -o {kind}=...")
+    return Format(output)
 
 
 @dataclass
@@ -36,6 +92,11 @@ class Settings:
     read_only: bool = False
     debug: bool = False
     output: Output = Output.TABLE
+    format: Format | None = None
+    """The template formats' parsed template (``output`` says which format)."""
+    no_headers: bool = False
+    request_timeout: float | None = None
+    """Seconds a single request (with its retries) may take; None: the library's own bounds."""
 
 
 def connect_adapter(settings: Settings) -> Adapter:
@@ -45,6 +106,7 @@ def connect_adapter(settings: Settings) -> Adapter:
         kubeconfig=settings.kubeconfig,
         context=settings.context,
         read_only=settings.read_only,
+        request_timeout=settings.request_timeout,
     )
 
 

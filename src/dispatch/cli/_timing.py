@@ -8,6 +8,7 @@ against a finite range and refused as a usage error naming the option and the ra
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 import typer
@@ -36,3 +37,26 @@ TIMEOUT = Seconds(0.0, 7 * 24 * 3600.0)
 """How long to keep waiting: 0 means one attempt; a week at most."""
 STEP_TIMEOUT = Seconds(1.0, 24 * 3600.0)
 RESYNC = Seconds(1.0, 24 * 3600.0)
+
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+MAX_DURATION = 7 * 24 * 3600.0
+
+
+def parse_duration(value: str) -> float:
+    """Seconds from kubectl's duration words: ``30``, ``1.5s``, ``2m``, ``1h30m``, ``250ms``; ``0`` is none.
+
+    Anything else (a negative, a unit kubectl does not take, nan, past a week) raises ValueError naming
+    the value, so the option is a usage error, never read as something else."""
+    text = value.strip()
+    if re.fullmatch(r"\d+(\.\d+)?", text):
+        seconds = float(text)
+    else:
+        parts = _DURATION_PART.findall(text)
+        if not text or "".join(f"{n}{u}" for n, u in parts) != text:
+            raise ValueError(f"{value!r} is not a duration: give seconds (30) or a duration such as 30s, 2m, 1h")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    if not math.isfinite(seconds) or seconds > MAX_DURATION:
+        raise ValueError(f"{value!r} is past the longest duration taken, a week")
+    return seconds

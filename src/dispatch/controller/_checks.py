@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
 from .. import _api as api
 from .. import _kube as k
-from .._kueue import check_gaps
-from .._views import Ref, conditions, mapping, meta, name_of, parse_count, text
+from .._api import Obj
+from .._kueue import check_gaps, owned_by
+from .._views import Ref, conditions, meta, name_of, parse_count, text
 from ..errors import DispatchError
 from ._events import EventRecorder
 from ._informer import error_reason
@@ -25,7 +25,6 @@ from ._metrics import Metrics
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 GAPS_REASON = "AdmissionCheckSkippable"
 ACTIVE_REASON = "ControllerRunning"
 ACTIVE_MESSAGE = ("dispatch admission controller is running: a check stays Pending while pods of the "
@@ -53,7 +52,7 @@ class CheckKeeper:
         self.dirty = asyncio.Event()
 
     def _ours(self, check: Obj) -> bool:
-        return text(mapping(check.get("spec")).get("controllerName")) == self.controller_name
+        return owned_by(check, self.controller_name)
 
     def _set(self, checks: dict[str, Obj]) -> None:
         before = self.names

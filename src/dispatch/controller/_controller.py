@@ -22,6 +22,7 @@ import structlog
 from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
+from .._api import Obj
 from ..errors import DispatchError, Forbidden
 from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
@@ -38,7 +39,6 @@ from ._routing import RoutedWorkload, Router
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 
 __all__ = ["ACTIVE_MESSAGE", "ACTIVE_REASON", "DEFAULTS", "LOG_LEVEL", "METRICS_PORT", "Config", "Controller",
            "default_identity"]
@@ -149,7 +149,7 @@ class Controller:
         self.guard: Running | None = None
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
-        self.router = Router(self.queue, written=lambda: self.reconciler.written, on_change=self._gauges)
+        self.router = Router(self.queue, on_change=self._gauges)
         self.checks = CheckKeeper(kube, self.metrics, controller_name=self.config.controller_name,
                                   field_manager=self.config.field_manager, now=now_text,
                                   on_names=self.router.set_check_names, events=self.events)
@@ -158,7 +158,7 @@ class Controller:
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
         )
-        self.reconciler.on_written = self.router.written
+        self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
         self.finalizers.queue.instrument(self.metrics.queue, "pod-finalizers")
         ns = self.config.namespace

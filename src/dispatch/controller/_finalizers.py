@@ -21,12 +21,12 @@ import asyncio
 import datetime as dt
 import sys
 from collections.abc import Iterable
-from typing import Any
 
 import structlog
 
 from .. import _api as api
-from .._core import Core
+from .._api import Obj
+from .._core import Cores
 from .._kube import Kube
 from .._views import PROVEN, NodeView, PodView, name_of
 from ..errors import DispatchError
@@ -35,7 +35,6 @@ from ._queue import WorkQueue
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 
 
 class FinalizerKeeper:
@@ -44,7 +43,7 @@ class FinalizerKeeper:
     def __init__(self, kube: Kube, metrics: Metrics, *, workers: int = 2) -> None:
         self._kube = kube
         self._metrics = metrics
-        self._cores: dict[str, Core] = {}
+        self._core = Cores(kube)
         self.workers = workers
         self.queue = WorkQueue()
         self.on_node_of: dict[str, set[str]] = {}
@@ -63,11 +62,6 @@ class FinalizerKeeper:
             return 0.0
         return max(0.0, (dt.datetime.now(dt.UTC) - min(self.held.values())).total_seconds())
 
-    def _core(self, namespace: str) -> Core:
-        found = self._cores.get(namespace)
-        if found is None:
-            found = self._cores[namespace] = Core(self._kube.in_namespace(namespace))
-        return found
 
     # ------------------------------------------------------------------ routing
 

@@ -4,7 +4,7 @@ dispatch's verbs and its Kueue check only start an execution once no pod of the 
 but any writer with patch on TrainJobs could unsuspend one by hand. The API server sends every write
 that could start an execution of a dispatch TrainJob, or touch its identity, here first (the
 ValidatingWebhookConfiguration in ``deploy/base/guard.yaml``, ``failurePolicy: Fail``), and this server
-answers with the same consistent read the admission protocol takes (``_core.Core.read``, with the
+answers with the same consistent read the admission protocol takes (``_read.Reader.read``, with the
 controller's own ServiceAccount) and the pure decision ``_decision.guard``.
 
 * **stateless**: every replica serves (leader or not); each answer is one fresh read.
@@ -36,10 +36,10 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
@@ -53,13 +53,16 @@ from .. import _api as api
 from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
-from .._core import Core, Target
+from .._api import Obj
+from .._core import Cores, Target
+from .._read import by_identity
 from .._trainer import TrainJobView
-from ..errors import DispatchError, NotFound, Unreachable
+from ..errors import Conflict, DispatchError, NotFound
+
+T = TypeVar("T")
 
 log = structlog.get_logger("dispatch.guard")
 
-Obj = dict[str, Any]
 
 PATH = "/validate-trainjob"
 MUTATE_PATH = "/mutate-trainjob"
@@ -202,9 +205,8 @@ async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api
         try:
             await kube.merge_patch(res, webhook, body)
             return True
-        except Unreachable as exc:
-            if exc.code != 409:
-                raise
+        except Conflict:
+            continue
     return False
 
 
@@ -232,7 +234,7 @@ class Guard:
 
     def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None) -> None:
         self.kube = kube
-        self._cores: dict[str, Core] = {}
+        self._core = Cores(kube)
         self.reviews = 0
         self.denials = 0
         reg = registry if registry is not None else CollectorRegistry()
@@ -242,11 +244,6 @@ class Guard:
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
                                   registry=reg)
 
-    def _core(self, namespace: str) -> Core:
-        found = self._cores.get(namespace)
-        if found is None:
-            found = self._cores[namespace] = Core(self.kube.in_namespace(namespace))
-        return found
 
     async def decide(self, request: Obj) -> str | None:
         """The denial for one AdmissionRequest, or None."""
@@ -266,23 +263,25 @@ class Guard:
             core.workload_of(new) if operation == "UPDATE" else _none())
         return d.guard(operation, old, new, snap.verdict(target), record, workload)
 
-    async def review(self, body: Obj, timeout: float) -> Obj:
-        request = body.get("request")
-        if not isinstance(request, dict):
-            raise ValueError("not an AdmissionReview: no request")
-        uid = str(request.get("uid") or "")
+    async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
+        """One review's reads under the webhook's deadline, counted and timed; a read that fails or runs
+        out of time is a denial naming ``what`` could not be read (the guard fails closed)."""
         self.reviews += 1
         started = time.monotonic()
-        answer = "denied"
         try:
-            denial = await asyncio.wait_for(self.decide(request), timeout)
-            answer = "allowed" if denial is None else "denied"
+            return await asyncio.wait_for(work, timeout), None
         except TimeoutError:
-            denial, answer = f"the guard could not read the object's pods within {timeout:.1f}s; retry", "error"
+            return None, f"the guard could not read {what} within {timeout:.1f}s; retry"
         except DispatchError as exc:
-            denial, answer = f"the guard could not read the object's pods: {exc}", "error"
-        self._answers.labels(answer).inc()
-        self._seconds.observe(time.monotonic() - started)
+            return None, f"the guard could not read {what}: {exc}"
+        finally:
+            self._seconds.observe(time.monotonic() - started)
+
+    async def review(self, body: Obj, timeout: float) -> Obj:
+        request, uid = _request_of(body)
+        decided, failure = await self._within(self.decide(request), timeout, "the object's pods")
+        denial = failure if failure is not None else decided
+        self._answers.labels("error" if failure is not None else "allowed" if denial is None else "denied").inc()
         if denial is not None:
             self.denials += 1
             obj = request.get("object") or {}
@@ -306,27 +305,34 @@ class Guard:
                 runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
             else:
                 runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
-        return e.enrol(obj, uid, runtime)
+        got = e.enrol(obj, uid, runtime)
+        if got.denial is None and got.job_id and got.submission:
+            name = str((obj.get("metadata") or {}).get("name") or "")
+            denial = await self._collision(request, name, got.job_id, got.submission)
+            if denial:
+                return e.Enrolment(denial=denial)
+        return got
+
+    async def _collision(self, request: Obj, name: str, job_id: str, submission: str) -> str | None:
+        """``_enrol.collision`` over the submission's record and its live TrainJobs (a get and a list)."""
+        namespace = str(request.get("namespace") or "")
+        core = self._core(namespace)
+        record, listed = await asyncio.gather(core.record(job_id, submission),
+                                              core.trainjobs(by_identity([(job_id, submission)])))
+        live = [v.name for v in listed if not v.deleting]
+        return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 
     async def mutate(self, body: Obj, timeout: float) -> Obj:
         """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a
         denial naming the field; a runtime that cannot be read in time is a denial too: failing closed)."""
-        request = body.get("request")
-        if not isinstance(request, dict):
-            raise ValueError("not an AdmissionReview: no request")
-        uid = str(request.get("uid") or "")
-        self.reviews += 1
-        started = time.monotonic()
-        try:
-            got = await asyncio.wait_for(self.enrolment(request), timeout)
+        request, uid = _request_of(body)
+        enrolled, failure = await self._within(self.enrolment(request), timeout, "the TrainJob's runtime")
+        if enrolled is None or failure is not None:
+            got, answer = e.Enrolment(denial=failure), "error"
+        else:
+            got = enrolled
             answer = "enrolled" if got.patch else ("denied" if got.denial else "unchanged")
-        except TimeoutError:
-            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime within {timeout:.1f}s; "
-                                             "retry"), "error"
-        except DispatchError as exc:
-            got, answer = e.Enrolment(denial=f"the guard could not read the TrainJob's runtime: {exc}"), "error"
         self._answers.labels(answer).inc()
-        self._seconds.observe(time.monotonic() - started)
         obj = request.get("object") or {}
         name = request.get("name") or obj.get("metadata", {}).get("name")
         if got.denial is not None:
@@ -341,6 +347,14 @@ class Guard:
 
 async def _none() -> None:
     return None
+
+
+def _request_of(body: Obj) -> tuple[Obj, str]:
+    """The AdmissionRequest of a review and its uid (the answer must carry it back)."""
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise ValueError("not an AdmissionReview: no request")
+    return request, str(request.get("uid") or "")
 
 
 # --------------------------------------------------------------------------- HTTPS
@@ -423,14 +437,6 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
                 writer.close()
 
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_BODY)
-
-
-async def keep_published(kube: k.Kube, webhook: str, ca_pem: bytes, every: float = REPUBLISH_SECONDS) -> None:
-    """Keep this replica's CA in the caBundle of the webhook configurations named ``webhook`` (another
-    replica may prune it): the validating one, and the mutating one of enrolment when it is installed."""
-    while True:
-        await _publish(kube, webhook, ca_pem)
-        await asyncio.sleep(every)
 
 
 async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:

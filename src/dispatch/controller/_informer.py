@@ -11,17 +11,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import structlog
 
 from .. import _kube as k
+from .._api import Obj
 from ..errors import DispatchError, Refused, Unreachable
 from ._metrics import Metrics
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 INITIAL_BACKOFF = 0.2
 MAX_BACKOFF = 10.0
 HEALTHY_SECONDS = 30.0

@@ -17,7 +17,7 @@ from typing import Any
 import structlog
 
 from .. import _kube as k
-from ..errors import DispatchError, NotFound, Refused, Unreachable
+from ..errors import Conflict, DispatchError, NotFound, Refused, Unreachable
 
 log = structlog.get_logger("dispatch.controller.leader")
 
@@ -106,10 +106,8 @@ class LeaderElector:
         body["spec"] = self._spec(transitions, str(spec.get("acquireTime") or "") if mine else "")
         try:
             self._lease = await self._kube.replace(k.LEASES, self.name, body, self.namespace)
-        except Unreachable as exc:
-            if exc.code == 409:
-                return False
-            raise
+        except Conflict:
+            return False
         self._last_renew = now
         new = self._lease.get("spec") or {}
         self._observed = (self.identity, new.get("renewTime"), new.get("leaseTransitions"),

@@ -35,16 +35,17 @@ from .. import _decision as d
 from .. import _kueue as kq
 from .. import _names as n
 from .. import _trainer as tr
-from .._core import Core, Snapshot, Target
+from .._api import Obj
+from .._core import Cores, Snapshot, Target
 from .._identity import RecordView
 from .._kube import Kube
-from ..errors import DispatchError, Refused, Unreachable
+from .._read import by_identity
+from ..errors import Conflict, DispatchError, Refused
 from ._events import EventRecorder
 from ._metrics import Metrics
 
 log = structlog.get_logger("dispatch.controller")
 
-Obj = dict[str, Any]
 ForeignPolicy = Literal["ready", "ignore"]
 
 WAITING_PREFIX = d.WAITING_PREFIX
@@ -115,27 +116,22 @@ class Reconciler:
         self.foreign = foreign
         self.field_manager = field_manager
         self._last_gone = last_gone
-        self._cores: dict[str, Core] = {}
-        self.on_written: Callable[[str], None] = lambda _key: None
-        self.written: dict[str, tuple[str, str]] = {}
-        """Per Workload key, the (state, message) of our entry as last written: its echo needs no reconcile."""
+        self.core = Cores(kube, on_write=self._wrote)
+        self.on_written: Callable[[str, str, str], None] = lambda _key, _state, _message: None
+        """Told (key, state, message) of each entry written, so that its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
         """Test hook: runs between raising A and setting Ready (a crash point)."""
 
-    def core(self, namespace: str) -> Core:
-        found = self._cores.get(namespace)
-        if found is None:
-            found = self._cores[namespace] = Core(self._kube.in_namespace(namespace))
-        return found
 
     # ------------------------------------------------------------------ writes
 
+    def _wrote(self, kind: str) -> None:
+        self._metrics.writes.labels(kind).inc()
+
     async def _write_check(self, workload: kq.Addressed, entry: Obj) -> None:
         await self.core(workload.ref.namespace).write_check(workload, entry, field_manager=self.field_manager)
-        self._metrics.writes.labels("workload").inc()
         key = f"{workload.ref.namespace}/{workload.ref.name}"
-        self.written[key] = (str(entry["state"]), str(entry["message"]))
-        self.on_written(key)
+        self.on_written(key, str(entry["state"]), str(entry["message"]))
 
     async def _pending(self, workload: kq.Addressed, entry: kq.CheckEntry, message: str) -> None:
         await self._write_check(workload, kq.entry_body(entry.name, "Pending", message,
@@ -227,10 +223,8 @@ class Reconciler:
         idents = {i for i in wanted.values() if i is not None}
         found: dict[str, tr.TrainJobView | None] = {}
         if idents and len(wanted) > 1:
-            selector = (f"{n.LABEL_JOB_ID} in ({','.join(sorted({i for i, _ in idents if i}))}),"
-                        f"{n.LABEL_SUBMISSION} in ({','.join(sorted({s for _, s in idents if s}))})")
-            for obj in (await core.kube.list(api.TRAINJOBS, labels=selector)).items:
-                view = tr.TrainJobView.from_obj(obj)
+            pairs = {(i, s) for i, s in idents if i and s}
+            for view in await core.trainjobs(by_identity(pairs)) if pairs else []:
                 if view.name in wanted:
                     found[view.name] = view
         unlisted = sorted(set(wanted) - set(found))
@@ -347,37 +341,21 @@ class Reconciler:
         if not tj.dispatch_object:
             return Raised(tj, 0, False)
         core = self.core(c.workload.ref.namespace)
-        record = records.get((tj.job_id, tj.submission))
-        mine = snap.object_pods(Target.of(tj))
-        problem = ("; ".join(tj.problems) if tj.problems else None) or d.record_problem(tj, record, mine)
-        if problem:
-            message = d.record_text(problem)
-            if message != c.entry.message:
-                await self._pending(c.workload, c.entry, message)
-                await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
-            return Outcome("refused", retry=True, error="RecordInvalid")
-        token = kueue_token(c.workload, tj.ref.generation)
-        own = {kueue_token(c.workload, tj.ref.generation - 1)} if tj.ref.generation else set()
-        plan = d.next_admission(tj, mine, record, own=own, plain=False)
+        uid, generation = c.workload.ref.uid, tj.ref.generation
+        own = {d.kueue_raise_token(uid, generation - 1)} if generation else set()
         try:
-            if plan.write_record:
-                await core.issue(record, tj, plan.admission, token)
-                self._metrics.writes.labels("record").inc()
-            raised = tj
-            if plan.write_trainjob:
-                raised = await core.raise_trainjob(tj, plan.admission, token)
-                self._metrics.writes.labels("trainjob").inc()
-        except Unreachable as exc:
-            if exc.code == 409:
-                return Outcome("conflict", retry=True, error="TrainJobConflict")
-            raise
+            admitted = await core.admit(tj, snap, records.get((tj.job_id, tj.submission)),
+                                        token=d.kueue_raise_token(uid, generation), own=own, plain=False)
+        except Conflict:
+            return Outcome("conflict", retry=True, error="TrainJobConflict")
         except Refused as exc:
-            message = d.refused_text(tj.name, exc)
+            message = (d.record_text(exc.message) if exc.reason == "RecordInvalid"
+                       else d.refused_text(tj.name, exc))
             if message != c.entry.message:
                 await self._pending(c.workload, c.entry, message)
                 await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
             return Outcome("refused", retry=True, error=exc.reason or "Refused")
-        return Raised(raised, plan.admission, True)
+        return Raised(admitted.trainjob, admitted.admission, True)
 
     async def _ready(self, c: _Case, r: Raised) -> Outcome:
         """The last write: our check Ready, labels for the new execution's pods, if nothing moved."""
@@ -400,9 +378,8 @@ class Reconciler:
             try:
                 await self._write_check(current, ready)
                 break
-            except Unreachable as exc:
-                if exc.code != 409:
-                    raise
+            except Conflict:
+                pass
             obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
             fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
             why = d.ready_conflict(fresh, entry.name, await core.trainjob_or_none(tj.name), tj, r.admission,
@@ -438,18 +415,9 @@ class Reconciler:
         try:
             await self._write_check(workload, kq.entry_body(entry.name, "Ready", d.foreign_text(workload.owner),
                                                             now_text()))
-        except Unreachable as exc:
-            if exc.code == 409:
-                return Outcome("conflict", retry=True, error="WorkloadConflict")
-            raise
+        except Conflict:
+            return Outcome("conflict", retry=True, error="WorkloadConflict")
         return Outcome("foreign-ready")
-
-
-def kueue_token(workload: kq.WorkloadView, generation: int | None) -> str:
-    """The admission token of a Kueue-mode raise: the Workload's uid and the TrainJob generation the raise
-    is made on. The raise itself bumps the generation by one, so a later decision (another replica, or
-    this one after a crash) finds ``uid/(generation-1)`` only while nothing else changed the spec."""
-    return f"{workload.ref.uid}/{generation or 0}"
 
 
 async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:
@@ -460,8 +428,3 @@ async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[
             raise result
         out[name] = result
 
-
-def error_reason(exc: DispatchError) -> str:
-    if exc.code == 409:
-        return "Conflict"
-    return exc.reason or type(exc).__name__

@@ -19,15 +19,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from .. import _kueue as kq
 from .. import _names as n
+from .._api import Obj
 from .._views import NodeView, PodView, Ref, labels_of, meta, name_of, text
 from ._informer import Pages
 from ._queue import WorkQueue
 
-Obj = dict[str, Any]
 OURS = object()
 Pair = tuple[str, str]
 Ident = tuple[str, str, str]
@@ -126,10 +125,10 @@ class PodIndex:
 class Router:
     """The controller's indexes of Workloads, pods and Nodes, kept from informer events."""
 
-    def __init__(self, queue: WorkQueue, *, written: Callable[[], dict[str, tuple[str, str]]],
-                 on_change: Callable[[], None]) -> None:
+    def __init__(self, queue: WorkQueue, *, on_change: Callable[[], None]) -> None:
         self.queue = queue
-        self._written = written
+        self.own: dict[str, tuple[str, str]] = {}
+        """Per Workload key, the (state, message) of our check entry as the reconciler last wrote it."""
         self._on_change = on_change
         self.check_names: frozenset[str] = frozenset()
         self.workloads: dict[str, RoutedWorkload] = {}
@@ -210,14 +209,14 @@ class Router:
         else:
             self.pending.discard(key)
             self.signatures.pop(key, None)
-            self._written().pop(key, None)
+            self.own.pop(key, None)
             self.drop_waiting(key)
 
-    def written(self, key: str) -> None:
-        """Our write's echo (same state, our message) must not look like a change."""
+    def wrote(self, key: str, state: str, message: str) -> None:
+        """The reconciler wrote our entry: its echo (same state, our message) must not look like a change."""
+        self.own[key] = (state, message)
         stored = self.signatures.get(key)
-        written = self._written().get(key)
-        if stored is not None and written is not None and stored[0] == written[0]:
+        if stored is not None and stored[0] == state:
             self.signatures[key] = (*stored[:-1], OURS)
 
     def _signature(self, key: str, view: RoutedWorkload, entry: kq.CheckEntry) -> tuple[object, ...]:
@@ -225,7 +224,7 @@ class Router:
         requeue state), and our own write echoes back: neither needs a reconcile. Our own message is
         folded to a marker so its echo matches what was stored before the write."""
         state, message_text = entry.state, entry.message
-        message: object = OURS if self._written().get(key) == (state, message_text) else message_text
+        message: object = OURS if self.own.get(key) == (state, message_text) else message_text
         return (state, view.conds, view.active, view.deleting, view.owner.uid if view.owner else "", message)
 
     def list_workloads(self, items: list[Obj]) -> None:
@@ -260,7 +259,7 @@ class Router:
         self._forget(key)
         self.pending.discard(key)
         self.signatures.pop(key, None)
-        self._written().pop(key, None)
+        self.own.pop(key, None)
         self.drop_waiting(key)
 
     def on_workload(self, etype: str, obj: Obj) -> None:

@@ -15,19 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import httpx2
 
 from .. import _decision as d
 from .. import _names as n
+from .._api import Obj
 from .._identity import RecordView, record_name
 from .._kueue import WorkloadView
 from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
 from ..testing import ApiFailure, FakeCluster
 
-Obj = dict[str, Any]
 KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"
@@ -323,7 +322,10 @@ class FakeGuard:
         self.allowed_starts = 0
 
     def install(self) -> None:
+        """The guard as ``deploy/base/guard.yaml`` installs it: the webhook and CEL policy on TrainJobs, and
+        the ``dispatch-pods`` policy."""
         self.server.add_admission("trainjobs", self._admit)
+        self.cluster.install_pod_policy()
 
     def _admit(self, operation: str, old: Obj | None, new: Obj) -> str | None:
         denial = self.decision(operation, old, new)

@@ -30,6 +30,7 @@ from typing import TextIO
 
 import yaml
 
+from dispatch._api import Obj
 from dispatch.testbed import _manifests as mf
 from dispatch.testbed import _paths
 from dispatch.testbed._pki import ensure_pki, install_kueue_metrics_cert
@@ -376,7 +377,7 @@ def kubectl(
     return proc
 
 
-def _apply(objs: list[mf.Obj], server_side: bool = False) -> None:
+def _apply(objs: list[Obj], server_side: bool = False) -> None:
     if not objs:
         return
     args = ["apply", "-f", "-"]
@@ -728,7 +729,7 @@ def _start_real_node(outputs: Mapping[str, str]) -> dict[str, str]:
     return {"real-node-problem": why}
 
 
-def _apply_retry(objs: list[mf.Obj], server_side: bool = False, timeout: float = 60.0) -> None:
+def _apply_retry(objs: list[Obj], server_side: bool = False, timeout: float = 60.0) -> None:
     """Apply, retrying while a just-registered webhook is not serving yet."""
     deadline = time.monotonic() + timeout
     while True:

@@ -16,9 +16,8 @@ from typing import Any
 
 import yaml
 
+from .._api import Obj
 from . import _paths
-
-Obj = dict[str, Any]
 
 # Port plan; all listeners are on 127.0.0.1 only. DISPATCH_TESTBED_PORT_OFFSET shifts them all, so a second
 # testbed (with its own DISPATCH_TESTBED_DIR) can run beside the first.

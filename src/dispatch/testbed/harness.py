@@ -31,12 +31,12 @@ import yaml
 from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
+from dispatch._api import Obj
 from dispatch.controller import _guard as g_
 from dispatch.errors import NotFound
 from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
-Obj = dict[str, Any]
 A = LABEL_ADMISSION
 LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
@@ -409,8 +409,30 @@ GUARD_YAML = source_dir().parent / "deploy" / "base" / "guard.yaml"
 
 
 def guard_docs() -> dict[str, Obj]:
-    """The objects of ``deploy/base/guard.yaml`` by kind."""
-    return {d["kind"]: d for d in yaml.safe_load_all(GUARD_YAML.read_text()) if d}
+    """The objects of ``deploy/base/guard.yaml`` by kind (of the policies, the TrainJobs' ``dispatch-identity``;
+    ``guard_doc`` gives any by kind and name)."""
+    out: dict[str, Obj] = {}
+    for d in yaml.safe_load_all(GUARD_YAML.read_text()):
+        if d and (d["kind"] not in out or d["metadata"]["name"] == "dispatch-identity"):
+            out[d["kind"]] = d
+    return out
+
+
+def guard_doc(kind: str, name: str) -> Obj:
+    """One object of ``deploy/base/guard.yaml``."""
+    return next(d for d in yaml.safe_load_all(GUARD_YAML.read_text())
+                if d and d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def scoped_pods(ns: str, name: str) -> tuple[Obj, Obj]:
+    """The shipped ``dispatch-pods`` policy and its binding, renamed and narrowed to ``ns``."""
+    policy = copy.deepcopy(guard_doc("ValidatingAdmissionPolicy", "dispatch-pods"))
+    policy["metadata"] = {"name": name}
+    binding = copy.deepcopy(guard_doc("ValidatingAdmissionPolicyBinding", "dispatch-pods"))
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    binding["spec"]["matchResources"] = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+    return policy, binding
 
 
 def scoped_mutating(ns: str, port: int, name: str) -> Obj:

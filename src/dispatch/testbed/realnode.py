@@ -10,19 +10,26 @@ pods share the host's pid namespace (``hostPID``), so the pids in that file are 
 from __future__ import annotations
 
 import copy
+import hashlib
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from dispatch.testbed import _cluster
+from dispatch._api import Obj
+from dispatch.testbed import _cluster, _pyimage
 from dispatch.testbed._node import LABEL, NODE, PAUSE_IMAGE, TAINT, WORKLOAD_IMAGE, WORKLOAD_PATH
 from dispatch.testbed.oracle import pid_alive
 
-Obj = dict[str, Any]
 ORACLE_MOUNT = "/oracle"
 """Where the oracle directory is mounted in the workload's container."""
 ORACLE_FILE = f"{ORACLE_MOUNT}/oracle.log"
 ORACLE_VOLUME = "dispatch-oracle"
+PYTHON_IMAGE = _pyimage.IMAGE
+"""The real node's Python image (:func:`python_image`): the fenced training process of ``dispatch.fence``."""
+CHECKPOINT_MOUNT = "/checkpoints"
+CHECKPOINT_VOLUME = "dispatch-checkpoints"
+FENCE_REPORT = f"{ORACLE_MOUNT}/fence.jsonl"
 
 __all__ = [
     "LABEL",
@@ -30,12 +37,16 @@ __all__ = [
     "ORACLE_FILE",
     "ORACLE_MOUNT",
     "PAUSE_IMAGE",
+    "PYTHON_IMAGE",
     "WORKLOAD_IMAGE",
+    "fence_report",
+    "fenced_runtime",
     "node_name",
     "on_real_node",
     "oracle_file",
     "pid_alive",
     "problem",
+    "python_image",
     "training_runtime",
     "workload_pod",
 ]
@@ -185,3 +196,66 @@ def training_runtime(
     }
 
 
+
+
+def python_image() -> dict[str, str]:
+    """Build the Python image from the sources this process runs (cached while they are unchanged) and
+    import it into the real node's containerd; returns what it cost (sizes, seconds), for reports."""
+    from dispatch.testbed import _node
+
+    node_name()
+    t0 = time.monotonic()
+    content = _pyimage.files()
+    key = hashlib.sha256("\n".join(f"{k}\0{v}\0{v.stat().st_size}\0{v.stat().st_mtime_ns}"
+                                   for k, v in sorted(content.items())).encode()).hexdigest()[:16]
+    images = _node._dirs().images
+    tar = images / f"python-{key}.tar"
+    built = False
+    if not tar.exists():
+        for old in images.glob("python-*.tar"):
+            old.unlink()
+        _pyimage.archive(tar, _node._arch(), content)
+        built = True
+    t1 = time.monotonic()
+    _node.ctr("images", "import", str(tar), timeout=120)
+    return {"files": str(len(content)), "bytes": str(sum(p.stat().st_size for p in set(content.values()))),
+            "archive-bytes": str(tar.stat().st_size), "built": str(built),
+            "build-seconds": f"{t1 - t0:.1f}", "import-seconds": f"{time.monotonic() - t1:.1f}"}
+
+
+def fence_report(oracle_dir: Path | str) -> Path:
+    """The host path of the JSON lines the fenced process writes in ``oracle_dir`` (one per fence event)."""
+    return Path(oracle_dir) / Path(FENCE_REPORT).name
+
+
+def fenced_runtime(
+    name: str,
+    oracle_dir: Path | str,
+    checkpoint_dir: Path | str,
+    *,
+    namespace: str,
+    commit_every: float = 0.1,
+    fenced_tries: int = 0,
+    tolerations: Sequence[Obj] = (),
+    grace_period_seconds: int | None = None,
+    linger: bool = False,
+) -> Obj:
+    """A namespaced ``TrainingRuntime`` like :func:`training_runtime` whose process is the fenced training
+    loop (``dispatch.testbed._fence_workload`` in :data:`PYTHON_IMAGE`, which :func:`python_image` must have
+    imported): it fences ``checkpoint_dir`` (a hostPath, so the test reads the same files) on its A, commits
+    every ``commit_every`` seconds, and writes the process oracle and :func:`fence_report` to ``oracle_dir``."""
+    rt = training_runtime(name, oracle_dir, namespace=namespace, grace_period_seconds=grace_period_seconds,
+                          linger=linger)
+    spec = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    spec["tolerations"] = [*spec["tolerations"], *tolerations]
+    spec["volumes"].append({"name": CHECKPOINT_VOLUME, "hostPath": {"path": str(Path(checkpoint_dir).resolve()),
+                                                                   "type": "DirectoryOrCreate"}})
+    container = spec["containers"][0]
+    container["image"] = PYTHON_IMAGE
+    container["command"] = _pyimage.entrypoint()
+    container["volumeMounts"].append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
+    container["env"] += [{"name": "CHECKPOINT_ROOT", "value": CHECKPOINT_MOUNT},
+                         {"name": "FENCE_REPORT", "value": FENCE_REPORT},
+                         {"name": "COMMIT_EVERY", "value": str(commit_every)},
+                         {"name": "FENCED_TRIES", "value": str(fenced_tries)}]
+    return rt

@@ -15,10 +15,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import httpx2
 
+from .. import _decision as d
+from .._api import Obj
 from .._names import (
     ANNOTATION_ADMISSION,
     JOBSET_NAME_LABEL,
@@ -28,11 +29,10 @@ from .._names import (
     OUT_OF_SERVICE_TAINT,
 )
 from .._trainer import patch_entries, patch_pod_templates
-from .._views import TERMINATED_BY_KUBELET
-from ._rbac import Binding, Policy
-from ._server import ApiFailure, FakeApiServer, _now_text
+from .._views import TERMINATED_BY_KUBELET, labels_of
+from ._rbac import Attributes, Binding, Policy
+from ._server import ApiFailure, FakeApiServer, _now_text, requester
 
-Obj = dict[str, Any]
 TRAINER = "trainer.kubeflow.org"
 JOBSET = "jobset.x-k8s.io"
 
@@ -173,6 +173,29 @@ class History:
                         f"{prev.describe()} then {cur.describe()}")
 
 
+POD_POLICY = "dispatch-pods"
+
+
+def pod_policy(operation: str, old: Obj | None, new: Obj) -> str | None:
+    """The ``dispatch-pods`` ValidatingAdmissionPolicy on one pod write, worded as the API server words a
+    policy's denial (None: allowed)."""
+    if operation != "UPDATE" or old is None:
+        return None
+    old_labels, new_labels = labels_of(old), labels_of(new)
+    if LABEL_JOB_ID not in old_labels and LABEL_JOB_ID not in new_labels:
+        return None  # the policy's objectSelector
+    who = requester()
+    ns = str((new.get("metadata") or {}).get("namespace") or "")
+    verb, group, resource = d.POD_RELEASE_PERMISSION
+    may = who is None or who.allows(Attributes(verb, "", True, group, "v1", resource, "", ns, ""))
+    old_fin = [str(f) for f in (old.get("metadata") or {}).get("finalizers") or []]
+    new_fin = [str(f) for f in (new.get("metadata") or {}).get("finalizers") or []]
+    problem = d.pod_write_problem(old_labels, new_labels, old_fin, new_fin, may_release=may)
+    if problem is None:
+        return None
+    return f"ValidatingAdmissionPolicy '{POD_POLICY}' with binding '{POD_POLICY}' denied request: {problem}"
+
+
 class FakeCluster:
     """A fake API server plus the controllers and nodes a test steps by hand."""
 
@@ -207,6 +230,14 @@ class FakeCluster:
         """A transport to the cluster's API; with ``role``/``roles``, limited to those shipped roles
         (see ``FakeApiServer.transport``)."""
         return self.server.transport(role, roles=roles, user=user, rbac=rbac)
+
+    def install_pod_policy(self) -> None:
+        """dispatch's ``dispatch-pods`` CEL policy (``deploy/base/guard.yaml``): on every update of a pod
+        carrying dispatch's job-id label (before or after), through ``/status`` too, the labels that say whose
+        it is stay, and dispatch's finalizer goes only for a caller the authorizer lets ``release``
+        ``podfinalizers`` (the controller's and the admin role; the test acting as admin and the cluster's own
+        controllers are unrestricted here, as the real cluster's are not bound by dispatch's roles)."""
+        self.server.add_admission("pods", pod_policy)
 
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""

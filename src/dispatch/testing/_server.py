@@ -19,6 +19,7 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -27,10 +28,9 @@ from urllib.parse import parse_qs
 
 import httpx2
 
-from .._api import ALL, Res
+from .._api import ALL, Obj, Res
 from ._rbac import Attributes, Binding, Forbidden, Identity, Policy, shipped_policy
 
-Obj = dict[str, Any]
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
 
 Kind = Res
@@ -53,6 +53,17 @@ LIST_MAP_KEYS: dict[str, tuple[str, ...]] = {
 
 Admission = Callable[[str, Obj | None, Obj], str | None]
 """(operation, old, new) -> denial message or None; registered per plural to play a webhook."""
+
+REQUESTER: ContextVar[Identity | None] = ContextVar("dispatch_fake_requester", default=None)
+"""The identity of the request being served (None: the test acting as the cluster's admin, or the
+cluster's own controllers): what an admission check asks the authorizer about, as a CEL policy's
+``authorizer`` does."""
+
+
+def requester() -> Identity | None:
+    """The identity of the HTTP request an admission check is judging (None: unrestricted)."""
+    return REQUESTER.get()
+
 
 class ApiFailure(Exception):
     """Internal: becomes a Status response."""
@@ -251,9 +262,17 @@ def _never_lower(old: Obj, new: Obj) -> bool:
     return bool(new.get("admission", 0) >= old.get("admission", 0))
 
 
+def _bound_with_a_raise(old: Obj, new: Obj) -> bool:
+    def uid(spec: Obj) -> str:
+        holder = spec.get("trainJob")
+        return str(holder.get("uid") or "") if isinstance(holder, dict) else ""
+    return not uid(new) or uid(new) == uid(old) or bool(new.get("admission", 0) > old.get("admission", 0))
+
+
 RECORD_RULES: tuple[tuple[str, Callable[[Obj, Obj], bool]], ...] = (
     ("the submission a record names never changes", _same_submission),
     ("A never decreases", _never_lower),
+    ("a record is bound to a TrainJob's uid only together with a raise of A", _bound_with_a_raise),
 )
 """The identity-record CRD's validation rules (deploy/base/crd.yaml), as the API server enforces them."""
 
@@ -467,6 +486,8 @@ class FakeApiServer:
             _validate_record(name, old, new)
         for check in self._admission.get(kind.plural, []):
             denial = check(op, old, new)
+            if denial and denial.startswith("ValidatingAdmissionPolicy "):  # a CEL policy's denial, as worded
+                raise ApiFailure(403, "Forbidden", f'{kind.plural} "{name}" is forbidden: {denial}')
             if denial:
                 raise ApiFailure(403, "Forbidden", f'admission webhook denied the request: {denial}')
 
@@ -526,7 +547,8 @@ class FakeApiServer:
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         if new == current:
             return copy.deepcopy(current)
-        if admit and status is not True:
+        # a pod's labels and finalizers change through /status too, so its policy judges both
+        if admit and (status is not True or (not kind.group and kind.plural == "pods")):
             self._validate(kind, "UPDATE", current, new)
         if new.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
@@ -582,32 +604,25 @@ class FakeApiServer:
                     if grace != 0 or current_grace == 0:
                         return copy.deepcopy(current)
                     if finalizers:  # a force delete of a terminating pod a finalizer holds: grace becomes 0
-                        new = copy.deepcopy(current)
-                        new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
-                        new["metadata"]["deletionGracePeriodSeconds"] = 0
-                        new["metadata"]["resourceVersion"] = str(self._bump())
-                        self._objects[key] = new
-                        self._record("MODIFIED", key, new)
-                        return copy.deepcopy(new)
+                        return self._mark_deleting(key, current, 0)
                 if grace > 0:
-                    new = copy.deepcopy(current)
-                    new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
-                    new["metadata"]["deletionGracePeriodSeconds"] = grace
-                    new["metadata"]["resourceVersion"] = str(self._bump())
-                    self._objects[key] = new
-                    self._record("MODIFIED", key, new)
-                    return copy.deepcopy(new)
+                    return self._mark_deleting(key, current, grace)
             if finalizers:
                 if meta.get("deletionTimestamp"):
                     return copy.deepcopy(current)
-                new = copy.deepcopy(current)
-                new["metadata"]["deletionTimestamp"] = _now_text(self.clock())
-                new["metadata"]["deletionGracePeriodSeconds"] = 0
-                new["metadata"]["resourceVersion"] = str(self._bump())
-                self._objects[key] = new
-                self._record("MODIFIED", key, new)
-                return copy.deepcopy(new)
+                return self._mark_deleting(key, current, 0)
             return self._remove(key, copy.deepcopy(current))
+
+    def _mark_deleting(self, key: Key, current: Obj, grace: int) -> Obj:
+        """A delete that leaves the object in place, Terminating: its deletionTimestamp (now plus the grace
+        period) and grace period set, a new resourceVersion, a MODIFIED event."""
+        new = copy.deepcopy(current)
+        new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
+        new["metadata"]["deletionGracePeriodSeconds"] = grace
+        new["metadata"]["resourceVersion"] = str(self._bump())
+        self._objects[key] = new
+        self._record("MODIFIED", key, new)
+        return copy.deepcopy(new)
 
     # ------------------------------------------------------------------ lists
 
@@ -757,6 +772,7 @@ class FakeApiServer:
                 fault.times -= 1
         if fault is not None and not fault.after:
             return self._fail(fault, request)
+        token = REQUESTER.set(identity)
         try:
             if identity is not None:
                 identity.authorize(method, path, params, request.headers.get("content-type", ""), self._exists)
@@ -767,6 +783,8 @@ class FakeApiServer:
             with self._lock:
                 self.denied.append((identity.user if identity else "", method, path))
             response = self._json(403, exc.body)
+        finally:
+            REQUESTER.reset(token)
         if fault is not None:
             return self._fail(fault, request)
         return response

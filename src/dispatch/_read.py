@@ -1,0 +1,368 @@
+"""The reader: every read the admission protocol and its callers take, in one place.
+
+One consistent-read implementation serves one object, many, and a whole namespace: the object's JobSet
+and child Jobs, then the namespace's pods selected two independent ways (dispatch's identity labels, and
+JobSet's ``jobset-name``) pinned to one resourceVersion, then the Nodes the pods that may run sit on.
+Everything read is parsed once into strict views (``_views``, ``_trainer``, ``_identity``, ``_kueue``);
+what to decide from them is ``_decision``'s. The two pod selections are spelled here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from . import _api as api
+from . import _decision as d
+from . import _identity as ident
+from . import _kueue as kq
+from . import _names as n
+from . import _trainer as tr
+from ._api import Obj
+from ._kube import Kube
+from ._records import JobSpec
+from ._views import JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
+from .errors import DispatchError, FieldCause, Forbidden, InvalidInput, NotFound, NotServed, Refused, Unreachable
+
+READ_ATTEMPTS = 3
+"""A consistent read that meets a compaction (410) is taken again from the start, this often."""
+
+TRAINER_MISSING = "the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?"
+
+
+def _in(values: Iterable[str]) -> str:
+    return f"({','.join(sorted(set(values)))})"
+
+
+def by_jobset(names: Collection[str] | None) -> str:
+    """JobSet's selection: pods (and Jobs) whose ``jobset-name`` is one of ``names`` (None: any)."""
+    return n.JOBSET_NAME_LABEL if names is None else f"{n.JOBSET_NAME_LABEL} in {_in(names)}"
+
+
+def by_identity(pairs: Collection[tuple[str, str]] | None) -> str | None:
+    """dispatch's selection: objects labelled with one of these (job-id, submission) pairs (None: any
+    dispatch object). Set-based, so its cost follows the pairs, not the namespace; None when no pair."""
+    if pairs is None:
+        return n.LABEL_JOB_ID
+    if not pairs:
+        return None
+    return (f"{n.LABEL_JOB_ID} in {_in(j for j, _ in pairs)},"
+            f"{n.LABEL_SUBMISSION} in {_in(s for _, s in pairs)}")
+
+
+def not_served(exc: NotFound, what: str) -> NotFound:
+    """A kind that is not served names what to install; a missing object stays as it was."""
+    return NotServed(what, reason=exc.reason, code=exc.code) if isinstance(exc, NotServed) else exc
+
+
+def _no_record_kind(exc: NotFound) -> Refused:
+    """A missing record kind names what to install; a missing record stays NotFound."""
+    if isinstance(exc, NotServed):
+        return Refused(f"the {api.SUBMISSION_RECORDS.describe()} kind is not served: dispatch's identity-record "
+                       "CRD is not installed (kubectl apply -k deploy/)", reason="NoRecordKind", code=404)
+    return exc
+
+
+@dataclass(frozen=True)
+class Target:
+    """One object to read: its TrainJob name and its dispatch identity ("" if it has none)."""
+
+    name: str
+    job_id: str = ""
+    submission: str = ""
+
+    @staticmethod
+    def of(tj: tr.TrainJobView) -> Target:
+        return Target(tj.name, tj.job_id, tj.submission)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one consistent read saw of one object's lower layers."""
+
+    jobset: JobSetView | None
+    jobs: tuple[JobView, ...]
+    pods: tuple[PodView, ...]
+    nodes: Mapping[str, NodeView]
+    resource_version: str
+
+    def verdict(self, target: Target) -> d.Verdict:
+        return d.decide(name=target.name, job_id=target.job_id, submission=target.submission, pods=self.pods,
+                        nodes=self.nodes, jobset=self.jobset, jobs=self.jobs)
+
+    def object_pods(self, target: Target) -> list[PodView]:
+        return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
+
+
+class Reader:
+    """The protocol's reads for one namespace (``Core`` adds its writes)."""
+
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    @property
+    def namespace(self) -> str:
+        return self.kube.namespace
+
+    # ------------------------------------------------------------------ the consistent read
+
+    async def read(self, targets: Sequence[Target], *, list_jobsets: bool = False, lower: bool = True,
+                   namespace: bool = False) -> dict[str, Snapshot]:
+        """One consistent read for one or many objects of the namespace, keyed by TrainJob name.
+
+        JobSets (a get each, sent together, or one list when ``list_jobsets``), then child Jobs, then the
+        pods by dispatch's labels at revision R (a quorum list, paged, RV never resent) and by jobset-name
+        pinned to R (resourceVersionMatch=Exact), then the Nodes those pods sit on. Set-based selectors
+        make k objects cost about as much as one and no more than their own pods. ``namespace`` selects
+        by label key instead of value sets (``find``: one request each whatever the number of objects,
+        where a set of thousands of names would not fit a URL) and lists the Nodes once. ``lower=False``
+        reads pods and Nodes only (``ceased`` and ``close``). A compaction mid-read (410) reads again.
+        """
+        for attempt in range(READ_ATTEMPTS):
+            try:
+                return await self._read(targets, list_jobsets=list_jobsets or namespace, lower=lower,
+                                        namespace=namespace)
+            except DispatchError as exc:  # 410 Gone: the revision was compacted away
+                if exc.code != 410:
+                    raise
+                if attempt + 1 == READ_ATTEMPTS:
+                    raise Unreachable(
+                        f"the API server compacted away the revision of a consistent read {READ_ATTEMPTS} times "
+                        "in a row; retry", reason="Expired", code=410,
+                    ) from exc
+        raise AssertionError("unreachable")
+
+    async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
+        return (await self.read([target], lower=lower))[target.name]
+
+    async def _read(self, targets: Sequence[Target], *, list_jobsets: bool, lower: bool, namespace: bool
+                    ) -> dict[str, Snapshot]:
+        names = sorted({t.name for t in targets})
+        if not names:
+            return {}
+        scope = None if namespace else names
+        jobsets: dict[str, JobSetView | None] = {}
+        jobs: list[JobView] = []
+        if lower:
+            if list_jobsets:
+                listed = {name_of(j): j for j in await self._list_or_empty(api.JOBSETS)}
+                jobsets = {name: JobSetView.from_obj(listed[name]) if name in listed else None for name in names}
+            else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
+                got = await asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names))
+                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
+                           for name, o in zip(names, got, strict=True)}
+            jobs = [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, by_jobset(scope))]
+        identity = by_identity(None if namespace else {(t.job_id, t.submission) for t in targets
+                                                       if t.job_id and t.submission})
+        if identity is not None:
+            first = await self.kube.list(api.PODS, labels=identity)
+            second = await self.kube.list(api.PODS, labels=by_jobset(scope),
+                                          resource_version=first.resource_version, exact=True)
+            raw, rv = first.items + second.items, first.resource_version
+        else:
+            only = await self.kube.list(api.PODS, labels=by_jobset(scope))
+            raw, rv = only.items, only.resource_version
+        pods = [PodView.from_obj(p) for p in raw]
+        nodes = await (self.listed_nodes(pods) if namespace else self.nodes(pods))
+        by_name: dict[str, list[PodView]] = {}
+        by_ident: dict[tuple[str, str], list[PodView]] = {}
+        for pod in pods:  # index once: each object then takes its own pods in O(its pods)
+            by_name.setdefault(pod.jobset_name, []).append(pod)
+            if pod.job_id:
+                by_ident.setdefault((pod.job_id, pod.submission), []).append(pod)
+        jobs_of: dict[str, list[JobView]] = {}
+        for job in jobs:
+            jobs_of.setdefault(job.jobset_name, []).append(job)
+        out: dict[str, Snapshot] = {}
+        for t in targets:
+            mine = by_name.get(t.name, []) + (by_ident.get((t.job_id, t.submission), []) if t.job_id else [])
+            out[t.name] = Snapshot(jobsets.get(t.name), tuple(jobs_of.get(t.name, [])), tuple(mine), nodes, rv)
+        return out
+
+    async def jobs_of(self, name: str) -> list[JobView]:
+        """The child Jobs of one JobSet (none where the Job kind cannot be read as such)."""
+        return [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, by_jobset([name]))]
+
+    async def _list_or_empty(self, res: api.Res, labels: str | None = None) -> list[Obj]:
+        try:
+            return (await self.kube.list(res, labels=labels)).items
+        except NotFound:
+            return []
+
+    async def nodes(self, pods: Iterable[PodView]) -> dict[str, NodeView]:
+        """Get each Node a pod that may run sits on (get only: ``ceased`` needs no list permission)."""
+        names = sorted({p.node for p in pods if p.node and p.may_run})
+        got = await asyncio.gather(*(self._node(name) for name in names))
+        return dict(zip(names, got, strict=True))
+
+    async def listed_nodes(self, pods: Iterable[PodView]) -> dict[str, NodeView]:
+        """The Nodes the pods that may run sit on, from one list of every Node (for a read of many)."""
+        wanted = {p.node for p in pods if p.node and p.may_run}
+        if not wanted:
+            return {}
+        try:
+            listed = {name_of(o): NodeView.from_obj(o) for o in (await self.kube.list(api.NODES)).items}
+        except Forbidden:
+            return {name: NodeView.unreadable(name) for name in wanted}
+        return {name: listed.get(name) or NodeView.gone(name) for name in wanted}
+
+    async def _node(self, name: str) -> NodeView:
+        try:
+            return NodeView.from_obj(await self.kube.get(api.NODES, name))
+        except NotFound:
+            return NodeView.gone(name)
+        except Forbidden:
+            return NodeView.unreadable(name)
+
+    # ------------------------------------------------------------------ TrainJobs, runtimes, Workloads
+
+    async def trainjob(self, name: str) -> tr.TrainJobView:
+        try:
+            return tr.TrainJobView.from_obj(await self.kube.get(api.TRAINJOBS, name))
+        except NotFound as exc:
+            raise NotFound(
+                f"trainjob {name} not found in namespace {self.namespace}"
+                + (" (is Kubeflow Trainer installed?)" if isinstance(exc, NotServed) else ""),
+                reason=exc.reason, code=exc.code,
+            ) from exc
+
+    async def trainjob_or_none(self, name: str) -> tr.TrainJobView | None:
+        obj = await self.kube.get_or_none(api.TRAINJOBS, name)
+        return tr.TrainJobView.from_obj(obj) if obj is not None else None
+
+    async def trainjobs(self, selector: str | None) -> list[tr.TrainJobView]:
+        try:
+            listed = (await self.kube.list(api.TRAINJOBS, labels=selector)).items
+        except NotFound as exc:
+            raise not_served(exc, TRAINER_MISSING) from exc
+        return [tr.TrainJobView.from_obj(t) for t in listed]
+
+    async def live_trainjob_of(self, job_id: str, submission: str) -> tr.TrainJobView | None:
+        """A TrainJob of the submission that is not being deleted (any name)."""
+        live = [v for v in await self.trainjobs(by_identity([(job_id, submission)])) if not v.deleting]
+        return live[0] if live else None
+
+    async def check_grace_kept(self, body: dict[str, object]) -> None:
+        """Trainer before v2.3 prunes terminationGracePeriodSeconds from runtime patches silently; a
+        dry-run create shows what the server would keep, so the user hears it, not nothing."""
+        try:
+            stored = await self.kube.create(api.TRAINJOBS, body, dry_run=True)
+        except NotFound:
+            return  # the create itself will explain the missing kind
+        if not tr.grace_kept(stored):
+            raise InvalidInput(
+                "invalid input: termination_grace_period_seconds",
+                reason="Invalid",
+                causes=[FieldCause(
+                    "termination_grace_period_seconds",
+                    "this cluster's Trainer drops terminationGracePeriodSeconds from runtime patches "
+                    "(it needs Trainer v2.3 or later); set it in the training runtime instead",
+                    "FieldValueNotSupported",
+                )],
+            )
+
+    async def runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
+        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
+        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
+        res = api.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
+        try:
+            runtime = await self.kube.get(res, spec.runtime)
+        except NotServed as exc:
+            raise not_served(exc, TRAINER_MISSING) from exc
+        except NotFound as exc:
+            raise NotFound(
+                f"{spec.runtime_kind} {spec.runtime} not found"
+                + (" in namespace " + self.namespace if res.namespaced else ""),
+                reason=exc.reason, code=exc.code, causes=[FieldCause("runtime", "not found", "NotFound")],
+            ) from exc
+        names = tr.runtime_jobs(runtime)
+        if not names:
+            raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
+        return names, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+                                                    tr.runtime_replacement_policies(runtime))
+
+    async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
+        """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""
+        if not tj.ref.uid:
+            return None
+        try:
+            found = await self.kube.list(api.WORKLOADS, labels=kq.uid_selector([tj.ref.uid]))
+        except NotFound:
+            return None  # Kueue is not installed
+        return kq.WorkloadView.from_obj(found.items[0]) if found.items else None
+
+    async def workloads_by_owner(self) -> dict[str, kq.WorkloadView]:
+        """Every Workload of the namespace by its owner's uid (empty where Kueue is not installed)."""
+        out: dict[str, kq.WorkloadView] = {}
+        for w in await self._list_or_empty(api.WORKLOADS):
+            uid = labels_of(w).get(n.KUEUE_JOB_UID_LABEL)
+            if uid:
+                out[uid] = kq.WorkloadView.from_obj(w)
+        return out
+
+    async def our_checks(self, controller_name: str = n.CONTROLLER_NAME) -> set[str] | None:
+        """Names of the AdmissionChecks owned by ``controller_name``; None if they cannot be listed."""
+        try:
+            return kq.checks_owned((await self.kube.list(api.ADMISSION_CHECKS)).items, controller_name)
+        except (NotFound, Forbidden):
+            return None
+
+    # ------------------------------------------------------------------ the identity record
+
+    async def record(self, job_id: str, submission: str) -> ident.RecordView | None:
+        try:
+            obj = await self.kube.get(api.SUBMISSION_RECORDS, ident.record_name(job_id, submission))
+        except NotServed as exc:
+            raise _no_record_kind(exc) from exc
+        except NotFound:
+            return None
+        return ident.RecordView.from_obj(obj)
+
+    async def records(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
+        """The records of many submissions: one list by their labels (set-based, so its cost follows
+        these submissions, not the namespace), each checked against its hashed name; one get for one."""
+        keys = sorted(set(pairs))
+        if len(keys) < 2:
+            return {key: await self.record(*key) for key in keys}
+        listed = await self._records(by_identity(keys))
+        by_name = {v.name: v for v in listed}
+        out: dict[tuple[str, str], ident.RecordView | None] = {}
+        for key in keys:
+            found = by_name.get(ident.record_name(*key))
+            # a record whose labels were edited away is not missing: a get by its name decides
+            out[key] = found if found is not None else await self.record(*key)
+        return out
+
+    async def claims_of(self, trainjob: str) -> list[ident.RecordView]:
+        """Records held by ``trainjob`` (by their holder label): a claim whose TrainJob may not exist."""
+        found = await self._records(f"{ident.LABEL_HOLDER}={trainjob}")
+        return [r for r in found if r.trainjob == trainjob]
+
+    async def _records(self, selector: str | None) -> list[ident.RecordView]:
+        try:
+            found = await self.kube.list(api.SUBMISSION_RECORDS, labels=selector)
+        except NotFound as exc:
+            raise _no_record_kind(exc) from exc
+        return [ident.RecordView.from_obj(o) for o in found.items]
+
+    async def legacy_ledger(self) -> Obj | None:
+        """The pre-record namespace ledger, if it is still there (None where it cannot be read)."""
+        try:
+            return await self.kube.get_or_none(api.CONFIGMAPS, ident.LEGACY_LEDGER)
+        except Forbidden:
+            return None
+
+    async def legacy_floor(self, job_id: str, submission: str) -> int:
+        """The highest A the pre-record namespace ledger remembers for a submission (0 if none)."""
+        ledger = await self.legacy_ledger()
+        data = ledger.get("data") if ledger is not None else None
+        value = data.get(ident.legacy_key(job_id, submission)) if isinstance(data, dict) else None
+        if value is None:
+            return 0
+        parsed = parse_count(value)
+        if parsed is None:
+            raise Refused(f"the old ledger ConfigMap {ident.LEGACY_LEDGER} holds {str(value)[:40]!r} for "
+                          f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
+                          reason="RecordInvalid")
+        return parsed

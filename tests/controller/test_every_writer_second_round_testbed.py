@@ -1,0 +1,225 @@
+"""Issue 25, every writer, second round, on the real control plane (real CEL policies, CRD rules, webhook,
+Trainer, JobSet and Job controllers): items 1, 4 and 5.
+
+Each test installs the guard scoped to its own namespace (``test_guard_testbed.installed``) plus the shipped
+``dispatch-pods`` policy, and, for item 4, the identity record CRD of this tree (the previous one is put
+back afterwards, so other runs on the shared testbed keep theirs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, JobSpec
+from dispatch import _kube as k
+from dispatch.testbed._paths import source_dir
+from dispatch.testbed.harness import (
+    controller_env,
+    hold_pods,
+    is_running,
+    pods_of,
+    running_pods,
+    running_testbed_kubeconfig,
+    scoped_pods,
+    until,
+)
+
+from .test_guard_testbed import BINDINGS, POLICIES, Guarded, gone, installed, kubectl, release
+
+pytestmark = pytest.mark.testbed
+
+Obj = dict[str, Any]
+CRDS = k.Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+             namespaced=False, status=False)
+RECORDS_CRD = "submissionrecords.dispatch.phpboyscout.uk"
+
+
+@asynccontextmanager
+async def guarded(tmp: Path) -> AsyncIterator[Guarded]:
+    path = running_testbed_kubeconfig()
+    if path is None:
+        pytest.skip("the testbed is not up (python -m dispatch.testbed up)")
+    async with controller_env(path) as (kube, ns, _), installed(kube, ns, tmp) as got:
+        name = f"dispatch-pods-{ns}"
+        policy, binding = scoped_pods(ns, name)
+        await kube.create(POLICIES, policy)
+        await kube.create(BINDINGS, binding)
+        try:
+            yield got
+        finally:
+            await kube.delete(BINDINGS, name)
+            await kube.delete(POLICIES, name)
+
+
+@pytest.fixture
+async def g(testbed_kubeconfig: str, tmp_path: Path) -> AsyncIterator[Guarded]:
+    async with guarded(tmp_path) as got:
+        yield got
+
+
+async def policy_answers(g: Guarded, pod: str) -> None:
+    """The pods policy is in force once a relabel of ``pod`` is refused (policies reach the API server's
+    admission within a second or so of their creation)."""
+    async def refused() -> bool:
+        got = kubectl(g.ns, "label", "--dry-run=server", "pod", pod, f"{LABEL_ADMISSION}-")
+        return got.returncode != 0 and "dispatch-pods" in got.stderr
+    await until(refused, what="the dispatch-pods policy in force")
+
+
+# ---------------------------------------------------------------- item 1
+
+
+async def test_item1_a_running_pod_cannot_be_relabelled_away_nor_unfinalized_by_a_pod_editor(g: Guarded) -> None:
+    name = "hide-s1"
+    await g.adapter.open(JobSpec(job_id="hide", submission="s1"))
+    assert await release(g, name) == 1
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    [pod] = [p["metadata"]["name"] for p in running_pods(await pods_of(g.kube, name))]
+    await policy_answers(g, pod)
+    labels = (await g.kube.get(k.PODS, pod))["metadata"]["labels"]
+    print("POD LABELS:", json.dumps(labels))
+    # the issue's relabel, as typed by anyone allowed to patch pods (here the cluster admin itself)
+    keys = [key for key in ("dispatch.phpboyscout.uk/job-id", "dispatch.phpboyscout.uk/submission", LABEL_ADMISSION,
+                            "jobset.sigs.k8s.io/jobset-name", "batch.kubernetes.io/controller-uid",
+                            "batch.kubernetes.io/job-name", "controller-uid", "job-name") if key in labels]
+    relabel = kubectl(g.ns, "label", "pod", pod, *[f"{key}-" for key in keys])
+    print("DENIED (relabel):", relabel.stderr.strip())
+    assert relabel.returncode != 0
+    assert ("ValidatingAdmissionPolicy 'dispatch-pods-" in relabel.stderr
+            and "denied request: the labels that say whose a dispatch pod is are kept" in relabel.stderr)
+    changed = kubectl(g.ns, "label", "--overwrite", "pod", pod, f"{LABEL_ADMISSION}=9")
+    assert changed.returncode != 0 and "are kept" in changed.stderr
+    # a user who may patch pods but holds no dispatch role cannot take dispatch's finalizer off
+    kubectl(g.ns, "create", "role", "pod-editor", "--verb=get,patch,update", "--resource=pods")
+    kubectl(g.ns, "create", "rolebinding", "pod-editor", "--role=pod-editor", "--user=editor")
+    await hold_pods(g.kube, name)
+    await g.adapter.hold(name)
+
+    async def terminating() -> bool:
+        got = await g.kube.get(k.PODS, pod)
+        return bool(got["metadata"].get("deletionTimestamp"))
+    await until(terminating, what="the pod Terminating")
+    unfinalized = kubectl(g.ns, "--as=editor", "patch", "pod", pod, "--type=merge", "-p",
+                          '{"metadata":{"finalizers":null}}')
+    print("DENIED (finalizer):", unfinalized.stderr.strip())
+    assert unfinalized.returncode != 0
+    assert "dispatch's pod finalizer dispatch.phpboyscout.uk/execution is removed only by dispatch's controller" \
+        in unfinalized.stderr
+    other = kubectl(g.ns, "--as=editor", "label", "pod", pod, "team=vision")
+    assert other.returncode == 0, other.stderr  # what does not say whose the pod is stays the editor's
+    left = await g.kube.get(k.PODS, pod)
+    assert left["metadata"]["labels"][LABEL_ADMISSION] == "1" and left["metadata"]["finalizers"]
+    # so the rule still finds the pod, and nothing starts A=2 beside it
+    with pytest.raises(Exception, match=f"remaining pods: {pod}"):
+        await g.adapter.release(name)
+    await gone(g, [pod])
+    assert await release(g, name) == 2
+
+
+# ---------------------------------------------------------------- item 4
+
+
+@asynccontextmanager
+async def records_crd_of_this_tree(kube: k.Kube) -> AsyncIterator[None]:
+    before = await kube.get(CRDS, RECORDS_CRD)
+    mine = yaml.safe_load((source_dir().parent / "deploy" / "base" / "crd.yaml").read_text())
+
+    async def put(spec: Obj) -> None:
+        current = await kube.get(CRDS, RECORDS_CRD)
+        await kube.merge_patch(CRDS, RECORDS_CRD, {"metadata": {"resourceVersion": current["metadata"][
+            "resourceVersion"]}, "spec": {"versions": spec["versions"]}})
+    await put(mine["spec"])
+    await asyncio.sleep(2)  # the API server rebuilds the CRD's validators
+    try:
+        yield
+    finally:
+        await put(before["spec"])
+
+
+async def test_item4_a_writer_cannot_make_release_issue_an_a_that_already_ran(g: Guarded) -> None:
+    name = "reuse-s1"
+    spec = JobSpec(job_id="reuse", submission="s1")
+    async with records_crd_of_this_tree(g.kube):
+        await g.adapter.open(spec)
+        for a in (1, 2):
+            assert await release(g, name) == a
+            await until(lambda: is_running(g.kube, name), what=f"running as A={a}")
+            await g.adapter.hold(name)
+            await until(lambda: _no_pods(g, name), what="its pods gone")
+        await g.adapter.close(name)
+        await until(lambda: _absent(g, name), what="the TrainJob gone")
+        await until(lambda: _no_pods(g, name), what="its pods gone")
+        await g.adapter.open(spec)
+        tj = await g.kube.get(k.TRAINJOBS, name)
+        record = (await g.kube.list(k.Res("dispatch.phpboyscout.uk", "v1alpha1", "submissionrecords",
+                                          "SubmissionRecord"))).items[0]
+        assert record["spec"]["admission"] == 2
+        # the record bound to the new uid without a raise: refused by the CRD rule, for every writer
+        bind = kubectl(g.ns, "patch", "submissionrecord", record["metadata"]["name"], "--type=merge", "-p",
+                       json.dumps({"spec": {"trainJob": {"name": name, "uid": tj["metadata"]["uid"]}}}))
+        print("DENIED (bind):", bind.stderr.strip())
+        assert bind.returncode != 0
+        assert "a record is bound to a TrainJob's uid only together with a raise of A" in bind.stderr
+        # the TrainJob's annotation and entry raised to 2 (A only rises: nothing refuses it)
+        patches = tj["spec"]["runtimePatches"]
+        for entry in patches:
+            for rj in entry["trainingRuntimeSpec"]["template"]["spec"].get("replicatedJobs") or []:
+                labels = rj["template"]["spec"]["template"]["metadata"].get("labels") or {}
+                if LABEL_ADMISSION in labels:
+                    labels[LABEL_ADMISSION] = "2"
+        forged = kubectl(g.ns, "patch", "trainjob", name, "--type=merge", "-p", json.dumps(
+            {"metadata": {"annotations": {ANNOTATION_ADMISSION: "2"}}, "spec": {"runtimePatches": patches}}))
+        assert forged.returncode == 0, forged.stderr
+        assert await release(g, name) == 3
+        await until(lambda: is_running(g.kube, name), what="running as A=3")
+        assert [p["metadata"]["labels"][LABEL_ADMISSION] for p in running_pods(await pods_of(g.kube, name))] == ["3"]
+
+
+async def _no_pods(g: Guarded, name: str) -> bool:
+    return not await pods_of(g.kube, name)
+
+
+async def _absent(g: Guarded, name: str) -> bool:
+    return await g.kube.get_or_none(k.TRAINJOBS, name) is None
+
+
+# ---------------------------------------------------------------- item 5
+
+
+def tuner(admission: str) -> Obj:
+    return {"manager": "example.com/tuner", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"metadata": {"labels": {LABEL_ADMISSION: admission}}}}}}
+    ]}}}}
+
+
+async def test_item5_another_entry_cannot_make_the_pods_carry_an_a_the_trainjob_does_not(g: Guarded) -> None:
+    name = "order-s1"
+    await g.adapter.open(JobSpec(job_id="order", submission="s1"))
+    assert await release(g, name) == 1
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    await g.adapter.hold(name)
+    await until(lambda: _no_pods(g, name), what="its pods gone")
+    patches = (await g.kube.get(k.TRAINJOBS, name))["spec"]["runtimePatches"]
+    wrong = kubectl(g.ns, "patch", "trainjob", name, "--type=merge", "-p",
+                    json.dumps({"spec": {"runtimePatches": [*patches, tuner("7")]}}))
+    print("DENIED (foreign entry):", wrong.stderr.strip())
+    assert wrong.returncode != 0
+    assert "only dispatch's runtime patch entry (dispatch.phpboyscout.uk/dispatch) sets dispatch's pod labels" \
+        in wrong.stderr
+    # the TrainJob's own A passes (as Kueue's copy of the check's labels does), and then goes stale
+    same = kubectl(g.ns, "patch", "trainjob", name, "--type=merge", "-p",
+                   json.dumps({"spec": {"runtimePatches": [*patches, tuner("1")]}}))
+    assert same.returncode == 0, same.stderr
+    with pytest.raises(Exception, match=r"Trainer applies every runtime patch entry in order, so the pods of "
+                                        r"replicatedJob node would carry dispatch\.phpboyscout\.uk/admission=1, not 2"):
+        await g.adapter.release(name)
+    assert (await g.kube.get(k.TRAINJOBS, name))["spec"]["suspend"] is True
+    assert not await pods_of(g.kube, name)
