@@ -13,9 +13,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 import yaml
 
 from dispatch.controller import configure_logging
@@ -60,13 +62,27 @@ def test_a_stop_during_an_api_outage_logs_only_json(tmp_path: Path) -> None:
     assert not [e for e in events if "Traceback" in json.dumps(e)]
 
 
-def test_the_standard_librarys_records_are_json_too(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """configure_logging changes process-wide state: put it back for the tests that follow."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers, root.level = handlers, level
+        structlog.reset_defaults()
+
+
+def test_the_standard_librarys_records_are_json_too(capsys: pytest.CaptureFixture[str],
+                                                    restored_logging: None) -> None:
     configure_logging("info")
     try:
         raise ZeroDivisionError("division by zero")
     except ZeroDivisionError:
         logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
     logging.getLogger("asyncio").debug("below the level")
+    logging.getLogger("httpx").info("HTTP Request: GET ...")      # a library's chatter: only warnings and worse
     [line] = capsys.readouterr().err.splitlines()
     got = json.loads(line)
     assert (got["event"], got["level"], got["logger"]) == ("Task exception was never retrieved", "error", "asyncio")

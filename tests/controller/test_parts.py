@@ -154,9 +154,14 @@ async def test_run_returns_when_stopped(cluster: FakeCluster, kube: k.Kube) -> N
 
 
 def test_run_from_cli_reports_a_missing_kubeconfig(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     code = run_from_cli(kubeconfig="/nonexistent/kubeconfig", context=None, namespace=None, metrics_port=0,
                         leader_elect=False)
     structlog.reset_defaults()
+    root.handlers, root.level = handlers, level       # run_from_cli sends the standard library's logs as JSON
     assert code == 1
     assert "does not exist" in capsys.readouterr().err
 
