@@ -22,6 +22,7 @@ import httpx2
 
 from . import _decision as d
 from . import _enrol as enr
+from . import _events as ev
 from . import _kube as k
 from . import _kueue as kq
 from . import _names as n
@@ -321,6 +322,8 @@ class AsyncAdapter:
                               "name or submission", reason="AlreadyExists", code=exc.code) from exc
             raise
         if hold:
+            if not created.queue:  # plain mode tells its story in Events, as Kueue mode does
+                await ev.record(self._kube, ev.opened(created))
             return self._status(created, d.Verdict((), ()), warnings=[warning])
         await self.release(name)
         status = await self.inspect(name)
@@ -392,12 +395,14 @@ class AsyncAdapter:
             record = await self.core.record(tj.job_id, tj.submission)
             snap, verdict = await self._settled_read(Target.of(tj))
             if not verdict.admissible:
+                await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
                 raise _pods_remain(name, verdict)
             try:
                 admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
             except Conflict:
                 continue
             if await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
                 return Identity(tj.job_id, tj.submission, admitted.admission)
         raise Conflict(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
@@ -442,6 +447,7 @@ class AsyncAdapter:
             raise Unreachable(f"Kueue has not created a Workload for {name} yet; retry", reason="NoWorkload")
         elif not tj.suspended:
             await self.core.suspend(tj)
+            await ev.record(self._kube, ev.held(tj))
         return await self.inspect(name)
 
     async def close(self, name: str) -> tuple[RemainingPod, ...]:
@@ -471,7 +477,9 @@ class AsyncAdapter:
             await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
         except NotFound:
             pass
-        return d.remaining(mine, snap.nodes)
+        left = d.remaining(mine, snap.nodes)
+        await ev.record(self._kube, ev.closed(tj, left))
+        return left
 
     # ------------------------------------------------------------------ admin
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,13 @@ class Kube:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    def observe(self, on_request: Callable[[Any], Awaitable[None]],
+                on_response: Callable[[Any], Awaitable[None]]) -> None:
+        """Call these for every request sent and every response received on this connection (shared by
+        ``in_namespace`` copies): the controller's API request metrics."""
+        self._client.event_hooks["request"].append(on_request)
+        self._client.event_hooks["response"].append(on_response)
 
     def in_namespace(self, namespace: str) -> Kube:
         """The same connection with another default namespace (the controller serves many namespaces).

@@ -50,8 +50,13 @@ async def test_the_controller_keeps_a_force_deleted_pod_of_a_frozen_node_until_t
         await quiet(0.5)  # and looked at it: the end is unproven, so nothing is written
         assert pod_of(cluster, first) is not None
         assert ctl.finalizers.released == 0
+        held = ctl.metrics.registry.get_sample_value
+        assert held("dispatch_pods_held_unproven") == 1 and list(ctl.finalizers.held) == [f"default/{first}"]
+        assert (held("dispatch_pods_held_unproven_longest_seconds") or 0) >= 0
         cluster.taint_out_of_service("node-0")  # the Node's change routes the pods on it
         await until(lambda: pod_of(cluster, first) is None, what="released by the taint")
+        await until(lambda: held("dispatch_pods_held_unproven") == 0, what="no pod held any more")
+        assert held("dispatch_pods_held_unproven_longest_seconds") == 0
     cluster.history.check()
 
 

@@ -356,3 +356,39 @@ async def test_a_renewed_ca_is_published_to_enrolments_mutating_configuration_to
             assert first.strip() in bundle(plural) and second.strip() in bundle(plural)
     finally:
         await running.close()
+
+
+async def test_a_replica_is_ready_only_once_the_api_server_can_trust_it(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+    """/readyz follows Running.ready(): a replica whose CA is not yet in the caBundle would fail every review
+    (failurePolicy Fail), so the Service must not send it any until the CA is published."""
+    cluster.server.register_kind(api.VALIDATING_WEBHOOKS)
+    cluster.server.create("admissionregistration.k8s.io", "validatingwebhookconfigurations", "", {
+        "metadata": {"name": "dispatch-guard"}, "webhooks": [
+            {"name": "guard.dispatch.phpboyscout.uk", "clientConfig": {"url": "https://127.0.0.1/validate-trainjob"}}]})
+    fault = cluster.server.inject(method="PATCH", path="validatingwebhookconfigurations", status=403, times=10**6)
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="dispatch-guard", every=0.05)
+    try:
+        assert running.ready() == (False, "guard CA not yet in the caBundle of dispatch-guard")
+        await asyncio.sleep(0.3)                          # several rounds of upkeep, each forbidden
+        assert running.ready() == (False, "guard CA not yet in the caBundle of dispatch-guard")
+        fault.times = 0
+        for _ in range(100):
+            if running.ready()[0]:
+                break
+            await asyncio.sleep(0.05)
+        assert running.ready() == (True, "guard serving")
+        hook = cluster.server.get("admissionregistration.k8s.io", "validatingwebhookconfigurations", "",
+                                  "dispatch-guard")
+        assert hook is not None and hook["webhooks"][0]["clientConfig"].get("caBundle")
+    finally:
+        await running.close()
+
+    # cert-manager keeps the bundle (no webhook to publish to): ready as soon as the files are loaded
+    own = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                        hosts=["localhost"], webhook="", every=3600)
+    try:
+        assert own.ready() == (True, "guard serving")
+    finally:
+        await own.close()

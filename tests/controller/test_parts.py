@@ -91,6 +91,28 @@ async def test_probes_and_metrics_are_served(cluster: FakeCluster, kueue: FakeKu
             assert (await http.post("/metrics")).status_code == 405
 
 
+async def test_the_standard_controller_series_are_exported_without_created(
+        cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube) -> None:
+    """controller-runtime's names: API requests by code, method and resource with latency, the work
+    queues, the leader status; and no ``*_created`` series."""
+    from prometheus_client import generate_latest
+
+    async with running(kube, BASE, metrics_port=0) as ctl:
+        value = ctl.metrics.registry.get_sample_value
+        await until(lambda: (value("rest_client_requests_total",
+                                   {"code": "200", "method": "GET", "resource": "pods"}) or 0) >= 1)
+        assert (value("rest_client_request_duration_seconds_count", {"verb": "GET", "resource": "pods"}) or 0) >= 1
+        assert value("leader_election_master_status", {"name": ctl.config.lease_name}) == 1
+        for name in ("workloads", "pod-finalizers"):
+            assert value("workqueue_depth", {"name": name}) is not None
+        ctl.queue.add("default/w-1")                     # one key through the queue, as a worker takes it
+        await until(lambda: value("workqueue_queue_duration_seconds_count", {"name": "workloads"}) == 1)
+        assert value("workqueue_adds_total", {"name": "workloads"}) == 1
+        await until(lambda: value("workqueue_work_duration_seconds_count", {"name": "workloads"}) == 1)
+        text = generate_latest(ctl.metrics.registry).decode()
+    assert "_created" not in text, [line for line in text.splitlines() if "_created" in line][:3]
+
+
 async def test_readyz_fails_and_names_the_cause_until_the_lists_succeed(cluster: FakeCluster, kube: k.Kube) -> None:
     from dispatch.controller import Controller
 
@@ -105,6 +127,24 @@ async def test_readyz_fails_and_names_the_cause_until_the_lists_succeed(cluster:
     await task
 
 
+async def test_readyz_waits_for_the_guard_and_turns_unready_when_stopping(
+        cluster: FakeCluster, kube: k.Kube, tmp_path: Any) -> None:
+    """A replica gets webhook calls once ready, so ready means it can answer them: guard serving with a
+    trusted certificate, caches synced; and a stopping replica leaves the Service at once."""
+    from dispatch.controller import Config, Controller
+
+    ctl = Controller(kube, Config(resync_seconds=3600, workers=2, guard_port=0, guard_host="127.0.0.1",
+                                  guard_cert_dir=str(tmp_path / "certs"), guard_webhook="", metrics_port=0))
+    assert ctl.readyz() == (False, "guard not started")
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    await until(lambda: ctl.readyz()[0], timeout=5)
+    assert ctl.readyz() == (True, "ok (leader)") and ctl.guard is not None
+    stop.set()
+    await task
+    assert ctl.readyz() == (False, "stopping")
+
+
 async def test_run_returns_when_stopped(cluster: FakeCluster, kube: k.Kube) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(run(kube, BASE, stop=stop))
@@ -114,9 +154,14 @@ async def test_run_returns_when_stopped(cluster: FakeCluster, kube: k.Kube) -> N
 
 
 def test_run_from_cli_reports_a_missing_kubeconfig(tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     code = run_from_cli(kubeconfig="/nonexistent/kubeconfig", context=None, namespace=None, metrics_port=0,
                         leader_elect=False)
     structlog.reset_defaults()
+    root.handlers, root.level = handlers, level       # run_from_cli sends the standard library's logs as JSON
     assert code == 1
     assert "does not exist" in capsys.readouterr().err
 

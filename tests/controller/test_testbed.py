@@ -381,6 +381,10 @@ MATRIX: list[tuple[str, str, str, str, str, bool]] = [
     ("controller", "watch", "", "nodes", "", True),
     ("controller", "patch", "", "nodes", "", False),
     ("controller", "create", "", "events", "", True),
+    ("writer", "create", "", "events", "", True),  # plain mode's Events on the TrainJob
+    ("writer", "patch", "", "events", "", False),
+    ("writer", "delete", "", "events", "", False),
+    ("reader", "create", "", "events", "", False),
     ("controller", "create", "coordination.k8s.io", "leases", "", True),
     ("controller", "list", "", "secrets", "", False),
     ("reader", "create", "", "configmaps", "", False),
@@ -450,6 +454,25 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
     assert "forbidden" not in text.lower(), text[-2000:]
     events = [e for e in (await kube.list(k.EVENTS)).items if e.get("reason") == "AdmissionProceeds"]
     assert events
+
+
+async def test_identity_records_are_in_the_built_in_view_and_edit_roles_read_only(rbac: tuple[k.Kube, str]) -> None:
+    """dispatch-records-view aggregates into view (and through it edit and admin): who views a namespace
+    reads its records; nobody gains a write on them that way (a deleted record lets an A be reused)."""
+    kube, ns = rbac
+    records = ("dispatch.phpboyscout.uk", "submissionrecords")
+    for role in ("view", "edit", "admin"):
+        sa = f"builtin-{role}"
+        await kube.create(SERVICE_ACCOUNTS, {"metadata": {"name": sa}})
+        await kube.create(BINDINGS, {"metadata": {"name": sa}, "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]})
+
+        async def reads(sa: str = sa) -> bool:     # the aggregation controller fills the role within moments
+            return all([await _can(kube, sa, ns, verb, *records) for verb in ("get", "list", "watch")])
+        await until(reads, timeout=30, what=f"{role} reading identity records")
+        for verb in ("create", "patch", "update", "delete", "deletecollection"):
+            assert not await _can(kube, sa, ns, verb, *records), (role, verb)
 
 
 async def test_the_guard_reads_with_only_the_controllers_service_account(

@@ -295,3 +295,87 @@ def test_the_charts_monitoring_objects_are_deploy_monitorings(tools: tuple[Path,
     rendered = by_key(on)
     assert sorted(rendered) == sorted(shipped)
     assert {k: without_allowed(v) for k, v in rendered.items()} == shipped
+
+
+SELECTOR = {"app.kubernetes.io/name": "dispatch", "app.kubernetes.io/component": "admission-controller"}
+
+
+def pod_spec(docs: list[Obj]) -> Obj:
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    return dict(dep["spec"]["template"]["spec"])
+
+
+def test_high_availability_by_default_each_a_value(tools: tuple[Path, Path]) -> None:
+    """A PDB, a spread over nodes and a priority class keep one webhook replica up through a drain."""
+    docs = chart(tools)
+    [pdb] = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["metadata"]["name"] == "dispatch-controller"
+    assert pdb["spec"] == {"minAvailable": 1, "selector": {"matchLabels": SELECTOR}}
+    spec = pod_spec(docs)
+    assert spec["priorityClassName"] == "system-cluster-critical"
+    node, zone = spec["topologySpreadConstraints"]
+    assert (node["topologyKey"], node["whenUnsatisfiable"], node["maxSkew"]) == (
+        "kubernetes.io/hostname", "DoNotSchedule", 1)
+    assert node["labelSelector"] == {"matchLabels": SELECTOR} and node["matchLabelKeys"] == ["pod-template-hash"]
+    assert (zone["topologyKey"], zone["whenUnsatisfiable"]) == ("topology.kubernetes.io/zone", "ScheduleAnyway")
+
+    off = chart(tools, "podDisruptionBudget.enabled=false", "priorityClassName=", "topologySpreadConstraints=null")
+    assert not [d for d in off if d["kind"] == "PodDisruptionBudget"]
+    assert "priorityClassName" not in pod_spec(off) and "topologySpreadConstraints" not in pod_spec(off)
+    three = chart(tools, "replicas=3", "podDisruptionBudget.minAvailable=2", "priorityClassName=dispatch-critical")
+    assert [d["spec"]["minAvailable"] for d in three if d["kind"] == "PodDisruptionBudget"] == [2]
+    assert pod_spec(three)["priorityClassName"] == "dispatch-critical"
+
+    got = render(tools, "replicas=1", check=False)
+    assert got.returncode != 0 and (
+        "podDisruptionBudget.minAvailable (1) must be below replicas (1): no replica could ever be evicted"
+        in got.stderr), got.stderr
+    assert chart(tools, "replicas=1", "podDisruptionBudget.enabled=false")      # a single replica, knowingly
+
+
+def test_the_schema_refuses_typos_and_wrong_types(tools: tuple[Path, Path]) -> None:
+    got = render(tools, "replica=3", check=False)
+    assert got.returncode != 0 and "additional properties 'replica' not allowed" in got.stderr, got.stderr
+    got = render(tools, "image.registy=r.example", check=False)
+    assert got.returncode != 0 and "at '/image': additional properties 'registy' not allowed" in got.stderr
+    got = render(tools, "replicas=two", check=False)
+    assert got.returncode != 0 and "at '/replicas'" in got.stderr, got.stderr
+    got = render(tools, "guard.certManager.issuerRef.nam=corp-ca", check=False)
+    assert got.returncode != 0 and "additional properties 'nam' not allowed" in got.stderr, got.stderr
+
+
+DIGEST = "sha256:" + "ab" * 32
+
+
+def test_image_registry_digest_and_pull_secrets(tools: tuple[Path, Path]) -> None:
+    assert container(chart(tools))["image"] == "dispatch-controller:0.1.0"
+    assert container(chart(tools, "image.registry=registry.example.com/platform/"))["image"] == (
+        "registry.example.com/platform/dispatch-controller:0.1.0")
+    pinned = chart(tools, "image.registry=registry.example.com", "image.tag=9.9.9", f"image.digest={DIGEST}",
+                   "imagePullSecrets[0].name=regcred")
+    assert container(pinned)["image"] == f"registry.example.com/dispatch-controller@{DIGEST}"
+    assert pod_spec(pinned)["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_security_contexts_are_values_without_a_user_id(tools: tuple[Path, Path]) -> None:
+    spec = pod_spec(chart(tools))
+    assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    assert container(chart(tools))["securityContext"] == {
+        "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+    own = chart(tools, "podSecurityContext.runAsUser=1000680000", "podSecurityContext.fsGroup=1000680000",
+                "securityContext.readOnlyRootFilesystem=true")
+    assert pod_spec(own)["securityContext"]["runAsUser"] == 1000680000
+    assert pod_spec(own)["securityContext"]["fsGroup"] == 1000680000
+
+
+def test_labels_for_services_and_the_prometheus_objects(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "serviceLabels.team=ml", "monitoring.serviceMonitor.enabled=true",
+                 "monitoring.serviceMonitor.labels.release=kube-prometheus-stack",
+                 "monitoring.prometheusRule.enabled=true", "monitoring.prometheusRule.labels.release=kps")
+    services = {d["metadata"]["name"]: d["metadata"]["labels"] for d in docs if d["kind"] == "Service"}
+    assert sorted(services) == ["dispatch-controller-metrics", "dispatch-guard"]
+    assert all(labels["team"] == "ml" for labels in services.values())
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["metadata"]["labels"]["release"] == "kps"

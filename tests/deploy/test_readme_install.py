@@ -52,7 +52,11 @@ def test_the_install_section_works_as_written(testbed_kubeconfig: str, tmp_path:
         pytest.skip(f"the install runs the controller's image: {why}")
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "python").symlink_to(sys.executable)      # the README's `python` is this interpreter
+    # The README's `python` is this interpreter. A script, not a symlink: a venv's python found through a
+    # symlink elsewhere finds no pyvenv.cfg beside it, runs as the base interpreter, and loses the venv's
+    # packages.
+    (shim / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     marker = "=== next README block ==="

@@ -47,7 +47,9 @@ def tj_a(cluster: FakeCluster, name: str = NAME) -> int:
 
 
 def successful_writes(cluster: FakeCluster, start: int) -> list[tuple[str, str]]:
-    return [(m, p) for m, p, _ in cluster.server.requests[start:] if m in ("POST", "PUT", "PATCH", "DELETE")]
+    """Writes that change objects (Events only report what a verb did)."""
+    return [(m, p) for m, p, _ in cluster.server.requests[start:]
+            if m in ("POST", "PUT", "PATCH", "DELETE") and not p.endswith("/events")]
 
 
 # ---------------------------------------------------------------- one submission is one object

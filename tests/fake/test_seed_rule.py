@@ -52,7 +52,9 @@ def held_with_terminating_pod(adapter: Adapter, cluster: FakeCluster) -> str:
 
 
 def writes(cluster: FakeCluster) -> list[tuple[str, str]]:
-    return [(m, p) for m, p, _ in cluster.server.requests if m in ("POST", "PUT", "PATCH", "DELETE")]
+    """Writes that change objects: an Event only reports (a refused release records one naming the pods)."""
+    return [(m, p) for m, p, _ in cluster.server.requests
+            if m in ("POST", "PUT", "PATCH", "DELETE") and not p.endswith("/events")]
 
 
 # ---------------------------------------------------------------- The rule

@@ -13,6 +13,14 @@ app.kubernetes.io/name: dispatch
 app.kubernetes.io/component: admission-controller
 {{- end -}}
 
+{{/* registry/repository, then @digest when one is given (it pins the bytes), else :tag (default appVersion). */}}
 {{- define "dispatch.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $repo := .Values.image.repository -}}
+{{- with .Values.image.registry }}{{ $repo = printf "%s/%s" (trimSuffix "/" .) $repo }}{{ end -}}
+{{- if .Values.image.digest -}}
+{{ $repo }}@{{ .Values.image.digest }}
+{{- else -}}
+{{ $repo }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
+{{- end -}}
+

@@ -20,7 +20,6 @@ from .. import __version__
 from .._api import PODS, TRAINJOBS
 from .._records import State, Status
 from .._validate import validate_spec
-from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
 from ..errors import InvalidInput
 from ._completion import completion_script
 from ._errors import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_FAILURE, EXIT_NOT_CEASED, EXIT_USAGE, guard
@@ -54,6 +53,14 @@ from ._spec import (
 )
 from ._state import FORMATS, CliState, Output, Settings, parse_format
 from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT, parse_duration
+
+try:
+    from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+except ModuleNotFoundError as _missing:   # the `controller` extra is not installed: only that command needs it
+    from . import _nocontroller
+    from ._nocontroller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+
+    _nocontroller.MISSING = _nocontroller.missing_module(_missing)
 
 HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.
 

@@ -97,6 +97,19 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=_Stderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=True,
     )
+    # What the standard library logs (asyncio's "exception never retrieved", a library's warning) goes out
+    # as JSON lines too, its traceback inside the object: a log pipeline never meets a bare traceback.
+    # Warnings and worse only, unless debugging: the HTTP client logs every request at info.
+    handler = logging.StreamHandler(_Stderr())
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
+                           structlog.processors.TimeStamper(fmt="iso", utc=True)],
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+    ))
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
 
 
 def run_from_cli(

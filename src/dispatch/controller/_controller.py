@@ -24,6 +24,7 @@ from .. import _kube as k
 from .. import _names as n
 from .._api import Obj
 from ..errors import DispatchError, Forbidden
+from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._finalizers import FinalizerKeeper
@@ -140,6 +141,8 @@ class Controller:
         self.identity = self.config.identity or default_identity()
         self.metrics = metrics or Metrics.create()
         self.queue = WorkQueue()
+        self.queue.instrument(self.metrics.queue, "workloads")
+        kube.observe(*api_hooks(self.metrics))
         self.leading = asyncio.Event()
         self.http_port: int | None = None
         self.metrics_port: int | None = None
@@ -157,6 +160,7 @@ class Controller:
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
+        self.finalizers.queue.instrument(self.metrics.queue, "pod-finalizers")
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
@@ -231,8 +235,7 @@ class Controller:
         # ran); deciding before they all synced would decide each Workload once per list. Decisions do
         # not read these caches, so an informer that cannot list (readyz names it) delays them only so long.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(inf.synced.wait() for inf in self.informers.values())),
-                                   self.config.sync_wait_seconds)
+            await asyncio.wait_for(self._all_synced(), self.config.sync_wait_seconds)
         while True:
             await self.leading.wait()
             keys = await self.queue.get_batch(self.config.batch)
@@ -289,6 +292,7 @@ class Controller:
 
     def _leadership(self, leading: bool) -> None:
         self.metrics.leader.set(1 if leading else 0)
+        self.metrics.leader_status.labels(self.config.lease_name).set(1 if leading else 0)
         if leading:
             self.leading.set()
             self.router.requeue_all()
@@ -300,6 +304,14 @@ class Controller:
         return (not self._stopping, "ok" if not self._stopping else "stopping")
 
     def readyz(self) -> tuple[bool, str]:
+        """Ready only while this replica can serve: not stopping, its guard's certificate loaded and trusted,
+        its informers synced (the Service sends webhook calls to ready replicas only)."""
+        if self._stopping:
+            return False, "stopping"
+        if self.config.guard_port is not None:
+            ok, why = self.guard.ready() if self.guard is not None else (False, "guard not started")
+            if not ok:
+                return False, why
         unsynced = [name for name, inf in self.informers.items() if not inf.synced.is_set()]
         if unsynced:
             errors = "; ".join(f"{n_}: {self.informers[n_].last_error}" for n_ in unsynced
@@ -312,7 +324,14 @@ class Controller:
         return all(inf.synced.is_set() for inf in self.informers.values())
 
     async def wait_synced(self, timeout: float = 10.0) -> None:
-        await asyncio.wait_for(asyncio.gather(*(i.synced.wait() for i in self.informers.values())), timeout)
+        await asyncio.wait_for(self._all_synced(), timeout)
+
+    async def _all_synced(self) -> None:
+        """Every informer has listed. One wait after another, not a gather: a gather cancelled from outside
+        (a stop during an API outage, while nothing has synced) leaves a future whose CancelledError nobody
+        retrieves, and asyncio prints it with a traceback at exit."""
+        for inf in self.informers.values():
+            await inf.synced.wait()
 
     # ------------------------------------------------------------------ run
 

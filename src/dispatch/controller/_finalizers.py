@@ -18,6 +18,7 @@ finalizer) is looked at again, never overwritten. A pod whose end stays unproven
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import sys
 from collections.abc import Iterable
 
@@ -51,12 +52,22 @@ class FinalizerKeeper:
         self.signatures: dict[str, tuple[object, ...]] = {}
         self.released = 0
         self._nodes_seen: set[str] = set()
+        self.held: dict[str, dt.datetime] = {}
+        """Pods being deleted whose end is unproven, so our finalizer keeps them: when each was deleted."""
+        metrics.held_pods.set_function(lambda: len(self.held))
+        metrics.held_longest.set_function(self._held_longest)
+
+    def _held_longest(self) -> float:
+        if not self.held:
+            return 0.0
+        return max(0.0, (dt.datetime.now(dt.UTC) - min(self.held.values())).total_seconds())
 
 
     # ------------------------------------------------------------------ routing
 
     def _forget(self, key: str) -> None:
         self.signatures.pop(key, None)
+        self.held.pop(key, None)
         node = self.node_of.pop(key, None)
         if node is not None:
             keys = self.on_node_of.get(node)
@@ -121,14 +132,34 @@ class FinalizerKeeper:
 
     async def release(self, key: str) -> str:
         """Look at one pod afresh; remove our finalizer if its end is proven. Returns what happened."""
+        outcome, deleted = await self._release(key)
+        if outcome == "unproven" and deleted is not None:
+            self.held[key] = deleted
+        elif outcome != "conflict":
+            self.held.pop(key, None)
+        return outcome
+
+    async def _release(self, key: str) -> tuple[str, dt.datetime | None]:
+        """What ``release`` did, and when the pod was deleted (None when it is not being deleted)."""
+        outcome, pod = await self._look(key)
+        when = None
+        if pod is not None and pod.deletion_timestamp:
+            with_z = pod.deletion_timestamp.replace("Z", "+00:00")
+            try:
+                when = dt.datetime.fromisoformat(with_z)
+            except ValueError:
+                when = dt.datetime.now(dt.UTC)
+        return outcome, when
+
+    async def _look(self, key: str) -> tuple[str, PodView | None]:
         namespace, _, name = key.partition("/")
         core = self._core(namespace)
         obj = await core.kube.get_or_none(api.PODS, name)
         if obj is None:
-            return "gone"
+            return "gone", None
         pod = PodView.from_obj(obj)
         if not pod.ours:
-            return "not-ours"
+            return "not-ours", pod
         nodes = await core.nodes([pod])
         node = nodes.get(pod.node) if pod.node else None
         proof = pod.end(node)
@@ -137,17 +168,17 @@ class FinalizerKeeper:
                 # A rejected pod never ran and nothing else ever deletes it (Job and JobSet keep failed
                 # pods): without this delete it would block its object for good on a healthy node.
                 if not await core.delete_pod(pod):
-                    return "conflict"
+                    return "conflict", pod
                 self._metrics.writes.labels("pod-delete").inc()
                 log.info("pod deleted so that its kubelet confirms its end", pod=key, reason=pod.reason)
-                return "deleted"
-            return "unproven"
+                return "deleted", pod
+            return "unproven", pod
         if not await core.remove_finalizer(pod, forbidden_ok=False):
-            return "conflict"
+            return "conflict", pod
         self._metrics.writes.labels("pod-finalizer").inc()
         self.released += 1
         log.info("pod finalizer released", pod=key, proof=proof)
-        return proof
+        return proof, pod
 
     async def _worker(self, leading: asyncio.Event) -> None:
         while True:

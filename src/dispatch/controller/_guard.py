@@ -439,15 +439,18 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
     return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_BODY)
 
 
-async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:
+async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
     """Our CA into the validating configuration ``webhook`` and, when installed, enrolment's mutating one
-    of the same name (enrolment is optional: its absence is no warning)."""
+    of the same name (enrolment is optional: its absence is no warning). True once the API server can
+    trust this replica: the CA is in the validating bundle, or there is no such configuration to call it."""
+    trusted = True
     try:
         if await publish_ca(kube, webhook, ca_pem):
             log.info("guard CA published", webhook=webhook)
     except NotFound:
         log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
     except DispatchError as exc:
+        trusted = False
         log.warning("guard CA not published", webhook=webhook, error=str(exc))
     try:
         if await publish_ca(kube, webhook, ca_pem, api.MUTATING_WEBHOOKS):
@@ -456,6 +459,7 @@ async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> None:
         log.debug("no mutating webhook configuration of enrolment; none kept", webhook=webhook)
     except DispatchError as exc:
         log.warning("guard CA not published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind, error=str(exc))
+    return trusted
 
 
 def _signature(certs: Certs) -> tuple[tuple[int, int], ...]:
@@ -487,6 +491,18 @@ class Running:
     reloads: int = 0
     loaded: tuple[tuple[int, int], ...] = ()
     """The files' signature when last loaded (a change means someone replaced them)."""
+    trusted: bool = False
+    """Whether the API server can trust our certificate: the CA we keep is in the webhook's bundle (set by
+    the first upkeep round), or another party (cert-manager) keeps the bundle."""
+
+    def ready(self) -> tuple[bool, str]:
+        """Whether this replica can answer the API server now, for ``/readyz``: a replica whose CA is not yet
+        trusted would fail every review (failurePolicy Fail), so it must not receive them."""
+        if not self.loaded:
+            return False, "guard certificate not loaded"
+        if self.webhook and not self.trusted:
+            return False, f"guard CA not yet in the caBundle of {self.webhook}"
+        return True, "guard serving"
 
     async def close(self) -> None:
         if self.publisher is not None:
@@ -507,7 +523,7 @@ class Running:
         if self.webhook and renewal_due(self.certs.cert) and renewable(directory):
             fresh = generate_certs(directory, self.hosts)
             if self.kube is not None and fresh.ca_pem is not None:
-                await _publish(self.kube, self.webhook, fresh.ca_pem)
+                self.trusted = await _publish(self.kube, self.webhook, fresh.ca_pem)
                 await asyncio.sleep(switch_delay)
             self.certs = fresh
             self._load()
@@ -516,7 +532,7 @@ class Running:
             self._load()
             log.info("guard certificate reloaded", cert=str(self.certs.cert))
         if self.webhook and self.kube is not None and self.certs.ca_pem is not None:
-            await _publish(self.kube, self.webhook, self.certs.ca_pem)
+            self.trusted = await _publish(self.kube, self.webhook, self.certs.ca_pem) or self.trusted
 
     def _load(self) -> None:
         assert self.context is not None

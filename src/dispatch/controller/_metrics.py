@@ -1,10 +1,17 @@
-"""The controller's Prometheus metrics, on a registry of its own so two controllers can share a process."""
+"""The controller's Prometheus metrics, on a registry of its own so two controllers can share a process.
+
+Besides dispatch's own ``dispatch_*`` series, the ones operators already dashboard for every controller,
+under controller-runtime's (client-go's) names: ``rest_client_requests_total`` and
+``rest_client_request_duration_seconds`` (API requests), ``workqueue_*`` (the work queues) and
+``leader_election_master_status``. The ``*_created`` series are off: they double the series count and no
+dashboard reads them.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
 from .. import __version__
 
@@ -29,9 +36,16 @@ class Metrics:
     batch_size: Histogram
     build_info: Gauge
     queue_gaps: Gauge
+    held_pods: Gauge
+    held_longest: Gauge
+    api_requests: Counter
+    api_seconds: Histogram
+    queue: QueueMetrics
+    leader_status: Gauge
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # process-wide: no *_created series
         reg = registry if registry is not None else CollectorRegistry()
         return cls(
             registry=reg,
@@ -82,6 +96,55 @@ class Metrics:
                 "ClusterQueues naming dispatch's check that let some Workloads be admitted without it.",
                 registry=reg,
             ),
+            held_pods=Gauge(
+                "dispatch_pods_held_unproven",
+                "Pods being deleted that dispatch's finalizer keeps because their end is not proven.",
+                registry=reg,
+            ),
+            held_longest=Gauge(
+                "dispatch_pods_held_unproven_longest_seconds",
+                "Since when the longest-held of those pods has been deleted (0: none).", registry=reg,
+            ),
+            api_requests=Counter(
+                "rest_client_requests", "API server requests, by status code, method and resource.",
+                ["code", "method", "resource"], registry=reg,
+            ),
+            api_seconds=Histogram(
+                "rest_client_request_duration_seconds",
+                "API server request latency (to the response's headers), by verb and resource.",
+                ["verb", "resource"], buckets=_LATENCY_BUCKETS, registry=reg,
+            ),
+            queue=QueueMetrics.create(reg),
+            leader_status=Gauge(
+                "leader_election_master_status", "1 while this replica holds the Lease `name`, else 0.",
+                ["name"], registry=reg,
+            ),
+        )
+
+
+@dataclass
+class QueueMetrics:
+    """client-go's work-queue series, labelled by queue ``name`` (``workloads``, ``pod-finalizers``)."""
+
+    depth: Gauge
+    adds: Counter
+    queue_seconds: Histogram
+    work_seconds: Histogram
+    retries: Counter
+
+    @classmethod
+    def create(cls, reg: CollectorRegistry) -> QueueMetrics:
+        buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+        return cls(
+            depth=Gauge("workqueue_depth", "Keys waiting in the work queue.", ["name"], registry=reg),
+            adds=Counter("workqueue_adds", "Keys added to the work queue.", ["name"], registry=reg),
+            queue_seconds=Histogram("workqueue_queue_duration_seconds",
+                                    "How long a key waits in the queue before a worker takes it.", ["name"],
+                                    buckets=buckets, registry=reg),
+            work_seconds=Histogram("workqueue_work_duration_seconds", "How long a worker holds a key.",
+                                   ["name"], buckets=buckets, registry=reg),
+            retries=Counter("workqueue_retries", "Keys re-queued after a failure (with backoff).", ["name"],
+                            registry=reg),
         )
 
 

@@ -9,7 +9,12 @@ reconciled by two workers at once.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ._metrics import QueueMetrics
 
 
 class WorkQueue:
@@ -26,6 +31,15 @@ class WorkQueue:
         self._closed = False
         self.base_delay = base_delay
         self.max_delay = max_delay
+        self._metrics: QueueMetrics | None = None
+        self._name = ""
+        self._added: dict[str, float] = {}
+        self._taken: dict[str, float] = {}
+
+    def instrument(self, metrics: QueueMetrics, name: str) -> None:
+        """Export this queue's depth, adds, waits, work time and retries as client-go's ``workqueue_*``."""
+        self._metrics, self._name = metrics, name
+        metrics.depth.labels(name).set(len(self._items))
 
     def __len__(self) -> int:
         return len(self._items)
@@ -42,6 +56,10 @@ class WorkQueue:
         self._queued.add(key)
         self._items.append(key)
         self._wakeup.set()
+        if self._metrics is not None:
+            self._added[key] = time.monotonic()
+            self._metrics.adds.labels(self._name).inc()
+            self._metrics.depth.labels(self._name).set(len(self._items))
 
     def add_after(self, key: str, delay: float) -> None:
         """Queue ``key`` after ``delay`` seconds; an earlier pending timer for it wins."""
@@ -67,6 +85,8 @@ class WorkQueue:
         """Record a failure of ``key`` and return how long to wait before retrying it (exponential)."""
         count = self._failures.get(key, 0)
         self._failures[key] = count + 1
+        if self._metrics is not None:
+            self._metrics.retries.labels(self._name).inc()
         return float(min(self.max_delay, self.base_delay * (2**count)))
 
     def forget(self, key: str) -> None:
@@ -83,7 +103,19 @@ class WorkQueue:
         key = self._items.popleft()
         self._queued.discard(key)
         self._processing.add(key)
+        self._taken_now([key])
         return key
+
+    def _taken_now(self, keys: list[str]) -> None:
+        if self._metrics is None:
+            return
+        now = time.monotonic()
+        for key in keys:
+            added = self._added.pop(key, None)
+            if added is not None:
+                self._metrics.queue_seconds.labels(self._name).observe(now - added)
+            self._taken[key] = now
+        self._metrics.depth.labels(self._name).set(len(self._items))
 
     async def get_batch(self, limit: int) -> list[str]:
         """The next key and up to ``limit - 1`` more waiting keys of the same namespace (``ns/name``),
@@ -102,6 +134,7 @@ class WorkQueue:
             else:
                 rest.append(key)
         self._items = rest
+        self._taken_now(batch[1:])
         return batch
 
     def in_flight(self) -> list[str]:
@@ -110,6 +143,9 @@ class WorkQueue:
 
     def done(self, key: str) -> None:
         self._processing.discard(key)
+        taken = self._taken.pop(key, None)
+        if taken is not None and self._metrics is not None:
+            self._metrics.work_seconds.labels(self._name).observe(time.monotonic() - taken)
         if key in self._dirty:
             self._dirty.discard(key)
             self.add(key)

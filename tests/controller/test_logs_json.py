@@ -1,0 +1,89 @@
+"""The controller's stderr stays JSON lines, also when it is stopped during an API outage.
+
+The container's log pipeline parses each line as one JSON object; a bare Python traceback breaks it. The
+controller runs as the image runs it (``python -m dispatch.controller``, leader election and the guard on)
+against an API server that cannot be reached, and gets SIGTERM while nothing has synced.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import structlog
+import yaml
+
+from dispatch.controller import configure_logging
+from dispatch.testbed.harness import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def unreachable_kubeconfig(path: Path) -> Path:
+    port = free_port()          # nothing listens there
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}",
+                                               "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "default"}}],
+        "current-context": "c"}))
+    return path
+
+
+def test_a_stop_during_an_api_outage_logs_only_json(tmp_path: Path) -> None:
+    probes = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispatch.controller", "--kubeconfig", str(unreachable_kubeconfig(tmp_path / "kc")),
+         "--leader-elect", "--lease-namespace", "default", "--metrics-port", str(probes), "--guard-port", "0",
+         "--guard-cert-dir", str(tmp_path / "certs")],
+        stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    try:
+        time.sleep(3)               # the informers, the Lease and the guard's publisher all fail meanwhile
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    bare = [line for line in lines if not line.startswith("{")]
+    assert bare == [], "\n".join(bare[:20])
+    events = [json.loads(line) for line in lines]
+    assert {"list/watch failed", "controller stopped"} <= {e["event"] for e in events}
+    assert not [e for e in events if "Traceback" in json.dumps(e)]
+
+
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """configure_logging changes process-wide state: put it back for the tests that follow."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        yield
+    finally:
+        root.handlers, root.level = handlers, level
+        structlog.reset_defaults()
+
+
+def test_the_standard_librarys_records_are_json_too(capsys: pytest.CaptureFixture[str],
+                                                    restored_logging: None) -> None:
+    configure_logging("info")
+    try:
+        raise ZeroDivisionError("division by zero")
+    except ZeroDivisionError:
+        logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
+    logging.getLogger("asyncio").debug("below the level")
+    logging.getLogger("httpx").info("HTTP Request: GET ...")      # a library's chatter: only warnings and worse
+    [line] = capsys.readouterr().err.splitlines()
+    got = json.loads(line)
+    assert (got["event"], got["level"], got["logger"]) == ("Task exception was never retrieved", "error", "asyncio")
+    assert got["exception"].startswith("Traceback") and got["exception"].endswith("ZeroDivisionError: division by zero")
