@@ -30,7 +30,6 @@ import asyncio
 import base64
 import contextlib
 import datetime as dt
-import ipaddress
 import json
 import os
 import ssl
@@ -44,9 +43,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
@@ -58,6 +55,7 @@ from .._core import Cores, Target
 from .._read import by_identity
 from .._trainer import TrainJobView
 from ..errors import Conflict, DispatchError, NotFound
+from . import _tls as tls
 
 T = TypeVar("T")
 
@@ -97,48 +95,14 @@ def _write(path: Path, data: bytes, mode: int) -> None:
         fh.write(data)
 
 
-def _key_usage(*, ca: bool) -> x509.KeyUsage:
-    return x509.KeyUsage(digital_signature=True, content_commitment=False, key_encipherment=not ca,
-                         data_encipherment=False, key_agreement=False, key_cert_sign=ca, crl_sign=ca,
-                         encipher_only=False, decipher_only=False)
-
-
 def generate_certs(directory: Path, hosts: Sequence[str], *, days: int = 365) -> Certs:
     """A fresh CA and a serving certificate for ``hosts`` (DNS names or IP addresses) in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    now = dt.datetime.now(dt.UTC)
-    start, end = now - dt.timedelta(minutes=5), now + dt.timedelta(days=days)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"dispatch-guard-ca-{os.urandom(4).hex()}")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-          .serial_number(x509.random_serial_number()).not_valid_before(start).not_valid_after(end)
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .add_extension(_key_usage(ca=True), critical=True)
-          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
-          .sign(ca_key, hashes.SHA256()))
-    names: list[x509.GeneralName] = []
-    for host in hosts:
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0] if hosts else "guard")]))
-            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(start).not_valid_after(end)
-            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_key_usage(ca=False), critical=True)
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.SubjectAlternativeName(names), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    ca_pem = ca.public_bytes(serialization.Encoding.PEM)
-    _write(directory / "tls.key", key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                    serialization.NoEncryption()), 0o600)
-    _write(directory / "ca.crt", ca_pem, 0o644)
-    _write(directory / "tls.crt", leaf.public_bytes(serialization.Encoding.PEM), 0o644)
-    return Certs(directory / "tls.crt", directory / "tls.key", ca_pem)
+    made = tls.issue(hosts, ca_name="dispatch-guard-ca", days=days)
+    _write(directory / "tls.key", made.key_pem, 0o600)
+    _write(directory / "ca.crt", made.ca_pem, 0o644)
+    _write(directory / "tls.crt", made.cert_pem, 0o644)
+    return Certs(directory / "tls.crt", directory / "tls.key", made.ca_pem)
 
 
 def renewal_due(cert: Path, *, now: dt.datetime | None = None, before: dt.timedelta | None = None) -> bool:

@@ -15,9 +15,7 @@ for other controllers scrapes this one the same way (its ServiceAccount bound to
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import hashlib
-import ipaddress
 import os
 import socket
 import ssl
@@ -134,27 +132,11 @@ class Authorizer:
 
 def _self_signed_pem() -> bytes:
     """A certificate and key (PEM) for this pod, for secure metrics without a provided certificate."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
+    from . import _tls as tls
 
-    key = ec.generate_private_key(ec.SECP256R1())
     host = socket.gethostname()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"dispatch-controller@{host}")])
-    now = dt.datetime.now(dt.UTC)
-    sans: list[x509.GeneralName] = [x509.DNSName(host), x509.DNSName("localhost"),
-                                    x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    cert = (
-        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    return cert.public_bytes(serialization.Encoding.PEM) + key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    made = tls.issue([host, "localhost", "127.0.0.1"], ca_name=f"dispatch-controller@{host}")
+    return made.cert_pem + made.key_pem
 
 
 def _load_pem(ctx: ssl.SSLContext, pem: bytes) -> None:
