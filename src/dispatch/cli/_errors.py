@@ -18,6 +18,7 @@ from ..errors import (
     Forbidden,
     InvalidInput,
     NotFound,
+    NotServed,
     PodsRemain,
     ReadOnly,
     Refused,
@@ -48,9 +49,6 @@ CEASED_EXIT_CODES_HELP = (
     "forbidden, an unusable kubeconfig, ...); 130 interrupted."
 )
 
-_KIND_MISSING = "the server could not find the requested resource"
-_GROUP_MISSING = "404 page not found"
-"""kube-apiserver's plain-text answer for an API group it does not serve (a CRD's group not installed)."""
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
 
@@ -123,7 +121,7 @@ def explain(exc: DispatchError) -> tuple[str, str]:
         )
     if isinstance(exc, NotFound):
         low = message.lower()
-        if _KIND_MISSING in low or _GROUP_MISSING in low or "trainer installed" in low or "kind is not served" in low:
+        if isinstance(exc, NotServed) or "trainer installed" in low or "kind is not served" in low:
             return message, (
                 "a kind dispatch needs is not served: install Kubeflow Trainer v2 (with JobSet) in the "
                 "cluster, and Kueue for --queue; or pick the right cluster with --context"
