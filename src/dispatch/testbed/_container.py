@@ -113,7 +113,7 @@ def apply_deploy() -> str:
     and AdmissionCheck, as a person installs them (the Deployment's pods only pretend to run on KWOK).
 
     kubectl's own field manager, as the install page's local install does: the admission policy's ``matchConstraints``
-    is an atomic struct the API server fills with defaults, so an apply by a second manager after the
+    is an atomic struct the API server fills with defaults, so an apply by a second manager after
     the page's would conflict on it."""
     out = _kubectl("apply", "--server-side", "-k", str(repo_dir() / "deploy"))
     # The guard's webhook points at the Deployment's Service, whose pods only pretend to run on KWOK: with
