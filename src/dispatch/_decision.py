@@ -613,7 +613,8 @@ def unmanaged_text(trainjob: TrainJobView) -> str:
 
 
 UNMANAGED_HINT = ("to bring such TrainJobs under dispatch, create them with `dispatch open` (or the library), or "
-                  "in a namespace labelled dispatch.phpboyscout.uk/enrol=true (README \"Enrolment\")")
+                  "in a namespace labelled dispatch.phpboyscout.uk/enrol=true "
+                  "(docs: \"Objects and submissions\", \"Enrolled namespaces\")")
 
 
 def unmanaged_cause(trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None) -> Cause:

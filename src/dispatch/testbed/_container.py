@@ -112,9 +112,9 @@ def apply_deploy() -> str:
     """``kubectl apply --server-side -k deploy/``: the shipped namespace, ServiceAccount, roles, Deployment
     and AdmissionCheck, as a person installs them (the Deployment's pods only pretend to run on KWOK).
 
-    kubectl's own field manager, as the README's install does: the admission policy's ``matchConstraints``
-    is an atomic struct the API server fills with defaults, so an apply by a second manager after the
-    README's would conflict on it."""
+    kubectl's own field manager, as the install page's local install does: the admission policy's ``matchConstraints``
+    is an atomic struct the API server fills with defaults, so an apply by a second manager after
+    the page's would conflict on it."""
     out = _kubectl("apply", "--server-side", "-k", str(repo_dir() / "deploy"))
     # The guard's webhook points at the Deployment's Service, whose pods only pretend to run on KWOK: with
     # failurePolicy Fail it would deny every start of every dispatch TrainJob on the testbed. The guard is

@@ -1,9 +1,9 @@
-"""README's "Install it on the local testbed, as in a cluster", run as written.
+"""The install page's "Install it on the local testbed, as in a cluster", run as written.
 
 The indented command blocks of that section run in one bash (``set -euo pipefail``) from the repository
 root, in order, against the session's testbed. The block's own checks are the user's: ``kubectl wait`` for the
 Active condition, ``/readyz``, an authorized scrape, a 401. This test only adds that each printed what the
-README says it prints. It ends with the chart installed and no container left running.
+page says it prints. It ends with the chart installed and no container left running.
 """
 
 from __future__ import annotations
@@ -19,14 +19,15 @@ import pytest
 pytestmark = pytest.mark.testbed
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "### Install it on the local testbed, as in a cluster"
+PAGE = ROOT / "docs" / "how-to" / "install-controller.md"
+SECTION = "## Install it on the local testbed, as in a cluster"
 
 
 def blocks() -> list[str]:
     """The section's code blocks: runs of lines indented by four spaces."""
-    text = (ROOT / "README.md").read_text()
+    text = PAGE.read_text()
     start = text.index(SECTION)
-    end = text.index("\n### ", start + len(SECTION))
+    end = text.index("\n## ", start + len(SECTION))
     out: list[list[str]] = [[]]
     for line in text[start:end].splitlines():
         if line.startswith("    "):
@@ -52,14 +53,14 @@ def test_the_install_section_works_as_written(testbed_kubeconfig: str, tmp_path:
         pytest.skip(f"the install runs the controller's image: {why}")
     shim = tmp_path / "bin"
     shim.mkdir()
-    # The README's `python` is this interpreter. A script, not a symlink: a venv's python found through a
+    # The page's `python` is this interpreter. A script, not a symlink: a venv's python found through a
     # symlink elsewhere finds no pyvenv.cfg beside it, runs as the base interpreter, and loses the venv's
     # packages.
     (shim / "python").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (shim / "python").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}",
            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    marker = "=== next README block ==="
+    marker = "=== next block of the page ==="
     script = "set -euo pipefail\n" + f"\necho '{marker}'\n".join(blocks())   # one shell, as a person types it
     try:
         got = subprocess.run(["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
