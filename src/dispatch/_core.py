@@ -117,7 +117,9 @@ class Core(Reader):
                 raise Refused(step.refusal[0], reason=step.refusal[1])
             try:
                 if step.action == "create":
-                    floor = await self.legacy_floor(job_id, submission)
+                    # a record created again (its namespace was deleted and re-created) continues from the
+                    # floor; one made before records existed, from the old namespace ledger
+                    floor = max(await self.floor(job_id, submission), await self.legacy_floor(job_id, submission))
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
                 assert record is not None
                 if step.action == "resume":
@@ -131,9 +133,36 @@ class Core(Reader):
         raise Conflict(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                        code=409)
 
+    async def raise_floor(self, job_id: str, submission: str, admission: int) -> None:
+        """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
+        it: the floor outlives the record's namespace, so a record created again never issues an A that
+        was issued before. Conditioned on what was read; the CRD's rule refuses lowering it."""
+        for _ in range(CONFLICT_RETRIES):
+            obj = await self.floor_obj(job_id, submission)
+            try:
+                if ident.floor_admission(obj, self.kube.namespace, job_id, submission) >= admission:
+                    return
+            except ValueError as exc:
+                raise Refused(f"{exc}; an admin fixes or deletes it", reason="RecordInvalid") from exc
+            try:
+                if obj is None:
+                    await self.kube.create(api.SUBMISSION_FLOORS,
+                                           ident.new_floor(self.kube.namespace, job_id, submission, admission))
+                else:
+                    await self.kube.merge_patch(api.SUBMISSION_FLOORS, str(obj["metadata"]["name"]),
+                                                ident.floor_patch(obj, admission))
+                self.on_write("floor")
+                return
+            except (Conflict, Refused) as exc:  # created or raised by someone else first: read again
+                if not isinstance(exc, Conflict) and exc.reason != "AlreadyExists":
+                    raise
+        raise Conflict(f"the floor of {job_id}/{submission} kept changing; retry", reason="Conflict", code=409)
+
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
         record outlives the object, so a re-opened submission goes on counting."""
+        if admission > record.admission:
+            await self.raise_floor(record.job_id, record.submission, admission)
         current: ident.RecordView | None = record
         for _ in range(CONFLICT_RETRIES):
             if current is None:
@@ -150,17 +179,28 @@ class Core(Reader):
         raise Conflict(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> ident.RecordView | None:
-        """Delete a submission's record (an admin's decision: the submission then counts from 1 again).
-        Refused while a TrainJob holds it."""
+        """Delete a submission's record and its floor (an admin's decision: the submission then counts from 1
+        again; the one deletion that may, unlike its namespace's). Refused while a TrainJob holds it."""
         record = await self.record(job_id, submission)
         if record is None:
-            return None
+            # its namespace was deleted and re-created: only the floor remembers the submission
+            return None if not await self.forget_floor(job_id, submission) else ident.RecordView.from_obj(
+                ident.new_record(job_id, submission, ""))
         holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
         if holder is not None:
             raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
                           reason="InUse")
         await self.kube.delete(api.SUBMISSION_RECORDS, record.name, uid=record.ref.uid or None)
+        await self.forget_floor(job_id, submission)
         return record
+
+    async def forget_floor(self, job_id: str, submission: str) -> bool:
+        """Delete the submission's floor (``admin forget``), also one whose record went with its namespace."""
+        try:
+            await self.kube.delete(api.SUBMISSION_FLOORS, ident.floor_name(self.kube.namespace, job_id, submission))
+        except NotFound:
+            return False
+        return True
 
     async def migrate(self) -> tuple[int, int]:
         """Fold the old namespace ledger and every dispatch TrainJob's A into identity records, then delete
@@ -182,6 +222,7 @@ class Core(Reader):
                 wanted[(tj.job_id, tj.submission)] = (best, tj.name)
         created = raised = 0
         for (job_id, submission), (admission, holder) in sorted(wanted.items()):
+            await self.raise_floor(job_id, submission, admission)
             record = await self.record(job_id, submission)
             if record is None:
                 await self._create_record(ident.new_record(job_id, submission, holder, admission=admission))
@@ -199,6 +240,7 @@ class Core(Reader):
                     token: str) -> ident.RecordView:
         """Issue A in the record (creating it for an object that has none and never ran), bound to the
         TrainJob's uid, conditioned on the record's resourceVersion: before any TrainJob carries A."""
+        await self.raise_floor(tj.job_id, tj.submission, admission)
         if record is None:
             record = await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name))
         obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
