@@ -28,7 +28,7 @@ from . import _trainer as tr
 from ._kube import Kube
 from ._read import Reader, Snapshot, Target, _no_record_kind, by_identity
 from ._views import POD_FINALIZER, NodeView, PodView, parse_count
-from .errors import Conflict, Forbidden, NotFound, Refused
+from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
 
@@ -136,25 +136,34 @@ class Core(Reader):
     async def raise_floor(self, job_id: str, submission: str, admission: int) -> None:
         """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
         it: the floor outlives the record's namespace, so a record created again never issues an A that
-        was issued before. Conditioned on what was read; the CRD's rule refuses lowering it."""
+        was issued before. One write on the common path: a merge patch naming the submission and A, which
+        the CRD's rules refuse (422) when the floor is already higher or names another submission; only
+        then, or when there is no floor yet, is it read or created."""
+        name = ident.floor_name(self.kube.namespace, job_id, submission)
+        body = ident.new_floor(self.kube.namespace, job_id, submission, admission)
         for _ in range(CONFLICT_RETRIES):
-            obj = await self.floor_obj(job_id, submission)
             try:
-                if ident.floor_admission(obj, self.kube.namespace, job_id, submission) >= admission:
-                    return
-            except ValueError as exc:
-                raise Refused(f"{exc}; an admin fixes or deletes it", reason="RecordInvalid") from exc
-            try:
-                if obj is None:
-                    await self.kube.create(api.SUBMISSION_FLOORS,
-                                           ident.new_floor(self.kube.namespace, job_id, submission, admission))
-                else:
-                    await self.kube.merge_patch(api.SUBMISSION_FLOORS, str(obj["metadata"]["name"]),
-                                                ident.floor_patch(obj, admission))
+                await self.kube.merge_patch(api.SUBMISSION_FLOORS, name, {"spec": body["spec"]})
                 self.on_write("floor")
                 return
-            except (Conflict, Refused) as exc:  # created or raised by someone else first: read again
-                if not isinstance(exc, Conflict) and exc.reason != "AlreadyExists":
+            except NotServed:
+                await self.floor_obj(job_id, submission)  # raises the install hint
+                raise
+            except NotFound:
+                pass
+            except Refused as exc:
+                if exc.code != 422:
+                    raise
+                # refused by a rule: already higher (nothing to do), or it names another submission
+                if await self.floor(job_id, submission) >= admission:
+                    return
+                raise
+            try:
+                await self.kube.create(api.SUBMISSION_FLOORS, body)
+                self.on_write("floor")
+                return
+            except Refused as exc:  # created by someone else first: raise theirs
+                if exc.reason != "AlreadyExists":
                     raise
         raise Conflict(f"the floor of {job_id}/{submission} kept changing; retry", reason="Conflict", code=409)
 
@@ -236,6 +245,20 @@ class Core(Reader):
             await self.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
         return created, raised
 
+    async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
+        """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the
+        first issue creates it). Someone else creating it first is a Conflict: the caller reads again."""
+        floor = await self.floor(tj.job_id, tj.submission)
+        if not floor:
+            return None
+        try:
+            return await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name, admission=floor))
+        except Refused as exc:
+            if exc.reason != "AlreadyExists":
+                raise
+            raise Conflict(f"the identity record of {tj.job_id}/{tj.submission} was created meanwhile; retry",
+                           reason="Conflict", code=409) from exc
+
     async def issue(self, record: ident.RecordView | None, tj: tr.TrainJobView, admission: int,
                     token: str) -> ident.RecordView:
         """Issue A in the record (creating it for an object that has none and never ran), bound to the
@@ -262,6 +285,10 @@ class Core(Reader):
         problem = ("; ".join(tj.problems) if tj.problems else None) or d.record_problem(tj, record, mine)
         if problem:
             raise Refused(problem, reason="RecordInvalid")
+        if record is None:
+            # no record for an object that never ran (its namespace deleted and re-created since the
+            # submission ran, and the claim lost): the floor says what was issued before; never count from 1
+            record = await self._record_from_floor(tj)
         plan = d.next_admission(tj, mine, record, own=set(own), plain=plain)
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
         jobs = await self.runtime_jobs_of(tj)

@@ -169,9 +169,3 @@ def new_floor(namespace: str, job_id: str, submission: str, admission: int) -> O
         },
         "spec": {"namespace": namespace, "jobId": job_id, "submission": submission, "admission": admission},
     }
-
-
-def floor_patch(obj: Mapping[str, Any], admission: int) -> Obj:
-    """Raise a floor to ``admission``, conditioned on the resourceVersion read."""
-    return {"metadata": {"resourceVersion": text(mapping(obj.get("metadata")).get("resourceVersion"))},
-            "spec": {"admission": admission}}

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from dispatch import Adapter, DispatchError, Forbidden, JobSpec
+from dispatch import Adapter, DispatchError, Forbidden, JobSpec, Refused
 from dispatch import _names as n
 from dispatch._api import SUBMISSION_FLOORS
 from dispatch._identity import floor_name, record_name
@@ -124,3 +124,31 @@ def test_no_writer_can_delete_or_lower_a_floor(team: Adapter, cluster: FakeClust
     with pytest.raises(DispatchError, match="never changes"):
         team._run(kube.merge_patch(SUBMISSION_FLOORS, FLOOR, {"spec": {"namespace": "other"}}))
     assert floor_a(cluster) == 2
+
+
+def test_a_record_lost_with_its_namespace_is_made_again_from_the_floor_at_release(
+    team: Adapter, cluster: FakeCluster
+) -> None:
+    """An object opened in the re-created namespace whose record is gone before its first release: the
+    release continues from the floor, never from 1."""
+    run_and_close(team, cluster, SPEC)
+    run_and_close(team, cluster, JobSpec(job_id="llama", submission="s1", name="again"))
+    delete_namespace(cluster)
+    make_namespace(cluster)
+    with Adapter.connect(NS, transport=cluster.transport(roles=WRITER)) as again:
+        again.open(SPEC)                                   # held: no A yet
+        cluster.server.delete(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1"))
+        assert again.release("llama-s1").admission == 3
+    assert floor_a(cluster) == 3
+    cluster.history.check()
+
+
+def test_a_floor_that_names_another_submission_is_refused_never_read_as_0(team: Adapter, cluster: FakeCluster
+                                                                          ) -> None:
+    cluster.server.create(n.DOMAIN, "submissionfloors", "", {
+        "apiVersion": SUBMISSION_FLOORS.api_version, "kind": SUBMISSION_FLOORS.kind, "metadata": {"name": FLOOR},
+        "spec": {"namespace": NS, "jobId": "other", "submission": "s9", "admission": 7}})
+    with pytest.raises(Refused, match=f"submissionfloors/{FLOOR} names 'team'/'other'/'s9'") as got:
+        team.open(SPEC)
+    assert got.value.reason == "RecordInvalid"
+    assert cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1")) is None
