@@ -133,12 +133,14 @@ class Core(Reader):
         raise Conflict(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                        code=409)
 
-    async def raise_floor(self, job_id: str, submission: str, admission: int) -> None:
+    async def raise_floor(self, job_id: str, submission: str, admission: int, *, issuing: bool = True) -> None:
         """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
         it: the floor outlives the record's namespace, so a record created again never issues an A that
         was issued before. One write on the common path: a merge patch naming the submission and A, which
         the CRD's rules refuse (422) when the floor is already higher or names another submission; only
-        then, or when there is no floor yet, is it read or created."""
+        then, or when there is no floor yet, is it read or created. ``issuing``: ``admission`` is about to be
+        issued, so a floor above it is refused (it was issued before); else (``close`` recording what an object
+        carried) a floor above is simply kept."""
         name = ident.floor_name(self.kube.namespace, job_id, submission)
         body = ident.new_floor(self.kube.namespace, job_id, submission, admission)
         for _ in range(CONFLICT_RETRIES):
@@ -154,9 +156,16 @@ class Core(Reader):
             except Refused as exc:
                 if exc.code != 422:
                     raise
-                # refused by a rule: already higher (nothing to do), or it names another submission
-                if await self.floor(job_id, submission) >= admission:
+                # refused by a rule: already higher, or it names another submission (``floor`` refuses that)
+                found = await self.floor(job_id, submission)
+                if found == admission or (found > admission and not issuing):
                     return
+                if found > admission:
+                    raise Refused(f"the floor of {job_id}/{submission} ({ident.FLOORS.plural}/{name}) says A={found} "
+                                  f"was issued before, above the A={admission} its identity record would issue (a "
+                                  "record made or restored below it); dispatch never issues a number below the "
+                                  "floor: close the object (which lifts the record to it) and open the submission "
+                                  "again", reason="RecordInvalid") from exc
                 raise
             try:
                 await self.kube.create(api.SUBMISSION_FLOORS, body)
@@ -171,7 +180,7 @@ class Core(Reader):
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
         record outlives the object, so a re-opened submission goes on counting."""
         if admission > record.admission:
-            await self.raise_floor(record.job_id, record.submission, admission)
+            await self.raise_floor(record.job_id, record.submission, admission, issuing=False)
         current: ident.RecordView | None = record
         for _ in range(CONFLICT_RETRIES):
             if current is None:
@@ -231,6 +240,7 @@ class Core(Reader):
                 wanted[(tj.job_id, tj.submission)] = (best, tj.name)
         created = raised = 0
         for (job_id, submission), (admission, holder) in sorted(wanted.items()):
+            admission = max(admission, await self.floor(job_id, submission))
             await self.raise_floor(job_id, submission, admission)
             record = await self.record(job_id, submission)
             if record is None:

@@ -152,3 +152,29 @@ def test_a_floor_that_names_another_submission_is_refused_never_read_as_0(team: 
         team.open(SPEC)
     assert got.value.reason == "RecordInvalid"
     assert cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1")) is None
+
+
+def test_a_record_made_below_the_floor_never_issues_a_number_under_it(team: Adapter, cluster: FakeCluster) -> None:
+    """A record re-created by hand (or restored) below what the floor remembers: release refuses, naming the
+    floor, rather than issue an A that ran in the namespace's earlier life; close and re-open goes on above."""
+    run_and_close(team, cluster, SPEC)
+    run_and_close(team, cluster, JobSpec(job_id="llama", submission="s1", name="again"))
+    delete_namespace(cluster)
+    make_namespace(cluster)
+    with Adapter.connect(NS, transport=cluster.transport(roles=WRITER)) as again:
+        again.open(SPEC)
+        name = record_name("llama", "s1")
+        cluster.server.delete(n.DOMAIN, "submissionrecords", NS, name)
+        obj = cluster.server.create(n.DOMAIN, "submissionrecords", NS, {
+            "apiVersion": "dispatch.phpboyscout.uk/v1alpha1", "kind": "SubmissionRecord",
+            "metadata": {"name": name, "labels": {n.LABEL_JOB_ID: "llama", n.LABEL_SUBMISSION: "s1",
+                                                  "dispatch.phpboyscout.uk/trainjob": "llama-s1"}},
+            "spec": {"jobId": "llama", "submission": "s1", "admission": 0, "token": "",
+                     "trainJob": {"name": "llama-s1", "uid": ""}}})
+        assert obj["spec"]["admission"] == 0
+        with pytest.raises(Refused, match="says A=2 was issued before, above the A=1") as got:
+            again.release("llama-s1")
+        assert got.value.reason == "RecordInvalid"
+        again.close("llama-s1")
+        assert again.open(JobSpec(job_id="llama", submission="s1", name="third"), hold=False).identity.admission == 3
+    cluster.history.check()
