@@ -470,9 +470,13 @@ class AsyncAdapter:
         if tj.labelled:
             record = await self.core.record(tj.job_id, tj.submission)
             if record is not None and record.trainjob == tj.name:
-                await self.core.unclaim(record, admission=d.carried(tj, mine))
+                # a record below its floor (made or restored by hand) is lifted to it: the next object goes on
+                floor = await self.core.floor(tj.job_id, tj.submission)
+                await self.core.unclaim(record, admission=max(d.carried(tj, mine), floor))
             elif record is None and d.carried(tj, mine) > 0:  # opened before records: keep its A
-                await self.core.unclaim(await self.core.issue(None, tj, d.carried(tj, mine), ""))
+                # ... and the floor's, if its namespace was deleted and re-created since
+                highest = max(d.carried(tj, mine), await self.core.floor(tj.job_id, tj.submission))
+                await self.core.unclaim(await self.core.issue(None, tj, highest, ""))
         try:
             await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
         except NotFound:

@@ -66,6 +66,9 @@ RESOURCE_FLAVORS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "resourceflavors", "Resou
 
 SUBMISSION_RECORDS = Res(n.DOMAIN, "v1alpha1", "submissionrecords", "SubmissionRecord", status=False)
 """dispatch's own kind: one identity record per submission (``_identity``)."""
+SUBMISSION_FLOORS = Res(n.DOMAIN, "v1alpha1", "submissionfloors", "SubmissionFloor", namespaced=False, status=False)
+"""dispatch's cluster-scoped floor of A per (namespace, job-id, submission): what a record's namespace
+outlives (``_identity``), so a namespace deleted and re-created never counts a submission from 1 again."""
 
 VALIDATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
                           "ValidatingWebhookConfiguration", namespaced=False, status=False)
@@ -77,5 +80,6 @@ MUTATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "mutatingwebhookco
 ALL: tuple[Res, ...] = (
     PODS, NODES, NAMESPACES, EVENTS, CONFIGMAPS, JOBS, LEASES, TRAINJOBS, CLUSTER_RUNTIMES, RUNTIMES,
     JOBSETS, WORKLOADS, ADMISSION_CHECKS, CLUSTER_QUEUES, LOCAL_QUEUES, RESOURCE_FLAVORS, SUBMISSION_RECORDS,
+    SUBMISSION_FLOORS,
 )
 """Every kind the library, the controller and the fake API server know."""

@@ -28,7 +28,7 @@ from . import _trainer as tr
 from ._kube import Kube
 from ._read import Reader, Snapshot, Target, _no_record_kind, by_identity
 from ._views import POD_FINALIZER, NodeView, PodView, parse_count
-from .errors import Conflict, Forbidden, NotFound, Refused
+from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
 
@@ -117,7 +117,9 @@ class Core(Reader):
                 raise Refused(step.refusal[0], reason=step.refusal[1])
             try:
                 if step.action == "create":
-                    floor = await self.legacy_floor(job_id, submission)
+                    # a record created again (its namespace was deleted and re-created) continues from the
+                    # floor; one made before records existed, from the old namespace ledger
+                    floor = max(await self.floor(job_id, submission), await self.legacy_floor(job_id, submission))
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
                 assert record is not None
                 if step.action == "resume":
@@ -131,9 +133,54 @@ class Core(Reader):
         raise Conflict(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
                        code=409)
 
+    async def raise_floor(self, job_id: str, submission: str, admission: int, *, issuing: bool = True) -> None:
+        """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
+        it: the floor outlives the record's namespace, so a record created again never issues an A that
+        was issued before. One write on the common path: a merge patch naming the submission and A, which
+        the CRD's rules refuse (422) when the floor is already higher or names another submission; only
+        then, or when there is no floor yet, is it read or created. ``issuing``: ``admission`` is about to be
+        issued, so a floor above it is refused (it was issued before); else (``close`` recording what an object
+        carried) a floor above is simply kept."""
+        name = ident.floor_name(self.kube.namespace, job_id, submission)
+        body = ident.new_floor(self.kube.namespace, job_id, submission, admission)
+        for _ in range(CONFLICT_RETRIES):
+            try:
+                await self.kube.merge_patch(api.SUBMISSION_FLOORS, name, {"spec": body["spec"]})
+                self.on_write("floor")
+                return
+            except NotServed:
+                await self.floor_obj(job_id, submission)  # raises the install hint
+                raise
+            except NotFound:
+                pass
+            except Refused as exc:
+                if exc.code != 422:
+                    raise
+                # refused by a rule: already higher, or it names another submission (``floor`` refuses that)
+                found = await self.floor(job_id, submission)
+                if found == admission or (found > admission and not issuing):
+                    return
+                if found > admission:
+                    raise Refused(f"the floor of {job_id}/{submission} ({ident.FLOORS.plural}/{name}) says A={found} "
+                                  f"was issued before, above the A={admission} its identity record would issue (a "
+                                  "record made or restored below it); dispatch never issues a number below the "
+                                  "floor: close the object (which lifts the record to it) and open the submission "
+                                  "again", reason="RecordInvalid") from exc
+                raise
+            try:
+                await self.kube.create(api.SUBMISSION_FLOORS, body)
+                self.on_write("floor")
+                return
+            except Refused as exc:  # created by someone else first: raise theirs
+                if exc.reason != "AlreadyExists":
+                    raise
+        raise Conflict(f"the floor of {job_id}/{submission} kept changing; retry", reason="Conflict", code=409)
+
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
         record outlives the object, so a re-opened submission goes on counting."""
+        if admission > record.admission:
+            await self.raise_floor(record.job_id, record.submission, admission, issuing=False)
         current: ident.RecordView | None = record
         for _ in range(CONFLICT_RETRIES):
             if current is None:
@@ -150,17 +197,28 @@ class Core(Reader):
         raise Conflict(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
 
     async def forget(self, job_id: str, submission: str) -> ident.RecordView | None:
-        """Delete a submission's record (an admin's decision: the submission then counts from 1 again).
-        Refused while a TrainJob holds it."""
+        """Delete a submission's record and its floor (an admin's decision: the submission then counts from 1
+        again; the one deletion that may, unlike its namespace's). Refused while a TrainJob holds it."""
         record = await self.record(job_id, submission)
         if record is None:
-            return None
+            # its namespace was deleted and re-created: only the floor remembers the submission
+            return None if not await self.forget_floor(job_id, submission) else ident.RecordView.from_obj(
+                ident.new_record(job_id, submission, ""))
         holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
         if holder is not None:
             raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
                           reason="InUse")
         await self.kube.delete(api.SUBMISSION_RECORDS, record.name, uid=record.ref.uid or None)
+        await self.forget_floor(job_id, submission)
         return record
+
+    async def forget_floor(self, job_id: str, submission: str) -> bool:
+        """Delete the submission's floor (``admin forget``), also one whose record went with its namespace."""
+        try:
+            await self.kube.delete(api.SUBMISSION_FLOORS, ident.floor_name(self.kube.namespace, job_id, submission))
+        except NotFound:
+            return False
+        return True
 
     async def migrate(self) -> tuple[int, int]:
         """Fold the old namespace ledger and every dispatch TrainJob's A into identity records, then delete
@@ -182,6 +240,8 @@ class Core(Reader):
                 wanted[(tj.job_id, tj.submission)] = (best, tj.name)
         created = raised = 0
         for (job_id, submission), (admission, holder) in sorted(wanted.items()):
+            admission = max(admission, await self.floor(job_id, submission))
+            await self.raise_floor(job_id, submission, admission)
             record = await self.record(job_id, submission)
             if record is None:
                 await self._create_record(ident.new_record(job_id, submission, holder, admission=admission))
@@ -195,10 +255,25 @@ class Core(Reader):
             await self.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
         return created, raised
 
+    async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
+        """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the
+        first issue creates it). Someone else creating it first is a Conflict: the caller reads again."""
+        floor = await self.floor(tj.job_id, tj.submission)
+        if not floor:
+            return None
+        try:
+            return await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name, admission=floor))
+        except Refused as exc:
+            if exc.reason != "AlreadyExists":
+                raise
+            raise Conflict(f"the identity record of {tj.job_id}/{tj.submission} was created meanwhile; retry",
+                           reason="Conflict", code=409) from exc
+
     async def issue(self, record: ident.RecordView | None, tj: tr.TrainJobView, admission: int,
                     token: str) -> ident.RecordView:
         """Issue A in the record (creating it for an object that has none and never ran), bound to the
         TrainJob's uid, conditioned on the record's resourceVersion: before any TrainJob carries A."""
+        await self.raise_floor(tj.job_id, tj.submission, admission)
         if record is None:
             record = await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name))
         obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
@@ -220,6 +295,10 @@ class Core(Reader):
         problem = ("; ".join(tj.problems) if tj.problems else None) or d.record_problem(tj, record, mine)
         if problem:
             raise Refused(problem, reason="RecordInvalid")
+        if record is None:
+            # no record for an object that never ran (its namespace deleted and re-created since the
+            # submission ran, and the claim lost): the floor says what was issued before; never count from 1
+            record = await self._record_from_floor(tj)
         plan = d.next_admission(tj, mine, record, own=set(own), plain=plain)
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
         jobs = await self.runtime_jobs_of(tj)

@@ -27,6 +27,7 @@ from ._names import DOMAIN, LABEL_JOB_ID, LABEL_SUBMISSION
 from ._views import Ref, mapping, parse_count, text
 
 RECORDS = api.SUBMISSION_RECORDS
+FLOORS = api.SUBMISSION_FLOORS
 LEGACY_LEDGER = "dispatch-admissions"
 """The namespace ConfigMap that recorded A before records existed; ``dispatch admin migrate`` folds it in."""
 TOKEN_LIMIT = 128
@@ -39,6 +40,12 @@ def record_name(job_id: str, submission: str) -> str:
     """The record's name: a hash of the pair, so any two label values give a valid, distinct name."""
     digest = hashlib.sha256(f"{job_id}\x00{submission}".encode()).hexdigest()
     return f"sub-{digest[:40]}"
+
+
+def floor_name(namespace: str, job_id: str, submission: str) -> str:
+    """The floor's name: a hash of the namespace and the pair (floors are cluster-scoped)."""
+    digest = hashlib.sha256(f"{namespace}\x00{job_id}\x00{submission}".encode()).hexdigest()
+    return f"floor-{digest[:40]}"
 
 
 def legacy_key(job_id: str, submission: str) -> str:
@@ -124,3 +131,41 @@ def holder_patch(record: RecordView, trainjob: str, *, admission: int | None = N
         spec["admission"] = admission
     return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
             "spec": spec}
+
+
+# ---------------------------------------------------------------------- the floor
+#
+# A record is namespaced and goes with its namespace. Its SubmissionFloor is cluster-scoped and outlives it:
+# every A is written to the floor before the record issues it, so a record created again (after its
+# namespace was deleted and re-created) continues from the floor. Only ``admin forget`` deletes a floor.
+
+
+def floor_admission(obj: Mapping[str, Any] | None, namespace: str, job_id: str, submission: str) -> int:
+    """The A a floor holds for the submission (0 without a floor). A floor that names another submission
+    (a hash collision or a hand-made object) or holds no count is refused, never read as 0."""
+    if obj is None:
+        return 0
+    spec = mapping(obj.get("spec"))
+    name = text(mapping(obj.get("metadata")).get("name"))
+    if (text(spec.get("namespace")), text(spec.get("jobId")), text(spec.get("submission"))) != (
+            namespace, job_id, submission):
+        raise ValueError(f"{FLOORS.plural}/{name} names {spec.get('namespace')!r}/{spec.get('jobId')!r}/"
+                         f"{spec.get('submission')!r}, not {namespace}/{job_id}/{submission}")
+    admission = parse_count(spec.get("admission"))
+    if admission is None:
+        raise ValueError(f"{FLOORS.plural}/{name} has spec.admission {str(spec.get('admission'))[:40]!r}, "
+                         "not a count")
+    return admission
+
+
+def new_floor(namespace: str, job_id: str, submission: str, admission: int) -> Obj:
+    return {
+        "apiVersion": FLOORS.api_version,
+        "kind": FLOORS.kind,
+        "metadata": {
+            "name": floor_name(namespace, job_id, submission),
+            "labels": {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission,
+                       "app.kubernetes.io/managed-by": "dispatch"},
+        },
+        "spec": {"namespace": namespace, "jobId": job_id, "submission": submission, "admission": admission},
+    }

@@ -381,6 +381,24 @@ class Reader:
             return None
         return ident.RecordView.from_obj(obj)
 
+    async def floor_obj(self, job_id: str, submission: str) -> Obj | None:
+        """The submission's cluster-scoped floor of A as stored (None if it has none)."""
+        try:
+            return await self.kube.get_or_none(api.SUBMISSION_FLOORS,
+                                               ident.floor_name(self.kube.namespace, job_id, submission))
+        except NotServed as exc:
+            raise Refused(f"the {api.SUBMISSION_FLOORS.describe()} kind is not served: dispatch's floor CRD is "
+                          "not installed (kubectl apply -k deploy/)", reason="NoRecordKind", code=404) from exc
+
+    async def floor(self, job_id: str, submission: str) -> int:
+        """The highest A ever issued to the submission in this namespace, as its floor remembers it: what
+        a record created again (its namespace deleted and re-created) continues from. 0 without a floor."""
+        obj = await self.floor_obj(job_id, submission)
+        try:
+            return ident.floor_admission(obj, self.kube.namespace, job_id, submission)
+        except ValueError as exc:
+            raise Refused(f"{exc}; an admin fixes or deletes it", reason="RecordInvalid") from exc
+
     async def records(self, pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
         """The records of many submissions: one list by their labels (set-based, so its cost follows
         these submissions, not the namespace), each checked against its hashed name; one get for one."""

@@ -304,6 +304,35 @@ def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
         raise ApiFailure(422, "Invalid", f"{what}: {detail}", causes)
 
 
+def _validate_floor(name: str, old: Obj | None, new: Obj) -> None:
+    """Play the SubmissionFloor CRD: it names one submission for good and its A never decreases."""
+    what = f'SubmissionFloor.dispatch.phpboyscout.uk "{name}" is invalid'
+    spec = new.get("spec")
+    causes: list[Obj] = []
+    if not isinstance(spec, dict):
+        causes.append({"field": "spec", "reason": "FieldValueRequired", "message": "Required value"})
+    else:
+        for field_name in ("namespace", "jobId", "submission"):
+            if not isinstance(spec.get(field_name), str) or not spec.get(field_name):
+                causes.append({"field": f"spec.{field_name}", "reason": "FieldValueRequired",
+                               "message": "Required value"})
+        admission = spec.get("admission")
+        if not isinstance(admission, int) or isinstance(admission, bool) or admission < 0:
+            causes.append({"field": "spec.admission", "reason": "FieldValueInvalid",
+                           "message": f"Invalid value: {admission!r}: must be an integer >= 0"})
+        old_spec = (old or {}).get("spec")
+        if not causes and isinstance(old_spec, dict):
+            if any(spec.get(f) != old_spec.get(f) for f in ("namespace", "jobId", "submission")):
+                causes.append({"field": "spec", "reason": "FieldValueInvalid",
+                               "message": 'Invalid value: "object": the submission a floor names never changes'})
+            if not _never_lower(old_spec, spec):
+                causes.append({"field": "spec", "reason": "FieldValueInvalid",
+                               "message": 'Invalid value: "object": A never decreases'})
+    if causes:
+        detail = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
+        raise ApiFailure(422, "Invalid", f"{what}: {detail}", causes)
+
+
 def _now_text(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -488,6 +517,8 @@ class FakeApiServer:
                                "message": "must be a valid RFC-1035 label of at most 63 characters"}])
         if kind.plural == "submissionrecords":
             _validate_record(name, old, new)
+        if kind.plural == "submissionfloors":
+            _validate_floor(name, old, new)
         for check in self._admission.get(kind.plural, []):
             denial = check(op, old, new)
             if denial and denial.startswith("ValidatingAdmissionPolicy "):  # a CEL policy's denial, as worded
@@ -597,6 +628,21 @@ class FakeApiServer:
             owners = obj["metadata"].get("ownerReferences") or []
             if any(o.get("uid") == uid for o in owners) and key in self._objects:
                 self.delete(key[0], key[1], key[2], key[3])
+
+    def delete_namespace(self, namespace: str) -> int:
+        """Delete a namespace as its controller does: every object in it is deleted (finalizers and pods'
+        grace periods hold some for a while), the Namespace itself once nothing is left. Cluster-scoped
+        objects (nodes, dispatch's floors) stay. Call again to finish; returns how many objects remain."""
+        with self._lock:
+            left = [k for k in self._objects if k[2] == namespace and self._kinds[(k[0], k[1])].namespaced]
+            for key in left:
+                if key in self._objects and not self._objects[key]["metadata"].get("deletionTimestamp"):
+                    self.delete(key[0], key[1], key[2], key[3], grace=0 if key[1] == "pods" else None)
+            remaining = sum(1 for k in self._objects if k[2] == namespace
+                            and self._kinds[(k[0], k[1])].namespaced)
+            if not remaining and ("", "namespaces", "", namespace) in self._objects:
+                self.delete("", "namespaces", "", namespace)
+            return remaining
 
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
                uid: str | None = None, resource_version: str | None = None) -> Obj:
