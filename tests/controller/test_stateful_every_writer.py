@@ -488,9 +488,10 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
     @rule(name=st.sampled_from(OBJECTS), delta=st.sampled_from([-1, 0, 1]))
     def foreign_manager(self, name: str, delta: int) -> None:
         """Issue 25, item 5: another manager adds an entry after dispatch's that sets the admission label
-        (the TrainJob's A, or one off it). Off it: refused by the policy; equal: allowed, and the start it
-        later meets (after a raise) is refused: by dispatch's own release and controller, which judge the pods
-        Trainer will build from every entry, and by the guard (in every example, guarded or not)."""
+        (the TrainJob's A, or one off it). Off it: refused by the ``dispatch-identity`` CEL policy, which the
+        API server enforces with or without the webhook (so in every example); equal: allowed, and the start
+        it later meets (after a raise) is refused by dispatch's own release and controller, which judge the
+        pods Trainer will build from every entry, and by the webhook where it enforces."""
         tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
         if tj is None or not tj["spec"].get("suspend"):
             return
@@ -836,3 +837,29 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     # the rest of issue 25: garbage collection lags, runtimes change, closes are interrupted
     assert SEEN["gc-collected"] >= 5 and SEEN["runtime-gained"] >= 3, SEEN
     assert SEEN["close-interrupted-named"] >= 2, SEEN
+
+
+def test_a_foreign_entry_below_the_raised_a_is_refused_without_the_webhook_so_pods_carry_the_reported_a() -> None:
+    """Issue 25, item 5, as the machine found it with the webhook only recording: dispatch's check raised a
+    Kueue object's A to 1 (Ready, still suspended), another manager then listed an entry setting A=0, and
+    Kueue's start built pods carrying A=0 while the TrainJob reported 1. The ``dispatch-identity`` CEL policy
+    refuses that entry with or without the webhook (the API server enforces it; the chart keeps it with
+    ``guard.enabled=false``); the fake enforced it only with the webhook. The machine's steps, replayed."""
+    sm = EveryWriter()
+    sm.setup_every_writer(ways=("kueue-unlabelled", "plain", "plain"), guard_everyone=False, liveness=False,
+                          init_containers=False, gc_lag=True)
+    try:
+        sm.decide(hints="fresh", mode="one", names=["a-s1"], other="a-s1")
+        sm.foreign_manager(delta=-1, name="a-s1")
+        tj = sm.cluster.server.get(TRAINER, "trainjobs", NS, "a-s1")
+        assert tj is not None
+        assert [e.get("manager") for e in tj["spec"]["runtimePatches"]].count("example.com/tuner") == 0, (
+            "the CEL policy lets no other manager's entry set A below the TrainJob's")
+        refused = f"sets pod label {n.LABEL_ADMISSION}=0"
+        assert any(refused in msg for msg in sm.guard.denied), sm.guard.denied
+        sm.round_trip(name="a-s1", stop="hold", wait=0)
+        sm.no_two_executions_overlap()
+        ran = [p for p in sm.cluster.history.processes if p.obj_name == "a-s1"]
+        assert ran and {p.admission for p in ran} == {1}, [p.describe() for p in ran]
+    finally:
+        sm.teardown()
