@@ -748,6 +748,29 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     return foreign_problem(new, old)
 
 
+def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView) -> str | None:
+    """The ``dispatch-identity`` CEL policy's answer on one TrainJob write (``deploy/base/guard.yaml``), or
+    None to allow: the part of ``guard`` the API server enforces itself, so it holds with the webhook off
+    (``guard.enabled=false``) or removed in an emergency. The identity labels stay, A and the ``started``
+    mark only rise (a value that is not a number fails the rule), and no changed entry of another manager
+    sets what is dispatch's (``foreign_problem``). Fakes that run without the webhook run this."""
+    if operation == "CREATE":
+        return foreign_problem(new) if new.job_id else None
+    if operation != "UPDATE" or old is None or not old.job_id:
+        return None  # the policy's match condition: a create, or an update of an object with the job-id label
+    what = f"trainjob {new.name}"
+    if new.job_id != old.job_id or (old.submission and new.submission != old.submission):
+        return f"{what}: dispatch's identity labels ({LABEL_JOB_ID}, /submission) are kept"
+    for key, was, now in ((ANNOTATION_ADMISSION, old.admission, new.admission),
+                          (ANNOTATION_STARTED, old.started, new.started)):
+        unparsed = next((p for p in new.problems if p.startswith(f"annotation {key} ")), None)
+        if unparsed is not None:
+            return f"{what}: {unparsed}"
+        if now < was:
+            return f"{what}: annotation {key} only rises; it is never lowered or removed"
+    return foreign_problem(new, old)
+
+
 def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str | None:
     """Why another manager's runtime patch entry may not be written so (``_trainer.foreign_settings``):
     it would decide the identity, variables or finalizer of the pods Trainer builds. None if it may."""

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, JobSpec
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch.testbed._paths import source_dir
 from dispatch.testbed.harness import (
@@ -28,6 +28,7 @@ from dispatch.testbed.harness import (
     pods_of,
     running_pods,
     running_testbed_kubeconfig,
+    scoped,
     scoped_pods,
     until,
 )
@@ -224,3 +225,46 @@ async def test_item5_another_entry_cannot_make_the_pods_carry_an_a_the_trainjob_
         await g.adapter.release(name)
     assert (await g.kube.get(k.TRAINJOBS, name))["spec"]["suspend"] is True
     assert not await pods_of(g.kube, name)
+
+
+async def test_item5_without_the_webhook_the_cel_policy_alone_refuses_an_entry_below_the_trainjobs_a(
+    testbed_kubeconfig: str,
+) -> None:
+    """The fake's guard enforces the ``dispatch-identity`` CEL policy when its webhook only records (the
+    every-writer machine's unguarded examples): that is what the real API server does with the webhook off
+    (``guard.enabled=false``) or removed. Only the policy is installed here, no webhook and no controller: an
+    entry of another manager setting A=0 under a TrainJob at A=1 is refused by the policy, the TrainJob's own
+    A passes."""
+    path = running_testbed_kubeconfig()
+    assert path is not None
+    async with controller_env(path) as (kube, ns, _):
+        name = f"dispatch-identity-{ns}"
+        _, policy, binding = scoped(ns, 0, name)
+        await kube.create(POLICIES, policy)
+        await kube.create(BINDINGS, binding)
+        try:
+            obj = "tuned-s1"
+            await AsyncAdapter(kube).open(JobSpec(job_id="tuned", submission="s1"))
+            await kube.merge_patch(k.TRAINJOBS, obj, {"metadata": {"annotations": {ANNOTATION_ADMISSION: "1"}}})
+            patches = (await kube.get(k.TRAINJOBS, obj))["spec"]["runtimePatches"]
+
+            async def policy_in_force() -> bool:
+                got = kubectl(ns, "patch", "trainjob", obj, "--dry-run=server", "--type=merge", "-p",
+                              json.dumps({"spec": {"runtimePatches": [*patches, tuner("0")]}}))
+                return got.returncode != 0 and f"ValidatingAdmissionPolicy '{name}'" in got.stderr
+            await until(policy_in_force, what="the dispatch-identity policy in force")
+            wrong = kubectl(ns, "patch", "trainjob", obj, "--type=merge", "-p",
+                            json.dumps({"spec": {"runtimePatches": [*patches, tuner("0")]}}))
+            print("DENIED without the webhook (foreign entry A=0 under A=1):", wrong.stderr.strip())
+            assert wrong.returncode != 0
+            assert "only dispatch's runtime patch entry (dispatch.phpboyscout.uk/dispatch) sets dispatch's pod " \
+                   "labels" in wrong.stderr
+            same = kubectl(ns, "patch", "trainjob", obj, "--type=merge", "-p",
+                           json.dumps({"spec": {"runtimePatches": [*patches, tuner("1")]}}))
+            assert same.returncode == 0, same.stderr
+            entries = (await kube.get(k.TRAINJOBS, obj))["spec"]["runtimePatches"]
+            assert entries[-1]["manager"] == "example.com/tuner"   # (the real API server stamps its `time`)
+            assert entries[-1]["trainingRuntimeSpec"] == tuner("1")["trainingRuntimeSpec"]
+        finally:
+            await kube.delete(BINDINGS, name)
+            await kube.delete(POLICIES, name)

@@ -111,12 +111,13 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         raise AssertionError("EveryWriter starts with setup_every_writer")
 
     @initialize(ways=st.tuples(*(st.sampled_from(WAYS) for _ in OBJECTS)), guard_everyone=st.booleans(),
-                init_containers=st.booleans(), liveness=st.booleans())
+                init_containers=st.booleans(), liveness=st.booleans(), gc_lag=st.booleans())
     def setup_every_writer(self, ways: tuple[str, ...], guard_everyone: bool, init_containers: bool = False,
-                           liveness: bool = True) -> None:
+                           liveness: bool = True, gc_lag: bool = False) -> None:
         self.ways = dict(zip(OBJECTS, ways, strict=True))
         self.liveness = liveness  # half the examples end with the healing phase (it doubles an example's cost)
         self.cluster = FakeCluster()
+        self.cluster.server.gc_lag = gc_lag  # garbage collection waits for the garbage_collector rule
         self.cluster.add_runtime(replacement_policy="Failed")
         if init_containers:  # as Trainer's Flux runtime injects one
             def with_init(obj: dict[str, Any]) -> None:
@@ -487,12 +488,12 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
     @rule(name=st.sampled_from(OBJECTS), delta=st.sampled_from([-1, 0, 1]))
     def foreign_manager(self, name: str, delta: int) -> None:
         """Issue 25, item 5: another manager adds an entry after dispatch's that sets the admission label
-        (the TrainJob's A, or one off it). Off it: refused by the policy; equal: allowed, and the start it
-        later meets (after a raise) is refused by the guard, as the pods would carry the stale A. Only in
-        examples where the guard judges everyone's writes: dispatch's own release and controller do not judge
-        other entries themselves (the guard does), so without it a stale entry would decide the pods' A."""
+        (the TrainJob's A, or one off it). Off it: refused by the ``dispatch-identity`` CEL policy, which the
+        API server enforces with or without the webhook (so in every example); equal: allowed, and the start
+        it later meets (after a raise) is refused by dispatch's own release and controller, which judge the
+        pods Trainer will build from every entry, and by the webhook where it enforces."""
         tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
-        if tj is None or not tj["spec"].get("suspend") or not self.guard_everyone:
+        if tj is None or not tj["spec"].get("suspend"):
             return
         a = int((tj["metadata"].get("annotations") or {}).get(n.ANNOTATION_ADMISSION, "0")) + delta
         entry = {"manager": "example.com/tuner", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
@@ -501,6 +502,63 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         patches = [e for e in tj["spec"].get("runtimePatches") or [] if e.get("manager") != "example.com/tuner"]
         went = self._as(WRITER, k.TRAINJOBS, name, {"spec": {"runtimePatches": [*patches, entry]}})
         SEEN["foreign-entry-" + ("went-through" if went else "refused")] += 1
+
+    @rule(owners=st.sampled_from([1, 0]))
+    def garbage_collector(self, owners: int) -> None:
+        """Issue 25, item 2: the lagging garbage collector reaches one removed owner's dependents (or all).
+        Until it does, a closed object's JobSet and Jobs stay, unsuspended if it was running, and the
+        submission re-opened (under its name or another) waits for them."""
+        SEEN["gc-collected"] += self.cluster.server.collect_garbage(owners or None)
+
+    @rule(gain=st.booleans())
+    def runtime_edit(self, gain: bool) -> None:
+        """Issue 25, item 3: the platform team adds a replicatedJob to the runtime every object names (or takes
+        it away again). Every raise re-targets dispatch's entry at the runtime as it is; a start between a raise
+        and the next is refused by the guard, so only in examples where the guard judges everyone's writes
+        (without it, Kueue starting an object the runtime changed under after dispatch's raise would run the
+        new job's pods without dispatch's labels: the guard is what closes that)."""
+        if not self.guard_everyone:
+            return
+        for tj in self.cluster.server.objects(TRAINER, "trainjobs", NS):
+            js = self.cluster.server.get(n.JOBSET_GROUP, "jobsets", NS, tj["metadata"]["name"])
+            if not tj["spec"].get("suspend") and (js is None or js["spec"].get("suspend")):
+                # Started, and Trainer has not yet built the JobSet from the runtime: an edit now is the one
+                # window the guard cannot see (it judged the start on the runtime as it was). Left out, and
+                # named as open in the report of issue 25: closing it needs Trainer's build judged, not the start.
+                SEEN["runtime-edit-skipped"] += 1
+                return
+
+        def edit(obj: dict[str, Any]) -> None:
+            jobs = obj["spec"]["template"]["spec"]["replicatedJobs"]
+            names = [j["name"] for j in jobs]
+            if gain and "launcher" not in names:
+                jobs.append({**copy.deepcopy(jobs[0]), "name": "launcher"})
+            elif not gain and "launcher" in names:
+                obj["spec"]["template"]["spec"]["replicatedJobs"] = [j for j in jobs if j["name"] != "launcher"]
+        self.cluster.server.update(TRAINER, "clustertrainingruntimes", "", "torch-distributed", edit, status=None)
+        SEEN["runtime-" + ("gained" if gain else "lost")] += 1
+
+    @rule(name=st.sampled_from(OBJECTS))
+    def interrupted_close(self, name: str) -> None:
+        """Issue 25, item 8: a ``close`` releases the claim and its delete never arrives. Status must then
+        name ``close`` again, and nothing admits the object until a close finishes."""
+        self.cluster.server.inject(method="DELETE", path=rf"/trainjobs/{name}$", status=500, times=10)
+        try:
+            self._call(lambda: self.adapter.close(name))
+        finally:
+            self.cluster.server.faults[:] = [f for f in self.cluster.server.faults if f.method != "DELETE"]
+        tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
+        if tj is None or not tj["spec"].get("suspend") or tj["metadata"].get("deletionTimestamp"):
+            return
+        job_id, submission = name.split("-")
+        record = self.cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name(job_id, submission))
+        if record is None or (record["spec"].get("trainJob") or {}).get("name"):
+            return  # the close failed before it released the claim (an injected error): nothing was begun
+        status = self._call(lambda: self.adapter.inspect(name))
+        if getattr(status, "cause", None) is not None:
+            cause = status.cause  # type: ignore[attr-defined]
+            assert cause.reason == "CloseInterrupted" and f"`dispatch close {name}` again" in cause.detail, cause
+            SEEN["close-interrupted-named"] += 1
 
     @rule(name=st.sampled_from(OBJECTS))
     def enrolment_collision(self, name: str) -> None:
@@ -606,6 +664,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
 
         def rounds() -> None:
             for _ in range(HEALING_ROUNDS):
+                c.server.collect_garbage()
                 c.advance(31)
                 c.settle(2)
                 self.kueue.sync()
@@ -766,3 +825,29 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN
     assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, SEEN
     assert SEEN["enrol-collision-refused"] >= 3, SEEN
+
+
+def test_a_foreign_entry_below_the_raised_a_is_refused_without_the_webhook_so_pods_carry_the_reported_a() -> None:
+    """Issue 25, item 5, as the machine found it with the webhook only recording: dispatch's check raised a
+    Kueue object's A to 1 (Ready, still suspended), another manager then listed an entry setting A=0, and
+    Kueue's start built pods carrying A=0 while the TrainJob reported 1. The ``dispatch-identity`` CEL policy
+    refuses that entry with or without the webhook (the API server enforces it; the chart keeps it with
+    ``guard.enabled=false``); the fake enforced it only with the webhook. The machine's steps, replayed."""
+    sm = EveryWriter()
+    sm.setup_every_writer(ways=("kueue-unlabelled", "plain", "plain"), guard_everyone=False, liveness=False,
+                          init_containers=False, gc_lag=True)
+    try:
+        sm.decide(hints="fresh", mode="one", names=["a-s1"], other="a-s1")
+        sm.foreign_manager(delta=-1, name="a-s1")
+        tj = sm.cluster.server.get(TRAINER, "trainjobs", NS, "a-s1")
+        assert tj is not None
+        assert [e.get("manager") for e in tj["spec"]["runtimePatches"]].count("example.com/tuner") == 0, (
+            "the CEL policy lets no other manager's entry set A below the TrainJob's")
+        refused = f"sets pod label {n.LABEL_ADMISSION}=0"
+        assert any(refused in msg for msg in sm.guard.denied), sm.guard.denied
+        sm.round_trip(name="a-s1", stop="hold", wait=0)
+        sm.no_two_executions_overlap()
+        ran = [p for p in sm.cluster.history.processes if p.obj_name == "a-s1"]
+        assert ran and {p.admission for p in ran} == {1}, [p.describe() for p in ran]
+    finally:
+        sm.teardown()

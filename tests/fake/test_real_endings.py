@@ -220,3 +220,31 @@ def test_ceased_is_false_while_a_layer_below_could_still_start_a_pod(adapter: Ad
     cluster.advance(60)
     cluster.settle()
     assert adapter.ceased(NAME).ceased
+
+
+def test_podgc_never_marks_a_pod_its_kubelet_ended_so_the_freed_pod_stays_proven(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    """The every-writer walks (issue 25) stalled here: a pod its kubelet reported Failed, freed by the keeper,
+    then marked Failed by the fake's PodGC, read as "not its kubelet", and ``ceased`` named
+    ``admin release-pod`` for a pod with no finalizer left. The real PodGC patches the phase and its
+    DisruptionTarget condition only onto a pod not yet Succeeded or Failed; so does the fake now."""
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    first = only_pod(cluster)["metadata"]["name"]
+    cluster.finish_pod(first, "Failed")                     # its kubelet: the process ended
+    cluster.settle()
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(31)                                      # the replacement's grace period ends
+    cluster.settle()
+    keeper_pass(cluster)
+    pod = cluster.server.get("", "pods", "default", first)
+    if pod is not None:                                      # still there, freed
+        assert not pod["metadata"].get("finalizers"), pod["metadata"]
+        cluster.mark_failed(first)                           # PodGC (an orphan pass) reaches it later
+        after = cluster.server.get("", "pods", "default", first)
+        assert after is not None
+        assert after["status"] == pod["status"], after["status"]
+    assert adapter.ceased(NAME).ceased
+    cluster.history.check()

@@ -348,3 +348,34 @@ def test_job_id_label_alone_is_not_an_identity() -> None:
     old = tj(labels={LABEL_JOB_ID: "llama"}, a=None, entry=False)
     new = tj(labels={LABEL_JOB_ID: "llama"}, a=None, entry=False, suspend=False)
     assert d.guard("UPDATE", old, new, PODS, None) is None
+
+
+def _with_tuner(view: TrainJobView, a: str) -> TrainJobView:
+    """``view`` with another manager's entry after dispatch's, setting the admission pod label to ``a``."""
+    entry = {"manager": "example.com/tuner", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
+        {"name": "node", "template": {"spec": {"template": {"metadata": {"labels": {LABEL_ADMISSION: a}}}}}}]}}}}
+    return TrainJobView.from_obj({"metadata": {
+        "name": NAME, "namespace": "ns", "uid": UID, "labels": dict(view.labels),
+        "annotations": {ANNOTATION_ADMISSION: str(view.admission)}},
+        "spec": {"suspend": view.suspended, "runtimePatches": [*view.patches, entry]}})
+
+
+def test_the_identity_policy_alone_refuses_what_the_cel_policy_refuses_and_nothing_the_webhook_adds() -> None:
+    """``identity_policy`` is the ``dispatch-identity`` CEL policy, which holds without the webhook (issue 25,
+    item 5): another manager's entry below the TrainJob's A, a lowered A or ``started``, a changed identity
+    label are refused; an entry with the TrainJob's own A, a raise, and what only the webhook judges (a start,
+    dispatch's entry lowered) are not its business."""
+    old = tj(a=1)
+    assert d.identity_policy("UPDATE", old, _with_tuner(old, "0")) is not None
+    assert "sets pod label" in (d.identity_policy("UPDATE", old, _with_tuner(old, "0")) or "")
+    assert d.identity_policy("UPDATE", old, _with_tuner(old, "1")) is None
+    assert d.identity_policy("CREATE", None, _with_tuner(old, "0")) is not None
+    assert "only rises" in (d.identity_policy("UPDATE", tj(a=2), tj(a=1)) or "")
+    assert "only rises" in (d.identity_policy("UPDATE", tj(a=2, started=2), tj(a=2, started=1)) or "")
+    assert "not a number" in (d.identity_policy("UPDATE", tj(a=2), tj(a=2, extra={ANNOTATION_ADMISSION: "x"})) or "")
+    assert "identity labels" in (d.identity_policy(
+        "UPDATE", tj(), tj(labels={LABEL_JOB_ID: "other", LABEL_SUBMISSION: "s1"})) or "")
+    assert d.identity_policy("UPDATE", tj(a=1), tj(a=2)) is None
+    assert d.identity_policy("UPDATE", tj(suspend=True), tj(suspend=False)) is None   # a start: the webhook's
+    assert d.identity_policy("UPDATE", tj(a=3, patch_a=3), tj(a=3, patch_a=2)) is None  # the webhook's rule
+    assert d.identity_policy("UPDATE", tj(labels={}), tj(labels={})) is None          # not a dispatch object

@@ -338,7 +338,8 @@ class FakeGuard:
     TrainJob). The real guard's read is consistent but precedes the write by a little; here it is exact,
     so a test of the guard's decision cannot pass by luck of timing. ``enforce`` says, per write, whether a
     denial refuses it (the webhook's ``failurePolicy: Fail``) or is only recorded in ``unenforced`` (to
-    test what dispatch's own writers do without the guard behind them).
+    test what dispatch's own writers do without the webhook behind them); the ``dispatch-identity`` CEL
+    policy (``_decision.identity_policy``) refuses in either case, as the API server enforces it itself.
     """
 
     def __init__(self, cluster: FakeCluster, *, enforce: Callable[[], bool] = lambda: True) -> None:
@@ -365,7 +366,13 @@ class FakeGuard:
             self.denied.append(denial)
             return denial
         self.unenforced.append(denial)
-        return None
+        # The webhook's denial is only recorded, but the CEL policy beside it is the API server's own and
+        # ships in every configuration (the chart keeps it with ``guard.enabled=false``): it still refuses.
+        policy = d.identity_policy(operation, TrainJobView.from_obj(old) if old else None,
+                                   TrainJobView.from_obj(new))
+        if policy is not None:
+            self.denied.append(policy)
+        return policy
 
     def decision(self, operation: str, old: Obj | None, new: Obj) -> str | None:
         """The guard's answer to one write: the denial message, or None to allow."""

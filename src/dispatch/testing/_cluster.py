@@ -842,12 +842,17 @@ class FakeCluster:
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
         """Someone other than the kubelet writes ``phase: Failed``: PodGC (a ``DisruptionTarget``
         condition with ``reason``), or, with ``reason="KueueForcefullyDeleted"``, Kueue's failure
-        recovery (its own ``KueueFailureRecovery`` condition). The container states stay as they were."""
+        recovery (its own ``KueueFailureRecovery`` condition). The container states stay as they were.
+        A pod already Succeeded or Failed is left as it is: PodGC patches the phase and condition only of a
+        pod not yet terminal (``markFailedAndDeletePodWithCondition`` in its controller), so it never puts a
+        condition that says "not its kubelet" over an end its kubelet reported."""
         ns = namespace or self.namespace
         ctype = "KueueFailureRecovery" if reason == "KueueForcefullyDeleted" else "DisruptionTarget"
 
         def failed(obj: Obj) -> None:
             st = obj.setdefault("status", {})
+            if st.get("phase") in ("Succeeded", "Failed"):
+                return
             st["phase"] = "Failed"
             st.setdefault("conditions", []).append({"type": ctype, "status": "True", "reason": reason})
         if self.server.get("", "pods", ns, pod) is not None:
