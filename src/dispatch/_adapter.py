@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import httpx2
 
+from . import _admin
 from . import _decision as d
 from . import _enrol as enr
 from . import _events as ev
@@ -532,13 +533,13 @@ class AsyncAdapter:
         n.check([FieldCause(f, f"{v!r} is not a valid label value", "FieldValueInvalid")
                  for f, v in (("job_id", job_id), ("submission", submission))
                  if not v or n.label_value_problem(v)])
-        return await self.core.forget(job_id, submission) is not None
+        return await _admin.forget(self.core, job_id, submission) is not None
 
     async def migrate(self) -> tuple[int, int]:
         """Fold the old ``dispatch-admissions`` ledger and every dispatch TrainJob's A into identity
         records, then delete the ledger (needs ``dispatch-admin``). Returns (created, raised)."""
         self._writer("migrate")
-        return await self.core.migrate()
+        return await _admin.migrate(self.core)
 
     # ------------------------------------------------------------------ waiting and logs
 

@@ -26,8 +26,8 @@ from . import _identity as ident
 from . import _kueue as kq
 from . import _trainer as tr
 from ._kube import Kube
-from ._read import Reader, Snapshot, Target, _no_record_kind, by_identity
-from ._views import POD_FINALIZER, NodeView, PodView, parse_count
+from ._read import Reader, Snapshot, Target, _no_record_kind
+from ._views import POD_FINALIZER, NodeView, PodView
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
@@ -195,65 +195,6 @@ class Core(Reader):
             if current is not None and current.trainjob != record.trainjob:
                 return  # someone else holds it now
         raise Conflict(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
-
-    async def forget(self, job_id: str, submission: str) -> ident.RecordView | None:
-        """Delete a submission's record and its floor (an admin's decision: the submission then counts from 1
-        again; the one deletion that may, unlike its namespace's). Refused while a TrainJob holds it."""
-        record = await self.record(job_id, submission)
-        if record is None:
-            # its namespace was deleted and re-created: only the floor remembers the submission
-            return None if not await self.forget_floor(job_id, submission) else ident.RecordView.from_obj(
-                ident.new_record(job_id, submission, ""))
-        holder = await self.trainjob_or_none(record.trainjob) if record.trainjob else None
-        if holder is not None:
-            raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
-                          reason="InUse")
-        await self.kube.delete(api.SUBMISSION_RECORDS, record.name, uid=record.ref.uid or None)
-        await self.forget_floor(job_id, submission)
-        return record
-
-    async def forget_floor(self, job_id: str, submission: str) -> bool:
-        """Delete the submission's floor (``admin forget``), also one whose record went with its namespace."""
-        try:
-            await self.kube.delete(api.SUBMISSION_FLOORS, ident.floor_name(self.kube.namespace, job_id, submission))
-        except NotFound:
-            return False
-        return True
-
-    async def migrate(self) -> tuple[int, int]:
-        """Fold the old namespace ledger and every dispatch TrainJob's A into identity records, then delete
-        the ledger. Returns (records created, records raised). Safe to run again; never lowers a record."""
-        wanted: dict[tuple[str, str], tuple[int, str]] = {}
-        ledger = await self.kube.get_or_none(api.CONFIGMAPS, ident.LEGACY_LEDGER)
-        data = ledger.get("data") if ledger is not None else None
-        for key, value in (data.items() if isinstance(data, dict) else []):
-            pair = ident.parse_legacy_key(str(key))
-            count = parse_count(value)
-            if pair is None or count is None:
-                raise Refused(f"the old ledger {ident.LEGACY_LEDGER} has an entry {str(key)[:60]!r}="
-                              f"{str(value)[:20]!r} that does not parse; fix or remove it, then migrate again",
-                              reason="RecordInvalid")
-            wanted[pair] = (max(count, wanted.get(pair, (0, ""))[0]), "")
-        for tj in await self.trainjobs(by_identity(None)):
-            if tj.labelled:
-                best = max(tj.admission, tj.patch_admission, wanted.get((tj.job_id, tj.submission), (0, ""))[0])
-                wanted[(tj.job_id, tj.submission)] = (best, tj.name)
-        created = raised = 0
-        for (job_id, submission), (admission, holder) in sorted(wanted.items()):
-            admission = max(admission, await self.floor(job_id, submission))
-            await self.raise_floor(job_id, submission, admission)
-            record = await self.record(job_id, submission)
-            if record is None:
-                await self._create_record(ident.new_record(job_id, submission, holder, admission=admission))
-                created += 1
-            elif record.admission < admission:
-                await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
-                                            {"metadata": {"resourceVersion": record.ref.resource_version},
-                                             "spec": {"admission": admission}})
-                raised += 1
-        if ledger is not None:
-            await self.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
-        return created, raised
 
     async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
         """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the

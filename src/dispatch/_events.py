@@ -22,15 +22,12 @@ from __future__ import annotations
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
 
 from . import _kube as k
-from ._api import TRAINJOBS
+from ._api import TRAINJOBS, Obj
 from ._records import RemainingPod
 from ._trainer import TrainJobView
 from .errors import DispatchError
-
-Obj = dict[str, Any]
 
 COMPONENT = "dispatch"
 MAX_MESSAGE = 1024
