@@ -91,7 +91,8 @@ def test_the_api_reference_starts_with_adapter_and_shows_real_label_keys(site: P
     import dispatch
 
     for name in ("ENROL_LABEL", "LABEL_JOB_ID", "LABEL_ADMISSION", "POD_FINALIZER"):
-        assert f"{getattr(dispatch, name)}&#39;" in html, f"{name}'s value is not shown"
+        value = getattr(dispatch, name)  # the closing quote as Pygments escapes it (2.20: &#39;) or not (2.21)
+        assert f"{value}&#39;" in html or f"{value}'" in html, f"{name}'s value is not shown"
     assert "{DOMAIN}" not in html
 
 
