@@ -288,6 +288,7 @@ def test_a_frozen_kubelet_whose_container_writes_on_is_refused_until_the_node_is
     assert adapter.release("frz-s1").admission == 1
     wait_for("A=1 runs", lambda: any(r.event == "TICK" for r in oracle.read(tmp_path)), 60)
     testbed.freeze(node)
+    powered_off = False
     try:
         adapter.hold("frz-s1")
         wait_for("Ready=Unknown", lambda: any(
@@ -297,8 +298,11 @@ def test_a_frozen_kubelet_whose_container_writes_on_is_refused_until_the_node_is
         assert len(oracle.read(tmp_path)) > before, "the process writes on while its kubelet is frozen"
         assert isinstance(release_or_remaining(adapter, "frz-s1"), str)
         assert not adapter.ceased("frz-s1").ceased
-        # The node really goes down: its containers stop (as a power-off stops them), then the taint.
-        _node._kill_tasks()
+        # The node really goes down (its kubelet and containers die), then the taint. Killing only the
+        # containers is not a power-off: the frozen kubelet, thawed, restarted the container of the pod that
+        # was force-deleted meanwhile (seen here), which the out-of-service taint's contract rules out.
+        testbed.power_off(node)
+        powered_off = True
         wait_for("the process is gone", lambda: not any(
             p.alive for p in oracle.processes(oracle.read(tmp_path))), 30)
         testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute")
@@ -308,7 +312,7 @@ def test_a_frozen_kubelet_whose_container_writes_on_is_refused_until_the_node_is
                 (keeper_pass(ns, controller_kubeconfig), release_or_remaining(adapter, "frz-s1"))[1]), 90) == 2
     finally:
         testbed.kubectl("taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
-        testbed.thaw(node)
+        testbed.power_on(node) if powered_off else testbed.thaw(node)
     oracle.assert_no_overlap(oracle.read(tmp_path))
 
 

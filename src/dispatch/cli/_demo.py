@@ -156,6 +156,8 @@ class Story:
     """A namespaced TrainingRuntime the objects run (``--real-node``: the real node's workload)."""
     oracle_dir: Path | None = None
     """Where the real processes write their lives (``--real-node``)."""
+    powered_off: bool = False
+    """The real node's power is cut (a failure must power it on, not thaw it)."""
 
     def spec(self, submission: str) -> JobSpec:
         extra: dict[str, Any] = {"runtime": self.runtime, "runtime_kind": "TrainingRuntime"} if self.runtime else {}
@@ -320,12 +322,13 @@ def _part_two(story: Story, node: str) -> None:
     story.release_refused(name)
 
     if story.oracle_dir is not None:
-        story.step(f"{node} really goes down: its containers stop (the testbed kills them, as a power-off would)")
-        from ..testbed import _node, oracle
+        story.step(f"{node} really goes down: the testbed cuts its power (its kubelet and containers die)")
+        from ..testbed import oracle
 
         before = len(oracle.read(story.oracle_dir))
         story.say(f"the frozen kubelet's container wrote {before} lines so far, and was still writing")
-        _node._kill_tasks()
+        story.powered_off = True
+        _testbed().power_off(node)
         story.until("the process to be gone", lambda: not any(
             p.alive for p in oracle.processes(oracle.read(story.oracle_dir or Path()))))
     story.step(f"The operator confirms {node} is shut down and taints it {OUT_OF_SERVICE_TAINT}")
@@ -346,8 +349,13 @@ def _part_two(story: Story, node: str) -> None:
     story.step(f"Release {name}: admitted with A=2 once Kubernetes has force-deleted the old pod")
     story.release_waiting(name, expect=2, timeout=story.step_timeout)
 
-    story.step(f"The operator repairs {node} (thaw, remove the taint): the new execution starts there")
-    _testbed().thaw(node)
+    if story.oracle_dir is not None:
+        story.step(f"The operator repairs {node} (powers it on, removes the taint): the new execution starts there")
+        _testbed().power_on(node)
+        story.powered_off = False
+    else:
+        story.step(f"The operator repairs {node} (thaw, remove the taint): the new execution starts there")
+        _testbed().thaw(node)
     _kubectl("taint", "nodes", node, f"{OUT_OF_SERVICE_TAINT}-", check=False)
     story.show(a.wait(name, State.RUNNING, timeout=story.step_timeout))
     story.running_pod(name, 2)
@@ -409,6 +417,7 @@ def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.
         watcher = Watcher(namespace)
         watcher.start()
         frozen = False
+        story: Story | None = None
         try:
             with Adapter.connect(namespace, kubeconfig=kubeconfig) as adapter:
                 story = Story(console, adapter, namespace, step_timeout, watcher, runtime=runtime,
@@ -420,10 +429,12 @@ def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.
         finally:
             watcher.stop()
             if frozen:
+                powered_off = story is not None and story.powered_off
                 try:
-                    tb.thaw(freezable)
+                    tb.power_on(freezable) if powered_off else tb.thaw(freezable)
                 except (RuntimeError, ValueError, OSError) as exc:
-                    console.print(f"could not thaw {freezable}: {escape(str(exc))}")
+                    what = "power on" if powered_off else "thaw"
+                    console.print(f"could not {what} {freezable}: {escape(str(exc))}")
                 _kubectl("taint", "nodes", freezable, f"{OUT_OF_SERVICE_TAINT}-", check=False)
         watcher.check()
         if watcher.violations:

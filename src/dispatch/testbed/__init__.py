@@ -3,7 +3,8 @@
 etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, KWOK, JobSet, Kubeflow Trainer
 and Kueue, all built from Go modules and run as local processes. Use :func:`up` then point a client at
 :func:`kubeconfig_path`; :func:`freeze`/:func:`thaw` make a node's kubelet (its KWOK process, or the real
-node's kubelet) vanish and come back. Where the host allows, a real node (:func:`real_node`: the stack's
+node's kubelet) vanish and come back; :func:`power_off`/:func:`power_on` cut the real node's power (its kubelet
+dies with its memory) and boot it again. Where the host allows, a real node (:func:`real_node`: the stack's
 kubelet, containerd, runc) runs real processes beside the KWOK nodes. Several stacks of versions live side
 by side (``testbed/stacks/NAME``), picked by :func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See
 ``testbed/README.md`` in the repo.
@@ -22,6 +23,8 @@ from dispatch.testbed._cluster import (
     is_built,
     is_up,
     kubectl,
+    power_off,
+    power_on,
     real_node,
     real_node_problem,
     reconfigure_kueue,
@@ -51,6 +54,8 @@ __all__ = [
     "is_up",
     "kubeconfig_path",
     "kubectl",
+    "power_off",
+    "power_on",
     "real_node",
     "real_node_problem",
     "reconfigure_kueue",

@@ -816,6 +816,26 @@ def thaw(node: str) -> None:
     os.kill(pid, signal.SIGCONT)
 
 
+def _real_only(node: str) -> None:
+    real = (_read_state() or {}).get("real-node")  # powered off, its kubelet is not alive: still the real node
+    if not real or node != real:
+        raise ValueError(f"{node} is not the real node: only a real machine can lose power "
+                         f"(the real node: {real or 'none runs'}); freeze/thaw a KWOK node instead")
+
+
+def power_off(node: str) -> None:
+    """The real node loses power: its kubelet dies with its memory and every container with it, the API is
+    told nothing. Unlike freeze, what comes back (:func:`power_on`) is a fresh kubelet."""
+    _real_only(node)
+    _real().power_off()
+
+
+def power_on(node: str) -> None:
+    """The real node boots: a fresh kubelet that knows only what the API holds; waits until it is Ready."""
+    _real_only(node)
+    _real().power_on()
+
+
 def reconfigure_kueue(changes: Mapping[str, object] | None = None) -> None:
     """Restart Kueue with ``changes`` over the testbed's own Configuration (none: the testbed's as is), for a
     scenario that needs another Kueue setting (``manageJobsWithoutQueueName``, say); waits until it is ready

@@ -52,6 +52,7 @@ BRIDGE = "dispatchtb0"
 SUBNET = "10.250.77.0/24"
 MODE_ENV = "DISPATCH_TESTBED_REAL_NODE"
 READY_TIMEOUT = 90.0
+KUBELET_ARGV = "kubelet.argv.json"  # the command line power_off read, for power_on
 # The kubelet sets these when protectKernelDefaults is off; their values before it started are restored.
 SYSCTLS = ("kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory", "vm/panic_on_oom",
            "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
@@ -454,7 +455,7 @@ def _start(d: _Dirs, kubelet: Path, images_dir: Path, t0: float) -> dict[str, st
         ctr("images", "import", str(tar), timeout=60)  # unpacked into overlayfs, as the CRI wants it
     (d.config / "kubelet.yaml").write_text(yaml.safe_dump(_kubelet_config(d), sort_keys=False))
     t1 = time.monotonic()
-    cl._start("kubelet", [
+    argv = [
         str(kubelet),
         f"--config={d.config / 'kubelet.yaml'}",
         f"--kubeconfig={_paths.kubeconfig_path()}",
@@ -464,7 +465,8 @@ def _start(d: _Dirs, kubelet: Path, images_dir: Path, t0: float) -> dict[str, st
         "--node-ip=127.0.0.1",
         f"--node-labels={LABEL}=true",
         "--v=2",
-    ], env)
+    ]
+    cl._start("kubelet", argv, env)
     _wait_for("kubelet", kubelet_healthy, 60)
     _wait_for("the real node's registration", lambda: _node_obj() is not None, 60)
     # The kubelet refuses a loopback node IP and then registers no address at all; logs and exec through the
@@ -485,6 +487,51 @@ def _start(d: _Dirs, kubelet: Path, images_dir: Path, t0: float) -> dict[str, st
     cl._log(f"real node {NODE} Ready in {total:.1f}s (kubelet {version}; containerd {t_containerd:.1f}s, "
             f"kubelet start to Ready {time.monotonic() - t1:.1f}s)")
     return {"real-node": NODE, "real-node-version": version, "real-node-ready-seconds": f"{total:.1f}"}
+
+
+def power_off() -> None:
+    """The machine loses power: its kubelet dies (frozen or not, with all it had in memory) and every container
+    with it; the API is told nothing. containerd stays up only to answer the testbed: its tasks are dead.
+
+    Killing the containers under a live (or frozen) kubelet is not a power-off: a real kubelet that resumes
+    still holds the pod it ran and restarts the container it finds dead before it hears that the pod was
+    force-deleted meanwhile. That is the split brain the out-of-service taint's contract (the node is really
+    shut down) rules out, and the real node showed it."""
+    pid = cl._alive("kubelet")
+    if pid is not None:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        (_dirs().config / KUBELET_ARGV).write_text(json.dumps([a.decode() for a in argv]))
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)  # a SIGSTOPped process dies of SIGKILL too
+        child = cl._CHILDREN.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and cl._proc_state(pid) not in (None, "Z", "X"):
+            time.sleep(0.1)
+    _kill_tasks()
+
+
+def power_on() -> None:
+    """The machine boots again: a fresh kubelet, knowing only what the API says, so a pod deleted while the
+    machine was off is never started again. Waits until the node is Ready."""
+    if cl._alive("kubelet") is not None:
+        raise RuntimeError(f"{NODE}'s kubelet is running: the node is not powered off")
+    d = _dirs()
+    try:
+        argv = json.loads((d.config / KUBELET_ARGV).read_text())
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"{NODE} was not powered off by this testbed (no kubelet command line: {e})") from e
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise RuntimeError(f"{NODE}'s recorded kubelet command line is not a list of strings")
+    cl._start("kubelet", argv, {"PATH": _SBIN_PATH})
+    _wait_for("kubelet", kubelet_healthy, 60)
+
+    def ready() -> bool:
+        node = _node_obj()
+        return node is not None and condition(node) == "True"
+
+    _wait_for(f"{NODE} to be Ready again", ready, READY_TIMEOUT)
 
 
 def _wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
