@@ -62,6 +62,9 @@ WORKLOADS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "workloads", "Workload")
 ADMISSION_CHECKS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "admissionchecks", "AdmissionCheck", namespaced=False)
 CLUSTER_QUEUES = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "clusterqueues", "ClusterQueue", namespaced=False)
 LOCAL_QUEUES = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "localqueues", "LocalQueue")
+MULTIKUEUE_CLUSTERS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "multikueueclusters", "MultiKueueCluster",
+                          namespaced=False)
+SECRETS = Res("", "v1", "secrets", "Secret", status=False)
 RESOURCE_FLAVORS = Res(n.KUEUE_GROUP, n.KUEUE_VERSION, "resourceflavors", "ResourceFlavor", namespaced=False)
 
 SUBMISSION_RECORDS = Res(n.DOMAIN, "v1alpha1", "submissionrecords", "SubmissionRecord", status=False)
@@ -80,6 +83,6 @@ MUTATING_WEBHOOKS = Res("admissionregistration.k8s.io", "v1", "mutatingwebhookco
 ALL: tuple[Res, ...] = (
     PODS, NODES, NAMESPACES, EVENTS, CONFIGMAPS, JOBS, LEASES, TRAINJOBS, CLUSTER_RUNTIMES, RUNTIMES,
     JOBSETS, WORKLOADS, ADMISSION_CHECKS, CLUSTER_QUEUES, LOCAL_QUEUES, RESOURCE_FLAVORS, SUBMISSION_RECORDS,
-    SUBMISSION_FLOORS,
+    SUBMISSION_FLOORS, MULTIKUEUE_CLUSTERS, SECRETS,
 )
 """Every kind the library, the controller and the fake API server know."""

@@ -17,7 +17,7 @@ decision still holds after a conflict) is the pure functions of ``_decision``; t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 from . import _api as api
@@ -211,20 +211,21 @@ class Core(Reader):
                            reason="Conflict", code=409) from exc
 
     async def issue(self, record: ident.RecordView | None, tj: tr.TrainJobView, admission: int,
-                    token: str) -> ident.RecordView:
+                    token: str, clusters: Collection[str] = ()) -> ident.RecordView:
         """Issue A in the record (creating it for an object that has none and never ran), bound to the
         TrainJob's uid, conditioned on the record's resourceVersion: before any TrainJob carries A."""
         await self.raise_floor(tj.job_id, tj.submission, admission)
         if record is None:
             record = await self._create_record(ident.new_record(tj.job_id, tj.submission, tj.name))
         obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
-                                          ident.raise_patch(record, admission, token, tj.name, tj.ref.uid))
+                                          ident.raise_patch(record, admission, token, tj.name, tj.ref.uid,
+                                                                            clusters))
         return ident.RecordView.from_obj(obj)
 
     # ------------------------------------------------------------------ admitting writes
 
     async def admit(self, tj: tr.TrainJobView, snap: Snapshot, record: ident.RecordView | None, *,
-                    token: str, own: Iterable[str], plain: bool) -> Admitted:
+                    token: str, own: Iterable[str], plain: bool, clusters: Collection[str] = ()) -> Admitted:
         """The admission's first writes, from a read that found nothing of the object still able to run.
 
         The record must be trustworthy for this object (else Refused, reason RecordInvalid, naming it);
@@ -245,7 +246,7 @@ class Core(Reader):
         jobs = await self.runtime_jobs_of(tj)
         retarget = jobs is not None and list(tj.patch_targets) != list(jobs)
         if plan.write_record:
-            await self.issue(record, tj, plan.admission, token)
+            await self.issue(record, tj, plan.admission, token, clusters)
             self.on_write("record")
         raised = tj
         if plan.write_trainjob or retarget:

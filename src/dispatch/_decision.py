@@ -12,7 +12,7 @@ fetch and write.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._identity import RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
@@ -105,7 +105,7 @@ def stuck_text(pods: Sequence[RemainingPod]) -> str:
         marked = (f", marked {p.phase} by someone other than its kubelet" if p.phase in TERMINAL_PHASES else "")
         where = f"node {p.node} is {p.node_state}" if p.node else "it has no node"
         out.append(
-            f"pod {p.name} was deleted for good{marked}, but its end is unproven (its kubelet has not "
+            f"pod {p.qualified} was deleted for good{marked}, but its end is unproven (its kubelet has not "
             f"confirmed it and {where}, neither deleted nor out-of-service), so dispatch's finalizer keeps it; "
             f"once {p.node or 'its node'} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
             f"`dispatch admin release-pod {p.name} --node-confirmed-down`")
@@ -114,7 +114,7 @@ def stuck_text(pods: Sequence[RemainingPod]) -> str:
 
 def why_text(pods: Sequence[RemainingPod]) -> str:
     """Why each pod that is not simply running is still unproven, and what ends the wait."""
-    return "; ".join(f"pod {p.name}: {p.why}" for p in pods if p.why)
+    return "; ".join(f"pod {p.qualified}: {p.why}" for p in pods if p.why)
 
 
 def describe_pods(pods: Sequence[RemainingPod]) -> str:
@@ -132,7 +132,7 @@ def waiting_message(pods: Sequence[RemainingPod], blockers: Sequence[str] = ()) 
     if pods:
         parts.append(
             "waiting for pods of the previous execution to go: "
-            + ", ".join(f"{p.name} on {p.node or 'no node'}" for p in pods)
+            + ", ".join(f"{p.qualified} on {p.node or 'no node'}" for p in pods)
         )
     parts.extend(blockers)
     return "; ".join(parts)
@@ -162,6 +162,37 @@ class Verdict:
                     parts.append(text)
         parts.extend(self.blockers)
         return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class WorkerVerdict:
+    """What one MultiKueue worker showed of an object: its verdict, or why it could not be read."""
+
+    worker: str
+    verdict: Verdict | None
+    problem: str = ""
+    confirmed_down: bool = False
+    """Unreadable, and an operator confirmed that Kueue's loss of it is the machine being down."""
+
+
+def unreadable_text(worker: str, problem: str) -> str:
+    return (f"worker {worker} cannot be read ({problem}): nothing proves the previous execution's pods there "
+            f"have stopped; if it is down, confirm it with `dispatch admin worker-down {worker}`")
+
+
+def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
+    """The rule over a fleet: what remains here and in every worker the previous execution may have run
+    in, each worker's pods named ``<worker>/<pod>``; a worker that cannot be read blocks unless it was
+    confirmed down."""
+    remaining = list(local.remaining)
+    blockers = list(local.blockers)
+    for w in sorted(workers, key=lambda w: w.worker):
+        if w.verdict is not None:
+            remaining.extend(replace(p, cluster=w.worker) for p in w.verdict.remaining)
+            blockers.extend(f"worker {w.worker}: {b}" for b in w.verdict.blockers)
+        elif not w.confirmed_down:
+            blockers.append(unreadable_text(w.worker, w.problem))
+    return Verdict(tuple(remaining), tuple(blockers))
 
 
 def _job_blocker(job: JobView) -> str | None:

@@ -17,7 +17,7 @@ issued it, and which TrainJob currently holds the submission. Why this shape:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,9 @@ FLOORS = api.SUBMISSION_FLOORS
 LEGACY_LEDGER = "dispatch-admissions"
 """The namespace ConfigMap that recorded A before records existed; ``dispatch admin migrate`` folds it in."""
 TOKEN_LIMIT = 128
+CLUSTERS_LIMIT = 64
+"""MultiKueue workers a record remembers (a fleet is a handful; the bound keeps the record small)."""
+NAME_LIMIT = 253
 LABEL_HOLDER = f"{DOMAIN}/trainjob"
 """On a record: the TrainJob that holds the submission, so ``close NAME`` finds a claim whose TrainJob was
 never created."""
@@ -76,6 +79,8 @@ class RecordView:
     trainjob_uid: str
     """Its uid once a release bound it ("" until then)."""
     problems: tuple[str, ...] = ()
+    clusters: tuple[str, ...] = ()
+    """The MultiKueue workers the latest execution may have run in (empty outside MultiKueue)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> RecordView:
@@ -85,10 +90,17 @@ class RecordView:
         admission = parse_count(spec.get("admission"))
         if admission is None:
             problems.append(f"spec.admission is {str(spec.get('admission'))[:40]!r}, not a count")
+        clusters = spec.get("clusters", [])
+        if not isinstance(clusters, list) or len(clusters) > CLUSTERS_LIMIT or not all(
+                isinstance(c, str) and 0 < len(c) <= NAME_LIMIT for c in clusters):
+            problems.append(f"spec.clusters is {str(clusters)[:60]!r}, not a list of at most {CLUSTERS_LIMIT} "
+                            "cluster names")
+            clusters = []
         return RecordView(
             ref=Ref.of(obj), job_id=text(spec.get("jobId")), submission=text(spec.get("submission")),
             admission=admission or 0, token=text(spec.get("token"))[:TOKEN_LIMIT],
             trainjob=text(holder.get("name")), trainjob_uid=text(holder.get("uid")), problems=tuple(problems),
+            clusters=tuple(sorted(set(clusters))),
         )
 
     @property
@@ -118,10 +130,16 @@ def new_record(job_id: str, submission: str, trainjob: str, *, admission: int = 
     }
 
 
-def raise_patch(record: RecordView, admission: int, token: str, trainjob: str, uid: str) -> Obj:
-    """A issued to ``trainjob``, conditioned on the record's resourceVersion (a concurrent issue is a 409)."""
+def raise_patch(record: RecordView, admission: int, token: str, trainjob: str, uid: str,
+                clusters: Collection[str] = ()) -> Obj:
+    """A issued to ``trainjob``, conditioned on the record's resourceVersion (a concurrent issue is a 409).
+    ``clusters``: the MultiKueue workers this execution may run in, remembered for the next admission
+    (Kueue forgets where an evicted Workload ran)."""
+    spec: Obj = {"admission": admission, "token": token[:TOKEN_LIMIT], "trainJob": {"name": trainjob, "uid": uid}}
+    if clusters or record.clusters:
+        spec["clusters"] = sorted(set(clusters))
     return {"metadata": {"resourceVersion": record.ref.resource_version, "labels": {LABEL_HOLDER: trainjob}},
-            "spec": {"admission": admission, "token": token[:TOKEN_LIMIT], "trainJob": {"name": trainjob, "uid": uid}}}
+            "spec": spec}
 
 
 def holder_patch(record: RecordView, trainjob: str, *, admission: int | None = None) -> Obj:

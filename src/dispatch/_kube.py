@@ -233,6 +233,19 @@ class Kube:
         where = f"{conn.server} ({conn.source})" if conn.source else conn.server
         return Kube(client, namespace or conn.namespace, where=where, request_timeout=request_timeout)
 
+    @staticmethod
+    def connect_inline(text: str, source: str, *, namespace: str, timeout: float = 15.0) -> Kube:
+        """Build from a kubeconfig held in the cluster (a MultiKueue worker's Secret), inline credentials only."""
+        from . import _kubeconfig
+
+        conn = _kubeconfig.load_inline(text, source)
+        client = httpx2.AsyncClient(
+            base_url=conn.server, verify=conn.verify, auth=conn.auth, proxy=conn.proxy,
+            timeout=httpx2.Timeout(timeout),
+            limits=httpx2.Limits(max_connections=16, max_keepalive_connections=8, keepalive_expiry=120.0),
+        )
+        return Kube(client, namespace, where=f"{conn.server} ({source})")
+
     async def aclose(self) -> None:
         await self._client.aclose()
 

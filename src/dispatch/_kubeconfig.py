@@ -110,6 +110,10 @@ def _read_file(path: Path, merged: _Merged) -> None:
         raise _bad(f"cannot read kubeconfig {path}: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
         raise _bad(f"kubeconfig {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    _read_text(text, path, merged)
+
+
+def _read_text(text: str, path: Path, merged: _Merged) -> None:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -197,6 +201,36 @@ def load(kubeconfig: str | Path | None = None, context: str | None = None) -> Co
             return _in_cluster()
         raise _bad(f"{merged.describe()} is empty: it defines no clusters, users or contexts")
     return _select(merged, context)
+
+
+INLINE_LIMIT = 1 << 20
+"""A kubeconfig held in a Secret is at most a Secret's size."""
+_FILE_OR_PROGRAM = {"clusters": ("certificate-authority",), "users": (
+    "client-certificate", "client-key", "tokenFile", "exec", "auth-provider")}
+
+
+def load_inline(text: str, source: str) -> Connection:
+    """The connection a kubeconfig held in the cluster (a MultiKueue worker's Secret) describes.
+
+    Only inline credentials (``*-data``, ``token``) are accepted: a file path names a file of the reader's
+    own machine, and an exec plugin would run a program inside dispatch's controller chosen by whoever can
+    write that Secret. Kueue refuses both by default for the same reason."""
+    if len(text) > INLINE_LIMIT:
+        raise _bad(f"{source} holds {len(text)} characters, more than a Secret can (a kubeconfig is a few KB)")
+    merged = _Merged()
+    origin = Path(source)
+    _read_text(text, origin, merged)
+    for section, keys in _FILE_OR_PROGRAM.items():
+        entries = merged.clusters if section == "clusters" else merged.users
+        for name, named in entries.items():
+            for key in keys:
+                if named.body.get(key):
+                    raise _bad(f"{source}: {section}[{name}] sets {key}, which names a file or a program of the "
+                               "reader's machine; a kubeconfig held in a Secret must carry its credentials inline "
+                               "(certificate-authority-data, client-certificate-data and client-key-data, or token)")
+    if merged.empty:
+        raise _bad(f"{source} is empty: it defines no clusters, users or contexts")
+    return _select(merged, None)
 
 
 # ------------------------------------------------------------------------------------------ selection

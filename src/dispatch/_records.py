@@ -56,6 +56,13 @@ class RemainingPod:
     why: str = ""
     """Why its end is not proven although it is not simply running, and what ends the wait (a kubelet's
     rejection, a Failed someone else wrote, a taint on a Ready node); empty otherwise."""
+    cluster: str = ""
+    """The MultiKueue worker it is in ("" for this cluster)."""
+
+    @property
+    def qualified(self) -> str:
+        """``<worker>/<pod>`` for a pod in a MultiKueue worker, else the pod's name."""
+        return f"{self.cluster}/{self.name}" if self.cluster else self.name
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -68,13 +75,14 @@ class RemainingPod:
             "deletionTimestamp": self.deletion_timestamp,
             "held": self.held,
             "why": self.why,
+            "cluster": self.cluster,
         }
 
     def describe(self) -> str:
         """``<pod> on <node> (<node state>)``, the form every status string uses."""
         if not self.node:
-            return f"{self.name} on no node (not scheduled)"
-        return f"{self.name} on {self.node} ({self.node_state})"
+            return f"{self.qualified} on no node (not scheduled)"
+        return f"{self.qualified} on {self.node} ({self.node_state})"
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,8 @@ class TrainJobView:
     runtime_kind: str = "ClusterTrainingRuntime"
     runtime_name: str = ""
     """``spec.runtimeRef``: the runtime Trainer builds the JobSet from (its replicatedJobs as they are now)."""
+    managed_by: str = ""
+    """``spec.managedBy`` ("" for Trainer's own controller); MultiKueue's value means a worker runs a copy."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:
@@ -161,6 +163,7 @@ class TrainJobView:
             runtime_kind=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("kind"))
             or "ClusterTrainingRuntime",
             runtime_name=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("name")),
+            managed_by=text(mapping(obj.get("spec")).get("managedBy"))[:253],
         )
 
     @property

@@ -280,6 +280,10 @@ def test_the_api_server_refuses_to_lower_a_record(adapter: Adapter, cluster: Fak
             SUBMISSION_RECORDS, RECORD, {"spec": {"admission": 0}}))
     with pytest.raises(Refused, match="names never changes"):
         adapter._run(adapter.core.kube.merge_patch(SUBMISSION_RECORDS, RECORD, {"spec": {"submission": "s2"}}))
+    adapter._run(adapter.core.kube.merge_patch(SUBMISSION_RECORDS, RECORD,
+                                               {"spec": {"clusters": ["worker-1", "worker-2"]}}))
+    with pytest.raises(Refused, match="forgets a MultiKueue worker only together with a raise of A"):
+        adapter._run(adapter.core.kube.merge_patch(SUBMISSION_RECORDS, RECORD, {"spec": {"clusters": ["worker-2"]}}))
     assert record_a(cluster) == 1
 
 

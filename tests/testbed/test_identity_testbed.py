@@ -77,5 +77,13 @@ def test_the_real_api_server_refuses_to_lower_a_record_or_change_its_submission(
     moved = tb.kubectl("patch", "submissionrecord", name, "-n", ns, "--type", "merge",
                        "-p", '{"spec":{"submission":"s2"}}', check=False)
     assert moved.returncode != 0 and "never changes" in moved.stderr
+    # the MultiKueue workers a record remembers are kept (not pruned) and forgotten only with a raise of A
+    kept = tb.kubectl("patch", "submissionrecord", name, "-n", ns, "--type", "merge",
+                      "-p", '{"spec":{"clusters":["worker-1","worker-2"]}}', check=False)
+    assert kept.returncode == 0, kept.stderr
+    hidden = tb.kubectl("patch", "submissionrecord", name, "-n", ns, "--type", "merge",
+                        "-p", '{"spec":{"clusters":["worker-2"]}}', check=False)
+    assert hidden.returncode != 0 and "forgets a MultiKueue worker only together with a raise" in hidden.stderr
     record: Obj = json.loads(tb.kubectl("get", "submissionrecord", name, "-n", ns, "-o", "json").stdout)
     assert record["spec"]["admission"] == 1
+    assert record["spec"]["clusters"] == ["worker-1", "worker-2"]

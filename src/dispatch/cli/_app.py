@@ -971,6 +971,9 @@ def controller(
     guard_webhook: Annotated[
         str, typer.Option("--guard-webhook", help="ValidatingWebhookConfiguration whose caBundle to keep ('': none).")
     ] = DEFAULTS.guard_webhook,
+    kueue_namespace: Annotated[
+        str, typer.Option("--kueue-namespace", help="Kueue's namespace (MultiKueue workers' kubeconfig Secrets).")
+    ] = DEFAULTS.kueue_namespace,
     namespace: Annotated[
         str | None,
         typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
@@ -1005,6 +1008,7 @@ def controller(
             guard_port=guard_port,
             guard_cert_dir=guard_cert_dir,
             guard_webhook=guard_webhook,
+            kueue_namespace=kueue_namespace,
         )
     if isinstance(result, int) and result:
         raise typer.Exit(result)

@@ -134,6 +134,7 @@ def run_from_cli(
     guard_port: int | None = DEFAULTS.guard_port,
     guard_cert_dir: str = DEFAULTS.guard_cert_dir,
     guard_webhook: str = DEFAULTS.guard_webhook,
+    kueue_namespace: str = DEFAULTS.kueue_namespace,
 ) -> int:
     """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
@@ -166,7 +167,7 @@ def run_from_cli(
         metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
         controller_name=controller_name, metrics_serving=serving,
         guard_port=guard_port, guard_cert_dir=guard_cert_dir,
-        guard_webhook=guard_webhook,
+        guard_webhook=guard_webhook, kueue_namespace=kueue_namespace,
     )
 
     async def main() -> int:

@@ -42,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--guard-webhook", default=DEFAULTS.guard_webhook,
                    help="Validating (and enrolment's Mutating) WebhookConfiguration whose caBundle to keep "
                         "('' : none)")
+    p.add_argument("--kueue-namespace", default=DEFAULTS.kueue_namespace,
+                   help="Kueue's namespace, holding the MultiKueue workers' kubeconfig Secrets")
     a = p.parse_args(argv)
     return run_from_cli(
         kubeconfig=a.kubeconfig, context=a.context, namespace=a.namespace, metrics_port=a.metrics_port,
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         log_level=a.log_level, controller_name=a.controller_name, metrics_bind_address=a.metrics_bind_address,
         metrics_secure=a.metrics_secure, metrics_cert_dir=a.metrics_cert_dir,
         guard_port=a.guard_port,
-        guard_cert_dir=a.guard_cert_dir, guard_webhook=a.guard_webhook,
+        guard_cert_dir=a.guard_cert_dir, guard_webhook=a.guard_webhook, kueue_namespace=a.kueue_namespace,
     )
 
 

@@ -23,6 +23,7 @@ from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
 from .._api import Obj
+from .._fleet import Connect, Fleet
 from ..errors import DispatchError, Forbidden
 from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
@@ -87,6 +88,8 @@ class Config:
     private temporary directory)."""
     guard_webhook: str = "dispatch-guard"
     """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
+    kueue_namespace: str = "kueue-system"
+    """Kueue's namespace, where the Secrets holding MultiKueue workers' kubeconfigs are."""
     guard_hosts: tuple[str, ...] = ()
     """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
     the guard Service in the controller's own namespace)."""
@@ -135,7 +138,9 @@ class Controller:
     (``_reconcile``); the AdmissionCheck reconciler (``_checks``) keeps our checks Active.
     """
 
-    def __init__(self, kube: k.Kube, config: Config | None = None, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, kube: k.Kube, config: Config | None = None, *, metrics: Metrics | None = None,
+                 fleet_connect: Connect | None = None) -> None:
+        """``fleet_connect`` builds a MultiKueue worker's client from its kubeconfig (tests: fake workers)."""
         self.kube = kube
         self.config = config or Config()
         self.identity = self.config.identity or default_identity()
@@ -157,6 +162,7 @@ class Controller:
             kube, check_names=lambda: self.checks.names, events=self.events, metrics=self.metrics,
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
+            fleet=Fleet(kube, kueue_namespace=self.config.kueue_namespace, connect=fleet_connect),
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
@@ -280,6 +286,8 @@ class Controller:
             self.queue.add_after(key, self.queue.backoff(key))
         else:
             self.queue.forget(key)
+            if outcome.recheck is not None:
+                self.queue.add_after(key, outcome.recheck)
 
     async def _resync(self) -> None:
         while True:
@@ -395,4 +403,5 @@ class Controller:
                 await server.wait_closed()
             if self.guard is not None:
                 await self.guard.close()
+            await self.reconciler.fleet.aclose()
             log.info("controller stopped", identity=self.identity)

@@ -37,6 +37,7 @@ from .. import _names as n
 from .. import _trainer as tr
 from .._api import Obj
 from .._core import Cores, Snapshot, Target
+from .._fleet import MULTIKUEUE, Fleet
 from .._identity import RecordView
 from .._kube import Kube
 from .._read import by_identity
@@ -54,6 +55,9 @@ LIST_FACTOR = 3
 """A batch lists the namespace's JobSets when it is at least a third of its Workloads, else gets each.
 Measured on the testbed: a JobSet is ~3.7 KB and decoding it costs about as much as a third of a small
 request's overhead, so listing 1,000 JobSets for 64 of them cost more than 64 gets."""
+
+FLEET_RECHECK = 5.0
+"""Seconds between two looks at a MultiKueue worker the decision waits on (the manager watches no worker)."""
 
 T = TypeVar("T")
 
@@ -81,6 +85,8 @@ class Outcome:
     waiting_nodes: frozenset[str] = field(default_factory=frozenset)
     waiting: bool = False
     error: str = ""
+    recheck: float | None = None
+    """Decide again after this many seconds: it waits on a MultiKueue worker, which no watch here follows."""
 
 
 @dataclass
@@ -93,6 +99,8 @@ class _Case:
     owner: kq.Owner
     trainjob: tr.TrainJobView | None = None
     snap: Snapshot | None = None
+    clusters: tuple[str, ...] = ()
+    """The MultiKueue workers this admission's execution may run in (recorded with its A)."""
 
 
 class Reconciler:
@@ -108,6 +116,7 @@ class Reconciler:
         foreign: ForeignPolicy = "ready",
         field_manager: str = n.FIELD_MANAGER,
         last_gone: Callable[[str, str], float | None] = lambda _ns, _name: None,
+        fleet: Fleet | None = None,
     ) -> None:
         self._kube = kube
         self._check_names = check_names
@@ -117,6 +126,8 @@ class Reconciler:
         self.field_manager = field_manager
         self._last_gone = last_gone
         self.core = Cores(kube, on_write=self._wrote)
+        self.fleet = fleet if fleet is not None else Fleet(kube)
+        """The MultiKueue workers, read for a TrainJob MultiKueue dispatches (never for any other)."""
         self.on_written: Callable[[str, str, str], None] = lambda _key, _state, _message: None
         """Told (key, state, message) of each entry written, so that its echo needs no reconcile."""
         self.before_ready: Callable[[], Any] | None = None
@@ -301,32 +312,74 @@ class Reconciler:
         else:
             snaps = await read
         admits: list[_Case] = []
+        verdicts: dict[str, d.Verdict] = {}
         for c in deciding:
             assert c.trainjob is not None
             c.snap = snaps[c.trainjob.name]
-            verdict = c.snap.verdict(Target.of(c.trainjob))
-            if verdict.admissible:
+            verdicts[c.name] = c.snap.verdict(Target.of(c.trainjob))
+        fleet = [c for c in deciding if verdicts[c.name].admissible and _multikueue(c.trainjob)]
+        records = early
+        if fleet:
+            # MultiKueue runs the object in a worker: what remains there counts too (the record says where
+            # the previous execution may have run; Kueue forgot it at the eviction)
+            records = early if early is not None else await core.records(
+                (c.trainjob.job_id, c.trainjob.submission) for c in deciding if c.trainjob is not None
+                and c.trainjob.dispatch_object)
+            verdicts.update(await self._across(ns, fleet, verdicts, records))
+        for c in deciding:
+            if verdicts[c.name].admissible:
                 admits.append(c)
             else:
-                later.append((c.name, self._wait(c, verdict)))
+                later.append((c.name, self._wait(c, verdicts[c.name], recheck=c in fleet)))
         await _settle(later, out)
         if not admits:
             return
-        records = early if early is not None else await core.records(
+        records = records if records is not None else await core.records(
             (c.trainjob.job_id, c.trainjob.submission) for c in admits
             if c.trainjob is not None and c.trainjob.dispatch_object)
         raising = [(c.name, self._admit(c, records)) for c in admits]
         await _settle(raising, out)
 
-    async def _wait(self, c: _Case, verdict: d.Verdict) -> Outcome:
+    async def _across(self, ns: str, cases: Sequence[_Case], local: Mapping[str, d.Verdict],
+                      records: Mapping[tuple[str, str], RecordView | None]) -> dict[str, d.Verdict]:
+        """Each case's verdict over the fleet: one consistent read per worker for all of them. A worker
+        that cannot be read blocks only an object that ran before (A issued): a first execution has
+        nothing anywhere to wait for, and a pod found in a readable worker counts either way."""
+        workers = await self.fleet.workers()
+        targets = [Target.of(c.trainjob) for c in cases if c.trainjob is not None]
+        names: set[str] = set(workers)
+        for c in cases:
+            assert c.trainjob is not None
+            record = records.get((c.trainjob.job_id, c.trainjob.submission))
+            names.update(record.clusters if record is not None else ())
+        reads = await self.fleet.read(ns, targets, names, workers)
+        out: dict[str, d.Verdict] = {}
+        for c in cases:
+            tj = c.trainjob
+            assert tj is not None
+            record = records.get((tj.job_id, tj.submission))
+            ran = max(record.admission if record is not None else 0, tj.admission) > 0
+            mine = set(workers) | set(record.clusters if record is not None else ())
+            seen = []
+            for name in sorted(mine):
+                r = reads[name]
+                if not r.problem:
+                    seen.append(d.WorkerVerdict(name, r.snapshots[tj.name].verdict(Target.of(tj))))
+                elif ran:
+                    seen.append(d.WorkerVerdict(name, None, r.problem, r.confirmed_down))
+            c.clusters = tuple(sorted(workers))
+            out[c.name] = d.across(local[c.name], seen)
+        return out
+
+    async def _wait(self, c: _Case, verdict: d.Verdict, *, recheck: bool = False) -> Outcome:
         message = d.waiting_text(verdict)
-        nodes = frozenset(p.node for p in verdict.remaining if p.node)
+        nodes = frozenset(p.node for p in verdict.remaining if p.node and not p.cluster)
         if message != c.entry.message:
             await self._pending(c.workload, c.entry, message)
             log.info("admission waits", workload=c.workload.key, trainjob=c.owner.name, message=message)
             if not c.entry.waiting_episode:
                 await self._events.emit_for(c.trainjob, "AdmissionDelayed", d.delayed_event(c.entry.name, message))
-        return Outcome("waiting", waiting_nodes=nodes, waiting=True)
+        return Outcome("waiting", waiting_nodes=nodes, waiting=True, recheck=FLEET_RECHECK if recheck else None)
 
     async def _admit(self, c: _Case, records: Mapping[tuple[str, str], RecordView | None]) -> Outcome:
         raised = await self._raise(c, records)
@@ -345,7 +398,8 @@ class Reconciler:
         own = {d.kueue_raise_token(uid, generation - 1)} if generation else set()
         try:
             admitted = await core.admit(tj, snap, records.get((tj.job_id, tj.submission)),
-                                        token=d.kueue_raise_token(uid, generation), own=own, plain=False)
+                                        token=d.kueue_raise_token(uid, generation), own=own, plain=False,
+                                        clusters=c.clusters)
         except Conflict:
             return Outcome("conflict", retry=True, error="TrainJobConflict")
         except Refused as exc:
@@ -418,6 +472,10 @@ class Reconciler:
         except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
         return Outcome("foreign-ready")
+
+
+def _multikueue(tj: tr.TrainJobView | None) -> bool:
+    return tj is not None and tj.dispatch_object and tj.managed_by == MULTIKUEUE
 
 
 async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:

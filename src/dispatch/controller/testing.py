@@ -13,20 +13,26 @@ TrainJob running without an admitted Workload suspended, and the Workload of a d
 
 from __future__ import annotations
 
+import base64
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import httpx2
+import yaml
 
 from .. import _decision as d
 from .. import _names as n
 from .._api import Obj
 from .._identity import RecordView, record_name
+from .._kube import Kube
 from .._kueue import WorkloadView
 from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
-from ..testing import ApiFailure, FakeCluster
+from ..testing import ApiFailure, Binding, FakeCluster, Policy
+from ..testing._rbac import SHIPPED_RBAC
 
 KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
@@ -94,6 +100,8 @@ class FakeKueue:
         self.admitted: list[tuple[str, dict[str, str]]] = []
         self.refused: list[str] = []
         """Each start of a TrainJob the API server refused (a webhook); Kueue tries again on its next pass."""
+        self.active: Callable[[str, str], bool] = self._jobset_active
+        """(namespace, TrainJob) -> whether the job still reports an active Job (what an eviction waits for)."""
 
     def install(self, controller_name: str = n.CONTROLLER_NAME) -> None:
         self.server.create(KUEUE, "admissionchecks", "", {
@@ -306,11 +314,14 @@ class FakeKueue:
                     c["state"] = "Pending"
         self.server.update(KUEUE, "workloads", ns, name, evicted, status=True)
 
+    def _jobset_active(self, ns: str, tj_name: str) -> bool:
+        js = self.server.get(n.JOBSET_GROUP, "jobsets", ns, tj_name)
+        return js is not None and any(int(rj.get("active") or 0) > 0
+                                      for rj in (js.get("status") or {}).get("replicatedJobsStatus") or [])
+
     def _finish_eviction(self, wl: Obj, ns: str, tj_name: str) -> None:
         """Once JobSet reports no active Job (Terminating pods do not count), release and re-reserve."""
-        js = self.server.get(n.JOBSET_GROUP, "jobsets", ns, tj_name)
-        if js is not None and any(int(rj.get("active") or 0) > 0
-                                  for rj in (js.get("status") or {}).get("replicatedJobsStatus") or []):
+        if self.active(ns, tj_name):
             return
 
         def clear(obj: Obj) -> None:
@@ -324,6 +335,237 @@ class FakeKueue:
             _set(obj, "QuotaReserved", True, "QuotaReserved")
             _set(obj, "Requeued", True, "Preempted")
         self.server.update(KUEUE, "workloads", ns, wl["metadata"]["name"], requeue, status=True)
+
+
+# ------------------------------------------------------------------ MultiKueue
+
+MK_CHECK = "multikueue"
+ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+WORKER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "worker" / "rbac.yaml"
+MANAGER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "multikueue" / "rbac.yaml"
+
+
+def manager_policy() -> Policy:
+    """The shipped roles of a MultiKueue manager: ``deploy/base`` and ``deploy/multikueue`` together."""
+    return Policy.load(SHIPPED_RBAC.read_text() + "\n---\n" + MANAGER_RBAC.read_text())
+
+
+MANAGER_ROLES: tuple[str | Binding, ...] = (
+    "dispatch-controller", Binding("dispatch-multikueue-workers", "kueue-system", "Role"))
+
+
+class FakeMultiKueue:
+    """Kueue's MultiKueue on fake clusters: a manager and its workers, stepped by hand (``sync``).
+
+    What it plays is what Kueue v0.17.1+ does (read in its source; the fleet testbed checks it):
+    * a manager Workload is dispatched only once every check but MultiKueue's is Ready (v0.17.0 lacks that
+      gate: dispatch needs v0.17.1 or later); the remote TrainJob is a copy of the manager's labels,
+      annotations and spec at that moment, without ``managedBy`` and without Kueue's runtime patch entry, so
+      dispatch's entry (A) goes with it; the worker admits it at once (its own queueing is not modelled), and
+      MultiKueue's check turns Ready with ``status.clusterName``;
+    * an eviction on the manager suspends the remote copy, releases quota once the copy reports no active
+      Job (Terminating pods do not count), then deletes the copy with background propagation and forgets
+      the cluster (``clusterName`` is cleared); the next dispatch may go anywhere at once;
+    * a lost worker (``lose``) answers nothing and its MultiKueueCluster turns Active=False;
+      ``worker_lost_timeout`` re-queues a Workload whose worker is lost and dispatches it elsewhere while
+      the lost worker's pods may still run (the hazard; whether the real Kueue re-dispatches a TrainJob then
+      is for the fleet testbed to show).
+    The order of workers tried is ``order`` (Kueue's AllAtOnce takes whichever admits first).
+    """
+
+    def __init__(self, manager: FakeCluster, workers: dict[str, FakeCluster], *, check: str = "dispatch",
+                 kueue_namespace: str = "kueue-system", release_lost: bool = False) -> None:
+        self.manager = manager
+        self.workers = workers
+        self.kueue = FakeKueue(manager, check=check)
+        self.kueue.active = self._copy_active
+        self.kueue_namespace = kueue_namespace
+        self.release_lost = release_lost
+        """Whether the manager releases a Workload evicted while its worker is lost. Kueue's code suggests it
+        does not for a TrainJob (the status copied from the lost worker still shows an active Job, and Stop
+        waits for it); True plays the hazard: re-dispatch while the lost worker may run on."""
+        self.order = sorted(workers)
+        self.lost: set[str] = set()
+        self.placed: dict[tuple[str, str], str] = {}
+        """(namespace, Workload) -> the worker holding its copy (until MultiKueue deleted that copy)."""
+        self.dispatched: list[tuple[str, str, str]] = []
+        """(Workload, worker, the A its copy carries), in order."""
+        self._clock = 0
+
+    def _now(self) -> str:
+        self._clock += 1
+        return f"2026-01-01T00:{self._clock // 60:02d}:{self._clock % 60:02d}Z"
+
+    def install(self) -> None:
+        self.kueue.install()
+        self.manager.server.create(KUEUE, "admissionchecks", "", {
+            "metadata": {"name": MK_CHECK}, "spec": {"controllerName": "kueue.x-k8s.io/multikueue"}})
+        for name in self.workers:
+            kubeconfig = yaml.safe_dump({
+                "apiVersion": "v1", "kind": "Config", "current-context": name,
+                "clusters": [{"name": name, "cluster": {"server": f"https://{name}.fake.invalid"}}],
+                "users": [{"name": name, "user": {"token": f"token-{name}"}}],
+                "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]})
+            self.manager.server.create("", "secrets", self.kueue_namespace, {
+                "metadata": {"name": name},
+                "data": {"kubeconfig": base64.b64encode(kubeconfig.encode()).decode()}})
+            self.manager.server.create(KUEUE, "multikueueclusters", "", {
+                "metadata": {"name": name},
+                "spec": {"clusterSource": {"kubeConfig": {"location": name, "locationType": "Secret"}}},
+                "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
+                                           "message": "Connected", "lastTransitionTime": self._now()}]}})
+
+    def connect(self, text: str, source: str, timeout: float) -> Kube:
+        """The Fleet's way to a worker: the worker's fake API server, as the shipped worker reader role."""
+        server = yaml.safe_load(text)["clusters"][0]["cluster"]["server"]
+        name = server.removeprefix("https://").removesuffix(".fake.invalid")
+        worker = self.workers[name]
+        inner = worker.transport("dispatch-worker-reader", rbac=WORKER_RBAC)
+
+        async def handle(request: httpx2.Request) -> httpx2.Response:
+            if name in self.lost:
+                raise httpx2.ConnectError(f"connection to {server} refused", request=request)
+            return await inner.handle_async_request(request)
+
+        return Kube.connect(namespace="default", transport=httpx2.MockTransport(handle))
+
+    def workload_for(self, trainjob: str, namespace: str | None = None) -> str:
+        """Kueue's webhook (``managedBy`` for a queue whose ClusterQueue has MultiKueue's check) and the
+        manager's Workload, with MultiKueue's check and dispatch's, both Pending."""
+        ns = namespace or self.manager.namespace
+
+        def managed(obj: Obj) -> None:
+            obj["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+        self.manager.server.update(TRAINER, "trainjobs", ns, trainjob, managed, status=False)
+        return self.kueue.workload_for(trainjob, namespace=ns, other_checks=(MK_CHECK,))
+
+    def _active(self, name: str, up: bool) -> None:
+        def mutate(obj: Obj) -> None:
+            obj["status"]["conditions"] = [{
+                "type": "Active", "status": "True" if up else "False",
+                "reason": "Active" if up else "ClientConnectionFailed",
+                "message": "Connected" if up else "the worker's API server does not answer",
+                "lastTransitionTime": self._now()}]
+        self.manager.server.update(KUEUE, "multikueueclusters", "", name, mutate, status=True)
+
+    def lose(self, name: str) -> None:
+        """A partition: the worker answers nothing (its processes run on), Kueue marks it Active=False."""
+        self.lost.add(name)
+        self._active(name, False)
+
+    def heal(self, name: str) -> None:
+        self.lost.discard(name)
+        self._active(name, True)
+
+    def worker_lost_timeout(self) -> list[str]:
+        """``workerLostTimeout`` passed: each Workload running in a lost worker gets MultiKueue's check Retry,
+        which evicts it on the manager; its copy cannot be deleted until the worker answers again."""
+        out = []
+        for (ns, wl), worker in sorted(self.placed.items()):
+            if worker in self.lost:
+                self.kueue.evict(wl, ns, reason="AdmissionCheck")
+                out.append(wl)
+        return out
+
+    def _copy_active(self, ns: str, trainjob: str) -> bool:
+        """The manager's TrainJob status is the copy's: active while the copy runs or its JobSet reports an
+        active Job (Terminating pods do not count); stale (still active) while its worker is lost."""
+        worker = next((w for (wns, wl), w in self.placed.items() if wns == ns
+                       and self.kueue.workload_name(trainjob) == wl), None)
+        if worker is None:
+            return False
+        if worker in self.lost:
+            return not self.release_lost
+        remote = self.workers[worker]
+        copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
+        if copy_ is not None and not (copy_.get("spec") or {}).get("suspend") and \
+                not copy_["metadata"].get("deletionTimestamp"):
+            return True
+        js = remote.server.get(n.JOBSET_GROUP, "jobsets", ns, trainjob)
+        return js is not None and any(int(rj.get("active") or 0) > 0 for rj in
+                                      (js.get("status") or {}).get("replicatedJobsStatus") or [])
+
+    def sync(self) -> None:
+        """One pass of MultiKueue's workload reconciler over the manager's Workloads, then the manager's
+        Kueue (which releases an evicted Workload once its copy reports no active Job, and admits a Workload
+        whose checks are all Ready)."""
+        for wl in self.manager.server.objects(KUEUE, "workloads"):
+            ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
+            owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name", "")
+            tj = self.manager.server.get(TRAINER, "trainjobs", ns, owner)
+            if tj is None or (tj.get("spec") or {}).get("managedBy") != "kueue.x-k8s.io/multikueue":
+                continue
+            checks = {c["name"]: c for c in (wl.get("status") or {}).get("admissionChecks") or []}
+            if MK_CHECK not in checks:
+                continue
+            worker = self.placed.get((ns, name))
+            if _cond(wl, "Evicted"):
+                self._evicted(wl, ns, name, owner, worker)
+            elif worker is not None and checks[MK_CHECK].get("state") != "Ready":
+                self._remove_copy(ns, name, owner, worker)  # released: MultiKueue deletes the remote objects
+            elif (worker is None and _cond(wl, "QuotaReserved") and checks[MK_CHECK].get("state") == "Pending"
+                  and all(c.get("state") == "Ready" for k, c in checks.items() if k != MK_CHECK)):
+                self._dispatch(tj, ns, name)
+        self.kueue.sync()
+
+    def _evicted(self, wl: Obj, ns: str, name: str, trainjob: str, worker: str | None) -> None:
+        """Kueue's eviction forgets where the Workload ran; MultiKueue deactivates the remote Workload, so the
+        worker's Kueue suspends the copy."""
+        if (wl.get("status") or {}).get("clusterName"):
+            def forget(obj: Obj) -> None:
+                obj["status"].pop("clusterName", None)
+                obj["status"].pop("nominatedClusterNames", None)
+            self.manager.server.update(KUEUE, "workloads", ns, name, forget, status=True)
+        if worker is None or worker in self.lost:
+            return
+        remote = self.workers[worker]
+        copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
+        if copy_ is not None and not (copy_.get("spec") or {}).get("suspend"):
+            def suspend(obj: Obj) -> None:
+                obj["spec"]["suspend"] = True
+            remote.server.update(TRAINER, "trainjobs", ns, trainjob, suspend, status=False)
+
+    def _remove_copy(self, ns: str, name: str, trainjob: str, worker: str) -> None:
+        if worker not in self.lost:
+            remote = self.workers[worker]
+            copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
+            if copy_ is not None and not copy_["metadata"].get("deletionTimestamp"):
+                remote.server.delete(TRAINER, "trainjobs", ns, trainjob)  # background: the worker's GC goes on
+        # a lost worker's copy stays there (Kueue's GC deletes it once the worker answers again)
+        del self.placed[(ns, name)]
+
+    def _dispatch(self, tj: Obj, ns: str, name: str) -> None:
+        for worker in self.order:
+            if worker in self.lost:
+                continue
+            remote = self.workers[worker]
+            if remote.server.get(TRAINER, "trainjobs", ns, tj["metadata"]["name"]) is not None:
+                continue  # an old copy is still there (being deleted): its create would fail
+            spec = copy.deepcopy(tj["spec"])
+            spec.pop("managedBy", None)
+            spec["runtimePatches"] = [p for p in spec.get("runtimePatches") or []
+                                      if p.get("manager") != KUEUE_MANAGER]
+            spec["suspend"] = False  # created suspended, admitted at once by the worker's own Kueue
+            meta = tj["metadata"]
+            remote.server.create(TRAINER, "trainjobs", ns, {
+                "apiVersion": tj.get("apiVersion"), "kind": "TrainJob",
+                "metadata": {"name": meta["name"],
+                             "labels": {**(meta.get("labels") or {}), ORIGIN_LABEL: "multikueue",
+                                        PREBUILT_LABEL: name},
+                             "annotations": dict(meta.get("annotations") or {})},
+                "spec": spec})
+            self.placed[(ns, name)] = worker
+            a = (meta.get("annotations") or {}).get(n.ANNOTATION_ADMISSION, "")
+            self.dispatched.append((name, worker, a))
+
+            def ready(obj: Obj, worker: str = worker) -> None:
+                obj["status"]["clusterName"] = worker
+                for c in obj["status"].get("admissionChecks") or []:
+                    if c["name"] == MK_CHECK:
+                        c.update(state="Ready", message=f"The workload got reservation on \"{worker}\"")
+            self.manager.server.update(KUEUE, "workloads", ns, name, ready, status=True)
+            return
 
 
 # ------------------------------------------------------------------ dispatch's guard webhook

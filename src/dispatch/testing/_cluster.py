@@ -429,6 +429,8 @@ class FakeCluster:
             if meta.get("deletionTimestamp"):
                 continue
             ns, name = meta["namespace"], meta["name"]
+            if (tj.get("spec") or {}).get("managedBy") not in (None, TRAINER_CONTROLLER):
+                continue  # Trainer v2.3 leaves an object another controller manages (MultiKueue) alone
             suspend = bool((tj.get("spec") or {}).get("suspend"))
             runs, was_suspended = self._runs.get(meta["uid"], (0, True))
             if was_suspended and not suspend:
@@ -900,6 +902,9 @@ class FakeCluster:
     def pods(self, obj_name: str | None = None) -> list[Obj]:
         return [p for p in self.server.objects("", "pods", self.namespace)
                 if obj_name is None or _labels(p).get(JOBSET_NAME_LABEL) == obj_name]
+
+
+TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
 
 
 def _merge_pod_settings(pod: Obj, patch: Obj) -> None:

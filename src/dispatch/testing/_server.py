@@ -269,10 +269,18 @@ def _bound_with_a_raise(old: Obj, new: Obj) -> bool:
     return not uid(new) or uid(new) == uid(old) or bool(new.get("admission", 0) > old.get("admission", 0))
 
 
+def _keeps_workers(old: Obj, new: Obj) -> bool:
+    before, after = old.get("clusters"), new.get("clusters")
+    if before is None or bool(new.get("admission", 0) > old.get("admission", 0)):
+        return True
+    return isinstance(after, list) and isinstance(before, list) and all(c in after for c in before)
+
+
 RECORD_RULES: tuple[tuple[str, Callable[[Obj, Obj], bool]], ...] = (
     ("the submission a record names never changes", _same_submission),
     ("A never decreases", _never_lower),
     ("a record is bound to a TrainJob's uid only together with a raise of A", _bound_with_a_raise),
+    ("a record forgets a MultiKueue worker only together with a raise of A", _keeps_workers),
 )
 """The identity-record CRD's validation rules (deploy/base/crd.yaml), as the API server enforces them."""
 
