@@ -18,7 +18,19 @@ from ._names import (
     LABEL_SUBMISSION,
     PATCH_MANAGER,
 )
-from ._records import Cause, Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Toleration, Volume
+from ._records import (
+    Cause,
+    Cessation,
+    Identity,
+    JobSpec,
+    PodEnd,
+    RemainingPod,
+    State,
+    Status,
+    Toleration,
+    Volume,
+    Worker,
+)
 from ._views import POD_FINALIZER
 from .errors import (
     Conflict,
@@ -70,6 +82,7 @@ __all__ = [  # noqa: RUF022
     "RemainingPod",
     "Cessation",
     "PodEnd",
+    "Worker",
     "validate_spec",
     "DispatchError",
     "Unreachable",

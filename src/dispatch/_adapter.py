@@ -30,10 +30,11 @@ from . import _names as n
 from . import _trainer as tr
 from ._api import Obj
 from ._core import Core
+from ._fleet import MULTIKUEUE, Fleet, WorkerView
 from ._follow import Follower, Selection, selections
 from ._identity import RecordView
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
-from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status
+from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
@@ -122,7 +123,7 @@ class AsyncAdapter:
 
     def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
                 note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
-                record: RecordView | None = None) -> Status:
+                record: RecordView | None = None, workload: kq.WorkloadView | None = None) -> Status:
         managed = bool(tj.queue) if kueue is None else kueue
         return Status(
             name=tj.name,
@@ -138,6 +139,7 @@ class AsyncAdapter:
             managed=tj.labelled,
             created_by=tj.created_by,
             warnings=tuple(w for w in warnings if w),
+            cluster=workload.cluster_name if workload is not None else "",
         )
 
     async def inspect(self, name: str) -> Status:
@@ -146,8 +148,10 @@ class AsyncAdapter:
         tj = await self.core.trainjob(name)
         gap = d.uncovered_warning(tj, await self.core.runtime_jobs_of(tj))
         if tj.state is State.RUNNING:
+            # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
+            running_in = await self.core.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
             return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
-                                                    gap])
+                                                    gap], workload=running_in)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -157,7 +161,8 @@ class AsyncAdapter:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name), gap], record=record)
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), gap], record=record,
+                            workload=workload)
 
     async def find(
         self,
@@ -211,24 +216,29 @@ class AsyncAdapter:
 
         def gap(t: tr.TrainJobView) -> str | None:
             return d.uncovered_warning(t, runtimes.get((t.runtime_kind, t.runtime_name)))
-        if not idle:
+        fleet = any(t.managed_by == MULTIKUEUE for t in trainjobs)
+        if not idle and not fleet:
             return sorted((self._status(t, None, warnings=[gap(t)]) for t in trainjobs), key=lambda s: s.name)
+        # Kueue may manage an object without the queue-name label: its Workload says so (and, under
+        # MultiKueue, which worker runs it)
+        workloads = await self.core.workloads_by_owner()
+        if not idle:
+            return sorted((self._status(t, None, warnings=[gap(t)], workload=workloads.get(t.ref.uid))
+                           for t in trainjobs), key=lambda s: s.name)
         snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
         records = await self._records([(t.job_id, t.submission) for t in idle if t.labelled])
-        # Kueue may manage an object without the queue-name label: its Workload says so
         ours = await self.core.our_checks()
-        workloads = await self.core.workloads_by_owner()
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
-                out.append(self._status(t, None, warnings=[gap(t)]))
+                out.append(self._status(t, None, warnings=[gap(t)], workload=workloads.get(t.ref.uid)))
                 continue
             snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
                                     d.workload_note(wl), kueue=wl is not None or bool(t.queue),
                                     warnings=[d.jobs_replacement_warning(snap.jobs, t.name), gap(t)],
-                                    record=records.get((t.job_id, t.submission))))
+                                    record=records.get((t.job_id, t.submission)), workload=wl))
         return sorted(out, key=lambda s: s.name)
 
     async def _records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], RecordView | None]:
@@ -535,6 +545,17 @@ class AsyncAdapter:
                  if not v or n.label_value_problem(v)])
         return await _admin.forget(self.core, job_id, submission) is not None
 
+    async def worker_down(self, worker: str) -> Worker:
+        """Confirm that MultiKueue worker ``worker``, which Kueue has lost (Active=False), is down: its pods no
+        longer block an admission on the manager (needs ``dispatch-admin``). The confirmation names that
+        loss, so it lapses by itself if the worker comes back and is lost again. Refused for a worker Kueue
+        still reaches: a reachable worker is read, never trusted to be down."""
+        return _worker(await Fleet(self._kube).confirm_down(worker))
+
+    async def workers(self) -> list[Worker]:
+        """The MultiKueue workers (MultiKueueClusters) as Kueue sees them; empty outside a manager."""
+        return [_worker(w) for _, w in sorted((await Fleet(self._kube).workers()).items())]
+
     async def migrate(self) -> tuple[int, int]:
         """Fold the old ``dispatch-admissions`` ledger and every dispatch TrainJob's A into identity
         records, then delete the ledger (needs ``dispatch-admin``). Returns (created, raised)."""
@@ -627,6 +648,10 @@ class AsyncAdapter:
         async for line in self._kube.logs(name_of(chosen[0]), follow=follow, tail=tail, since_seconds=since_seconds,
                                           timestamps=timestamps, container=container, previous=previous):
             yield line
+
+
+def _worker(w: WorkerView) -> Worker:
+    return Worker(w.name, w.active, w.active_reason, w.active_message, w.lost_since, w.down_confirmed)
 
 
 def _pods_remain(name: str, verdict: d.Verdict) -> PodsRemain:
@@ -751,6 +776,12 @@ class Adapter:
 
     def migrate(self) -> tuple[int, int]:
         return self._run(self._async.migrate())
+
+    def worker_down(self, worker: str) -> Worker:
+        return self._run(self._async.worker_down(worker))
+
+    def workers(self) -> list[Worker]:
+        return self._run(self._async.workers())
 
     def logs(self, name: str, *, node: int = 0, follow: bool = False, tail: int | None = None,
              since_seconds: int | None = None, timestamps: bool = False, container: str | None = None,

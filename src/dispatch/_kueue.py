@@ -80,6 +80,8 @@ class WorkloadView:
     to select the TrainJobs of a batch by label, never trusted beyond that."""
     job_uid: str
     raw: Mapping[str, Any] = field(compare=False, repr=False, default_factory=dict)
+    cluster_name: str = ""
+    """``status.clusterName``: the MultiKueue worker it was admitted in (cleared by Kueue at an eviction)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> WorkloadView:
@@ -120,6 +122,7 @@ class WorkloadView:
             pod_set_identity=ident,
             job_uid=labels_of(obj).get(KUEUE_JOB_UID_LABEL, ""),
             raw=obj,
+            cluster_name=text(status.get("clusterName"))[:253],
         )
 
     @property

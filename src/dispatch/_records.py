@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 __all__ = ["Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status", "Toleration",
-           "Volume"]
+           "Volume", "Worker"]
 
 
 class State(enum.StrEnum):
@@ -118,6 +118,8 @@ class Status:
     warnings: tuple[str, ...] = ()
     """What could break the promise and is not dispatch's to fix (a runtime whose Jobs replace a
     deleting pod at once, say)."""
+    cluster: str = ""
+    """Under MultiKueue, the worker the execution was admitted in ("" elsewhere, or while none is)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON/YAML output; every field, nothing lost."""
@@ -138,8 +140,28 @@ class Status:
             "resourceVersion": self.resource_version,
             "managed": self.managed,
             "createdBy": self.created_by,
+            "cluster": self.cluster,
             "warnings": list(self.warnings),
         }
+
+
+@dataclass(frozen=True)
+class Worker:
+    """A MultiKueue worker cluster as Kueue sees it, and whether an operator confirmed it down."""
+
+    name: str
+    active: str
+    """Kueue's Active condition: "True" (connected), "False" (lost) or "Unknown"."""
+    reason: str
+    message: str
+    lost_since: str
+    """When Kueue lost it ("" while Active)."""
+    confirmed_down: bool
+    """An operator confirmed this loss is the worker being down: its pods no longer block admission."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "active": self.active, "reason": self.reason, "message": self.message,
+                "lostSince": self.lost_since, "confirmedDown": self.confirmed_down}
 
 
 @dataclass(frozen=True)

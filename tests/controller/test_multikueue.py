@@ -122,6 +122,13 @@ async def test_first_execution_runs_in_a_worker_with_the_a_the_manager_issued() 
     assert record["spec"]["clusters"] == ["worker-1", "worker-2"]
     # the manager's own TrainJob never has pods: Trainer leaves an object MultiKueue manages alone
     assert manager.pods(NAME) == []
+    # status says where it runs, from the manager alone (the writer's role reads no worker)
+    adapter = await writer(manager)
+    status = await adapter.inspect(NAME)
+    assert (status.state.value, status.cluster, status.identity.admission) == ("Running", "worker-1", 1)
+    [found] = await adapter.find()
+    assert found.cluster == "worker-1"
+    await adapter.aclose()
 
 
 async def test_preemption_waits_for_the_workers_terminating_pod_then_admits_a2_anywhere() -> None:

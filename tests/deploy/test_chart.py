@@ -379,3 +379,23 @@ def test_labels_for_services_and_the_prometheus_objects(tools: tuple[Path, Path]
     assert sm["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     [rule] = [d for d in docs if d["kind"] == "PrometheusRule"]
     assert rule["metadata"]["labels"]["release"] == "kps"
+
+
+def test_multikueue_roles_are_deploys_and_only_on_request(tools: tuple[Path, Path]) -> None:
+    """A manager's Secret reader and a worker's reader render only when asked for, equal to deploy/multikueue
+    and deploy/worker; Kueue's namespace lands in the Role and the controller's flag."""
+    plain = chart(tools)
+    assert not [d for d in plain if d["metadata"]["name"] in ("dispatch-multikueue-workers", "dispatch-worker-reader")]
+    docs = by_key(chart(tools, "multikueue.workerSecrets={worker-1,worker-2}", "multikueue.workerReader.enabled=true"))
+    _, kubectl = tools
+    for part in ("multikueue", "worker"):
+        shipped = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / part)], capture_output=True,
+                                       text=True, check=True).stdout)
+        for obj in shipped:
+            assert without_allowed(docs[key(obj)]) == obj, key(obj)
+    moved = chart(tools, "multikueue.workerSecrets={w-a}", "multikueue.kueueNamespace=kueue-alt")
+    [role] = [d for d in moved if d["kind"] == "Role" and d["metadata"]["name"] == "dispatch-multikueue-workers"]
+    assert role["metadata"]["namespace"] == "kueue-alt" and role["rules"][0]["resourceNames"] == ["w-a"]
+    assert "--kueue-namespace=kueue-alt" in container(moved)["args"]
+    bad = render(tools, "multikueue.workerSecrets={Not_A_Name}", check=False)
+    assert bad.returncode != 0 and "workerSecrets" in bad.stderr

@@ -576,6 +576,49 @@ def admin_release_pod(
     emit(state, {"pod": pod, "released": True, **end.to_dict()}, human, names=[resource_name(PODS, pod)])
 
 
+@admin_app.command("worker-down", epilog=EXIT_CODES_HELP)
+def admin_worker_down(
+    ctx: typer.Context,
+    worker: Annotated[str, typer.Argument(metavar="WORKER", help="The MultiKueueCluster's name.")],
+    output: OutputOpt = None,
+) -> None:
+    """Confirm that a MultiKueue worker Kueue has lost is down, on the manager.
+
+    dispatch's check on the manager waits while a worker the previous execution may have run in cannot be
+    read: nothing proves its pods stopped. Once you know the worker's machines are off (or its API server
+    and nodes are gone for good), this is the proof. It is written on the MultiKueueCluster and names the
+    loss Kueue saw (its Active=False transition), so it lapses by itself when the worker comes back.
+    Refused for a worker Kueue still reaches.
+    """
+    state = _state(ctx, output, None)
+    with guard(state):
+        w = state.adapter().worker_down(worker)
+
+    def human() -> None:
+        state.out.print(f"worker {escape(w.name)} confirmed down (Kueue lost it at {escape(w.lost_since)}: "
+                        f"{escape(w.reason)})")
+
+    emit(state, w.to_dict(), human)
+
+
+@admin_app.command("workers", epilog=EXIT_CODES_HELP)
+def admin_workers(ctx: typer.Context, output: OutputOpt = None) -> None:
+    """List the MultiKueue workers as Kueue sees them, and which are confirmed down."""
+    state = _state(ctx, output, None)
+    with guard(state):
+        workers = state.adapter().workers()
+
+    def human() -> None:
+        grid = Grid([Column("WORKER"), Column("KUEUE"), Column("REASON"), Column("LOST SINCE"),
+                     Column("CONFIRMED DOWN")])
+        for w in workers:
+            grid.add([w.name, f"Active={w.active}", w.reason or "-", w.lost_since or "-",
+                      "yes" if w.confirmed_down else "no"])
+        show(state, grid)
+
+    emit(state, {"items": [w.to_dict() for w in workers]}, human)
+
+
 @admin_app.command("migrate", epilog=EXIT_CODES_HELP)
 def admin_migrate(ctx: typer.Context, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
     """Fold the old dispatch-admissions ConfigMap and every dispatch TrainJob's A into identity records.

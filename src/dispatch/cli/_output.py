@@ -182,7 +182,7 @@ def status_grid(statuses: Sequence[Status], *, wide: bool = False, namespaces: b
             state_text(s.state.value),
             f"{s.identity.job_id}/{s.identity.submission}" if s.managed else "-",
             str(s.identity.admission) if s.managed else "-",
-            s.mode if not s.queue else f"{s.mode} ({s.queue})",
+            (s.mode if not s.queue else f"{s.mode} ({s.queue})") + (f" in {s.cluster}" if s.cluster else ""),
             age(s.created),
         ]
         if mixed:

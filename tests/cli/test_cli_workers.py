@@ -1,0 +1,42 @@
+"""`dispatch admin workers` and `dispatch admin worker-down` on a fake MultiKueue manager (the admin role)."""
+
+from __future__ import annotations
+
+from dispatch.controller.testing import FakeMultiKueue
+from dispatch.testing import FakeCluster
+
+from .cli_harness import Cli
+
+
+def manager() -> tuple[Cli, FakeMultiKueue]:
+    cluster = FakeCluster()
+    workers = {"worker-1": FakeCluster(), "worker-2": FakeCluster()}
+    mk = FakeMultiKueue(cluster, workers)
+    mk.install()
+    return Cli(cluster), mk
+
+
+def test_workers_lists_what_kueue_sees_piped_one_row_per_line() -> None:
+    cli, mk = manager()
+    mk.lose("worker-1")
+    out = cli("admin", "workers")
+    assert out.exit_code == 0, out.output
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["WORKER", "KUEUE", "REASON", "LOST", "SINCE", "CONFIRMED", "DOWN"]
+    assert lines[1].split()[:3] == ["worker-1", "Active=False", "ClientConnectionFailed"]
+    assert lines[1].split()[-1] == "no"
+    assert lines[2].split() == ["worker-2", "Active=True", "Active", "-", "no"]
+
+
+def test_worker_down_confirms_a_lost_worker_and_refuses_a_reachable_one() -> None:
+    cli, mk = manager()
+    refused = cli("admin", "worker-down", "worker-2")
+    assert refused.exit_code == 4, refused.output
+    assert "only a worker Kueue has lost (Active=False) can be confirmed down" in refused.output
+    mk.lose("worker-1")
+    done = cli.json("admin", "worker-down", "worker-1")
+    assert done["name"] == "worker-1" and done["confirmedDown"] is True and done["active"] == "False"
+    listed = cli.json("admin", "workers")["items"]
+    assert [(w["name"], w["confirmedDown"]) for w in listed] == [("worker-1", True), ("worker-2", False)]
+    missing = cli("admin", "worker-down", "worker-9")
+    assert missing.exit_code != 0 and "multikueuecluster worker-9 not found" in missing.output
