@@ -255,9 +255,40 @@ class AsyncAdapter:
         tj = await self.core.trainjob_or_none(name)
         target = Target.of(tj) if tj is not None else Target(name)
         snap = await self.core.read_one(target)
-        return d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
+        here = d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
                            pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
                            kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
+        if tj is None or tj.managed_by != MULTIKUEUE or not here.ceased:
+            return here
+        return await self._ceased_across(tj, snap.verdict(target), here)
+
+    async def _ceased_across(self, tj: tr.TrainJobView, local: d.Verdict, here: Cessation) -> Cessation:
+        """Under MultiKueue the pods are in workers: read them as dispatch's check does, where this role may."""
+        fleet = Fleet(self._kube)
+        try:
+            workers = await fleet.workers()
+            record = (await self._records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
+            names = set(workers) | set(record.clusters if record is not None else ())
+            reads = await fleet.read(self.namespace, [Target.of(tj)], names, workers)
+        except Forbidden:
+            return Cessation(False, f"trainjob {tj.name} is dispatched by MultiKueue: its pods are in worker clusters, "
+                             "which this role cannot read; dispatch's check on the manager reads them "
+                             f"(`dispatch status {tj.name}` shows what it says)")
+        finally:
+            await fleet.aclose()
+        ran = max(record.admission if record is not None else 0, tj.admission) > 0
+        seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.of(tj))) if not r.problem
+                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down) for w, r in sorted(reads.items())
+                if not r.problem or ran]
+        verdict = d.across(local, seen)
+        if not verdict.admissible:
+            return Cessation(False, verdict.detail(), remaining=verdict.remaining, ends=here.ends)
+        confirmed = [w.worker for w in seen if w.verdict is None]
+        read = [w.worker for w in seen if w.verdict is not None]
+        why = f"{here.reason}; no pod remains in worker {', '.join(read)}" if read else here.reason
+        if confirmed:
+            why += f"; worker {', '.join(confirmed)} confirmed down by an operator"
+        return Cessation(True, why, ends=here.ends)
 
     # ------------------------------------------------------------------ writes
 

@@ -22,9 +22,10 @@ from .cli_harness import Cli
 STATUS_KEYS = {
     "name", "namespace", "state", "identity", "cause", "mode", "queue", "created", "remaining", "resourceVersion",
     "managed", "createdBy",
-    "warnings",
+    "warnings", "cluster",
 }
-POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held", "why"}
+POD_KEYS = {"name", "node", "nodeState", "phase", "terminating", "admission", "deletionTimestamp", "held", "why",
+            "cluster"}
 
 
 def trainjob(cli: Cli, name: str) -> dict[str, Any]:

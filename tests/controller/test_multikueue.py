@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, AsyncAdapter, JobSpec, _fleet
 from dispatch import _kube as k
 from dispatch._fleet import WORKER_DOWN, Fleet
 from dispatch.controller import Config, Controller
@@ -99,6 +99,15 @@ def power_off(worker: FakeCluster) -> None:
                              lambda obj: obj["status"].update(phase="Failed"), status=True)
 
 
+async def reader_of_workers(manager: FakeCluster, mk: FakeMultiKueue, monkeypatch: pytest.MonkeyPatch
+                            ) -> AsyncAdapter:
+    """A library user whose role reads the workers as the controller does (the shipped manager roles)."""
+    monkeypatch.setattr(_fleet, "_connect", mk.connect)  # the library's own Fleet reaches the fake workers
+    kb = k.Kube.connect(namespace="default", transport=manager.transport(roles=MANAGER_ROLES,
+                                                                         rbac=manager_policy()))
+    return AsyncAdapter(kb, read_only=True)
+
+
 async def running_a1(manager: FakeCluster, workers: dict[str, FakeCluster], mk: FakeMultiKueue) -> str:
     adapter = await writer(manager)
     await adapter.open(SPEC)
@@ -131,7 +140,8 @@ async def test_first_execution_runs_in_a_worker_with_the_a_the_manager_issued() 
     await adapter.aclose()
 
 
-async def test_preemption_waits_for_the_workers_terminating_pod_then_admits_a2_anywhere() -> None:
+async def test_preemption_waits_for_the_workers_terminating_pod_then_admits_a2_anywhere(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     manager, workers, mk = fleet()
     async with controller(manager, mk):
         wl = await running_a1(manager, workers, mk)
@@ -146,6 +156,18 @@ async def test_preemption_waits_for_the_workers_terminating_pod_then_admits_a2_a
         expected = f"worker-1/{old_pod} on node-0"
         await until(lambda: expected in entry(mk, wl)["message"], what="the check naming the worker's pod")
         assert entry(mk, wl)["state"] == "Pending"
+        # ceased, asked on the manager: the writer's role reads no worker and says so; a role that reads
+        # the workers (here the controller's) names the pod in worker-1
+        adapter = await writer(manager)
+        blind = await adapter.ceased(NAME)
+        assert not blind.ceased and "which this role cannot read" in blind.reason
+        await adapter.aclose()
+        assert [d[1:] for d in manager.server.denied] == [("GET", "/apis/kueue.x-k8s.io/v1beta2/multikueueclusters")]
+        manager.server.denied.clear()  # the writer's expected 403, not the controller's
+        seeing = await reader_of_workers(manager, mk, monkeypatch)
+        told = await seeing.ceased(NAME)
+        assert not told.ceased and f"worker-1/{old_pod}" in told.reason, told.reason
+        await seeing.aclose()
         mk.order = ["worker-2", "worker-1"]
         step(mk)
         assert len(mk.dispatched) == 1, "MultiKueue dispatched again while dispatch's check was Pending"
