@@ -697,8 +697,10 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
         "controller_name": CONTROLLER_NAME, "metrics_bind_address": ":8443",
         "metrics_secure": True, "metrics_cert_dir": "/certs",
         "guard_port": None, "guard_cert_dir": "",
-        "guard_webhook": "dispatch-guard",
+        "guard_webhook": "dispatch-guard", "kueue_namespace": "kueue-system",
     }]
+    cli("controller", "--kueue-namespace", "kueue-alt")
+    assert calls[-1]["kueue_namespace"] == "kueue-alt"
     cli("controller", "--guard-port", "9443", "--guard-cert-dir", "certs", "--guard-webhook", "")
     assert (calls[-1]["guard_port"], calls[-1]["guard_cert_dir"], calls[-1]["guard_webhook"]) == (9443, "certs", "")
     cli("controller", "-n", "other")
@@ -737,7 +739,7 @@ def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
         "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
         "identity", "workers", "batch", "resync_seconds", "foreign", "log_level", "controller_name",
         "metrics_bind_address", "metrics_secure", "metrics_cert_dir",
-        "guard_port", "guard_cert_dir", "guard_webhook",
+        "guard_port", "guard_cert_dir", "guard_webhook", "kueue_namespace",
     }
 
 
