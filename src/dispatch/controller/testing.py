@@ -408,11 +408,12 @@ class FakeMultiKueue:
                 "users": [{"name": name, "user": {"token": f"token-{name}"}}],
                 "contexts": [{"name": name, "context": {"cluster": name, "user": name}}]})
             self.manager.server.create("", "secrets", self.kueue_namespace, {
-                "metadata": {"name": name},
+                "metadata": {"name": f"{name}-kubeconfig"},
                 "data": {"kubeconfig": base64.b64encode(kubeconfig.encode()).decode()}})
             self.manager.server.create(KUEUE, "multikueueclusters", "", {
                 "metadata": {"name": name},
-                "spec": {"clusterSource": {"kubeConfig": {"location": name, "locationType": "Secret"}}},
+                "spec": {"clusterSource": {"kubeConfig": {"location": f"{name}-kubeconfig",
+                                                          "locationType": "Secret"}}},
                 "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Active",
                                            "message": "Connected", "lastTransitionTime": self._now()}]}})
 
