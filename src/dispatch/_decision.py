@@ -23,6 +23,7 @@ from ._names import (
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
+    MULTIKUEUE_ORIGIN_LABEL,
     PATCH_MANAGER,
     POD_KEPT_LABELS,
 )
@@ -912,6 +913,39 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     return None
 
 
+def multikueue_copy(tj: TrainJobView) -> bool:
+    """A worker's copy of a manager's TrainJob: MultiKueue made it, and the manager's dispatch issued its A."""
+    return MULTIKUEUE_ORIGIN_LABEL in tj.labels
+
+
+def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, workload: WorkloadView | None,
+                    runtime_jobs: Sequence[str] | None) -> str | None:
+    """Why a MultiKueue copy may not start in this worker, or None. The manager's dispatch issued A and read
+    every worker before MultiKueue made the copy; here the guard keeps the worker's own half: the copy starts
+    only through the worker's Kueue (its Workload admitted), with the A its pods will carry."""
+    what = f"trainjob {new.name} cannot start"
+    if operation == "CREATE" or old is None:
+        return (f"{what}: a MultiKueue copy is created suspended and started by its worker's Kueue once it "
+                "admits the copy's Workload")
+    if not new.dispatch_object:
+        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
+    if gap:
+        return f"{what}: {gap}"
+    if new.admission < 1:
+        return (f"{what}: this MultiKueue copy carries no A: the manager's dispatch raises A on the TrainJob "
+                "before MultiKueue copies it")
+    if new.patch_admission != new.admission:
+        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={new.admission}"
+    effective = effective_problem(new)
+    if effective:
+        return effective
+    if workload is None or not workload.admitted or workload.evicted or workload.finished or workload.deleting:
+        name = f" {workload.ref.name}" if workload is not None else ""
+        return f"{what}: this worker's Kueue has not admitted the copy's workload{name}"
+    return None
+
+
 def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
           record: RecordView | None, workload: WorkloadView | None = None,
           runtime_jobs: Sequence[str] | None = None) -> str | None:
@@ -955,6 +989,8 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
+    if multikueue_copy(new):
+        return _copy_not_armed(operation, old, new, workload, runtime_jobs)
     return _not_armed(operation, old, new, record, workload, runtime_jobs)
 
 

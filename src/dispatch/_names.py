@@ -38,6 +38,10 @@ POD_KEPT_LABELS = (
 controller's selections): the pod policy keeps them as they were created (``deploy/base/guard.yaml``,
 ``dispatch-pods``), so no writer can hide a pod that may run from the rule's two selections."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
+"""MultiKueue's label on the objects it creates in a worker (the copy of a manager's TrainJob, its Workload)."""
+PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+"""The Workload a MultiKueue copy is admitted through, in its worker (a label, or an annotation of that key)."""
 KUEUE_PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 KUEUE_JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 OUT_OF_SERVICE_TAINT = "node.kubernetes.io/out-of-service"

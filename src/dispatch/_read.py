@@ -354,6 +354,21 @@ class Reader:
             return None  # Kueue is not installed
         return kq.WorkloadView.from_obj(found.items[0]) if found.items else None
 
+    async def copy_workload(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
+        """In a MultiKueue worker, the Workload a copy is admitted through: the one MultiKueue prebuilt (named
+        by the copy's label or annotation), once the worker's Kueue made the copy its owner."""
+        name = tj.labels.get(n.PREBUILT_WORKLOAD_LABEL) or tj.prebuilt_workload
+        if not name or not tj.ref.uid:
+            return None
+        try:
+            obj = await self.kube.get_or_none(api.WORKLOADS, name)
+        except NotFound:
+            return None  # Kueue is not installed
+        if obj is None:
+            return None
+        view = kq.WorkloadView.from_obj(obj)
+        return view if view.owner is not None and view.owner.uid == tj.ref.uid else None
+
     async def workloads_by_owner(self) -> dict[str, kq.WorkloadView]:
         """Every Workload of the namespace by its owner's uid (empty where Kueue is not installed)."""
         out: dict[str, kq.WorkloadView] = {}

@@ -26,6 +26,7 @@ from ._names import (
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     PATCH_MANAGER,
+    PREBUILT_WORKLOAD_LABEL,
     TRAINER_GROUP,
 )
 from ._records import Identity, JobSpec, State, Toleration, Volume
@@ -106,6 +107,8 @@ class TrainJobView:
     """``spec.runtimeRef``: the runtime Trainer builds the JobSet from (its replicatedJobs as they are now)."""
     managed_by: str = ""
     """``spec.managedBy`` ("" for Trainer's own controller); MultiKueue's value means a worker runs a copy."""
+    prebuilt_workload: str = ""
+    """A MultiKueue copy's Workload when Kueue names it by annotation rather than label."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:
@@ -164,6 +167,7 @@ class TrainJobView:
             or "ClusterTrainingRuntime",
             runtime_name=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("name")),
             managed_by=text(mapping(obj.get("spec")).get("managedBy"))[:253],
+            prebuilt_workload=ann.get(PREBUILT_WORKLOAD_LABEL, "")[:253],
         )
 
     @property

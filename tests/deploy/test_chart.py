@@ -386,7 +386,8 @@ def test_multikueue_roles_are_deploys_and_only_on_request(tools: tuple[Path, Pat
     and deploy/worker; Kueue's namespace lands in the Role and the controller's flag."""
     plain = chart(tools)
     assert not [d for d in plain if d["metadata"]["name"] in ("dispatch-multikueue-workers", "dispatch-worker-reader")]
-    docs = by_key(chart(tools, "multikueue.workerSecrets={worker-1-kubeconfig,worker-2-kubeconfig}", "multikueue.workerReader.enabled=true"))
+    docs = by_key(chart(tools, "multikueue.workerSecrets={worker-1-kubeconfig,worker-2-kubeconfig}",
+                        "multikueue.workerReader.enabled=true"))
     _, kubectl = tools
     for part in ("multikueue", "worker"):
         shipped = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / part)], capture_output=True,

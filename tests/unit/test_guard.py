@@ -379,3 +379,46 @@ def test_the_identity_policy_alone_refuses_what_the_cel_policy_refuses_and_nothi
     assert d.identity_policy("UPDATE", tj(suspend=True), tj(suspend=False)) is None   # a start: the webhook's
     assert d.identity_policy("UPDATE", tj(a=3, patch_a=3), tj(a=3, patch_a=2)) is None  # the webhook's rule
     assert d.identity_policy("UPDATE", tj(labels={}), tj(labels={})) is None          # not a dispatch object
+
+
+# --------------------------------------------------------------------------- a MultiKueue copy in its worker
+
+COPY_LABELS = {**LABELS, "kueue.x-k8s.io/multikueue-origin": "multikueue",
+               "kueue.x-k8s.io/prebuilt-workload-name": "trainjob-llama-s1-abc"}
+
+
+def copy_start(a: int = 3, patch_a: int | None = None) -> tuple[TrainJobView, TrainJobView]:
+    """The worker's Kueue unsuspends the copy MultiKueue made of the manager's TrainJob (A raised there; no
+    record, token or started mark means anything in this worker)."""
+    return (tj(a=a, patch_a=patch_a, labels=COPY_LABELS, token="manager-wl/5", generation=2),
+            tj(suspend=False, a=a, patch_a=patch_a, labels=COPY_LABELS, token="manager-wl/5", generation=3))
+
+
+def test_a_copy_started_by_its_workers_kueue_is_allowed_without_a_record_there() -> None:
+    old, new = copy_start()
+    assert d.multikueue_copy(new) and not d.multikueue_copy(tj())
+    assert d.guard("UPDATE", old, new, CLEAR, None, workload(checked=False)) is None
+
+
+def test_a_copy_keeps_the_local_rule() -> None:
+    old, new = copy_start()
+    assert d.guard("UPDATE", old, new, PODS, None, workload()) == (
+        "trainjob llama-s1 cannot start: remaining pods: llama-s1-node-0-0-x on node-1 (Ready)")
+
+
+@pytest.mark.parametrize(("case", "expected"), [
+    ("not admitted", "this worker's Kueue has not admitted the copy's workload trainjob-llama-s1-abc"),
+    ("evicted", "this worker's Kueue has not admitted the copy's workload trainjob-llama-s1-abc"),
+    ("no workload", "this worker's Kueue has not admitted the copy's workload"),
+    ("no A", "this MultiKueue copy carries no A"),
+    ("pods carry another A", "its pods would carry A=2 but the TrainJob carries A=3"),
+    ("created running", "a MultiKueue copy is created suspended"),
+])
+def test_a_copy_that_is_not_armed_is_denied(case: str, expected: str) -> None:
+    old, new = copy_start(a=0) if case == "no A" else copy_start(patch_a=2) if case == "pods carry another A" \
+        else copy_start()
+    wl = {"not admitted": workload(admitted=False), "evicted": workload(evicted=True),
+          "no workload": None}.get(case, workload())
+    operation, before = ("CREATE", None) if case == "created running" else ("UPDATE", old)
+    msg = d.guard(operation, before, new, CLEAR, None, wl)
+    assert msg is not None and expected in msg, msg

@@ -224,7 +224,8 @@ class Guard:
         target = Target.of(new)
         snap, record, workload, jobs = await asyncio.gather(
             core.read_one(target), core.record(new.job_id, new.submission),
-            core.workload_of(new) if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
+            (core.copy_workload(new) if d.multikueue_copy(new) else core.workload_of(new))
+            if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
         return d.guard(operation, old, new, snap.verdict(target), record, workload, jobs)
 
     async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
