@@ -31,6 +31,7 @@ class _Defaults:
     guard_port: int | None = None
     guard_cert_dir: str = ""
     guard_webhook: str = "dispatch-guard"
+    kueue_namespace: str = "kueue-system"
 
 
 DEFAULTS: Any = _Defaults()
