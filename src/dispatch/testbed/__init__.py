@@ -6,7 +6,8 @@ and Kueue, all built from Go modules and run as local processes. Use :func:`up` 
 node's kubelet) vanish and come back. Where the host allows, a real node (:func:`real_node`: the stack's
 kubelet, containerd, runc) runs real processes beside the KWOK nodes. Several stacks of versions live side
 by side (``testbed/stacks/NAME``), picked by :func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See
-``testbed/README.md`` in the repo.
+``testbed/README.md`` in the repo. :mod:`dispatch.testbed.fleet` starts a MultiKueue manager and two workers
+beside it.
 """
 
 from __future__ import annotations
@@ -26,8 +27,10 @@ from dispatch.testbed._cluster import (
     real_node_problem,
     reconfigure_kueue,
     regular_nodes,
+    start_component,
     start_real_node,
     status,
+    stop_component,
     stop_real_node,
     thaw,
     up,
@@ -59,8 +62,10 @@ __all__ = [
     "select_stack",
     "stack",
     "stacks",
+    "start_component",
     "start_real_node",
     "status",
+    "stop_component",
     "stop_real_node",
     "thaw",
     "up",
