@@ -60,6 +60,16 @@ ROLES = ("", "manager", "worker")
 MANAGER_COMPONENTS = ("etcd", "kube-apiserver", "trainer", "kueue", "kube-controller-manager")
 
 
+def trainer_honours_managed_by(version: str) -> bool:
+    """Trainer leaves a TrainJob with ``spec.managedBy: kueue.x-k8s.io/multikueue`` alone from v2.3.0 on; an
+    older one would build the manager's JobSet and write its status, racing MultiKueue's status copy."""
+    parts = version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 3)
+    except (IndexError, ValueError):
+        return False
+
+
 def _log(msg: str) -> None:
     print(f"[testbed {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
@@ -234,7 +244,8 @@ def _role() -> str:
 
 def _component_names() -> list[str]:
     if _role() == "manager":
-        return list(MANAGER_COMPONENTS)
+        off = (_read_state() or {}).get("trainer") == "off"
+        return [n for n in MANAGER_COMPONENTS if not (off and n == "trainer")]
     real = ["containerd", "kubelet"] if (_read_state() or {}).get("real-node") else []
     return [
         "etcd",
@@ -581,6 +592,11 @@ def _up() -> Path:
         state["role"] = role
     if multikueue is not None:
         state["multikueue"] = json.dumps(multikueue)
+    # a manager runs Trainer (its webhook checks runtimes) only where Trainer honours managedBy; else the
+    # manager has Trainer's CRDs and runtimes only, as Kueue's docs ask for Trainer v2.2
+    run_trainer = not manager or trainer_honours_managed_by(_paths.versions()["TRAINER_VERSION"])
+    if not run_trainer:
+        state["trainer"] = "off"
     _state_file().write_text(json.dumps(state))
     _log(f"starting stack {_paths.stack()} in {rt} (usually under a minute)")
     kubeconfig = str(_paths.kubeconfig_path())
@@ -671,11 +687,12 @@ def _up() -> Path:
     if not manager:  # a manager's TrainJobs are MultiKueue's: no JobSet is ever made there
         _start("jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"],
                ctl_env)
-    _start(
-        "trainer",
-        [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
-        {**ctl_env, "TMPDIR": str(trainer_tmp)},
-    )
+    if run_trainer:
+        _start(
+            "trainer",
+            [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
+            {**ctl_env, "TMPDIR": str(trainer_tmp)},
+        )
     _start("kueue", [b["kueue"], f"--config={cfgdir / 'kueue.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env)
     _start(
         "kube-controller-manager",
@@ -786,8 +803,10 @@ def _multikueue_from_env() -> Obj:
 def _up_manager(t0: float, state: dict[str, str], mods: _paths.Modules, bundle: str, cfgdir: Path) -> Path:
     """The rest of a fleet manager's start: Trainer's and Kueue's webhooks, the runtimes (Trainer's webhook
     refuses a TrainJob whose runtime is missing), Kueue's queues. No nodes: nothing runs here."""
-    _wait(["trainer", "kueue"])
-    webhooks = mf.trainer_webhooks(mods.trainer, bundle) + mf.kueue_webhooks(mods.kueue, bundle)
+    run_trainer = state.get("trainer") != "off"
+    _wait(["trainer", "kueue"] if run_trainer else ["kueue"])
+    webhooks = (mf.trainer_webhooks(mods.trainer, bundle) if run_trainer else []) + mf.kueue_webhooks(mods.kueue,
+                                                                                                     bundle)
     (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
     _apply(webhooks)
     _log(f"{len(webhooks)} webhook configurations registered")
