@@ -301,3 +301,21 @@ def test_freeze_and_thaw_a_worker_node(up: fleet.Fleet) -> None:
         fleet.thaw("worker-2", "node-2")
     wait_for("worker-2 node-2 Ready again", lambda: cond(get("worker-2", "node", "node-2"), "Ready") == "True",
              timeout=60)
+
+
+def test_worker_lost_timeout_is_settable(up: fleet.Fleet) -> None:
+    cfg_path = up.manager.runtime_dir / "config" / "kueue.yaml"
+    fleet.reconfigure(worker_lost_timeout="30s", gc_interval="20s")
+    try:
+        import yaml
+
+        assert yaml.safe_load(cfg_path.read_text())["multiKueue"] == {"workerLostTimeout": "30s",
+                                                                       "gcInterval": "20s"}
+        def connected() -> bool:
+            return all(cond(get("manager", "multikueuecluster", n), "Active") == "True"
+                       for n in ("worker-1", "worker-2"))
+
+        wait_for("both workers connected again after Kueue's restart", connected, timeout=60)
+    finally:
+        fleet.reconfigure()
+    assert yaml.safe_load(cfg_path.read_text())["multiKueue"] == {}
