@@ -185,55 +185,85 @@ def test_fleet_layout_is_apart_from_the_single_testbed(up: fleet.Fleet) -> None:
     assert fleet.memory() > 0
 
 
-def test_trainjob_runs_in_one_worker_then_eviction_removes_it(up: fleet.Fleet, ns: str) -> None:
-    workers = tuple(w.name for w in up.workers)
-    obs = Observer(ns, workers)
+def dispatched(workers: tuple[str, ...], ns: str, obs: Observer) -> tuple[str, str]:
+    """Queue TrainJob ``tj`` on the manager and check MultiKueue ran it in exactly one worker; returns that
+    worker and the manager's Workload name."""
+    fleet.kubectl("manager", "apply", "-f", "-", input=json.dumps(trainjob("tj", ns)))
+    obs.note("manager: TrainJob tj created")
+    mtj = get("manager", "trainjob", "tj", "-n", ns)
+    assert mtj["spec"].get("managedBy") == "kueue.x-k8s.io/multikueue"  # Kueue's webhook defaulted it
+
+    def remote_running() -> list[str]:
+        return [w for w in workers if any(
+            p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+            for p in get(w, "pods", "-n", ns)["items"])]
+
+    took = wait_for("pods Running in a worker", remote_running, timeout=90)
+    obs.note(f"test: pods Running in a worker ({took:.1f}s after the wait began)")
+    (chosen,) = remote_running()
+    other = next(w for w in workers if w != chosen)
+    # MultiKueue's remote TrainJob exists in exactly one worker
+    wait_for("the other worker's remote objects gone",
+             lambda: not get(other, "trainjobs", "-n", ns)["items"]
+             and not get(other, "workloads", "-n", ns)["items"], timeout=30)
+    assert [t["metadata"]["name"] for t in get(chosen, "trainjobs", "-n", ns)["items"]] == ["tj"]
+    rtj = get(chosen, "trainjob", "tj", "-n", ns)
+    assert rtj["metadata"]["labels"].get("kueue.x-k8s.io/multikueue-origin")
+    assert rtj["spec"].get("managedBy") in (None, "trainer.kubeflow.org/trainjob-controller")
+    # its pods run on that worker's KWOK nodes
+    nodes = {n["metadata"]["name"]: n for n in get(chosen, "nodes")["items"]}
+    pods = get(chosen, "pods", "-n", ns)["items"]
+    assert len(pods) == 1
+    assert nodes[pods[0]["spec"]["nodeName"]]["metadata"]["annotations"].get("kwok.x-k8s.io/node")
+    # the manager's Workload names that cluster; the manager itself has no JobSet and no pod
+    wls = get("manager", "workloads", "-n", ns)["items"]
+    assert len(wls) == 1
+    wl_name = wls[0]["metadata"]["name"]
+    wait_for("manager Workload names the worker",
+             lambda: get("manager", "workload", wl_name, "-n", ns)["status"].get("clusterName") == chosen)
+    wl = get("manager", "workload", wl_name, "-n", ns)
+    mk_check = [c for c in wl["status"]["admissionChecks"] if c["name"] == "multikueue"]
+    assert mk_check and mk_check[0]["state"] == "Ready"
+    assert get("manager", "pods", "-n", ns)["items"] == []
+    assert get("manager", "jobsets", "-n", ns)["items"] == []
+    # the manager's TrainJob status follows the remote's
+    wait_for("manager TrainJob status copied", lambda: get("manager", "trainjob", "tj", "-n", ns).get(
+        "status", {}).get("jobsStatus") == get(chosen, "trainjob", "tj", "-n", ns).get("status", {}).get(
+        "jobsStatus") and get("manager", "trainjob", "tj", "-n", ns)["status"]["jobsStatus"][0].get("active"))
+    obs.note(f"test: checks passed (remote in {chosen} only, manager Workload clusterName={chosen})")
+    return chosen, wl_name
+
+
+def observed(up: fleet.Fleet, ns: str) -> Observer:
+    return Observer(ns, tuple(w.name for w in up.workers))
+
+
+def test_trainjob_runs_in_exactly_one_worker(up: fleet.Fleet, ns: str) -> None:
+    obs = observed(up, ns)
     obs.start()
     try:
-        fleet.kubectl("manager", "apply", "-f", "-", input=json.dumps(trainjob("tj", ns)))
-        obs.note("manager: TrainJob tj created")
-        mtj = get("manager", "trainjob", "tj", "-n", ns)
-        assert mtj["spec"].get("managedBy") == "kueue.x-k8s.io/multikueue"  # Kueue's webhook defaulted it
+        chosen, _ = dispatched(obs.workers, ns, obs)
+        time.sleep(3)  # and stays there
+    finally:
+        obs.stop()
+        print(f"\nMultiKueue dispatch (namespace {ns}, {obs.samples} samples of both workers):\n{obs.report()}")
+    assert obs.running_in == {chosen}
+    assert obs.overlaps == [], obs.overlaps
 
-        def remote_running() -> list[str]:
-            return [w for w in workers if any(
-                p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
-                for p in get(w, "pods", "-n", ns)["items"])]
 
-        took = wait_for("pods Running in a worker", remote_running, timeout=90)
-        obs.note(f"test: pods Running in a worker ({took:.1f}s after the wait began)")
-        (chosen,) = remote_running()
-        other = next(w for w in workers if w != chosen)
-        # MultiKueue's remote TrainJob exists in exactly one worker
-        wait_for("the other worker's remote objects gone",
-                 lambda: not get(other, "trainjobs", "-n", ns)["items"]
-                 and not get(other, "workloads", "-n", ns)["items"], timeout=30)
-        assert [t["metadata"]["name"] for t in get(chosen, "trainjobs", "-n", ns)["items"]] == ["tj"]
-        rtj = get(chosen, "trainjob", "tj", "-n", ns)
-        assert rtj["metadata"]["labels"].get("kueue.x-k8s.io/multikueue-origin")
-        assert rtj["spec"].get("managedBy") in (None, "trainer.kubeflow.org/trainjob-controller")
-        # its pods run on that worker's KWOK nodes
-        nodes = {n["metadata"]["name"]: n for n in get(chosen, "nodes")["items"]}
-        pods = get(chosen, "pods", "-n", ns)["items"]
-        assert len(pods) == 1
-        assert nodes[pods[0]["spec"]["nodeName"]]["metadata"]["annotations"].get("kwok.x-k8s.io/node")
-        # the manager's Workload names that cluster; the manager itself has no JobSet and no pod
-        wls = get("manager", "workloads", "-n", ns)["items"]
-        assert len(wls) == 1
-        wl_name = wls[0]["metadata"]["name"]
-        wait_for("manager Workload names the worker",
-                 lambda: get("manager", "workload", wl_name, "-n", ns)["status"].get("clusterName") == chosen)
-        wl = get("manager", "workload", wl_name, "-n", ns)
-        mk_check = [c for c in wl["status"]["admissionChecks"] if c["name"] == "multikueue"]
-        assert mk_check and mk_check[0]["state"] == "Ready"
-        assert get("manager", "pods", "-n", ns)["items"] == []
-        assert get("manager", "jobsets", "-n", ns)["items"] == []
-        # the manager's TrainJob status follows the remote's
-        wait_for("manager TrainJob status copied", lambda: get("manager", "trainjob", "tj", "-n", ns).get(
-            "status", {}).get("jobsStatus") == get(chosen, "trainjob", "tj", "-n", ns).get("status", {}).get(
-            "jobsStatus") and get("manager", "trainjob", "tj", "-n", ns)["status"]["jobsStatus"][0].get("active"))
-        obs.note(f"test: checks passed (remote in {chosen} only, manager Workload clusterName={chosen})")
+OLD_KUEUE = "v0.17.0"
 
+
+@pytest.mark.xfail(tb.versions().get("KUEUE_VERSION") == OLD_KUEUE, strict=True, reason=(
+    "Kueue v0.17.0 (Trainer v2.2: CRDs and runtimes only on the manager) deletes the remote TrainJob and its pods "
+    "but keeps the manager's quota: TrainJob.Stop waits for the copied jobsStatus.active, which no longer "
+    "updates once the remote is gone ('jobs are still active'), so the remote Workloads stay, Evicted"))
+def test_deactivating_the_manager_workload_removes_the_remote(up: fleet.Fleet, ns: str) -> None:
+    obs = observed(up, ns)
+    workers = obs.workers
+    obs.start()
+    try:
+        chosen, wl_name = dispatched(workers, ns, obs)
         # evict: deactivate the manager's Workload
         fleet.kubectl("manager", "patch", "workload", wl_name, "-n", ns, "--type=merge",
                       "-p", '{"spec":{"active":false}}')
@@ -268,7 +298,7 @@ def test_trainjob_runs_in_one_worker_then_eviction_removes_it(up: fleet.Fleet, n
             assert get(w, "pods", "-n", ns)["items"] == []
     finally:
         obs.stop()
-        print(f"\nMultiKueue timeline (namespace {ns}, {obs.samples} samples of both workers):\n{obs.report()}")
+        print(f"\nMultiKueue eviction (namespace {ns}, {obs.samples} samples of both workers):\n{obs.report()}")
     assert obs.running_in == {chosen}
     assert obs.overlaps == [], obs.overlaps
 
