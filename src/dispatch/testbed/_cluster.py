@@ -905,6 +905,8 @@ def _down() -> None:
         _real().stop()  # before the control plane: its pods are deleted through the apiserver first
     for n in reversed(_component_names()):
         _stop(n)
+    for rec in _pid_dir().glob("*.argv.json"):  # start_component has nothing to restart once all is down
+        rec.unlink(missing_ok=True)
     shutil.rmtree(_paths.etcd_data_dir(), ignore_errors=True)
     _state_file().unlink(missing_ok=True)
 
