@@ -7,7 +7,8 @@ node's kubelet) vanish and come back; :func:`power_off`/:func:`power_on` cut the
 dies with its memory) and boot it again. Where the host allows, a real node (:func:`real_node`: the stack's
 kubelet, containerd, runc) runs real processes beside the KWOK nodes. Several stacks of versions live side
 by side (``testbed/stacks/NAME``), picked by :func:`select_stack` or ``$DISPATCH_TESTBED_STACK``. See
-``testbed/README.md`` in the repo.
+``testbed/README.md`` in the repo. :mod:`dispatch.testbed.fleet` starts a MultiKueue manager and two workers
+beside it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from dispatch.testbed._cluster import (
     real_node_problem,
     reconfigure_kueue,
     regular_nodes,
+    start_component,
     start_real_node,
     status,
+    stop_component,
     stop_real_node,
     thaw,
     up,
@@ -64,8 +67,10 @@ __all__ = [
     "select_stack",
     "stack",
     "stacks",
+    "start_component",
     "start_real_node",
     "status",
+    "stop_component",
     "stop_real_node",
     "thaw",
     "up",

@@ -51,6 +51,23 @@ BINARIES = (
     "kueue",
 )
 KUEUE_METRICS_CERT_DIR = Path("/etc/kueue/metrics/certs")  # hard-coded in Kueue when cert management is off
+ROLE_ENV = "DISPATCH_TESTBED_ROLE"
+"""``manager`` starts a fleet's MultiKueue manager (no nodes, no scheduler, no JobSet controller); ``worker``
+is a full testbed that says it belongs to a fleet; unset is the single testbed."""
+MULTIKUEUE_ENV = "DISPATCH_TESTBED_MULTIKUEUE"
+"""JSON of Kueue's ``multiKueue:`` block for a manager's start (``dispatch.testbed.fleet`` sets it)."""
+ROLES = ("", "manager", "worker")
+MANAGER_COMPONENTS = ("etcd", "kube-apiserver", "trainer", "kueue", "kube-controller-manager")
+
+
+def trainer_honours_managed_by(version: str) -> bool:
+    """Trainer leaves a TrainJob with ``spec.managedBy: kueue.x-k8s.io/multikueue`` alone from v2.3.0 on; an
+    older one would build the manager's JobSet and write its status, racing MultiKueue's status copy."""
+    parts = version.lstrip("v").split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= (2, 3)
+    except (IndexError, ValueError):
+        return False
 
 
 def _log(msg: str) -> None:
@@ -216,7 +233,19 @@ def _alive(name: str) -> int | None:
     return pid
 
 
+def _role() -> str:
+    """The running testbed's role (its state), else the one asked for (``$DISPATCH_TESTBED_ROLE``)."""
+    state = _read_state()
+    role = state.get("role", "") if state is not None else os.environ.get(ROLE_ENV, "").strip()
+    if role not in ROLES:
+        raise ValueError(f"unknown testbed role {role!r} (known: manager, worker, or unset)")
+    return role
+
+
 def _component_names() -> list[str]:
+    if _role() == "manager":
+        off = (_read_state() or {}).get("trainer") == "off"
+        return [n for n in MANAGER_COMPONENTS if not (off and n == "trainer")]
     real = ["containerd", "kubelet"] if (_read_state() or {}).get("real-node") else []
     return [
         "etcd",
@@ -267,6 +296,8 @@ def _start(name: str, argv: Sequence[str], env: dict[str, str] | None = None) ->
             cwd=rt,
         )
     (_pid_dir() / f"{name}.pid").write_text(f"{p.pid} {Path(argv[0]).resolve()}\n")
+    # what start_component needs to start it again exactly so (a fleet's partition heals this way)
+    (_pid_dir() / f"{name}.argv.json").write_text(json.dumps({"argv": list(argv), "env": env or {}}))
     _CHILDREN[p.pid] = p  # keep a reference: no "still running" warnings, and we can reap it
     return p.pid
 
@@ -290,6 +321,35 @@ def _stop(name: str, timeout: float = 10.0) -> None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(timeout=1)  # reap our own child
     (_pid_dir() / f"{name}.pid").unlink(missing_ok=True)
+
+
+def stop_component(name: str) -> None:
+    """Stop one component of the running testbed (its API server, say: to every client, the cluster is
+    gone, as behind a partition); ``start_component`` starts it again with the same arguments."""
+    with _locked():
+        if _read_state() is None:
+            raise RuntimeError(f"no testbed runs in {_paths.runtime_dir()}")
+        if name not in _component_names():
+            raise ValueError(f"unknown component {name!r} (known: {', '.join(_component_names())})")
+        _stop(name)
+
+
+def start_component(name: str) -> None:
+    """Start a component ``stop_component`` stopped, with the arguments it first had; waits until healthy.
+    A running one is left alone."""
+    with _locked():
+        if _read_state() is None:
+            raise RuntimeError(f"no testbed runs in {_paths.runtime_dir()}")
+        if name not in _component_names():
+            raise ValueError(f"unknown component {name!r} (known: {', '.join(_component_names())})")
+        if _alive(name) is not None:
+            return
+        try:
+            rec = json.loads((_pid_dir() / f"{name}.argv.json").read_text())
+        except (OSError, ValueError) as e:
+            raise RuntimeError(f"{name} has no recorded command line to start it again with") from e
+        _start(name, rec["argv"], rec["env"])
+        _wait([name], 90)
 
 
 # --------------------------------------------------------------------------------------------- health
@@ -521,8 +581,22 @@ def _up() -> Path:
     pki = rt / "pki"
     ensure_pki(pki)
     _write_kubeconfig(rt)
+    role = os.environ.get(ROLE_ENV, "").strip()
+    if role not in ROLES:
+        raise ValueError(f"unknown testbed role {role!r} (${ROLE_ENV}: manager, worker, or unset)")
+    manager = role == "manager"
+    multikueue = _multikueue_from_env() if manager else None
     state = {"bin": str(bin_dir), "stack": _paths.stack(),
              **{k: v for k, v in outputs.items() if k in _NODE_OUTPUTS}}
+    if role:
+        state["role"] = role
+    if multikueue is not None:
+        state["multikueue"] = json.dumps(multikueue)
+    # a manager runs Trainer (its webhook checks runtimes) only where Trainer honours managedBy; else the
+    # manager has Trainer's CRDs and runtimes only, as Kueue's docs ask for Trainer v2.2
+    run_trainer = not manager or trainer_honours_managed_by(_paths.versions()["TRAINER_VERSION"])
+    if not run_trainer:
+        state["trainer"] = "off"
     _state_file().write_text(json.dumps(state))
     _log(f"starting stack {_paths.stack()} in {rt} (usually under a minute)")
     kubeconfig = str(_paths.kubeconfig_path())
@@ -541,7 +615,7 @@ def _up() -> Path:
 
     cfgdir = rt / "config"
     cfgdir.mkdir(exist_ok=True)
-    for name, obj in mf.controller_configs(certdir).items():
+    for name, obj in mf.controller_configs(certdir, multikueue).items():
         (cfgdir / f"{name}.yaml").write_text(yaml.safe_dump(obj, sort_keys=False))
     (cfgdir / "kwok-stages.yaml").write_text(mf.dump_all(mf.kwok_stages(mods.kwok)))
 
@@ -610,12 +684,15 @@ def _up() -> Path:
     _log(f"{len(crds)} CRDs established")
 
     ctl_env = {"KUBECONFIG": kubeconfig}
-    _start("jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env)
-    _start(
-        "trainer",
-        [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
-        {**ctl_env, "TMPDIR": str(trainer_tmp)},
-    )
+    if not manager:  # a manager's TrainJobs are MultiKueue's: no JobSet is ever made there
+        _start("jobset", [b["jobset"], f"--config={cfgdir / 'jobset.yaml'}", f"--kubeconfig={kubeconfig}"],
+               ctl_env)
+    if run_trainer:
+        _start(
+            "trainer",
+            [b["trainer"], f"--config={cfgdir / 'trainer.yaml'}", f"--kubeconfig={kubeconfig}"],
+            {**ctl_env, "TMPDIR": str(trainer_tmp)},
+        )
     _start("kueue", [b["kueue"], f"--config={cfgdir / 'kueue.yaml'}", f"--kubeconfig={kubeconfig}"], ctl_env)
     _start(
         "kube-controller-manager",
@@ -640,6 +717,8 @@ def _up() -> Path:
             "--v=1",
         ],
     )
+    if manager:
+        return _up_manager(t0, state, mods, bundle, cfgdir)
     _start(
         "kube-scheduler",
         [
@@ -704,6 +783,49 @@ def _up() -> Path:
     state.update(_start_real_node(outputs))
     _state_file().write_text(json.dumps(state))
     _log(f"testbed up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
+    return _paths.kubeconfig_path()
+
+
+def _multikueue_from_env() -> Obj:
+    """Kueue's ``multiKueue:`` block for a manager (``$DISPATCH_TESTBED_MULTIKUEUE``; empty: Kueue's defaults)."""
+    raw = os.environ.get(MULTIKUEUE_ENV, "").strip()
+    if not raw:
+        return {}
+    try:
+        block = json.loads(raw)
+    except ValueError as e:
+        raise ValueError(f"${MULTIKUEUE_ENV} is not JSON: {e}") from e
+    if not isinstance(block, dict):
+        raise ValueError(f"${MULTIKUEUE_ENV} must be a JSON object (Kueue's multiKueue block), not {raw!r}")
+    return block
+
+
+def _up_manager(t0: float, state: dict[str, str], mods: _paths.Modules, bundle: str, cfgdir: Path) -> Path:
+    """The rest of a fleet manager's start: Trainer's and Kueue's webhooks, the runtimes (Trainer's webhook
+    refuses a TrainJob whose runtime is missing), Kueue's queues. No nodes: nothing runs here."""
+    run_trainer = state.get("trainer") != "off"
+    _wait(["trainer", "kueue"] if run_trainer else ["kueue"])
+    webhooks = (mf.trainer_webhooks(mods.trainer, bundle) if run_trainer else []) + mf.kueue_webhooks(mods.kueue,
+                                                                                                     bundle)
+    (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
+    _apply(webhooks)
+    _log(f"{len(webhooks)} webhook configurations registered")
+    _wait(["kube-controller-manager"])
+    _apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+                "data": {"kubeflow_trainer_version": _paths.versions()["TRAINER_VERSION"].lstrip("v")},
+            }
+        ]
+    )
+    _apply_retry(mf.training_runtimes(mods.trainer), server_side=True)
+    _apply_retry(mf.kueue_fixtures())
+    kubectl("wait", "--for=condition=Active", "--timeout=60s", "clusterqueue/cq")
+    _state_file().write_text(json.dumps(state))
+    _log(f"manager up in {time.monotonic() - t0:.1f}s; KUBECONFIG={_paths.kubeconfig_path()}")
     return _paths.kubeconfig_path()
 
 
@@ -779,9 +901,12 @@ def _down() -> None:
             check=False,
             timeout=20,
         )
-    _real().stop()  # before the control plane: its pods are deleted through the apiserver first
+    if _role() != "manager":
+        _real().stop()  # before the control plane: its pods are deleted through the apiserver first
     for n in reversed(_component_names()):
         _stop(n)
+    for rec in _pid_dir().glob("*.argv.json"):  # start_component has nothing to restart once all is down
+        rec.unlink(missing_ok=True)
     shutil.rmtree(_paths.etcd_data_dir(), ignore_errors=True)
     _state_file().unlink(missing_ok=True)
 
@@ -844,10 +969,15 @@ def reconfigure_kueue(changes: Mapping[str, object] | None = None) -> None:
         if _alive("kube-apiserver") is None:
             raise RuntimeError("the testbed is not running (`dispatch testbed up`)")
         rt = _paths.runtime_dir()
-        cfg = mf.controller_configs(rt / "webhook-certs")["kueue"]
+        mk = (_read_state() or {}).get("multikueue")
+        cfg = mf.controller_configs(rt / "webhook-certs", json.loads(mk) if mk is not None else None)["kueue"]
         cfg.update(dict(changes or {}))
         path = rt / "config" / "kueue.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        state = _read_state()
+        if state is not None and "multiKueue" in (changes or {}):  # a manager's new block is its own from now on
+            state["multikueue"] = json.dumps(cfg["multiKueue"])
+            _state_file().write_text(json.dumps(state))
         kubeconfig = str(_paths.kubeconfig_path())
         _stop("kueue")
         _start("kueue", [str(_bin_dir() / "kueue"), f"--config={path}", f"--kubeconfig={kubeconfig}"],

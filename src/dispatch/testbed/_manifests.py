@@ -331,8 +331,12 @@ def kwok_stages(kwok: Path) -> list[Obj]:
     return stages
 
 
-def controller_configs(certdir: Path) -> dict[str, Obj]:
-    """Controller Configuration objects: cert management and leader election off, 127.0.0.1 ports."""
+def controller_configs(certdir: Path, multikueue: Obj | None = None) -> dict[str, Obj]:
+    """Controller Configuration objects: cert management and leader election off, 127.0.0.1 ports.
+
+    ``multikueue`` (a fleet's manager only) is Kueue's ``multiKueue:`` block (gcInterval, origin,
+    workerLostTimeout); ``{}`` keeps Kueue's defaults but still says the block is the manager's.
+    """
     jobset: Obj = {
         "apiVersion": "config.jobset.x-k8s.io/v1alpha1",
         "kind": "Configuration",
@@ -367,6 +371,8 @@ def controller_configs(certdir: Path) -> dict[str, Obj]:
         "featureGates": {"VisibilityOnDemand": False},
         "integrations": {"frameworks": ["batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob"]},
     }
+    if multikueue is not None:
+        kueue["multiKueue"] = dict(multikueue)
     return {"jobset": jobset, "trainer": trainer, "kueue": kueue}
 
 
@@ -452,6 +458,100 @@ def kueue_fixtures() -> list[Obj]:
         lq("lq", "cq"),
         lq("lq-dispatch", "cq-dispatch"),
     ]
+
+
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+MULTIKUEUE_SECRET_KEY = "kubeconfig"  # the key MultiKueue reads a worker's kubeconfig from
+
+
+def embedded_kubeconfig(server: str, pki: Path, name: str) -> str:
+    """A kubeconfig for ``server`` with the CA and the admin client pair inline: MultiKueue refuses file
+    paths (``certificate-authority``) in a worker's kubeconfig, and Kueue runs elsewhere than the files."""
+
+    def b64(f: str) -> str:
+        return base64.b64encode((pki / f).read_bytes()).decode()
+
+    cfg: Obj = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": b64("ca.crt")}}],
+        "users": [{"name": "admin", "user": {"client-certificate-data": b64("admin.crt"),
+                                              "client-key-data": b64("admin.key")}}],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": "admin"}}],
+        "current-context": name,
+    }
+    return yaml.safe_dump(cfg, sort_keys=False)
+
+
+def multikueue_fixtures(workers: dict[str, str], quota: dict[str, str] | None = None) -> list[Obj]:
+    """The manager's MultiKueue wiring for ``workers`` (name -> kubeconfig text): one Secret per worker in
+    kueue-system (key ``kubeconfig``), a MultiKueueCluster each, MultiKueueConfig ``multikueue`` listing them,
+    AdmissionCheck ``multikueue`` and ClusterQueue ``cq-multikueue`` using it (flavor ``default``; the flavor
+    itself is in :func:`kueue_fixtures`). Also ``cq-multikueue-dispatch``: the same with dispatch's check
+    beside MultiKueue's (inactive until that check is Active)."""
+    api = "kueue.x-k8s.io/v1beta2"
+    out: list[Obj] = []
+    for name, text in workers.items():
+        out.append({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"{name}-kubeconfig", "namespace": "kueue-system"},
+            "type": "Opaque",
+            "data": {MULTIKUEUE_SECRET_KEY: base64.b64encode(text.encode()).decode()},
+        })
+        out.append({
+            "apiVersion": api,
+            "kind": "MultiKueueCluster",
+            "metadata": {"name": name},
+            "spec": {"clusterSource": {"kubeConfig": {"locationType": "Secret", "location": f"{name}-kubeconfig"}}},
+        })
+    out.append({"apiVersion": api, "kind": "MultiKueueConfig", "metadata": {"name": "multikueue"},
+                "spec": {"clusters": list(workers)}})
+    out.append({
+        "apiVersion": api,
+        "kind": "AdmissionCheck",
+        "metadata": {"name": "multikueue"},
+        "spec": {
+            "controllerName": MULTIKUEUE_CONTROLLER,
+            "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": "multikueue"},
+        },
+    })
+    q = quota or {"cpu": "32", "memory": "128Gi", "pods": "1000"}
+
+    def cq(name: str, checks: list[str]) -> Obj:
+        return {
+            "apiVersion": api,
+            "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {
+                "namespaceSelector": {},
+                "queueingStrategy": "BestEffortFIFO",
+                "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
+                "resourceGroups": [{"coveredResources": list(q), "flavors": [{
+                    "name": "default", "resources": [{"name": k, "nominalQuota": v} for k, v in q.items()]}]}],
+                "admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]},
+            },
+        }
+
+    out += [cq("cq-multikueue", ["multikueue"]), cq("cq-multikueue-dispatch", ["dispatch", "multikueue"])]
+    return out
+
+
+def worker_queue(quota: dict[str, str] | None = None) -> Obj:
+    """A fleet worker's ClusterQueue ``cq-fleet`` (no checks: the manager already admitted what comes)."""
+    q = quota or {"cpu": "32", "memory": "128Gi", "pods": "1000"}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "cq-fleet"},
+        "spec": {
+            "namespaceSelector": {},
+            "queueingStrategy": "BestEffortFIFO",
+            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
+            "resourceGroups": [{"coveredResources": list(q), "flavors": [{
+                "name": "default", "resources": [{"name": k, "nominalQuota": v} for k, v in q.items()]}]}],
+        },
+    }
 
 
 def deepcopy(objs: list[Obj]) -> list[Obj]:
