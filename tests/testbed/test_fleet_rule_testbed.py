@@ -1,0 +1,322 @@
+"""The rule across clusters on real control planes (issue 26): dispatch's controller on a MultiKueue manager,
+two workers, real Kueue, JobSet and Trainer everywhere.
+
+The controller runs with exactly its shipped roles on the manager (``deploy/base`` and ``deploy/multikueue``)
+and reads each worker through the kubeconfig Secret Kueue itself uses, whose service account holds only
+Kueue's MultiKueue rules and the shipped worker reader (``deploy/worker``). An observer samples every
+worker's pods throughout, reading the workers' API servers directly: never two pods of the object alive at
+once in the fleet (Terminating counts as alive), and every pod carries the A dispatch issued for its
+execution, rising.
+
+Kueue v0.17.0 dispatches to a worker before the manager's other checks are Ready, so dispatch's check cannot
+hold the run there (docs: how-to/multikueue.md); these scenarios need v0.17.1 or later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
+from dispatch import _kube as k
+from dispatch import testbed as tb
+from dispatch.controller import Config, Controller
+from dispatch.testbed import fleet
+
+pytestmark = [pytest.mark.testbed, pytest.mark.multicluster]
+Obj = dict[str, Any]
+ROOT = Path(__file__).resolve().parents[2]
+DELETE_DELAY = "8"  # seconds a deleted worker pod stays Terminating: the window the rule must hold through
+UNSUPPORTED = ("v0.17.0",)
+
+# What Kueue's MultiKueue needs of a worker: its e2e's rules for each integration the testbed's Kueue enables
+# (batch/job, jobset, trainjob; MultiKueue watches every one of them in each worker, seen here as a 403).
+ALL = ["create", "update", "patch", "delete", "get", "list", "watch"]
+KUEUE_MULTIKUEUE_ROLE: Obj = {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "multikueue-sa"},
+    "rules": [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ALL},
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"], "verbs": ["get"]},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ALL},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets/status"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ALL},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "localqueues"],
+         "verbs": ["get", "list", "watch"]},
+    ]}
+
+
+@pytest.fixture(scope="module")
+def up() -> Iterator[fleet.Fleet]:
+    import os
+    import shutil
+
+    if tb.versions().get("KUEUE_VERSION") in UNSUPPORTED:
+        pytest.skip(f"Kueue {tb.versions().get('KUEUE_VERSION')} dispatches before dispatch's check is Ready "
+                    "(the gate arrived in v0.17.1): dispatch under MultiKueue needs v0.17.1 or later")
+    was_up = fleet.is_up()
+    if shutil.which("go") is None and not was_up:
+        pytest.skip("the Go toolchain is needed to build the testbed")
+    f = fleet.up(worker_lost_timeout="20s")
+    yield f
+    if not was_up and os.environ.get("DISPATCH_TESTBED_KEEP") != "1":
+        fleet.down()
+
+
+def _admin(cluster: str) -> Obj:
+    out: Obj = json.loads(fleet.kubectl(cluster, "config", "view", "--raw", "-o", "json").stdout)
+    return out
+
+
+def _token_kubeconfig(cluster: str, namespace: str, account: str) -> str:
+    token = fleet.kubectl(cluster, "create", "token", account, "-n", namespace, "--duration=2h").stdout.strip()
+    admin = _admin(cluster)
+    server = admin["clusters"][0]["cluster"]
+    ca = server.get("certificate-authority-data") or base64.b64encode(
+        Path(server["certificate-authority"]).read_bytes()).decode()
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "sa",
+        "clusters": [{"name": cluster, "cluster": {"server": server["server"], "certificate-authority-data": ca}}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": cluster, "user": "sa"}}]})
+
+
+@pytest.fixture(scope="module")
+def controller_kubeconfig(up: fleet.Fleet, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped roles on the manager (dispatch's controller) and on each worker (the reader, bound to the
+    service account Kueue's Secret for it now holds); returns the controller's kubeconfig."""
+    for part in ("namespace.yaml", "serviceaccount.yaml", "crd.yaml", "rbac.yaml"):
+        fleet.kubectl("manager", "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "deploy/base" / part))
+    fleet.kubectl("manager", "apply", "--server-side", "-f", str(ROOT / "deploy/multikueue/rbac.yaml"))
+    for worker in ("worker-1", "worker-2"):
+        fleet.kubectl(worker, "create", "serviceaccount", "multikueue-sa", "-n", "kueue-system", check=False)
+        fleet.kubectl(worker, "apply", "--server-side", "-f", "-", input=json.dumps(KUEUE_MULTIKUEUE_ROLE))
+        fleet.kubectl(worker, "create", "clusterrolebinding", "multikueue-sa", "--clusterrole=multikueue-sa",
+                      "--serviceaccount=kueue-system:multikueue-sa", check=False)
+        fleet.kubectl(worker, "apply", "--server-side", "-f", str(ROOT / "deploy/worker/rbac.yaml"))
+        text = _token_kubeconfig(worker, "kueue-system", "multikueue-sa")
+        secret = {"apiVersion": "v1", "kind": "Secret",
+                  "metadata": {"name": f"{worker}-kubeconfig", "namespace": "kueue-system"},
+                  "data": {"kubeconfig": base64.b64encode(text.encode()).decode()}}
+        fleet.kubectl("manager", "apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(secret))
+    path = tmp_path_factory.mktemp("fleet") / "controller"
+    path.write_text(_token_kubeconfig("manager", "dispatch-system", "dispatch-controller"))
+    return path
+
+
+@dataclass
+class Observer:
+    """Samples the object's pods in every worker (the workers' own API servers, not dispatch's reads)."""
+
+    namespace: str
+    name: str
+    workers: tuple[str, ...] = ("worker-1", "worker-2")
+    overlaps: list[str] = field(default_factory=list)
+    seen: dict[tuple[str, str], str] = field(default_factory=dict)
+    """(worker, pod) -> the A its label carries, in the order pods were first seen."""
+    off: set[str] = field(default_factory=set)
+    """Workers whose machines the story has powered off: their pods' processes are gone."""
+    samples: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Observer:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=20)
+
+    def alive(self, worker: str) -> list[tuple[str, str]] | None:
+        proc = fleet.kubectl(worker, "get", "pods", "-n", self.namespace, "-l",
+                             f"jobset.sigs.k8s.io/jobset-name={self.name}", "-o", "json", check=False, timeout=10)
+        if proc.returncode != 0:
+            return None
+        out = []
+        for p in json.loads(proc.stdout)["items"]:
+            if p["status"].get("phase") in ("Succeeded", "Failed"):
+                continue
+            out.append((p["metadata"]["name"], p["metadata"].get("labels", {}).get(LABEL_ADMISSION, "")))
+        return out
+
+    def _run(self) -> None:
+        last: dict[str, list[tuple[str, str]]] = {}
+        while not self._stop.is_set():
+            for w in self.workers:
+                got = self.alive(w)
+                if got is not None:
+                    last[w] = got
+                for pod, a in last.get(w, []):
+                    self.seen.setdefault((w, pod), a)
+            live = [(w, pod) for w in self.workers if w not in self.off for pod, _ in last.get(w, [])]
+            if len(live) > 1:
+                self.overlaps.append(f"{live}")
+            self.samples += 1
+            time.sleep(0.2)
+
+    def admissions(self) -> list[str]:
+        return list(dict.fromkeys(self.seen.values()))
+
+
+def spec(submission: str) -> JobSpec:
+    return JobSpec(job_id="fleet", submission=submission, queue="lq", num_nodes=1,
+                   resources_per_node={"cpu": "1", "memory": "1Gi"},
+                   pod_annotations={tb.ANN_DELETE_DELAY: DELETE_DELAY})
+
+
+async def _until(what: str, pred: Any, timeout: float = 90.0) -> Any:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = await pred() if asyncio.iscoroutinefunction(pred) else pred()
+        if got:
+            return got
+        await asyncio.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+async def _check(kube: k.Kube, name: str) -> Obj:
+    for w in (await kube.list(k.WORKLOADS)).items:
+        owners = w["metadata"].get("ownerReferences") or []
+        if owners and owners[0].get("name") == name:
+            for c in w.get("status", {}).get("admissionChecks") or []:
+                if c["name"] == "dispatch":
+                    return {**c, "clusterName": w.get("status", {}).get("clusterName", "")}
+    return {}
+
+
+class Story:
+    def __init__(self, ns: str, controller_kubeconfig: Path) -> None:
+        self.ns = ns
+        self.ckube = k.Kube.connect(namespace=ns, kubeconfig=controller_kubeconfig)
+        self.admin = k.Kube.connect(namespace=ns, kubeconfig=fleet.fleet().manager.kubeconfig)
+        self.adapter = AsyncAdapter(self.admin)
+        self.ctl = Controller(self.ckube, Config(namespace=ns, resync_seconds=30, workers=2))
+        self.stop = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Story:
+        self.task = asyncio.create_task(self.ctl.run(self.stop))
+        await self.ctl.wait_synced()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 30)
+        await self.ckube.aclose()
+        await self.admin.aclose()
+
+    async def running_in(self, observer: Observer, a: str) -> str:
+        """The worker whose pod of the object runs with this A."""
+        def where() -> str | None:
+            for w in observer.workers:
+                if any(pa == a for _, pa in observer.alive(w) or []):
+                    return w
+            return None
+        found: str = await _until(f"a pod with A={a} in a worker", where, 120)
+        return found
+
+
+@pytest.fixture
+def ns(up: fleet.Fleet) -> Iterator[str]:
+    name = f"fr-{uuid.uuid4().hex[:6]}"
+    fleet.namespace(name, cluster_queue="cq-multikueue-dispatch")
+    yield name
+    fleet.delete_namespace(name)
+
+
+def test_a_requeued_object_waits_for_its_pod_in_the_worker_then_gets_a_2(
+        ns: str, controller_kubeconfig: Path) -> None:
+    name = "fleet-s1"
+
+    async def story() -> tuple[str, str, list[str]]:
+        async with Story(ns, controller_kubeconfig) as s:
+            await s.adapter.open(spec("s1"))
+            with Observer(ns, name) as obs:
+                first = await s.running_in(obs, "1")
+                [(old_pod, _)] = obs.alive(first) or []
+                await s.adapter.hold(name)       # the Workload deactivated: MultiKueue removes the copy
+                await _until("the copy's pod Terminating and the copy gone", lambda: fleet.kubectl(
+                    first, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 60)
+                await s.adapter.release(name)    # active again: Kueue re-reserves at once, dispatch waits
+                waiting = f"{first}/{old_pod}"
+                message = await _until("the check naming the worker's pod", lambda: _check_text(s, name, waiting))
+                assert obs.alive(first), "the check waited, and the pod was still there to wait for"
+                second = await s.running_in(obs, "2")
+            assert obs.overlaps == [], obs.overlaps
+            assert obs.admissions() == ["1", "2"], obs.seen
+            status = await s.adapter.inspect(name)
+            assert status.cluster == second and status.identity.admission == 2
+            return first, second, [message]
+
+    first, second, messages = asyncio.run(story())
+    print(f"A=1 ran in {first}, A=2 in {second}; the check said: {messages[0]}")
+
+
+async def _check_text(s: Story, name: str, waiting: str) -> str | None:
+    c = await _check(s.admin, name)
+    message = str(c.get("message", ""))
+    return message if c.get("state") == "Pending" and waiting in message else None
+
+
+def test_a_partitioned_worker_holds_the_object_until_the_operator_confirms_it_down(
+        ns: str, controller_kubeconfig: Path) -> None:
+    name = "fleet-s2"
+    record: list[str] = []
+
+    async def story() -> None:
+        async with Story(ns, controller_kubeconfig) as s:
+            await s.adapter.open(spec("s2"))
+            with Observer(ns, name) as obs:
+                lost = await s.running_in(obs, "1")
+                other = next(w for w in obs.workers if w != lost)
+                t0 = time.monotonic()
+                fleet.partition(lost)
+                try:
+                    # workerLostTimeout (20 s here) passes; what Kueue does then is recorded
+                    async def retried() -> str | None:
+                        c = await _check(s.admin, name)
+                        text = str(c.get("message", ""))
+                        return text if f"worker {lost} cannot be read" in text else None
+                    try:
+                        message = await _until("dispatch's check naming the unreadable worker", retried, 120)
+                    except AssertionError:
+                        c = await _check(s.admin, name)
+                        record.append(f"Kueue did not re-queue the Workload within 120 s of the partition "
+                                      f"(check: {c})")
+                        raise
+                    record.append(f"{time.monotonic() - t0:.0f}s after the partition dispatch's check said: "
+                                  f"{message}")
+                    await asyncio.sleep(10)
+                    assert obs.alive(other) == [], "dispatched again while the lost worker might run A=1"
+                    # the operator powers the lost worker's machines off, then confirms it down
+                    obs.off.add(lost)
+                    confirmed = await s.adapter.worker_down(lost)
+                    assert confirmed.confirmed_down
+                    await s.running_in(obs, "2")
+                    assert obs.alive(other) and obs.alive(other)[0][1] == "2"  # type: ignore[index]
+                finally:
+                    fleet.heal(lost)
+            assert obs.overlaps == [], obs.overlaps
+
+    try:
+        asyncio.run(story())
+    finally:
+        print("\n".join(record))
