@@ -425,6 +425,12 @@ class AsyncAdapter:
             tj = await self.core.trainjob(name)
             ident = self._require_dispatch(tj)
             if tj.state is State.RUNNING:
+                if tj.queue:
+                    # a hold Kueue has not acted on yet (the Workload deactivated, the job still running):
+                    # releasing undoes it, or the object would end up held although release said it runs
+                    workload = await self.core.workload_of(tj)
+                    if workload is not None and not workload.active:
+                        await self.core.set_active(workload, True)
                 return ident
             if tj.state in (State.SUCCEEDED, State.FAILED, State.CLOSING):
                 raise Refused(f"trainjob {name} is {tj.state.value.lower()}; open a new submission to run again",

@@ -184,11 +184,31 @@ def spec(submission: str) -> JobSpec:
 async def _until(what: str, pred: Any, timeout: float = 90.0) -> Any:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        got = await pred() if asyncio.iscoroutinefunction(pred) else pred()
+        got = pred()
+        if asyncio.iscoroutine(got):
+            got = await got
         if got:
             return got
         await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; the manager's Workloads: "
+                         + _workloads_now())
+
+
+def _workloads_now() -> str:
+    """Every manager Workload's conditions and checks (what a timeout is explained by)."""
+    proc = fleet.kubectl("manager", "get", "workloads", "-A", "-o", "json", check=False)
+    if proc.returncode != 0:
+        return proc.stderr
+    out = []
+    for w in json.loads(proc.stdout)["items"]:
+        st = w.get("status", {})
+        out.append(json.dumps({"name": w["metadata"]["name"], "active": w["spec"].get("active"),
+                               "conditions": [(c["type"], c["status"], c.get("reason"), c.get("message", "")[:120])
+                                              for c in st.get("conditions", [])],
+                               "checks": [(c["name"], c["state"], c.get("message", "")[:160])
+                                          for c in st.get("admissionChecks", [])],
+                               "clusterName": st.get("clusterName")}))
+    return "\n".join(out)
 
 
 async def _check(kube: k.Kube, name: str) -> Obj:
@@ -255,6 +275,7 @@ def test_a_requeued_object_waits_for_its_pod_in_the_worker_then_gets_a_2(
                 await s.adapter.hold(name)       # the Workload deactivated: MultiKueue removes the copy
                 await _until("the copy's pod Terminating and the copy gone", lambda: fleet.kubectl(
                     first, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 60)
+                await _until("Kueue to release the held Workload's quota", lambda: _released(name), 60)
                 await s.adapter.release(name)    # active again: Kueue re-reserves at once, dispatch waits
                 waiting = f"{first}/{old_pod}"
                 message = await _until("the check naming the worker's pod", lambda: _check_text(s, name, waiting))
@@ -268,6 +289,15 @@ def test_a_requeued_object_waits_for_its_pod_in_the_worker_then_gets_a_2(
 
     first, second, messages = asyncio.run(story())
     print(f"A=1 ran in {first}, A=2 in {second}; the check said: {messages[0]}")
+
+
+def _released(name: str) -> bool:
+    """The manager's Workload of ``name`` has no quota any more: Kueue finished the hold's eviction."""
+    for line in _workloads_now().splitlines():
+        w = json.loads(line)
+        if w["name"].startswith(f"trainjob-{name}-"):
+            return any(c[0] == "QuotaReserved" and c[1] == "False" for c in w["conditions"])
+    return False
 
 
 async def _check_text(s: Story, name: str, waiting: str) -> str | None:
@@ -315,6 +345,63 @@ def test_a_partitioned_worker_holds_the_object_until_the_operator_confirms_it_do
                 finally:
                     fleet.heal(lost)
             assert obs.overlaps == [], obs.overlaps
+
+    try:
+        asyncio.run(story())
+    finally:
+        print("\n".join(record))
+
+
+def test_a_frozen_node_in_a_worker_holds_the_object_until_it_is_tainted_out_of_service_there(
+        ns: str, controller_kubeconfig: Path) -> None:
+    """The single-cluster rule, read from the worker: a pod on a worker's node that stops answering may run
+    on; only that node tainted out-of-service in the worker (read from the worker) proves it stopped.
+    dispatch in the worker (here one pass of its finalizer keeper, as the installed controller would take)
+    frees the pod once that is proven."""
+    from dispatch.testbed.harness import keeper_pass
+
+    name, node = "fleet-s3", "node-2"
+    record: list[str] = []
+
+    async def story() -> None:
+        async with Story(ns, controller_kubeconfig) as s:
+            pinned = JobSpec(job_id="fleet", submission="s3", queue="lq", num_nodes=1,
+                             resources_per_node={"cpu": "1", "memory": "1Gi"},
+                             node_selector={"kubernetes.io/hostname": node})
+            await s.adapter.open(pinned)
+            with Observer(ns, name) as obs:
+                worker = await s.running_in(obs, "1")
+                fleet.freeze(worker, node)
+                try:
+                    await _until(f"{node} in {worker} to be Ready=Unknown", lambda: '"Unknown"' in fleet.kubectl(
+                        worker, "get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')]"
+                        ".status}").stdout.replace("Unknown", '"Unknown"'), 120)
+                    await s.adapter.hold(name)
+                    await _until("the copy gone", lambda: fleet.kubectl(
+                        worker, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 90)
+                    await _until("Kueue to release the held Workload's quota", lambda: _released(name), 60)
+                    await s.adapter.release(name)
+                    message = await _until("the check naming the pod on the lost node", lambda: _check_text(
+                        s, name, f"{worker}/"), 90)
+                    record.append(f"dispatch's check: {message}")
+                    assert "Ready=Unknown" in message or node in message, message
+                    await asyncio.sleep(5)
+                    assert [a for w in obs.workers for _, a in obs.alive(w) or [] if a == "2"] == []
+                    fleet.kubectl(worker, "taint", "node", node,
+                                  "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute", "--overwrite")
+                    obs.off.add(worker)  # the node is down: what it ran has stopped (the operator's word)
+
+                    def freed() -> bool:
+                        keeper_pass(ns, fleet.fleet().cluster(worker).kubeconfig)
+                        return True
+                    await asyncio.to_thread(freed)
+                    await s.running_in(obs, "2")
+                    obs.off.discard(worker)
+                finally:
+                    fleet.kubectl(worker, "taint", "node", node, "node.kubernetes.io/out-of-service-", check=False)
+                    fleet.thaw(worker, node)
+            assert obs.overlaps == [], obs.overlaps
+            assert obs.admissions() == ["1", "2"], obs.seen
 
     try:
         asyncio.run(story())
