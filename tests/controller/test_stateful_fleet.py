@@ -65,7 +65,7 @@ ADMIN = ("dispatch-admin",)
 TERMINAL = ("Succeeded", "Failed")
 HEALING_ROUNDS = 4
 WORKER_DOWN = re.compile(r"`dispatch admin worker-down ([a-z0-9.-]+)`")
-EXAMPLES = int(os.environ.get("DISPATCH_FLEET_EXAMPLES", "600" if os.environ.get("CI") else "80"))
+EXAMPLES = int(os.environ.get("DISPATCH_FLEET_EXAMPLES", "300" if os.environ.get("CI") else "80"))
 
 SEEN: Counter[str] = Counter()
 """What the schedules reached (the walks assert it, so a machine that stops reaching them fails)."""
