@@ -393,10 +393,15 @@ class Fleet2(RuleBasedStateMachine):
             for node in list(w.frozen):
                 if node not in self.tainted[name]:
                     w.thaw_node(node)
+        self._rounds()
         wl = self._workload()
         if wl is not None and wl["spec"].get("active") is False:
+            # The user's hold is lifted once Kueue has acted on it: a release between a hold and Kueue's
+            # eviction returns the running identity and leaves the Workload deactivated (status then says
+            # "release reactivates it"), found by this machine and reported, not changed here.
             self._call(lambda: self.adapter.release(NAME))
-        self._rounds()
+            SEEN["healed-by-release"] += 1
+            self._rounds()
         if self._admitted():
             SEEN["healed-admitted"] += 1
             return
