@@ -80,7 +80,7 @@ def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[R
             why = (f"its end is proven ({end}); dispatch's controller removes dispatch's finalizer so it goes "
                    f"(without a controller running: `dispatch admin release-pod {pod.name}`)")
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
-                                pod.deletion_timestamp, held=held, why=why))
+                                pod.deletion_timestamp, held=held, why=why, proven=end in PROVEN))
     return tuple(out)
 
 
@@ -184,12 +184,16 @@ def unreadable_text(worker: str, problem: str) -> str:
 def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     """The rule over a fleet: what remains here and in every worker the previous execution may have run
     in, each worker's pods named ``<worker>/<pod>``; a worker that cannot be read blocks unless it was
-    confirmed down."""
+    confirmed down.
+
+    A worker's pod whose end is proven (its node deleted or out-of-service) does not count: here such a
+    pod waits only for dispatch's controller to remove dispatch's finalizer, but no dispatch controller
+    runs in a worker (the manager's only reads it), so there it would wait for good."""
     remaining = list(local.remaining)
     blockers = list(local.blockers)
     for w in sorted(workers, key=lambda w: w.worker):
         if w.verdict is not None:
-            remaining.extend(replace(p, cluster=w.worker) for p in w.verdict.remaining)
+            remaining.extend(replace(p, cluster=w.worker) for p in w.verdict.remaining if not p.proven)
             blockers.extend(f"worker {w.worker}: {b}" for b in w.verdict.blockers)
         elif not w.confirmed_down:
             blockers.append(unreadable_text(w.worker, w.problem))

@@ -139,9 +139,7 @@ Connect = Callable[[str, str, float], Kube]
 
 
 def _connect(text: str, source: str, timeout: float) -> Kube:
-    client = Kube.connect_inline(text, source, namespace="default", timeout=timeout)
-    client.retries = 1  # a worker that does not answer is reported, not retried into the manager's latency
-    return client
+    return Kube.connect_inline(text, source, namespace="default", timeout=timeout)
 
 
 class Fleet:
@@ -196,6 +194,7 @@ class Fleet:
             if cached is not None:
                 await cached[1].aclose()
             client = self.connect(kubeconfig_of(secret, where), f"{where} (key {SECRET_KEY})", self.timeout)
+            client.retries = 1  # a worker that does not answer is reported, not retried into the manager's latency
             self._clients[worker.name] = (version, client)
             cached = self._clients[worker.name]
         return cached[1].in_namespace(namespace)

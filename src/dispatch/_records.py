@@ -58,6 +58,9 @@ class RemainingPod:
     rejection, a Failed someone else wrote, a taint on a Ready node); empty otherwise."""
     cluster: str = ""
     """The MultiKueue worker it is in ("" for this cluster)."""
+    proven: bool = False
+    """Its end is proven (its node deleted or out-of-service, or it was never scheduled): only dispatch's
+    finalizer keeps it in the API, until dispatch's controller removes the finalizer."""
 
     @property
     def qualified(self) -> str:

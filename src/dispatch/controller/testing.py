@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Sequence
@@ -346,9 +347,17 @@ WORKER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "worker" / "rbac.
 MANAGER_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "multikueue" / "rbac.yaml"
 
 
+@functools.cache
 def manager_policy() -> Policy:
-    """The shipped roles of a MultiKueue manager: ``deploy/base`` and ``deploy/multikueue`` together."""
+    """The shipped roles of a MultiKueue manager: ``deploy/base`` and ``deploy/multikueue`` together (parsed
+    once per test run, as ``shipped_policy``: the manifests do not change under a test)."""
     return Policy.load(SHIPPED_RBAC.read_text() + "\n---\n" + MANAGER_RBAC.read_text())
+
+
+@functools.cache
+def worker_policy() -> Policy:
+    """The read-only role a worker grants the manager's dispatch (``deploy/worker``), parsed once."""
+    return Policy.load(WORKER_RBAC)
 
 
 MANAGER_ROLES: tuple[str | Binding, ...] = (
@@ -367,7 +376,11 @@ class FakeMultiKueue:
     * an eviction on the manager suspends the remote copy, releases quota once the copy reports no active
       Job (Terminating pods do not count), then deletes the copy with background propagation and forgets
       the cluster (``clusterName`` is cleared); the next dispatch may go anywhere at once;
-    * a lost worker (``lose``) answers nothing and its MultiKueueCluster turns Active=False;
+    * remote objects that could not be deleted because their worker was lost are deleted once it answers
+      again (Kueue retries the removal on each pass, and its garbage collector deletes the copies whose
+      manager Workload is gone, when their worker is connected);
+    * a lost worker (``lose``) answers nothing and its MultiKueueCluster turns Active=False (its own
+      controllers and kubelets go on: only the manager cannot reach it);
       ``worker_lost_timeout`` re-queues a Workload whose worker is lost and dispatches it elsewhere while
       the lost worker's pods may still run (the hazard; whether the real Kueue re-dispatches a TrainJob then
       is for the fleet testbed to show).
@@ -391,6 +404,11 @@ class FakeMultiKueue:
         """(namespace, Workload) -> the worker holding its copy (until MultiKueue deleted that copy)."""
         self.dispatched: list[tuple[str, str, str]] = []
         """(Workload, worker, the A its copy carries), in order."""
+        self.copies: dict[tuple[str, str], str] = {}
+        """(worker, uid of a copy MultiKueue created there) -> the A that copy carries."""
+        self.removing: set[tuple[str, str, str, str]] = set()
+        """(namespace, Workload, TrainJob, worker): remote objects MultiKueue could not delete yet (the worker did
+        not answer); retried on every pass until the worker answers."""
         self._clock = 0
 
     def _now(self) -> str:
@@ -422,7 +440,7 @@ class FakeMultiKueue:
         server = yaml.safe_load(text)["clusters"][0]["cluster"]["server"]
         name = server.removeprefix("https://").removesuffix(".fake.invalid")
         worker = self.workers[name]
-        inner = worker.transport("dispatch-worker-reader", rbac=WORKER_RBAC)
+        inner = worker.transport("dispatch-worker-reader", rbac=worker_policy())
 
         async def handle(request: httpx2.Request) -> httpx2.Response:
             if name in self.lost:
@@ -491,6 +509,8 @@ class FakeMultiKueue:
         """One pass of MultiKueue's workload reconciler over the manager's Workloads, then the manager's
         Kueue (which releases an evicted Workload once its copy reports no active Job, and admits a Workload
         whose checks are all Ready)."""
+        self._retry_removals()
+        self._collect_garbage()
         for wl in self.manager.server.objects(KUEUE, "workloads"):
             ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
             owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name", "")
@@ -506,6 +526,9 @@ class FakeMultiKueue:
             elif worker is not None and checks[MK_CHECK].get("state") != "Ready":
                 self._remove_copy(ns, name, owner, worker)  # released: MultiKueue deletes the remote objects
             elif (worker is None and _cond(wl, "QuotaReserved") and checks[MK_CHECK].get("state") == "Pending"
+                  # a deactivated Workload has no quota in Kueue (nothing is dispatched without it: MultiKueue
+                  # reconciler, gate 1, workload.go:341-351 @v0.17.0); this fake's Kueue re-reserves it
+                  and (wl.get("spec") or {}).get("active") is not False
                   and all(c.get("state") == "Ready" for k, c in checks.items() if k != MK_CHECK)):
                 self._dispatch(tj, ns, name)
         self.kueue.sync()
@@ -529,12 +552,47 @@ class FakeMultiKueue:
 
     def _remove_copy(self, ns: str, name: str, trainjob: str, worker: str) -> None:
         if worker not in self.lost:
-            remote = self.workers[worker]
-            copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
-            if copy_ is not None and not copy_["metadata"].get("deletionTimestamp"):
-                remote.server.delete(TRAINER, "trainjobs", ns, trainjob)  # background: the worker's GC goes on
-        # a lost worker's copy stays there (Kueue's GC deletes it once the worker answers again)
+            self._delete_copy(ns, trainjob, worker)
+        else:
+            # A lost worker's copy stays there, running on; Kueue retries the removal on later passes and it
+            # happens once the worker answers (RemoveRemoteObjects in step 2 of reconcileGroup, retried every
+            # workerLostTimeout: workload.go:389-392 @v0.19.2). Kueue's own GC would not do it: it deletes
+            # only copies whose manager Workload is missing or being deleted (runGC,
+            # multikueuecluster.go:280-331 @v0.17.0).
+            self.removing.add((ns, name, trainjob, worker))
         del self.placed[(ns, name)]
+
+    def _delete_copy(self, ns: str, trainjob: str, worker: str) -> None:
+        remote = self.workers[worker]
+        copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
+        if copy_ is not None and not copy_["metadata"].get("deletionTimestamp") and \
+                (copy_["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
+            # no propagation option: the API server's default, background, for a custom resource
+            # (trainjob_multikueue_adapter.go:88-93 @v0.17.0): the worker's GC deletes its JobSet later
+            remote.server.delete(TRAINER, "trainjobs", ns, trainjob)
+
+    def _retry_removals(self) -> None:
+        for ns, name, trainjob, worker in sorted(self.removing):
+            if worker in self.lost:
+                continue
+            if self.placed.get((ns, name)) != worker:
+                self._delete_copy(ns, trainjob, worker)
+            self.removing.discard((ns, name, trainjob, worker))
+
+    def _collect_garbage(self) -> None:
+        """Kueue's per-worker GC (``gcInterval``): a copy in a connected worker whose manager Workload is
+        missing or being deleted goes (multikueuecluster.go:280-331 @v0.17.0)."""
+        for worker, remote in sorted(self.workers.items()):
+            if worker in self.lost:
+                continue
+            for copy_ in remote.server.objects(TRAINER, "trainjobs"):
+                labels = copy_["metadata"].get("labels") or {}
+                if not labels.get(ORIGIN_LABEL) or copy_["metadata"].get("deletionTimestamp"):
+                    continue
+                ns = copy_["metadata"]["namespace"]
+                wl = self.manager.server.get(KUEUE, "workloads", ns, labels.get(PREBUILT_LABEL, ""))
+                if wl is None or wl["metadata"].get("deletionTimestamp"):
+                    self._delete_copy(ns, copy_["metadata"]["name"], worker)
 
     def _dispatch(self, tj: Obj, ns: str, name: str) -> None:
         for worker in self.order:
@@ -549,7 +607,7 @@ class FakeMultiKueue:
                                       if p.get("manager") != KUEUE_MANAGER]
             spec["suspend"] = False  # created suspended, admitted at once by the worker's own Kueue
             meta = tj["metadata"]
-            remote.server.create(TRAINER, "trainjobs", ns, {
+            made = remote.server.create(TRAINER, "trainjobs", ns, {
                 "apiVersion": tj.get("apiVersion"), "kind": "TrainJob",
                 "metadata": {"name": meta["name"],
                              "labels": {**(meta.get("labels") or {}), ORIGIN_LABEL: "multikueue",
@@ -559,6 +617,7 @@ class FakeMultiKueue:
             self.placed[(ns, name)] = worker
             a = (meta.get("annotations") or {}).get(n.ANNOTATION_ADMISSION, "")
             self.dispatched.append((name, worker, a))
+            self.copies[(worker, made["metadata"]["uid"])] = a
 
             def ready(obj: Obj, worker: str = worker) -> None:
                 obj["status"]["clusterName"] = worker

@@ -364,6 +364,15 @@ class FakeCluster:
             if proc.node == name:
                 self._end(proc)
 
+    def power_off(self) -> None:
+        """Every machine of this cluster loses power: every process ends, and each pod that had not ended
+        is written Failed, as its kubelet reports it once it runs again (nothing of it restarts by itself)."""
+        for proc in list(self._processes.values()):
+            self._end(proc)
+        for pod in self.server.objects("", "pods"):
+            if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+                self._kubelet_stopped(pod, "Failed", 137)
+
     def delete_node(self, name: str) -> None:
         """The Node object is deleted (the machine is gone with it)."""
         self.server.delete("", "nodes", "", name)
@@ -400,6 +409,13 @@ class FakeCluster:
         if proc.ended is None:
             proc.ended = self.history.tick()
         self._processes.pop(proc.uid, None)
+
+    def built_from(self, pod_uid: str) -> str | None:
+        """The uid of the TrainJob whose resume the fake's controllers built this pod from (None if unknown):
+        a TrainJob re-created under the same name may take over the old one's JobSet, so owners alone
+        cannot tell."""
+        run = self._pod_runs.get(pod_uid)
+        return run[0] if run is not None else None
 
     def running_processes(self, obj_name: str | None = None) -> list[Process]:
         return [p for p in self._processes.values() if obj_name is None or p.obj_name == obj_name]
