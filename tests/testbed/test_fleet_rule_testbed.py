@@ -154,6 +154,8 @@ class Observer:
             if p["status"].get("phase") in ("Succeeded", "Failed"):
                 continue
             out.append((p["metadata"]["name"], p["metadata"].get("labels", {}).get(LABEL_ADMISSION, "")))
+        for pod, a in out:  # every look counts, the story's own too
+            self.seen.setdefault((worker, pod), a)
         return out
 
     def _run(self) -> None:
@@ -163,8 +165,6 @@ class Observer:
                 got = self.alive(w)
                 if got is not None:
                     last[w] = got
-                for pod, a in last.get(w, []):
-                    self.seen.setdefault((w, pod), a)
             live = [(w, pod) for w in self.workers if w not in self.off for pod, _ in last.get(w, [])]
             if len(live) > 1:
                 self.overlaps.append(f"{live}")

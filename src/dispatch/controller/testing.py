@@ -382,22 +382,23 @@ class FakeMultiKueue:
     * a lost worker (``lose``) answers nothing and its MultiKueueCluster turns Active=False (its own
       controllers and kubelets go on: only the manager cannot reach it);
       ``worker_lost_timeout`` re-queues a Workload whose worker is lost and dispatches it elsewhere while
-      the lost worker's pods may still run (the hazard; whether the real Kueue re-dispatches a TrainJob then
-      is for the fleet testbed to show).
+      the lost worker's pods may still run (the hazard; the fleet testbed saw Kueue v0.19.2 re-queue a
+      TrainJob's Workload about 30 s after its worker's API server stopped, with workerLostTimeout 20 s).
     The order of workers tried is ``order`` (Kueue's AllAtOnce takes whichever admits first).
     """
 
     def __init__(self, manager: FakeCluster, workers: dict[str, FakeCluster], *, check: str = "dispatch",
-                 kueue_namespace: str = "kueue-system", release_lost: bool = False) -> None:
+                 kueue_namespace: str = "kueue-system", release_lost: bool = True) -> None:
         self.manager = manager
         self.workers = workers
         self.kueue = FakeKueue(manager, check=check)
         self.kueue.active = self._copy_active
         self.kueue_namespace = kueue_namespace
         self.release_lost = release_lost
-        """Whether the manager releases a Workload evicted while its worker is lost. Kueue's code suggests it
-        does not for a TrainJob (the status copied from the lost worker still shows an active Job, and Stop
-        waits for it); True plays the hazard: re-dispatch while the lost worker may run on."""
+        """Whether the manager releases a Workload evicted while its worker is lost: re-dispatch while the lost
+        worker may run on. Kueue v0.19.2 did on the fleet testbed; False plays what its code suggested for a
+        TrainJob (the status copied from the lost worker still shows an active Job, and Stop waits for it) and
+        what Kueue v0.17.0 did there after an eviction (it kept the manager's quota for good)."""
         self.order = sorted(workers)
         self.lost: set[str] = set()
         self.placed: dict[tuple[str, str], str] = {}
