@@ -159,7 +159,7 @@ class AsyncAdapter:
         check = None
         if workload is not None:
             check = kq.check_of(workload, await self.core.our_checks())
-        return self._status(tj, verdict, check, d.workload_note(workload),
+        return self._status(tj, verdict, check, d.workload_note(workload, tj),
                             kueue=workload is not None or bool(tj.queue),
                             warnings=[d.jobs_replacement_warning(snap.jobs, name), gap], record=record,
                             workload=workload)
@@ -236,7 +236,7 @@ class AsyncAdapter:
             snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
-                                    d.workload_note(wl), kueue=wl is not None or bool(t.queue),
+                                    d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
                                     warnings=[d.jobs_replacement_warning(snap.jobs, t.name), gap(t)],
                                     record=records.get((t.job_id, t.submission)), workload=wl))
         return sorted(out, key=lambda s: s.name)

@@ -631,10 +631,22 @@ def ready_event(check: str, message: str) -> str:
     return f"admission check {check} Ready: {message}"
 
 
-def workload_note(workload: WorkloadView | None) -> str:
-    """What a Workload's own state says about a wait, for status (held, waiting for quota)."""
+STALE_EVICTION = ("Kueue is finishing the eviction of workload {workload}: it waits until trainjob {name}'s status "
+                  "shows no active Job. Under MultiKueue that status is copied from the worker's copy, and "
+                  "MultiKueue can delete the copy before its last status arrives (seen with Kueue v0.19.2): then "
+                  "it never changes. Once no pod of {name} runs in any worker (`dispatch ceased {name}`), "
+                  "`kubectl patch trainjob {name} --subresource=status --type=merge -p "
+                  "'{{\"status\":{{\"jobsStatus\":[]}}}}'` lets Kueue finish")
+
+
+def workload_note(workload: WorkloadView | None, trainjob: TrainJobView | None = None) -> str:
+    """What a Workload's own state says about a wait, for status (held, waiting for quota, an eviction Kueue
+    cannot finish)."""
     if workload is None:
         return ""
+    if (trainjob is not None and trainjob.managed_by == "kueue.x-k8s.io/multikueue" and workload.evicted
+            and workload.quota_reserved):
+        return STALE_EVICTION.format(workload=workload.ref.name, name=trainjob.name)
     if not workload.active:
         return "workload deactivated (held); release reactivates it"
     if not workload.quota_reserved:

@@ -238,3 +238,35 @@ def test_an_inline_kubeconfig_too_large_for_a_secret_is_refused_before_parsing()
 def test_an_inline_kubeconfig_that_is_not_one_is_refused(text: str, words: str) -> None:
     with pytest.raises(Refused, match=words):
         load_inline(text, "secret kueue-system/w1")
+
+
+def _wl(conds: list[tuple[str, str]], *, active: bool = True) -> Any:
+    from dispatch._kueue import WorkloadView
+
+    return WorkloadView.from_obj({"metadata": {"name": "trainjob-llama-s1-abc", "namespace": "ns", "uid": "w"},
+                                  "spec": {"active": active},
+                                  "status": {"conditions": [{"type": t, "status": v} for t, v in conds]}})
+
+
+def _tj(managed_by: str | None) -> Any:
+    from dispatch._trainer import TrainJobView
+
+    spec: dict[str, Any] = {"suspend": True}
+    if managed_by:
+        spec["managedBy"] = managed_by
+    return TrainJobView.from_obj({"metadata": {"name": "llama-s1", "namespace": "ns", "uid": "t"}, "spec": spec})
+
+
+def test_status_names_the_way_out_of_an_eviction_kueue_cannot_finish_under_multikueue() -> None:
+    from dispatch import _decision as d
+
+    stuck = _wl([("QuotaReserved", "True"), ("Evicted", "True")], active=False)
+    note = d.workload_note(stuck, _tj("kueue.x-k8s.io/multikueue"))
+    assert "Kueue is finishing the eviction of workload trainjob-llama-s1-abc" in note
+    assert ("kubectl patch trainjob llama-s1 --subresource=status --type=merge -p "
+            "'{\"status\":{\"jobsStatus\":[]}}'") in note
+    # not under MultiKueue, or once the quota is released, the plain notes as before
+    assert d.workload_note(stuck, _tj(None)) == "workload deactivated (held); release reactivates it"
+    released = _wl([("QuotaReserved", "False"), ("Evicted", "True")], active=False)
+    assert d.workload_note(released, _tj("kueue.x-k8s.io/multikueue")) == (
+        "workload deactivated (held); release reactivates it")
