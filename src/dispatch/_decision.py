@@ -700,6 +700,8 @@ def explain(
         return unmanaged_cause(trainjob, verdict, check)
     if state in (State.HELD, State.QUEUED) and close_begun(trainjob, record):
         return Cause("CloseInterrupted", close_again_text(trainjob.name))
+    if state in (State.HELD, State.QUEUED) and note.startswith(STALE_EVICTION[:30]):
+        return Cause("EvictionUnfinished", note)  # Kueue's, not the check's: nothing is decided until it ends
     parts: list[str] = []
     if check is not None:
         out = f"admission check {check.name} {check.state}"

@@ -254,7 +254,8 @@ def _tj(managed_by: str | None) -> Any:
     spec: dict[str, Any] = {"suspend": True}
     if managed_by:
         spec["managedBy"] = managed_by
-    return TrainJobView.from_obj({"metadata": {"name": "llama-s1", "namespace": "ns", "uid": "t"}, "spec": spec})
+    return TrainJobView.from_obj({"metadata": {"name": "llama-s1", "namespace": "ns", "uid": "t", "labels": {
+        "dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"}}, "spec": spec})
 
 
 def test_status_names_the_way_out_of_an_eviction_kueue_cannot_finish_under_multikueue() -> None:
@@ -265,6 +266,8 @@ def test_status_names_the_way_out_of_an_eviction_kueue_cannot_finish_under_multi
     assert "Kueue is finishing the eviction of workload trainjob-llama-s1-abc" in note
     assert ("kubectl patch trainjob llama-s1 --subresource=status --type=merge -p "
             "'{\"status\":{\"jobsStatus\":[]}}'") in note
+    cause = d.explain(_tj("kueue.x-k8s.io/multikueue"), None, None, note)
+    assert (cause.reason, cause.detail) == ("EvictionUnfinished", note)
     # not under MultiKueue, or once the quota is released, the plain notes as before
     assert d.workload_note(stuck, _tj(None)) == "workload deactivated (held); release reactivates it"
     released = _wl([("QuotaReserved", "False"), ("Evicted", "True")], active=False)
