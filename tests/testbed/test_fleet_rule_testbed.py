@@ -497,8 +497,8 @@ async def _worker_guards(ns: str, tmp: Path, stack: contextlib.AsyncExitStack) -
 def test_dispatch_in_the_workers_lets_multikueues_copies_run_and_refuses_a_bypass(
         ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
     """With dispatch's guard in every worker, MultiKueue's copies still start (the worker's Kueue admits them
-    with the A the manager raised) through a re-admission, and a copy made by hand in a worker, started, is
-    refused there."""
+    with the A the manager raised) through a re-admission, and a copy made by hand in a worker (Kueue's webhook
+    there suspends it) is refused when someone starts it while the object runs there."""
     name = "fleet-s4"
     record: list[str] = []
 
@@ -522,7 +522,12 @@ def test_dispatch_in_the_workers_lets_multikueues_copies_run_and_refuses_a_bypas
                               "spec": {**copy["spec"], "suspend": False, "runtimePatches": [
                                   e for e in copy["spec"].get("runtimePatches", [])
                                   if e.get("manager") != "kueue.x-k8s.io/manager"]}}
-                    refused = fleet.kubectl(second, "create", "-f", "-", input=json.dumps(bypass), check=False)
+                    # the worker's Kueue suspends a queued TrainJob it is given; starting it by hand is the bypass
+                    # (kubectl off the event loop: the worker's guard answers from this very loop)
+                    await asyncio.to_thread(fleet.kubectl, second, "create", "-f", "-", input=json.dumps(bypass))
+                    refused = await asyncio.to_thread(
+                        fleet.kubectl, second, "patch", "trainjob", "by-hand", "-n", ns, "--type=merge",
+                        "-p", '{"spec":{"suspend":false}}', check=False)
                 assert obs.overlaps == [], obs.overlaps
                 assert obs.admissions() == ["1", "2"], obs.seen
                 assert refused.returncode != 0, refused.stdout
