@@ -64,20 +64,11 @@ KUEUE_MULTIKUEUE_ROLE: Obj = {
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[fleet.Fleet]:
-    import os
-    import shutil
-
+def up(fleet_session: None) -> fleet.Fleet:
     if tb.versions().get("KUEUE_VERSION") in UNSUPPORTED:
         pytest.skip(f"Kueue {tb.versions().get('KUEUE_VERSION')} dispatches before dispatch's check is Ready "
                     "(the gate arrived in v0.17.1): dispatch under MultiKueue needs v0.17.1 or later")
-    was_up = fleet.is_up()
-    if shutil.which("go") is None and not was_up:
-        pytest.skip("the Go toolchain is needed to build the testbed")
-    f = fleet.up(worker_lost_timeout="20s")
-    yield f
-    if not was_up and os.environ.get("DISPATCH_TESTBED_KEEP") != "1":
-        fleet.down()
+    return fleet.up(worker_lost_timeout="20s")
 
 
 def _admin(cluster: str) -> Obj:

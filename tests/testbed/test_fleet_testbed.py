@@ -30,18 +30,10 @@ DELETE_DELAY = "5"  # seconds a deleted worker pod stays Terminating (KWOK stage
 
 
 @pytest.fixture(scope="module")
-def up() -> Iterator[fleet.Fleet]:
-    """The fleet, started for this module unless it already runs (then left running)."""
-    import os
-    import shutil
-
-    was_up = fleet.is_up()
-    if shutil.which("go") is None and not was_up:
-        pytest.skip("the Go toolchain is needed to build the testbed")
-    f = fleet.up()
-    yield f
-    if not was_up and os.environ.get("DISPATCH_TESTBED_KEEP") != "1":
-        fleet.down()
+def up(fleet_session: None) -> fleet.Fleet:
+    """The fleet with Kueue's default MultiKueue settings (started, or reconfigured, for this module; stopped
+    at the end of the session by ``fleet_session``)."""
+    return fleet.up()
 
 
 def get(cluster: str, *args: str) -> Obj:
