@@ -35,7 +35,7 @@ from dispatch.testbed.harness import (
     until,
 )
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.packaging]
 
 SERVICE_ACCOUNTS = k.Res("", "v1", "serviceaccounts", "ServiceAccount")
 CLUSTER_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",

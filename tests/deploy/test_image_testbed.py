@@ -21,7 +21,7 @@ import yaml
 
 from dispatch import testbed as tb
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.packaging]
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs" / "how-to" / "install-controller.md"

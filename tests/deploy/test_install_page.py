@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.testbed
+pytestmark = [pytest.mark.testbed, pytest.mark.packaging]
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "how-to" / "install-controller.md"
