@@ -525,10 +525,12 @@ def test_seeded_long_walks_of_the_fleet_reach_moves_waits_and_confirmations_and_
 # ------------------------------------------------------------------ a worker's own writers (not stopped)
 
 WORKER_BYPASS = (
-    "dispatch's guard does not run in MultiKueue workers yet: someone with write access in a worker who "
-    "unsuspends MultiKueue's copy there, or re-creates a copy MultiKueue deleted, starts an execution that "
-    "dispatch never admitted (the copy's old A) beside the one it did. Nothing on the manager can refuse "
-    "that write; only the guard installed in every worker can.")
+    "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
+    "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
+    "one it did. Nothing on the manager can refuse that write. This fake runs no guard in its workers; the "
+    "guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a pod of the "
+    "submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
+    "worker's Kueue admits while the object runs in another worker is not seen from that worker.")
 
 
 class FleetWithWorkerBypass(Fleet2):
