@@ -429,12 +429,28 @@ def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
 def kubectl(
     *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    """Run the testbed's own kubectl against the testbed (never the system one)."""
+    """Run the testbed's own kubectl against the testbed (never the system one).
+
+    A request the server never received (its TLS handshake timed out or the dial was refused, as a busy
+    2-core machine does now and then) is sent again, twice at most: it cannot have been applied, so even a
+    write is safe to repeat, and a test does not fail on the machine's load."""
     argv = [str(_bin_dir() / "kubectl"), f"--kubeconfig={_paths.kubeconfig_path()}", *args]
-    proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+    for attempt in range(3):
+        proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
+        if proc.returncode == 0 or not _never_sent(proc.stderr) or attempt == 2:
+            break
+        time.sleep(2.0 * (attempt + 1))
     if check and proc.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
     return proc
+
+
+_NEVER_SENT = ("net/http: TLS handshake timeout", "connect: connection refused")
+
+
+def _never_sent(stderr: str) -> bool:
+    """kubectl could not reach the server at all: the request was never sent."""
+    return "Unable to connect to the server" in stderr and any(m in stderr for m in _NEVER_SENT)
 
 
 def _apply(objs: list[Obj], server_side: bool = False) -> None:
