@@ -14,6 +14,7 @@ import yaml
 
 from dispatch import CONTROLLER_NAME, LABEL_ADMISSION, Status
 from dispatch._adapter import Following
+from dispatch._controller_options import ControllerOptions
 from dispatch._trainer import identity_env
 from dispatch.cli import EXIT_NOT_CEASED, EXIT_REFUSED, EXIT_RETRY, EXIT_USAGE
 
@@ -679,10 +680,10 @@ def test_help_and_usage_errors_never_connect(cli: Cli) -> None:
 def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch.cli import _app
 
-    calls: list[dict[str, Any]] = []
+    calls: list[ControllerOptions] = []
 
-    def run_from_cli(**kwargs: Any) -> int:
-        calls.append(kwargs)
+    def run_from_cli(options: ControllerOptions) -> int:
+        calls.append(options)
         return 0
 
     monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
@@ -690,28 +691,28 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
                  "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug",
                  "--metrics-bind-address", ":8443", "--metrics-secure", "--metrics-cert-dir", "/certs")
     assert result.exit_code == 0, result.output
-    assert calls == [{
-        "kubeconfig": "/k", "context": "c", "namespace": "ns", "metrics_port": 9090, "leader_elect": False,
-        "lease_namespace": "dispatch-system", "lease_name": "dispatch-admission-controller", "identity": None,
-        "workers": 8, "batch": 16, "resync_seconds": 60.0, "foreign": "ignore", "log_level": "debug",
-        "controller_name": CONTROLLER_NAME, "metrics_bind_address": ":8443",
-        "metrics_secure": True, "metrics_cert_dir": "/certs",
-        "guard_port": None, "guard_cert_dir": "",
-        "guard_webhook": "dispatch-guard", "kueue_namespace": "kueue-system",
-    }]
+    assert calls == [ControllerOptions(
+        kubeconfig="/k", context="c", namespace="ns", metrics_port=9090, leader_elect=False,
+        lease_namespace="dispatch-system", lease_name="dispatch-admission-controller", identity=None,
+        workers=8, batch=16, resync_seconds=60.0, foreign="ignore", log_level="debug",
+        controller_name=CONTROLLER_NAME, metrics_bind_address=":8443",
+        metrics_secure=True, metrics_cert_dir="/certs",
+        guard_port=None, guard_cert_dir="",
+        guard_webhook="dispatch-guard", kueue_namespace="kueue-system",
+    )]
     cli("controller", "--kueue-namespace", "kueue-alt")
-    assert calls[-1]["kueue_namespace"] == "kueue-alt"
+    assert calls[-1].kueue_namespace == "kueue-alt"
     cli("controller", "--guard-port", "9443", "--guard-cert-dir", "certs", "--guard-webhook", "")
-    assert (calls[-1]["guard_port"], calls[-1]["guard_cert_dir"], calls[-1]["guard_webhook"]) == (9443, "certs", "")
+    assert (calls[-1].guard_port, calls[-1].guard_cert_dir, calls[-1].guard_webhook) == (9443, "certs", "")
     cli("controller", "-n", "other")
-    assert calls[-1]["namespace"] == "other"
-    assert calls[-1]["leader_elect"] is True
+    assert calls[-1].namespace == "other"
+    assert calls[-1].leader_elect is True
 
 
 def test_controller_exit_code_is_passed_on(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch.cli import _app
 
-    monkeypatch.setattr(_app, "run_from_cli", lambda **kwargs: 1)
+    monkeypatch.setattr(_app, "run_from_cli", lambda options: 1)
     assert cli("controller").exit_code == 1
 
 
@@ -719,7 +720,7 @@ def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatc
     from dispatch import Forbidden
     from dispatch.cli import _app
 
-    def run_from_cli(**kwargs: Any) -> None:
+    def run_from_cli(options: ControllerOptions) -> None:
         raise Forbidden("forbidden: cannot watch workloads.kueue.x-k8s.io", reason="Forbidden", code=403)
 
     monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
@@ -728,19 +729,45 @@ def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatc
     assert "cannot watch workloads" in result.stderr
 
 
-def test_the_real_controller_entry_point_matches(cli: Cli) -> None:
-    """The keyword arguments the CLI passes are exactly the controller's parameters."""
-    import inspect
+@pytest.mark.parametrize(("args", "named"), [
+    (["--workers", "0"], "--workers"), (["--resync-seconds", "nan"], "--resync-seconds"),
+    (["--foreign", "pass"], "--foreign"), (["--log-level", "loud"], "--log-level"),
+    (["--guard-port", "70000"], "--guard-port"), (["--metrics-port", "-1"], "--metrics-port"),
+])
+def test_a_controller_option_out_of_its_bounds_is_a_usage_error_in_both_entry_points(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
+        named: str) -> None:
+    from dispatch.cli import _app
+    from dispatch.controller.__main__ import main
 
-    import dispatch.controller as controller
+    started: list[ControllerOptions] = []
+    monkeypatch.setattr(_app, "run_from_cli", started.append)
+    result = cli("controller", *args)
+    assert result.exit_code == EXIT_USAGE and named in result.stderr, result.stderr
+    with pytest.raises(SystemExit) as exited:
+        main(args)
+    assert exited.value.code == 2 and named in capsys.readouterr().err
+    assert started == []
 
-    params = set(inspect.signature(controller.run_from_cli).parameters)
-    assert params == {
-        "kubeconfig", "context", "namespace", "metrics_port", "leader_elect", "lease_namespace", "lease_name",
-        "identity", "workers", "batch", "resync_seconds", "foreign", "log_level", "controller_name",
-        "metrics_bind_address", "metrics_secure", "metrics_cert_dir",
-        "guard_port", "guard_cert_dir", "guard_webhook", "kueue_namespace",
-    }
+
+def test_both_entry_points_take_exactly_the_controller_options(cli: Cli) -> None:
+    """``dispatch controller`` and ``python -m dispatch.controller`` are both built from ControllerOptions:
+    the same flags (the CLI's global --kubeconfig and --context aside), the same defaults."""
+    import dataclasses
+
+    import typer.main
+
+    from dispatch._controller_options import options, parser
+    from dispatch.cli import _app
+
+    command = typer.main.get_command(_app.app).commands["controller"]  # type: ignore[attr-defined]
+    cli_flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help", "-h"}
+    module_flags = {o for a in parser(environ=[])._actions for o in a.option_strings} - {"--help", "-h"}
+    declared = {o.flag for o in options()}
+    assert module_flags == declared | {"-n", "--no-leader-elect"}
+    assert cli_flags == module_flags - {"--kubeconfig", "--context"}
+    assert {p.name: p.default for p in command.params if p.name} == {
+        f.name: f.default for f in dataclasses.fields(ControllerOptions) if f.name not in ("kubeconfig", "context")}
 
 
 def test_release_wait_live_view_on_a_terminal(cli: Cli, running: Callable[[], str]) -> None:

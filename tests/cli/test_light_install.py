@@ -66,12 +66,17 @@ def test_the_cli_helps_and_only_the_controller_command_asks_for_the_extra() -> N
             "pip install 'trainjob-dispatch[controller]'") in got.stderr
 
 
-def test_the_stand_in_defaults_are_the_controllers() -> None:
-    import dataclasses
+def test_the_controller_options_need_no_extra() -> None:
+    """``dispatch controller --help`` and its usage errors need only ControllerOptions, which imports
+    nothing beyond the standard library and dispatch's names."""
+    import ast
+    import sys as _sys
+    from pathlib import Path as _Path
 
-    from dispatch import controller
-    from dispatch.cli import _nocontroller
+    import dispatch._controller_options as co
 
-    for field in dataclasses.fields(_nocontroller.DEFAULTS):
-        assert getattr(_nocontroller.DEFAULTS, field.name) == getattr(controller.DEFAULTS, field.name), field.name
-    assert (_nocontroller.LOG_LEVEL, _nocontroller.METRICS_PORT) == (controller.LOG_LEVEL, controller.METRICS_PORT)
+    tree = ast.parse(_Path(co.__file__).read_text())
+    imported = {a.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and not node.level}
+    assert imported <= set(_sys.stdlib_module_names) | {"__future__"}, imported

@@ -23,7 +23,7 @@ from cryptography.x509.oid import NameOID
 from prometheus_client import CollectorRegistry
 
 from dispatch import _kube as k
-from dispatch.controller import Config, MetricsServing, run_from_cli
+from dispatch.controller import Config, ControllerOptions, MetricsServing, run_from_cli
 from dispatch.controller import _http as h
 from dispatch.controller.testing import AccessReviews, FakeKueue
 from dispatch.testing import FakeCluster
@@ -175,11 +175,11 @@ def test_the_entry_point_refuses_bad_metrics_options_before_connecting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     missing = str(tmp_path / "none")
-    assert run_from_cli(kubeconfig=missing, context=None, namespace=None, metrics_port=0, leader_elect=False,
-                        metrics_bind_address="nonsense") == 1
+    assert run_from_cli(ControllerOptions(kubeconfig=missing, metrics_port=0, leader_elect=False,
+                                          metrics_bind_address="nonsense")) == 1
     assert "is not HOST:PORT" in capsys.readouterr().err
-    assert run_from_cli(kubeconfig=missing, context=None, namespace=None, metrics_port=0, leader_elect=False,
-                        metrics_secure=True) == 1
+    assert run_from_cli(ControllerOptions(kubeconfig=missing, metrics_port=0, leader_elect=False,
+                                          metrics_secure=True)) == 1
     assert "pass --metrics-bind-address" in capsys.readouterr().err
 
 

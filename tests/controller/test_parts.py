@@ -13,7 +13,7 @@ from dispatch import _kube as k
 from dispatch._decision import Verdict, waiting_text
 from dispatch._kueue import CheckEntry, WorkloadView, controller_owner
 from dispatch._records import RemainingPod
-from dispatch.controller import run, run_from_cli
+from dispatch.controller import ControllerOptions, run, run_from_cli
 from dispatch.controller._queue import WorkQueue
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
@@ -158,8 +158,7 @@ def test_run_from_cli_reports_a_missing_kubeconfig(tmp_path: object, capsys: pyt
 
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
-    code = run_from_cli(kubeconfig="/nonexistent/kubeconfig", context=None, namespace=None, metrics_port=0,
-                        leader_elect=False)
+    code = run_from_cli(ControllerOptions(kubeconfig="/nonexistent/kubeconfig", metrics_port=0, leader_elect=False))
     structlog.reset_defaults()
     root.handlers, root.level = handlers, level       # run_from_cli sends the standard library's logs as JSON
     assert code == 1

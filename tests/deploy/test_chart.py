@@ -400,3 +400,43 @@ def test_multikueue_roles_are_deploys_and_only_on_request(tools: tuple[Path, Pat
     assert "--kueue-namespace=kueue-alt" in container(moved)["args"]
     bad = render(tools, "multikueue.workerSecrets={Not_A_Name}", check=False)
     assert bad.returncode != 0 and "workerSecrets" in bad.stderr
+
+
+def _value(values: Obj, path: str) -> Any:
+    node: Any = values
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+def _other(value: Any, choices: tuple[str, ...]) -> Any:
+    """A value of the same kind as ``value`` that differs from it."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int | float):
+        return value + 3
+    if choices:
+        return next(c for c in choices if c != value)
+    return f"{value or 'team'}-alt"
+
+
+def test_every_controller_option_the_chart_sets_reaches_the_controller_as_its_value_says(
+        tools: tuple[Path, Path]) -> None:
+    """Each ControllerOptions field the chart sets from a value: the controller the chart runs parses its
+    args (``python -m dispatch.controller``'s own parser) to exactly what values.yaml says, with the
+    defaults (where the template leaves a flag out, the controller's default must be the value's) and with
+    every value changed."""
+    from dispatch._controller_options import options, parse
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    charted = [(o, o.chart) for o in options() if o.chart]
+    assert {c for _, c in charted} >= {"controller.workers", "controller.batch", "controller.resyncSeconds",
+                                          "controller.foreign", "controller.logLevel", "multikueue.kueueNamespace"}
+    got = parse(container(chart(tools))["args"], environ=[])
+    for o, path in charted:
+        assert getattr(got, o.name) == o.check(_value(values, path) or None), (o.flag, path)
+    changed = [(o, path, _other(_value(values, path), o.choices)) for o, path in charted]
+    sets = [f"{path}={str(v).lower() if isinstance(v, bool) else v}" for _, path, v in changed]
+    got = parse(container(chart(tools, *sets))["args"], environ=[])
+    for o, path, v in changed:
+        assert getattr(got, o.name) == o.check(v), (o.flag, path, v)

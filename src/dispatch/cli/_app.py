@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import os
 import shlex
@@ -18,6 +19,8 @@ from rich.text import Text
 
 from .. import __version__
 from .._api import PODS, TRAINJOBS
+from .._controller_options import ControllerOptions
+from .._controller_options import Option as ControllerOption
 from .._records import State, Status
 from .._validate import validate_spec
 from ..errors import InvalidInput
@@ -52,13 +55,13 @@ from ._spec import (
     parse_volume,
 )
 from ._state import FORMATS, CliState, Output, Settings, parse_format
-from ._timing import INTERVAL, RESYNC, STEP_TIMEOUT, TIMEOUT, parse_duration
+from ._timing import INTERVAL, STEP_TIMEOUT, TIMEOUT, parse_duration
 
 try:
-    from ..controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+    from ..controller import run_from_cli
 except ModuleNotFoundError as _missing:   # the `controller` extra is not installed: only that command needs it
     from . import _nocontroller
-    from ._nocontroller import DEFAULTS, LOG_LEVEL, METRICS_PORT, run_from_cli
+    from ._nocontroller import run_from_cli
 
     _nocontroller.MISSING = _nocontroller.missing_module(_missing)
 
@@ -943,85 +946,25 @@ def completion(
 # ----------------------------------------------------------------------------------------- controller
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
+def _typer_parameter(f: dataclasses.Field[Any]) -> inspect.Parameter:
+    """One ``ControllerOptions`` field as a typer option: its flag, help, environment variable and bounds
+    (a value out of them is a usage error naming the option)."""
+    opt: ControllerOption = f.metadata["option"]
+
+    def check(value: Any) -> Any:
+        try:
+            return opt.check(value)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+
+    decls = [f"{opt.flag}/--no-{opt.flag[2:]}" if opt.negatable else opt.flag, *([opt.short] if opt.short else [])]
+    info = typer.Option(*decls, help=opt.describe(), envvar=opt.env, metavar=opt.metavar, callback=check)
+    kind: Any = (opt.kind | None) if opt.optional else opt.kind
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                             annotation=Annotated[kind, info])
 
 
-def _log_level(value: str) -> str:
-    """A usage error for a level the controller does not know (it would otherwise log at info unasked)."""
-    if value.lower() not in LOG_LEVELS:
-        raise typer.BadParameter(f"must be one of {', '.join(LOG_LEVELS)} (got {value!r})")
-    return value.lower()
-
-
-@app.command(epilog=EXIT_CODES_HELP)
-def controller(
-    ctx: typer.Context,
-    metrics_port: Annotated[
-        int, typer.Option("--metrics-port", min=0, max=65535,
-                          help="Port of /healthz, /readyz and /metrics (0: any free).")
-    ] = METRICS_PORT,
-    metrics_bind_address: Annotated[
-        str | None,
-        typer.Option("--metrics-bind-address", metavar="HOST:PORT",
-                     help="Serve /metrics on a listener of its own (127.0.0.1:PORT keeps it on the host)."),
-    ] = None,
-    metrics_secure: Annotated[
-        bool, typer.Option("--metrics-secure", help="HTTPS on --metrics-bind-address, for callers the API server "
-                                                    "authenticates and authorizes for get /metrics.")
-    ] = False,
-    metrics_cert_dir: Annotated[
-        str | None, typer.Option("--metrics-cert-dir", help="tls.crt and tls.key of secure metrics "
-                                                            "(default: self-signed).")
-    ] = None,
-    leader_elect: Annotated[
-        bool, typer.Option("--leader-elect/--no-leader-elect", help="Run as one of several replicas (a Lease).")
-    ] = True,
-    lease_namespace: Annotated[
-        str, typer.Option("--lease-namespace", envvar="POD_NAMESPACE", help="Namespace of the Lease.")
-    ] = DEFAULTS.lease_namespace,
-    lease_name: Annotated[str, typer.Option("--lease-name", help="Name of the Lease.")] = DEFAULTS.lease_name,
-    identity: Annotated[
-        str | None, typer.Option("--identity", envvar="POD_NAME", help="Holder identity (default: host and pid).")
-    ] = None,
-    workers: Annotated[int, typer.Option("--workers", min=1, help="Workloads decided concurrently.")] = (
-        DEFAULTS.workers),
-    batch: Annotated[
-        int, typer.Option("--batch", min=1,
-                          help="Decide up to this many queued Workloads of one namespace from one shared read.")
-    ] = DEFAULTS.batch,
-    resync_seconds: Annotated[
-        float,
-        typer.Option("--resync-seconds", metavar="SECONDS", callback=RESYNC,
-                     help="Re-check waiting Workloads this often even without an event (a safety net), "
-                     f"seconds ({RESYNC.range})."),
-    ] = DEFAULTS.resync_seconds,
-    foreign: Annotated[
-        str, typer.Option("--foreign", help="Workloads whose owner is not a TrainJob: 'ready' (pass) or 'ignore'.")
-    ] = DEFAULTS.foreign,
-    controller_name: Annotated[
-        str, typer.Option("--controller-name", help="Own the AdmissionChecks with this spec.controllerName.")
-    ] = DEFAULTS.controller_name,
-    log_level: Annotated[
-        str, typer.Option("--log-level", metavar="LEVEL", callback=_log_level, help="debug, info, warning or error.")
-    ] = LOG_LEVEL,
-    guard_port: Annotated[
-        int | None, typer.Option("--guard-port", min=0, max=65535,
-                                 help="Serve the guard (validating webhook) over HTTPS on this port (default: none).")
-    ] = DEFAULTS.guard_port,
-    guard_cert_dir: Annotated[
-        str, typer.Option("--guard-cert-dir", help="tls.crt/tls.key to serve the guard with (else made there).")
-    ] = DEFAULTS.guard_cert_dir,
-    guard_webhook: Annotated[
-        str, typer.Option("--guard-webhook", help="ValidatingWebhookConfiguration whose caBundle to keep ('': none).")
-    ] = DEFAULTS.guard_webhook,
-    kueue_namespace: Annotated[
-        str, typer.Option("--kueue-namespace", help="Kueue's namespace (MultiKueue workers' kubeconfig Secrets).")
-    ] = DEFAULTS.kueue_namespace,
-    namespace: Annotated[
-        str | None,
-        typer.Option("--namespace", "-n", help="Serve only this namespace (default: the global -n, else all)."),
-    ] = None,
-) -> None:
+def controller(ctx: typer.Context, **given: Any) -> None:
     """Run the Kueue admission-check controller until SIGTERM or Ctrl-C (long-running).
 
     It keeps the AdmissionCheck active, and for each pending Workload of a TrainJob either leaves the
@@ -1029,32 +972,23 @@ def controller(
     """
     state = _state(ctx)
     s = state.settings
+    given["namespace"] = given.get("namespace") or s.namespace
     with guard(state):
-        result = run_from_cli(
-            kubeconfig=s.kubeconfig,
-            context=s.context,
-            namespace=namespace or s.namespace,
-            metrics_port=metrics_port,
-            metrics_bind_address=metrics_bind_address,
-            metrics_secure=metrics_secure,
-            metrics_cert_dir=metrics_cert_dir,
-            leader_elect=leader_elect,
-            lease_namespace=lease_namespace,
-            lease_name=lease_name,
-            identity=identity,
-            workers=workers,
-            batch=batch,
-            resync_seconds=resync_seconds,
-            foreign=foreign,
-            log_level=log_level,
-            controller_name=controller_name,
-            guard_port=guard_port,
-            guard_cert_dir=guard_cert_dir,
-            guard_webhook=guard_webhook,
-            kueue_namespace=kueue_namespace,
-        )
+        result = run_from_cli(ControllerOptions(kubeconfig=s.kubeconfig, context=s.context, **given))
     if isinstance(result, int) and result:
         raise typer.Exit(result)
+
+
+# Its options are ControllerOptions' own fields (all but the global --kubeconfig and --context), so this
+# command, `python -m dispatch.controller` and the chart cannot drift apart.
+_CONTROLLER_PARAMETERS = [_typer_parameter(f) for f in dataclasses.fields(ControllerOptions)
+                          if not f.metadata["option"].global_]
+controller.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+    [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+     *_CONTROLLER_PARAMETERS])
+controller.__annotations__ = {"ctx": typer.Context, **{p.name: p.annotation for p in _CONTROLLER_PARAMETERS},
+                              "return": None}
+app.command(epilog=EXIT_CODES_HELP)(controller)
 
 
 # -------------------------------------------------------------------------------------------- testbed

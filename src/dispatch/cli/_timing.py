@@ -36,7 +36,6 @@ INTERVAL = Seconds(0.1, 3600.0)
 TIMEOUT = Seconds(0.0, 7 * 24 * 3600.0)
 """How long to keep waiting: 0 means one attempt; a week at most."""
 STEP_TIMEOUT = Seconds(1.0, 24 * 3600.0)
-RESYNC = Seconds(1.0, 24 * 3600.0)
 
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}

@@ -38,6 +38,7 @@ import structlog
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
 
 from .. import _kube as k
+from .._controller_options import ControllerOptions
 from ..errors import DispatchError, Refused
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON
 from ._controller import DEFAULTS, LOG_LEVEL, METRICS_PORT, Config, Controller, default_identity
@@ -55,6 +56,7 @@ __all__ = [
     "Authorizer",
     "Config",
     "Controller",
+    "ControllerOptions",
     "Metrics",
     "MetricsServing",
     "Outcome",
@@ -112,31 +114,9 @@ def configure_logging(level: str = "info") -> None:
     root.setLevel(numeric if numeric <= logging.DEBUG else max(numeric, logging.WARNING))
 
 
-def run_from_cli(
-    *,
-    kubeconfig: str | None,
-    context: str | None,
-    namespace: str | None,
-    metrics_port: int = METRICS_PORT,
-    leader_elect: bool = True,
-    lease_namespace: str = DEFAULTS.lease_namespace,
-    lease_name: str = DEFAULTS.lease_name,
-    identity: str | None = None,
-    workers: int = DEFAULTS.workers,
-    batch: int = DEFAULTS.batch,
-    resync_seconds: float = DEFAULTS.resync_seconds,
-    foreign: str = DEFAULTS.foreign,
-    log_level: str = LOG_LEVEL,
-    controller_name: str = DEFAULTS.controller_name,
-    metrics_bind_address: str | None = None,
-    metrics_secure: bool = False,
-    metrics_cert_dir: str | None = None,
-    guard_port: int | None = DEFAULTS.guard_port,
-    guard_cert_dir: str = DEFAULTS.guard_cert_dir,
-    guard_webhook: str = DEFAULTS.guard_webhook,
-    kueue_namespace: str = DEFAULTS.kueue_namespace,
-) -> int:
-    """Run until SIGTERM/SIGINT. Returns the exit code: 0 after a clean stop, 1 on a fatal error.
+def run_from_cli(options: ControllerOptions) -> int:
+    """Run until SIGTERM/SIGINT with ``options`` (every setting of ``dispatch controller``, one object).
+    Returns the exit code: 0 after a clean stop, 1 on a fatal error.
 
     ``namespace=None`` serves Workloads in all namespaces. ``metrics_port`` serves /healthz, /readyz and
     /metrics (0 picks a free port). In a pod, leave ``kubeconfig`` None to use in-cluster credentials.
@@ -145,35 +125,27 @@ def run_from_cli(
     (``metrics_cert_dir`` holds tls.crt/tls.key; self-signed without it). ``guard_port`` serves the guard
     webhook over HTTPS (None: no guard), with a certificate for its Service in ``lease_namespace``.
     """
-    configure_logging(log_level)
+    o = options
+    configure_logging(o.log_level)
     log = structlog.get_logger("dispatch.controller")
-    if foreign not in ("ready", "ignore"):
-        log.error("invalid option", option="foreign", value=foreign, allowed=["ready", "ignore"])
-        return 1
     serving: MetricsServing | None = None
-    if metrics_bind_address is not None:
+    if o.metrics_bind_address is not None:
         try:
-            serving = MetricsServing.parse(metrics_bind_address, secure=metrics_secure, cert_dir=metrics_cert_dir)
+            serving = MetricsServing.parse(o.metrics_bind_address, secure=o.metrics_secure,
+                                           cert_dir=o.metrics_cert_dir)
         except ValueError as exc:
             log.error("invalid option", option="metrics-bind-address", error=str(exc))
             return 1
-    elif metrics_secure or metrics_cert_dir is not None:
+    elif o.metrics_secure or o.metrics_cert_dir is not None:
         log.error("invalid option", option="metrics-secure",
                   error="secure metrics need their own listener: pass --metrics-bind-address (e.g. :8443)")
         return 1
-    config = Config(
-        namespace=namespace, workers=workers, batch=max(1, batch), leader_elect=leader_elect, lease_name=lease_name,
-        lease_namespace=lease_namespace, identity=identity or default_identity(), resync_seconds=resync_seconds,
-        metrics_port=metrics_port, foreign="ready" if foreign == "ready" else "ignore",
-        controller_name=controller_name, metrics_serving=serving,
-        guard_port=guard_port, guard_cert_dir=guard_cert_dir,
-        guard_webhook=guard_webhook, kueue_namespace=kueue_namespace,
-    )
+    config = Config.from_options(o, metrics_serving=serving)
 
     async def main() -> int:
         try:
-            kube = k.Kube.connect(namespace=namespace, kubeconfig=Path(kubeconfig) if kubeconfig else None,
-                                  context=context)
+            kube = k.Kube.connect(namespace=o.namespace, kubeconfig=Path(o.kubeconfig) if o.kubeconfig else None,
+                                  context=o.context)
         except Refused as exc:
             log.error("cannot connect", error=str(exc))
             return 1

@@ -23,6 +23,8 @@ from .. import _api as api
 from .. import _kube as k
 from .. import _names as n
 from .._api import Obj
+from .._controller_options import DEFAULTS as OPTION_DEFAULTS
+from .._controller_options import ControllerOptions
 from .._fleet import Connect, Fleet
 from ..errors import DispatchError, Forbidden
 from ._apimetrics import hooks as api_hooks
@@ -50,22 +52,28 @@ def default_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
+_O = OPTION_DEFAULTS
+
+
 @dataclass(frozen=True)
 class Config:
-    """How the controller runs. ``namespace=None`` serves Workloads in every namespace."""
+    """How the controller runs. ``namespace=None`` serves Workloads in every namespace.
+
+    The settings a person sets come from :class:`ControllerOptions` (:meth:`from_options`), which also
+    holds their defaults; the rest are tuning for tests and embedding."""
 
     namespace: str | None = None
-    workers: int = 4
-    batch: int = 64
+    workers: int = _O.workers
+    batch: int = _O.batch
     """Up to this many queued Workloads of one namespace are decided from one shared read (1: one each)."""
     leader_elect: bool = False
-    lease_name: str = "dispatch-admission-controller"
-    lease_namespace: str = "dispatch-system"
+    lease_name: str = _O.lease_name
+    lease_namespace: str = _O.lease_namespace
     identity: str = ""
     lease_seconds: float = 15.0
     renew_deadline: float = 10.0
     retry_seconds: float = 2.0
-    resync_seconds: float = 60.0
+    resync_seconds: float = _O.resync_seconds
     """Safety net only: every Pending Workload is re-checked this often even without an event."""
     watch_timeout_seconds: int = 300
     sync_wait_seconds: float = 30.0
@@ -75,24 +83,37 @@ class Config:
     """None serves no HTTP; 0 picks a free port (tests)."""
     metrics_serving: MetricsServing | None = None
     """/metrics on a listener of its own (localhost, or HTTPS with TokenReview/SubjectAccessReview)."""
-    foreign: ForeignPolicy = "ready"
+    foreign: ForeignPolicy = "ready" if _O.foreign == "ready" else "ignore"
     events: bool = True
     field_manager: str = n.FIELD_MANAGER
-    controller_name: str = n.CONTROLLER_NAME
+    controller_name: str = _O.controller_name
     """AdmissionChecks with this ``spec.controllerName`` are ours (another name isolates a canary or a test)."""
-    guard_port: int | None = None
+    guard_port: int | None = _O.guard_port
     """Serve the guard (the validating webhook, ``_guard``) over HTTPS on this port; None: no guard."""
     guard_host: str = "0.0.0.0"
-    guard_cert_dir: str = ""
+    guard_cert_dir: str = _O.guard_cert_dir
     """``tls.crt``/``tls.key`` here are used (cert-manager); else a CA and certificate are made here ("": a
     private temporary directory)."""
-    guard_webhook: str = "dispatch-guard"
+    guard_webhook: str = _O.guard_webhook
     """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
-    kueue_namespace: str = "kueue-system"
+    kueue_namespace: str = _O.kueue_namespace
     """Kueue's namespace, where the Secrets holding MultiKueue workers' kubeconfigs are."""
     guard_hosts: tuple[str, ...] = ()
     """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
     the guard Service in the controller's own namespace)."""
+
+    @classmethod
+    def from_options(cls, o: ControllerOptions, *, metrics_serving: MetricsServing | None = None) -> Config:
+        """The controller's configuration from its command-line settings (the identity made unique when
+        none is given, metrics served next to the probes unless ``metrics_serving``)."""
+        return cls(
+            namespace=o.namespace, workers=o.workers, batch=o.batch, leader_elect=o.leader_elect,
+            lease_name=o.lease_name, lease_namespace=o.lease_namespace, identity=o.identity or default_identity(),
+            resync_seconds=o.resync_seconds, metrics_port=o.metrics_port,
+            foreign="ready" if o.foreign == "ready" else "ignore", controller_name=o.controller_name,
+            metrics_serving=metrics_serving, guard_port=o.guard_port, guard_cert_dir=o.guard_cert_dir,
+            guard_webhook=o.guard_webhook, kueue_namespace=o.kueue_namespace,
+        )
 
 
 GUARD_SERVICE = "dispatch-guard"
@@ -106,11 +127,10 @@ def guard_hosts_in(namespace: str) -> tuple[str, ...]:
 
 
 DEFAULTS = Config()
-"""The one source of the controller's option defaults (the CLI, ``python -m dispatch.controller`` and
-``run_from_cli`` all read it)."""
-METRICS_PORT = 8080
+"""The controller's configuration with every default (those a person sets are ``ControllerOptions``')."""
+METRICS_PORT = _O.metrics_port
 """The port a deployed controller serves probes and metrics on (``Config`` itself serves none)."""
-LOG_LEVEL = "info"
+LOG_LEVEL = _O.log_level
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> None:
