@@ -44,6 +44,8 @@ class Option:
     short: str | None = None
     chart: str | None = None
     """The chart value (``.Values.<path>``) that sets it, if the chart sets it from one value."""
+    unit: str = ""
+    """What the number counts (``seconds``), said in a refusal."""
     global_: bool = False
     """Taken from the CLI's global options (``--kubeconfig``, ``--context``), not the command's own."""
 
@@ -56,7 +58,7 @@ class Option:
         if self.kind is float and not math.isfinite(value):
             raise ValueError(f"must be a finite number (got {value!r})")
         if (self.low is not None and value < self.low) or (self.high is not None and value > self.high):
-            raise ValueError(f"must be {self.range} (got {value:g})")
+            raise ValueError(f"must be {self.range}{' ' + self.unit if self.unit else ''} (got {value:g})")
         if self.choices:
             if str(value).lower() not in self.choices:
                 raise ValueError(f"must be one of {', '.join(self.choices)} (got {value!r})")
@@ -117,7 +119,7 @@ class ControllerOptions:
                       "read.", int, low=1, chart="controller.batch")
     resync_seconds: float = _opt(60.0, "--resync-seconds", "Re-check waiting Workloads this often even without "
                                  "an event (a safety net), seconds.", float, low=1.0, high=24 * 3600.0,
-                                 metavar="SECONDS", chart="controller.resyncSeconds")
+                                 metavar="SECONDS", unit="seconds", chart="controller.resyncSeconds")
     foreign: str = _opt("ready", "--foreign", "Workloads whose owner is not a TrainJob: pass them at once, or "
                         "leave them Pending untouched.", str, choices=FOREIGN, chart="controller.foreign")
     controller_name: str = _opt(n.CONTROLLER_NAME, "--controller-name", "Own the AdmissionChecks with this "

@@ -235,7 +235,7 @@ def test_help_says_which_flags_split_at_commas(cli: Cli) -> None:
         (("wait", "x", "--for", "Running", "--timeout", "inf"), "--timeout", "got inf"),
         (("demo", "--step-timeout", "0"), "--step-timeout", "must be 1 to 86400 seconds"),
         (("controller", "--resync-seconds", "0.5"), "--resync-seconds", "must be 1 to 86400 seconds"),
-        (("controller", "--metrics-port", "70000"), "--metrics-port", "less than or equal to 65535"),
+        (("controller", "--metrics-port", "70000"), "--metrics-port", "must be 0 to 65535 (got 70000)"),
         (("controller", "--log-level", "verbose"), "--log-level",
          "must be one of debug, info, warning, error (got 'verbose')"),
     ],
