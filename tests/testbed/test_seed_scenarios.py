@@ -153,8 +153,11 @@ def test_suspended_pods_stay_terminating_while_jobset_active_is_already_zero(ada
 
 
 def test_a_freshly_held_object_is_refused_until_every_layer_has_stopped(adapter: Adapter, ns: str) -> None:
-    """Is a suspended TrainJob suspended all the way down at once? Whatever the lag, release refuses."""
-    name = start(adapter, ns, spec("lag"))
+    """Is a suspended TrainJob suspended all the way down at once? Whatever the lag, release refuses.
+
+    Its pod takes 10 s to end once deleted (KWOK's delay; a real one is its grace period): on a busy
+    machine KWOK once ended it before the first release after hold was even sent, so nothing was refused."""
+    name = start(adapter, ns, spec("lag", pod_annotations={tb.ANN_DELETE_DELAY: "10s"}))
     adapter.hold(name)
     observed: list[str] = []
     while True:
