@@ -98,12 +98,15 @@ def _json_patch(obj: Obj, ops: list[Obj]) -> None:
             target[last] = op["value"]
 
 
-def _wire_webhooks(cfgs: list[Obj], port: int, ca_bundle: str) -> None:
-    """Point every webhook of ``cfgs`` at a controller serving on 127.0.0.1:``port``."""
+def _wire_webhooks(cfgs: list[Obj], prefix: str, port: int, ca_bundle: str) -> list[Obj]:
+    """Name every configuration of ``cfgs`` ``prefix`` + its upstream name (dropping the rest of its metadata)
+    and point its webhooks at a controller serving on 127.0.0.1:``port``."""
     for cfg in cfgs:
+        cfg["metadata"] = {"name": prefix + cfg["metadata"]["name"]}
         for wh in cfg.get("webhooks", []):
             path = wh["clientConfig"]["service"].get("path", "/")
             wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+    return cfgs
 
 
 def ca_bundle(pki: Path) -> str:
@@ -111,26 +114,9 @@ def ca_bundle(pki: Path) -> str:
     return base64.b64encode((pki / "ca.crt").read_bytes()).decode()
 
 
-def jobset_webhooks(mod: Path, bundle: str) -> list[Obj]:
-    """JobSet webhook configurations as its kustomize base renders them (prefix ``jobset-``)."""
-    base = mod / "config/components/webhook"
-    cfgs = load_all(base / "manifests.yaml")
-    kust = load_all(base / "kustomization.yaml")[0]
-    for p in kust.get("patches", []):
-        tgt = p["target"]
-        ops = yaml.safe_load((base / p["path"]).read_text())
-        for cfg in cfgs:
-            if cfg["kind"] == tgt["kind"] and cfg["metadata"]["name"] == tgt["name"]:
-                _json_patch(cfg, ops)
-    for cfg in cfgs:
-        cfg["metadata"] = {"name": "jobset-" + cfg["metadata"]["name"]}
-    _wire_webhooks(cfgs, PORTS["jobset-webhook"], bundle)
-    return cfgs
-
-
-def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
-    """Trainer webhook configurations with the upstream names (defaulter/validator.trainer.kubeflow.org)."""
-    base = mod / "manifests/base/webhook"
+def _json_patched_webhooks(base: Path) -> list[Obj]:
+    """The webhook configurations of ``base`` with its kustomization's JSON patches applied; a target without
+    a name patches every configuration of its kind, as kustomize does."""
     cfgs = load_all(base / "manifests.yaml")
     kust = load_all(base / "kustomization.yaml")[0]
     for p in kust.get("patches", []):
@@ -139,10 +125,19 @@ def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
         for cfg in cfgs:
             if cfg["kind"] == tgt["kind"] and ("name" not in tgt or cfg["metadata"]["name"] == tgt["name"]):
                 _json_patch(cfg, ops)
-    for cfg in cfgs:
-        cfg["metadata"] = {"name": cfg["metadata"]["name"]}
-    _wire_webhooks(cfgs, PORTS["trainer-webhook"], bundle)
     return cfgs
+
+
+def jobset_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """JobSet webhook configurations as its kustomize base renders them (prefix ``jobset-``)."""
+    cfgs = _json_patched_webhooks(mod / "config/components/webhook")
+    return _wire_webhooks(cfgs, "jobset-", PORTS["jobset-webhook"], bundle)
+
+
+def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """Trainer webhook configurations with the upstream names (defaulter/validator.trainer.kubeflow.org)."""
+    cfgs = _json_patched_webhooks(mod / "manifests/base/webhook")
+    return _wire_webhooks(cfgs, "", PORTS["trainer-webhook"], bundle)
 
 
 def kueue_webhooks(mod: Path, bundle: str) -> list[Obj]:
@@ -162,10 +157,8 @@ def kueue_webhooks(mod: Path, bundle: str) -> list[Obj]:
                 if pw["name"] in by_name:
                     by_name[pw["name"]].update({k: v for k, v in pw.items() if k != "name"})
     for cfg in cfgs:
-        cfg["metadata"] = {"name": "kueue-" + cfg["metadata"]["name"]}
         cfg["webhooks"] = [w for w in cfg["webhooks"] if w["name"] in KUEUE_WEBHOOKS_KEPT]
-    _wire_webhooks(cfgs, PORTS["kueue-webhook"], bundle)
-    return cfgs
+    return _wire_webhooks(cfgs, "kueue-", PORTS["kueue-webhook"], bundle)
 
 
 def crds(jobset: Path, trainer: Path, kueue: Path, bundle: str) -> list[Obj]:
