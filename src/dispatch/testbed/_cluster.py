@@ -769,27 +769,15 @@ def _up() -> Path:
         _start(f"kwok-{n}", [b["kwok"], *kwok_common, f"--manage-single-node={n}"], kwok_env)
 
     _wait(["jobset", "trainer", "kueue"])
-    webhooks = (
+    _register_webhooks(
+        cfgdir,
         mf.jobset_webhooks(mods.jobset, bundle)
         + mf.trainer_webhooks(mods.trainer, bundle)
-        + mf.kueue_webhooks(mods.kueue, bundle)
+        + mf.kueue_webhooks(mods.kueue, bundle),
     )
-    (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
-    _apply(webhooks)
-    _log(f"{len(webhooks)} webhook configurations registered")
     _wait(["kube-controller-manager", "kube-scheduler", "kwok"])
 
-    _apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
-                "data": {"kubeflow_trainer_version": _paths.versions()["TRAINER_VERSION"].lstrip("v")},
-            }
-        ]
-    )
-    _apply_retry(mf.training_runtimes(mods.trainer), server_side=True)
+    _apply_runtimes(mods.trainer)
     _apply(mf.nodes(REGULAR_NODES, FREEZABLE_NODES))
     _apply_retry(mf.kueue_fixtures())
     _wait_nodes_ready()
@@ -800,6 +788,28 @@ def _up() -> Path:
     _state_file().write_text(json.dumps(state))
     _log(f"testbed up in {time.monotonic() - t0:.1f}s; KUBECONFIG={kubeconfig}")
     return _paths.kubeconfig_path()
+
+
+def _register_webhooks(cfgdir: Path, webhooks: list[Obj]) -> None:
+    """Register the controllers' webhook configurations, kept in ``cfgdir`` too for whoever debugs them."""
+    (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
+    _apply(webhooks)
+    _log(f"{len(webhooks)} webhook configurations registered")
+
+
+def _apply_runtimes(trainer: Path) -> None:
+    """Trainer's public ConfigMap (its version, as the upstream manager overlay makes it) and default runtimes."""
+    _apply(
+        [
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
+                "data": {"kubeflow_trainer_version": _paths.versions()["TRAINER_VERSION"].lstrip("v")},
+            }
+        ]
+    )
+    _apply_retry(mf.training_runtimes(trainer), server_side=True)
 
 
 def _multikueue_from_env() -> Obj:
@@ -821,23 +831,10 @@ def _up_manager(t0: float, state: dict[str, str], mods: _paths.Modules, bundle: 
     refuses a TrainJob whose runtime is missing), Kueue's queues. No nodes: nothing runs here."""
     run_trainer = state.get("trainer") != "off"
     _wait(["trainer", "kueue"] if run_trainer else ["kueue"])
-    webhooks = (mf.trainer_webhooks(mods.trainer, bundle) if run_trainer else []) + mf.kueue_webhooks(mods.kueue,
-                                                                                                     bundle)
-    (cfgdir / "webhooks.yaml").write_text(mf.dump_all(webhooks))
-    _apply(webhooks)
-    _log(f"{len(webhooks)} webhook configurations registered")
+    trainer_webhooks = mf.trainer_webhooks(mods.trainer, bundle) if run_trainer else []
+    _register_webhooks(cfgdir, trainer_webhooks + mf.kueue_webhooks(mods.kueue, bundle))
     _wait(["kube-controller-manager"])
-    _apply(
-        [
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {"name": "kubeflow-trainer-public", "namespace": "kubeflow-system"},
-                "data": {"kubeflow_trainer_version": _paths.versions()["TRAINER_VERSION"].lstrip("v")},
-            }
-        ]
-    )
-    _apply_retry(mf.training_runtimes(mods.trainer), server_side=True)
+    _apply_runtimes(mods.trainer)
     _apply_retry(mf.kueue_fixtures())
     kubectl("wait", "--for=condition=Active", "--timeout=60s", "clusterqueue/cq")
     _state_file().write_text(json.dumps(state))
@@ -938,23 +935,23 @@ def _kwok_for(node: str) -> str:
     return f"kwok-{node}"
 
 
-def freeze(node: str) -> None:
-    """Stop the node's kubelet (SIGSTOP of its kwok, or of the real node's kubelet): no more lease renewals,
-    so the node really goes Ready=Unknown; a real node's containers keep running."""
+def _signal_kubelet(node: str, sig: signal.Signals) -> None:
     name = _kwok_for(node)
     pid = _alive(name)
     if pid is None:
         raise RuntimeError(f"{name} is not running")
-    os.kill(pid, signal.SIGSTOP)
+    os.kill(pid, sig)
+
+
+def freeze(node: str) -> None:
+    """Stop the node's kubelet (SIGSTOP of its kwok, or of the real node's kubelet): no more lease renewals,
+    so the node really goes Ready=Unknown; a real node's containers keep running."""
+    _signal_kubelet(node, signal.SIGSTOP)
 
 
 def thaw(node: str) -> None:
     """Resume the node's kubelet (SIGCONT): it renews its lease and finalizes what piled up."""
-    name = _kwok_for(node)
-    pid = _alive(name)
-    if pid is None:
-        raise RuntimeError(f"{name} is not running")
-    os.kill(pid, signal.SIGCONT)
+    _signal_kubelet(node, signal.SIGCONT)
 
 
 def _real_only(node: str) -> None:

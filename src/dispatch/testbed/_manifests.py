@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import copy
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,12 +98,15 @@ def _json_patch(obj: Obj, ops: list[Obj]) -> None:
             target[last] = op["value"]
 
 
-def _wire_webhooks(cfgs: list[Obj], port: int, ca_bundle: str) -> None:
-    """Point every webhook of ``cfgs`` at a controller serving on 127.0.0.1:``port``."""
+def _wire_webhooks(cfgs: list[Obj], prefix: str, port: int, ca_bundle: str) -> list[Obj]:
+    """Name every configuration of ``cfgs`` ``prefix`` + its upstream name (dropping the rest of its metadata)
+    and point its webhooks at a controller serving on 127.0.0.1:``port``."""
     for cfg in cfgs:
+        cfg["metadata"] = {"name": prefix + cfg["metadata"]["name"]}
         for wh in cfg.get("webhooks", []):
             path = wh["clientConfig"]["service"].get("path", "/")
             wh["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": ca_bundle}
+    return cfgs
 
 
 def ca_bundle(pki: Path) -> str:
@@ -111,26 +114,9 @@ def ca_bundle(pki: Path) -> str:
     return base64.b64encode((pki / "ca.crt").read_bytes()).decode()
 
 
-def jobset_webhooks(mod: Path, bundle: str) -> list[Obj]:
-    """JobSet webhook configurations as its kustomize base renders them (prefix ``jobset-``)."""
-    base = mod / "config/components/webhook"
-    cfgs = load_all(base / "manifests.yaml")
-    kust = load_all(base / "kustomization.yaml")[0]
-    for p in kust.get("patches", []):
-        tgt = p["target"]
-        ops = yaml.safe_load((base / p["path"]).read_text())
-        for cfg in cfgs:
-            if cfg["kind"] == tgt["kind"] and cfg["metadata"]["name"] == tgt["name"]:
-                _json_patch(cfg, ops)
-    for cfg in cfgs:
-        cfg["metadata"] = {"name": "jobset-" + cfg["metadata"]["name"]}
-    _wire_webhooks(cfgs, PORTS["jobset-webhook"], bundle)
-    return cfgs
-
-
-def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
-    """Trainer webhook configurations with the upstream names (defaulter/validator.trainer.kubeflow.org)."""
-    base = mod / "manifests/base/webhook"
+def _json_patched_webhooks(base: Path) -> list[Obj]:
+    """The webhook configurations of ``base`` with its kustomization's JSON patches applied; a target without
+    a name patches every configuration of its kind, as kustomize does."""
     cfgs = load_all(base / "manifests.yaml")
     kust = load_all(base / "kustomization.yaml")[0]
     for p in kust.get("patches", []):
@@ -139,10 +125,19 @@ def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
         for cfg in cfgs:
             if cfg["kind"] == tgt["kind"] and ("name" not in tgt or cfg["metadata"]["name"] == tgt["name"]):
                 _json_patch(cfg, ops)
-    for cfg in cfgs:
-        cfg["metadata"] = {"name": cfg["metadata"]["name"]}
-    _wire_webhooks(cfgs, PORTS["trainer-webhook"], bundle)
     return cfgs
+
+
+def jobset_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """JobSet webhook configurations as its kustomize base renders them (prefix ``jobset-``)."""
+    cfgs = _json_patched_webhooks(mod / "config/components/webhook")
+    return _wire_webhooks(cfgs, "jobset-", PORTS["jobset-webhook"], bundle)
+
+
+def trainer_webhooks(mod: Path, bundle: str) -> list[Obj]:
+    """Trainer webhook configurations with the upstream names (defaulter/validator.trainer.kubeflow.org)."""
+    cfgs = _json_patched_webhooks(mod / "manifests/base/webhook")
+    return _wire_webhooks(cfgs, "", PORTS["trainer-webhook"], bundle)
 
 
 def kueue_webhooks(mod: Path, bundle: str) -> list[Obj]:
@@ -162,10 +157,8 @@ def kueue_webhooks(mod: Path, bundle: str) -> list[Obj]:
                 if pw["name"] in by_name:
                     by_name[pw["name"]].update({k: v for k, v in pw.items() if k != "name"})
     for cfg in cfgs:
-        cfg["metadata"] = {"name": "kueue-" + cfg["metadata"]["name"]}
         cfg["webhooks"] = [w for w in cfg["webhooks"] if w["name"] in KUEUE_WEBHOOKS_KEPT]
-    _wire_webhooks(cfgs, PORTS["kueue-webhook"], bundle)
-    return cfgs
+    return _wire_webhooks(cfgs, "kueue-", PORTS["kueue-webhook"], bundle)
 
 
 def crds(jobset: Path, trainer: Path, kueue: Path, bundle: str) -> list[Obj]:
@@ -286,46 +279,32 @@ def kwok_stages(kwok: Path) -> list[Obj]:
     # Bare numbers are seconds; anything else must be a Go duration ("500ms", "2m"); unset/invalid -> 1 s.
     delay_expr = ann(ANN_DELETE_DELAY) + ' | tostring | if test("^[0-9]+([.][0-9]+)?$") then . + "s" else . end'
     delay = {"durationMilliseconds": 1000, "durationFrom": {"expressionFrom": delay_expr}}
+
+    def deleted(name: str, exprs: list[Obj], nxt: Obj) -> Obj:
+        """A stage that removes a deleted pod no annotation holds, once its delete delay is over."""
+        return pod_stage(name, [deleting, not_held, *exprs], {**nxt, "delete": True}, delay)
+
+    ended = {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]}
+    started = ".status.containerStatuses.[].state.running.startedAt"
     # Like a kubelet: a running pod that is deleted is killed (exit 137 -> Failed), then removed. Owners'
     # finalizers (e.g. the Job controller's) are left for their owners to remove.
     stages.append(
-        pod_stage(
+        deleted(
             "dispatch-pod-delete",
-            [
-                deleting,
-                not_held,
-                {"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]},
-            ],
-            {"statusTemplate": terminated("Failed", 137, "Error"), "delete": True},
-            delay,
+            [{"key": ".status.phase", "operator": "NotIn", "values": ["Succeeded", "Failed"]}],
+            {"statusTemplate": terminated("Failed", 137, "Error")},
         )
     )
     stages.append(
-        pod_stage(
-            "dispatch-pod-delete-terminal",
-            [
-                deleting,
-                not_held,
-                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
-                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "DoesNotExist"},
-            ],
-            {"delete": True},
-            delay,
-        )
+        deleted("dispatch-pod-delete-terminal", [ended, {"key": started, "operator": "DoesNotExist"}], {})
     )
     # Like a kubelet that comes back to a pod someone else marked Failed (PodGC, Kueue) while its node was
     # unreachable: it stops the containers and reports them terminated (the phase stays), then removes it.
     stages.append(
-        pod_stage(
+        deleted(
             "dispatch-pod-delete-terminal-running",
-            [
-                deleting,
-                not_held,
-                {"key": ".status.phase", "operator": "In", "values": ["Succeeded", "Failed"]},
-                {"key": ".status.containerStatuses.[].state.running.startedAt", "operator": "Exists"},
-            ],
-            {"statusTemplate": terminated("{{ .status.phase }}", 137, "Error"), "delete": True},
-            delay,
+            [ended, {"key": started, "operator": "Exists"}],
+            {"statusTemplate": terminated("{{ .status.phase }}", 137, "Error")},
         )
     )
     return stages
@@ -414,28 +393,33 @@ def nodes(regular: list[str], freezable: list[str]) -> list[Obj]:
     return out
 
 
+def _cluster_queue(name: str, quota: Mapping[str, str], checks: Sequence[str] = ()) -> Obj:
+    """ClusterQueue ``name`` for every namespace: flavor ``default`` with ``quota`` (resource -> nominal quota;
+    the resources it covers) and ``checks`` as its admission checks (none: no admission-check strategy)."""
+    spec: Obj = {
+        "namespaceSelector": {},
+        "queueingStrategy": "BestEffortFIFO",
+        "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
+        "resourceGroups": [{"coveredResources": list(quota), "flavors": [{
+            "name": "default", "resources": [{"name": k, "nominalQuota": v} for k, v in quota.items()]}]}],
+    }
+    if checks:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
+    return {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+
+
 def kueue_fixtures() -> list[Obj]:
     """Kueue objects the tests rely on: a plain queue and one gated by the ``dispatch`` admission check."""
     api = "kueue.x-k8s.io/v1beta2"
 
     def cq(name: str, checks: list[str]) -> Obj:
-        covered = ["cpu", "memory"]
-        quota: list[Obj] = [{"name": "cpu", "nominalQuota": "8"}, {"name": "memory", "nominalQuota": "32Gi"}]
+        quota = {"cpu": "8", "memory": "32Gi"}
         if checks:
             # Kueue v0.19 runs a ClusterQueue's admission checks only for the flavors a Workload is assigned;
             # a Workload whose pods request none of the covered resources gets no flavor and is admitted
             # without any check. Covering `pods` (which every pod counts against) assigns a flavor always.
-            covered.append("pods")
-            quota.append({"name": "pods", "nominalQuota": "1000"})
-        spec: Obj = {
-            "namespaceSelector": {},
-            "queueingStrategy": "BestEffortFIFO",
-            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
-            "resourceGroups": [{"coveredResources": covered, "flavors": [{"name": "default", "resources": quota}]}],
-        }
-        if checks:
-            spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": c} for c in checks]}
-        return {"apiVersion": api, "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec}
+            quota["pods"] = "1000"
+        return _cluster_queue(name, quota, checks)
 
     def lq(name: str, cluster_queue: str) -> Obj:
         return {
@@ -462,6 +446,8 @@ def kueue_fixtures() -> list[Obj]:
 
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 MULTIKUEUE_SECRET_KEY = "kubeconfig"  # the key MultiKueue reads a worker's kubeconfig from
+_FLEET_QUOTA = {"cpu": "32", "memory": "128Gi", "pods": "1000"}
+"""A fleet's ClusterQueues' quota unless the caller gives one."""
 
 
 def embedded_kubeconfig(server: str, pki: Path, name: str) -> str:
@@ -516,42 +502,14 @@ def multikueue_fixtures(workers: dict[str, str], quota: dict[str, str] | None = 
             "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": "multikueue"},
         },
     })
-    q = quota or {"cpu": "32", "memory": "128Gi", "pods": "1000"}
-
-    def cq(name: str, checks: list[str]) -> Obj:
-        return {
-            "apiVersion": api,
-            "kind": "ClusterQueue",
-            "metadata": {"name": name},
-            "spec": {
-                "namespaceSelector": {},
-                "queueingStrategy": "BestEffortFIFO",
-                "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
-                "resourceGroups": [{"coveredResources": list(q), "flavors": [{
-                    "name": "default", "resources": [{"name": k, "nominalQuota": v} for k, v in q.items()]}]}],
-                "admissionChecksStrategy": {"admissionChecks": [{"name": c} for c in checks]},
-            },
-        }
-
-    out += [cq("cq-multikueue", ["multikueue"]), cq("cq-multikueue-dispatch", ["dispatch", "multikueue"])]
-    return out
+    q = quota or _FLEET_QUOTA
+    return [*out, _cluster_queue("cq-multikueue", q, ["multikueue"]),
+            _cluster_queue("cq-multikueue-dispatch", q, ["dispatch", "multikueue"])]
 
 
 def worker_queue(quota: dict[str, str] | None = None) -> Obj:
     """A fleet worker's ClusterQueue ``cq-fleet`` (no checks: the manager already admitted what comes)."""
-    q = quota or {"cpu": "32", "memory": "128Gi", "pods": "1000"}
-    return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
-        "kind": "ClusterQueue",
-        "metadata": {"name": "cq-fleet"},
-        "spec": {
-            "namespaceSelector": {},
-            "queueingStrategy": "BestEffortFIFO",
-            "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never"},
-            "resourceGroups": [{"coveredResources": list(q), "flavors": [{
-                "name": "default", "resources": [{"name": k, "nominalQuota": v} for k, v in q.items()]}]}],
-        },
-    }
+    return _cluster_queue("cq-fleet", quota or _FLEET_QUOTA)
 
 
 def deepcopy(objs: list[Obj]) -> list[Obj]:

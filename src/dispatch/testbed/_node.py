@@ -163,45 +163,31 @@ def socket_path() -> Path:
     return _node_dir() / "containerd.sock"
 
 
+class _Under:
+    """One of the node's directories (or files): its path under the node's base, named once."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    def __get__(self, dirs: _Dirs, owner: type[_Dirs]) -> Path:
+        return dirs.base.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class _Dirs:
+    """Where the real node keeps its state: every path under ``base``."""
+
     base: Path
 
-    @property
-    def containerd_root(self) -> Path:
-        return self.base / "containerd-root"
-
-    @property
-    def containerd_state(self) -> Path:
-        return self.base / "containerd-state"
-
-    @property
-    def cni_conf(self) -> Path:
-        return self.base / "cni" / "net.d"
-
-    @property
-    def cni_ipam(self) -> Path:
-        return self.base / "cni" / "ipam"
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.base / "kubelet"
-
-    @property
-    def pod_logs(self) -> Path:
-        return self.base / "pod-logs"
-
-    @property
-    def images(self) -> Path:
-        return self.base / "images"
-
-    @property
-    def config(self) -> Path:
-        return self.base / "config"
-
-    @property
-    def host(self) -> Path:
-        return self.base / "host.json"
+    containerd_root = _Under("containerd-root")
+    containerd_state = _Under("containerd-state")
+    cni_conf = _Under("cni", "net.d")
+    cni_ipam = _Under("cni", "ipam")
+    kubelet_root = _Under("kubelet")
+    pod_logs = _Under("pod-logs")
+    images = _Under("images")
+    config = _Under("config")
+    host = _Under("host.json")
 
 
 def _dirs() -> _Dirs:

@@ -35,75 +35,56 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
+def _builder(subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey,
+             now: dt.datetime) -> x509.CertificateBuilder:
+    """A certificate of ``key`` valid from an hour before ``now`` (for clock skew) for ten years."""
+    return (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(issuer)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(hours=1))
+        .not_valid_after(now + dt.timedelta(days=3650))
+    )
+
+
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Both sign digitally; the CA signs certificates and CRLs, the TLS leaf enciphers keys."""
+    return x509.KeyUsage(
+        digital_signature=True, content_commitment=False, key_encipherment=not ca, data_encipherment=False,
+        key_agreement=False, key_cert_sign=ca, crl_sign=ca, encipher_only=False, decipher_only=False,
+    )
+
+
 def ensure_pki(pki: Path) -> None:
     """Create CA, the shared leaf and the service-account key pair under ``pki`` unless present."""
     if (pki / "admin.crt").exists() and (pki / "sa.pub").exists():
         return
     pki.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC)
-    not_before = now - dt.timedelta(hours=1)
-    not_after = now + dt.timedelta(days=3650)
 
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dispatch-testbed-ca")])
     ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _builder(ca_name, ca_name, ca_key, now)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
 
     leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf_name = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
+            x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER),
+        ]
+    )
     leaf = (
-        x509.CertificateBuilder()
-        .subject_name(
-            x509.Name(
-                [
-                    x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
-                    x509.NameAttribute(NameOID.COMMON_NAME, ADMIN_USER),
-                ]
-            )
-        )
-        .issuer_name(ca_name)
-        .public_key(leaf_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(not_before)
-        .not_valid_after(not_after)
+        _builder(leaf_name, ca_name, leaf_key, now)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]),
             critical=False,
@@ -166,15 +147,8 @@ def install_kueue_metrics_cert(d: Path) -> None:
             return
         key = ec.generate_private_key(ec.SECP256R1())
         name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dispatch-testbed-kueue-metrics")])
-        now = dt.datetime.now(dt.UTC)
         cert = (
-            x509.CertificateBuilder()
-            .subject_name(name)
-            .issuer_name(name)
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - dt.timedelta(hours=1))
-            .not_valid_after(now + dt.timedelta(days=3650))
+            _builder(name, name, key, dt.datetime.now(dt.UTC))
             .add_extension(
                 x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False
             )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import TextIO
 
@@ -66,6 +67,7 @@ def tail(path: Path, n: int = TAIL_LINES) -> list[str]:
         return []
 
 
+@dataclass(eq=False)
 class BuildProgress:
     """Renders build.sh's events; every other stderr line is kept for the error message.
 
@@ -75,32 +77,26 @@ class BuildProgress:
     how long each part took.
     """
 
-    def __init__(
-        self,
-        out: TextIO | None,
-        stack: str,
-        versions: dict[str, str],
-        estimates: dict[str, float],
-        *,
-        tty: bool = False,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.out = out
-        self.stack = stack
-        self.versions = versions
-        self.estimates = estimates
-        self.tty = tty
-        self.clock = clock
-        self.t0 = clock()
-        self.plan: list[str] = []
-        self.log: Path | None = None
-        self.current: str | None = None
-        self.current_t0 = 0.0
-        self.done: dict[str, float] = {}
-        self.failed: str | None = None
-        self.up_to_date = False
-        self.other: list[str] = []
-        self._live = False
+    out: TextIO | None
+    stack: str
+    versions: dict[str, str]
+    estimates: dict[str, float]
+    _: KW_ONLY
+    tty: bool = False
+    clock: Callable[[], float] = time.monotonic
+    t0: float = field(init=False)
+    plan: list[str] = field(init=False, default_factory=list)
+    log: Path | None = field(init=False, default=None)
+    current: str | None = field(init=False, default=None)
+    current_t0: float = field(init=False, default=0.0)
+    done: dict[str, float] = field(init=False, default_factory=dict)
+    failed: str | None = field(init=False, default=None)
+    up_to_date: bool = field(init=False, default=False)
+    other: list[str] = field(init=False, default_factory=list)
+    _live: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.t0 = self.clock()
 
     # ------------------------------------------------------------------ events
 

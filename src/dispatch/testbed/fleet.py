@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from dispatch._api import Obj
 from dispatch.testbed import _manifests as mf
 from dispatch.testbed import _paths
 from dispatch.testbed._cluster import MULTIKUEUE_ENV, ROLE_ENV
@@ -42,7 +43,6 @@ PORT_OFFSET_ENV = "DISPATCH_TESTBED_FLEET_PORT_OFFSET"
 MULTIKUEUE_QUEUE = "cq-multikueue"
 WORKER_QUEUE = "cq-fleet"
 _DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
-Obj = dict[str, Any]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -438,12 +438,15 @@ class FakeCluster:
                            "is still active"
         return None
 
+    def _not_deleted(self, group: str, plural: str) -> Iterator[tuple[Obj, Obj]]:
+        """Each object of a kind not being deleted (what a controller still syncs), with its metadata."""
+        for obj in self.server.objects(group, plural):
+            if not obj["metadata"].get("deletionTimestamp"):
+                yield obj, obj["metadata"]
+
     def trainer_sync(self) -> None:
         """TrainJob → JobSet. Re-applied only when the JobSet is missing or either side is suspended."""
-        for tj in self.server.objects(TRAINER, "trainjobs"):
-            meta = tj["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
+        for tj, meta in self._not_deleted(TRAINER, "trainjobs"):
             ns, name = meta["namespace"], meta["name"]
             if (tj.get("spec") or {}).get("managedBy") not in (None, TRAINER_CONTROLLER):
                 continue  # Trainer v2.3 leaves an object another controller manages (MultiKueue) alone
@@ -533,10 +536,7 @@ class FakeCluster:
 
     def jobset_sync(self) -> None:
         """JobSet → child Jobs: suspend follows the JobSet; on resume, pod-template labels are merged in."""
-        for js in self.server.objects(JOBSET, "jobsets"):
-            meta = js["metadata"]
-            if meta.get("deletionTimestamp"):
-                continue
+        for js, meta in self._not_deleted(JOBSET, "jobsets"):
             ns, name = meta["namespace"], meta["name"]
             suspend = bool(js["spec"].get("suspend"))
             statuses = []

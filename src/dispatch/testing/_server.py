@@ -276,7 +276,10 @@ def _keeps_workers(old: Obj, new: Obj) -> bool:
     return isinstance(after, list) and isinstance(before, list) and all(c in after for c in before)
 
 
-RECORD_RULES: tuple[tuple[str, Callable[[Obj, Obj], bool]], ...] = (
+_Rule = tuple[str, Callable[[Obj, Obj], bool]]
+"""A CRD transition rule: its message and whether it holds from an old spec to a new one."""
+
+RECORD_RULES: tuple[_Rule, ...] = (
     ("the submission a record names never changes", _same_submission),
     ("A never decreases", _never_lower),
     ("a record is bound to a TrainJob's uid only together with a raise of A", _bound_with_a_raise),
@@ -285,15 +288,28 @@ RECORD_RULES: tuple[tuple[str, Callable[[Obj, Obj], bool]], ...] = (
 """The identity-record CRD's validation rules (deploy/base/crd.yaml), as the API server enforces them."""
 
 
-def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
-    """Play the SubmissionRecord CRD: its schema and its transition rules, for every writer."""
-    what = f'SubmissionRecord.dispatch.phpboyscout.uk "{name}" is invalid'
+def _same_floor_submission(old: Obj, new: Obj) -> bool:
+    return all(new.get(f) == old.get(f) for f in ("namespace", "jobId", "submission"))
+
+
+FLOOR_RULES: tuple[_Rule, ...] = (
+    ("the submission a floor names never changes", _same_floor_submission),
+    ("A never decreases", _never_lower),
+)
+"""The SubmissionFloor CRD's validation rules: it names one submission for good and its A never decreases."""
+
+
+def _validate_identity(kind: str, required: tuple[str, ...], rules: tuple[_Rule, ...], name: str,
+                       old: Obj | None, new: Obj) -> None:
+    """Play an identity CRD (SubmissionRecord, SubmissionFloor): its schema (the ``required`` strings, an
+    admission >= 0) and, only once the new spec passes it, its transition ``rules``, for every writer."""
+    what = f'{kind}.dispatch.phpboyscout.uk "{name}" is invalid'
     spec = new.get("spec")
     causes: list[Obj] = []
     if not isinstance(spec, dict):
         causes.append({"field": "spec", "reason": "FieldValueRequired", "message": "Required value"})
     else:
-        for field_name in ("jobId", "submission"):
+        for field_name in required:
             if not isinstance(spec.get(field_name), str) or not spec.get(field_name):
                 causes.append({"field": f"spec.{field_name}", "reason": "FieldValueRequired",
                                "message": "Required value"})
@@ -303,7 +319,7 @@ def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
                            "message": f"Invalid value: {admission!r}: must be an integer >= 0"})
         old_spec = (old or {}).get("spec")
         if not causes and isinstance(old_spec, dict):
-            for message, rule in RECORD_RULES:
+            for message, rule in rules:
                 if not rule(old_spec, spec):
                     causes.append({"field": "spec", "reason": "FieldValueInvalid",
                                    "message": f'Invalid value: "object": {message}'})
@@ -312,33 +328,12 @@ def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
         raise ApiFailure(422, "Invalid", f"{what}: {detail}", causes)
 
 
+def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
+    _validate_identity("SubmissionRecord", ("jobId", "submission"), RECORD_RULES, name, old, new)
+
+
 def _validate_floor(name: str, old: Obj | None, new: Obj) -> None:
-    """Play the SubmissionFloor CRD: it names one submission for good and its A never decreases."""
-    what = f'SubmissionFloor.dispatch.phpboyscout.uk "{name}" is invalid'
-    spec = new.get("spec")
-    causes: list[Obj] = []
-    if not isinstance(spec, dict):
-        causes.append({"field": "spec", "reason": "FieldValueRequired", "message": "Required value"})
-    else:
-        for field_name in ("namespace", "jobId", "submission"):
-            if not isinstance(spec.get(field_name), str) or not spec.get(field_name):
-                causes.append({"field": f"spec.{field_name}", "reason": "FieldValueRequired",
-                               "message": "Required value"})
-        admission = spec.get("admission")
-        if not isinstance(admission, int) or isinstance(admission, bool) or admission < 0:
-            causes.append({"field": "spec.admission", "reason": "FieldValueInvalid",
-                           "message": f"Invalid value: {admission!r}: must be an integer >= 0"})
-        old_spec = (old or {}).get("spec")
-        if not causes and isinstance(old_spec, dict):
-            if any(spec.get(f) != old_spec.get(f) for f in ("namespace", "jobId", "submission")):
-                causes.append({"field": "spec", "reason": "FieldValueInvalid",
-                               "message": 'Invalid value: "object": the submission a floor names never changes'})
-            if not _never_lower(old_spec, spec):
-                causes.append({"field": "spec", "reason": "FieldValueInvalid",
-                               "message": 'Invalid value: "object": A never decreases'})
-    if causes:
-        detail = ", ".join(f"{c['field']}: {c['message']}" for c in causes)
-        raise ApiFailure(422, "Invalid", f"{what}: {detail}", causes)
+    _validate_identity("SubmissionFloor", ("namespace", "jobId", "submission"), FLOOR_RULES, name, old, new)
 
 
 def _now_text(now: datetime) -> str:
@@ -534,18 +529,23 @@ class FakeApiServer:
             if denial:
                 raise ApiFailure(403, "Forbidden", f'admission webhook denied the request: {denial}')
 
+    def _existing(self, group: str, plural: str, namespace: str, name: str) -> tuple[Kind, Key, Obj]:
+        """The kind, key and stored object a write names (the caller holds the lock); NotFound if none."""
+        kind = self.kind(group, plural)
+        key = (group, plural, namespace if kind.namespaced else "", name)
+        current = self._objects.get(key)
+        if current is None:
+            raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+        return kind, key, current
+
     def update(self, group: str, plural: str, namespace: str, name: str, mutate: Callable[[Obj], None], *,
                status: bool | None = None, expect_rv: str | None = None, admit: bool = True) -> Obj:
         """Apply ``mutate`` to a copy and store it (the sim's write path; honours subresource isolation).
 
         ``status=True`` keeps only status changes, ``False`` keeps everything but status, ``None`` all.
         """
-        kind = self.kind(group, plural)
         with self._lock:
-            key = (group, plural, namespace if kind.namespaced else "", name)
-            current = self._objects.get(key)
-            if current is None:
-                raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+            kind, key, current = self._existing(group, plural, namespace, name)
             if expect_rv is not None and expect_rv != current["metadata"]["resourceVersion"]:
                 raise ApiFailure(
                     409, "Conflict",
@@ -655,12 +655,8 @@ class FakeApiServer:
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
                uid: str | None = None, resource_version: str | None = None) -> Obj:
         """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others."""
-        kind = self.kind(group, plural)
         with self._lock:
-            key = (group, plural, namespace if kind.namespaced else "", name)
-            current = self._objects.get(key)
-            if current is None:
-                raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+            _, key, current = self._existing(group, plural, namespace, name)
             if uid is not None and current["metadata"].get("uid") != uid:
                 raise ApiFailure(409, "Conflict", f"Precondition failed: UID in precondition: {uid}")
             if resource_version is not None and current["metadata"].get("resourceVersion") != resource_version:
