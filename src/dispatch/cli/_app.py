@@ -446,14 +446,8 @@ def release(
             "unreachable), showing them live, until admitted or --timeout.",
         ),
     ] = False,
-    timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
-                            help=f"With --wait: give up after seconds ({TIMEOUT.range}).")
-    ] = 600.0,
-    interval: Annotated[
-        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
-                            help=f"With --wait: seconds between attempts ({INTERVAL.range}).")
-    ] = 2.0,
+    timeout: Annotated[float, TIMEOUT.option("--timeout", "With --wait: give up after seconds")] = 600.0,
+    interval: Annotated[float, INTERVAL.option("--interval", "With --wait: seconds between attempts")] = 2.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -843,14 +837,8 @@ def wait(
             help="State to wait for: Held, Queued, Running, Succeeded, Failed or Closing (repeatable: any).",
         ),
     ],
-    timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
-                            help=f"Give up after seconds, then exit 3 ({TIMEOUT.range}).")
-    ] = 600.0,
-    interval: Annotated[
-        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
-                            help=f"Seconds between polls ({INTERVAL.range}).")
-    ] = 1.0,
+    timeout: Annotated[float, TIMEOUT.option("--timeout", "Give up after seconds, then exit 3")] = 600.0,
+    interval: Annotated[float, INTERVAL.option("--interval", "Seconds between polls")] = 1.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -1180,11 +1168,7 @@ def demo(
     ctx: typer.Context,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's namespace and objects afterwards.")] = False,
     step_timeout: Annotated[
-        float,
-        typer.Option(
-            "--step-timeout", metavar="SECONDS", callback=STEP_TIMEOUT,
-            help=f"Seconds each step may take before the demo fails ({STEP_TIMEOUT.range})."
-        ),
+        float, STEP_TIMEOUT.option("--step-timeout", "Seconds each step may take before the demo fails")
     ] = 120.0,
     stack: StackOpt = None,
     real_node: Annotated[bool, typer.Option(
