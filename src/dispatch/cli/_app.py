@@ -700,26 +700,19 @@ def status(
         _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
 
 
-@app.command(epilog=STATUS_EPILOG)
-def find(
-    ctx: typer.Context,
-    job_id: JobIdOpt = None,
-    submission: SubmissionOpt = None,
-    every: EveryOpt = False,
-    state_filter: StateFilterOpt = None,
-    selector: SelectorOpt = None,
-    all_namespaces: AllNamespacesOpt = False,
-    watch: WatchOpt = False,
-    no_headers: NoHeadersOpt = False,
-    output: OutputOpt = None,
-    namespace: NamespaceOpt = None,
-) -> None:
+def find(ctx: typer.Context, **options: Any) -> None:
     """List objects with their state, identity, A, age and cause (`status` without a NAME).
 
     Costs a constant number of API calls however many objects match (one more per namespace with -A).
     """
-    state = _state(ctx, output, namespace, no_headers=no_headers)
-    _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
+    status(ctx, None, **options)
+
+
+# Its options are status's own but NAME, so `find` and `status` without a NAME cannot drift apart.
+_FIND_PARAMETERS = [p for p in inspect.signature(status, eval_str=True).parameters.values() if p.name != "name"]
+find.__signature__ = inspect.Signature(_FIND_PARAMETERS)  # type: ignore[attr-defined]
+find.__annotations__ = {**{p.name: p.annotation for p in _FIND_PARAMETERS}, "return": None}
+app.command(epilog=STATUS_EPILOG)(find)
 
 
 @dataclasses.dataclass(frozen=True)
