@@ -373,24 +373,8 @@ def open_(
             validate_spec(spec)  # here too, so that a value from the file is named by its file and line
         except InvalidInput as exc:
             raise locate(exc, spec_file, lines, flags) if spec_file is not None else exc from None
-        if dry_run != "none":
-            body = state.adapter().open_dry_run(spec, server=dry_run == "server")
-        else:
-            status = state.adapter().open(spec, hold=hold)
-    if dry_run != "none":
-        meta = body.get("metadata") or {}
-        shown = str(meta.get("name", ""))
-        emit(state, body, lambda: state.out.print(
-            f"{resource_name(TRAINJOBS, escape(shown))} opened ({dry_run} dry run; nothing written) in namespace "
-            f"{escape(str(meta.get('namespace', '')))}", highlight=False), names=trainjob_names(shown))
-        return
-
-    def human() -> None:
-        verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
-        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
-        show(state, status_grid([status], wide=wide(state)))
-
-    emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+    _open_and_show(state, dry_run, dry=lambda server: state.adapter().open_dry_run(spec, server=server),
+                   real=lambda: state.adapter().open(spec, hold=hold))
 
 
 _SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-kind", "--image", "--command",
@@ -402,11 +386,20 @@ _SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-k
 
 def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry_run: str) -> None:
     """``open -f trainjob.yaml``: the manifest brought under dispatch as enrolment would, then opened."""
+    _open_and_show(state, dry_run, dry=lambda server: state.adapter().open_manifest_dry_run(manifest, server=server),
+                   real=lambda: state.adapter().open_manifest(manifest, hold=hold), identity=True)
+
+
+def _open_and_show(state: CliState, dry_run: str, *, dry: Callable[[bool], dict[str, Any]],
+                   real: Callable[[], Status], identity: bool = False) -> None:
+    """``open``'s call and answer, from flags or a manifest: the body a dry run would create (``dry``, told
+    whether the server takes part; a manifest may leave its namespace to the context's), or the object made
+    (``real``; ``identity`` names its job-id and submission, which a manifest's labels gave)."""
     with guard(state):
         if dry_run != "none":
-            body = state.adapter().open_manifest_dry_run(manifest, server=dry_run == "server")
+            body = dry(dry_run == "server")
         else:
-            status = state.adapter().open_manifest(manifest, hold=hold)
+            status = real()
     if dry_run != "none":
         meta = body.get("metadata") or {}
         shown = str(meta.get("name", ""))
@@ -418,8 +411,8 @@ def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry
 
     def human() -> None:
         verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
-        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)} as "
-                        f"{escape(status.identity.job_id)}/{escape(status.identity.submission)}")
+        named = f" as {escape(status.identity.job_id)}/{escape(status.identity.submission)}" if identity else ""
+        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}{named}")
         show(state, status_grid([status], wide=wide(state)))
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))
