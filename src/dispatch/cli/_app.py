@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -9,7 +10,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -1024,22 +1025,26 @@ def testbed_stacks(ctx: typer.Context) -> None:
     """The stacks of versions the testbed can build (the selected one marked *)."""
     state = _state(ctx)
     tb = _testbed(state)
-    try:
+    with _testbed_errors(state):
         selected = tb.stack()
         for name in tb.stacks():
             pins = " ".join(f"{k.removesuffix('_VERSION').lower()}={v}" for k, v in tb.versions(name).items())
             state.out.print(f"{'*' if name == selected else ' '} {name:10} {pins}", highlight=False)
+
+
+@contextlib.contextmanager
+def _testbed_errors(state: CliState) -> Iterator[None]:
+    """Any failure of a testbed command as an error line, a hint where one is known, and exit 1."""
+    try:
+        yield
     except Exception as exc:
-        raise _testbed_fail(state, exc) from None
-
-
-def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
-    state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    if "root" in str(exc).lower() or isinstance(exc, PermissionError):
-        state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
-    elif shutil.which("go") is None:
-        state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
-    return typer.Exit(EXIT_FAILURE)
+        state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        if "root" in str(exc).lower() or isinstance(exc, PermissionError):
+            state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)",
+                            highlight=False)
+        elif shutil.which("go") is None:
+            state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
+        raise typer.Exit(EXIT_FAILURE) from None
 
 
 @testbed_app.command("build")
@@ -1047,10 +1052,8 @@ def testbed_build(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> No
     """Build the testbed's binaries (a no-op when already built)."""
     state = _state(ctx)
     _no_real_node(no_real_node)
-    try:
+    with _testbed_errors(state):
         path = _testbed(state).build()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"built: {path}")
 
 
@@ -1060,10 +1063,8 @@ def testbed_up(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
     containerd, runc and the CNI plugins installed), a real node runs beside the KWOK nodes."""
     state = _state(ctx)
     _no_real_node(no_real_node)
-    try:
+    with _testbed_errors(state):
         kubeconfig = _testbed(state).up()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"testbed up; kubeconfig: {kubeconfig}")
     state.out.print(f"use it with: export KUBECONFIG={kubeconfig}")
 
@@ -1072,10 +1073,8 @@ def testbed_up(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
 def testbed_down(ctx: typer.Context) -> None:
     """Stop the testbed and discard its data."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).down()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print("testbed down")
 
 
@@ -1084,13 +1083,11 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Each component: running, healthy or frozen."""
     state = _state(ctx, output, named=False)
     tb = _testbed(state)
-    try:
+    with _testbed_errors(state):
         components = tb.status()
         kubeconfig = str(tb.kubeconfig_path())
         real_node = tb.real_node() if _any_running(components) else None
         real_problem = None if real_node else tb.real_node_problem()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     up = all(c.healthy or c.frozen for c in components)
 
     def human() -> None:
@@ -1126,10 +1123,8 @@ def testbed_freeze(
     """Stop a node's kubelet (its KWOK process, or the real node's kubelet): the node goes Ready=Unknown, its
     pods keep 'running' (on the real node, really)."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).freeze(node)
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"froze {node}: it goes Ready=Unknown within the node monitor grace period")
 
 
@@ -1139,10 +1134,8 @@ def testbed_thaw(
 ) -> None:
     """Resume a frozen node's kubelet."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).thaw(node)
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"thawed {node}")
 
 
