@@ -878,6 +878,23 @@ def uncovered_warning(trainjob: TrainJobView, jobs: Sequence[str] | None) -> str
     return f"trainjob {trainjob.name}: {text}"
 
 
+def _entry_problem(what: str, new: TrainJobView, runtime_jobs: Sequence[str] | None) -> str | None:
+    """Why dispatch's runtime patch entry cannot give the pods an A: it is missing, or does not cover the
+    runtime's replicatedJobs as they are now; or None."""
+    if not new.dispatch_object:
+        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
+    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
+    return f"{what}: {gap}" if gap else None
+
+
+def _carry_problem(what: str, new: TrainJobView) -> str | None:
+    """Why the pods would not carry the TrainJob's own A (the entry names another, or another entry decides
+    their identity labels), or None."""
+    if new.patch_admission != new.admission:
+        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={new.admission}"
+    return effective_problem(new) or None
+
+
 def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, record: RecordView | None,
                workload: WorkloadView | None, runtime_jobs: Sequence[str] | None = None) -> str | None:
     """Why the A a starting write carries is not a fresh, armed one, or None."""
@@ -885,11 +902,8 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     if operation == "CREATE" or old is None:
         return (f"{what}: a dispatch TrainJob is created suspended and started by `dispatch release` "
                 "(or Kueue through dispatch's admission check)")
-    if not new.dispatch_object:
-        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
-    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
-    if gap:
-        return f"{what}: {gap}"
+    if problem := _entry_problem(what, new, runtime_jobs):
+        return problem
     a = new.admission
     if (workload is not None and workload.admitted and not workload.checks
             and _raised_on(old.token, workload.ref.uid) is None):
@@ -907,11 +921,8 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     problem = record_problem(new, record, ())
     if problem:
         return f"{what}: {problem}"
-    if new.patch_admission != a:
-        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={a}"
-    effective = effective_problem(new)
-    if effective:
-        return effective
+    if problem := _carry_problem(what, new):
+        return problem
     if a <= old.started:
         return (f"{what}: A={a} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
                 "`dispatch release` issues a new A")
@@ -945,19 +956,13 @@ def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView,
     if operation == "CREATE" or old is None:
         return (f"{what}: a MultiKueue copy is created suspended and started by its worker's Kueue once it "
                 "admits the copy's Workload")
-    if not new.dispatch_object:
-        return f"{what}: it has no dispatch runtime patch entry ({PATCH_MANAGER}), so its pods would carry no A"
-    gap = uncovered_text(new, runtime_jobs) if runtime_jobs is not None else None
-    if gap:
-        return f"{what}: {gap}"
+    if problem := _entry_problem(what, new, runtime_jobs):
+        return problem
     if new.admission < 1:
         return (f"{what}: this MultiKueue copy carries no A: the manager's dispatch raises A on the TrainJob "
                 "before MultiKueue copies it")
-    if new.patch_admission != new.admission:
-        return f"{what}: its pods would carry A={new.patch_admission} but the TrainJob carries A={new.admission}"
-    effective = effective_problem(new)
-    if effective:
-        return effective
+    if problem := _carry_problem(what, new):
+        return problem
     if workload is None or not workload.admitted or workload.evicted or workload.finished or workload.deleting:
         name = f" {workload.ref.name}" if workload is not None else ""
         return f"{what}: this worker's Kueue has not admitted the copy's workload{name}"

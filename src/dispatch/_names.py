@@ -58,41 +58,33 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
+def _syntax_problem(value: str, limit: int, pattern: re.Pattern[str], rule: str) -> str | None:
+    """Too long, then not of the pattern: the API server's order and words."""
+    if len(value) > limit:
+        return f"must be at most {limit} characters (got {len(value)})"
+    return None if pattern.match(value) else rule
+
+
 def label_value_problem(value: str) -> str | None:
     """Why ``value`` is not a valid Kubernetes label value, or None if it is."""
-    if len(value) > 63:
-        return f"must be at most 63 characters (got {len(value)})"
-    if not _LABEL_VALUE.match(value):
-        return (
-            "must be empty or consist of alphanumerics, '-', '_' or '.', "
-            "and start and end with an alphanumeric"
-        )
-    return None
+    return _syntax_problem(value, 63, _LABEL_VALUE, "must be empty or consist of alphanumerics, '-', '_' or '.', "
+                           "and start and end with an alphanumeric")
 
 
 def dns1035_problem(value: str) -> str | None:
     """Why ``value`` is not an RFC 1035 label (TrainJob names must be), or None."""
     if not value:
         return "must not be empty"
-    if len(value) > 63:
-        return f"must be at most 63 characters (got {len(value)})"
-    if not _DNS1035.match(value):
-        return (
-            "must consist of lower case alphanumerics or '-', start with a letter "
-            "and end with an alphanumeric"
-        )
-    return None
+    return _syntax_problem(value, 63, _DNS1035, "must consist of lower case alphanumerics or '-', start with a "
+                           "letter and end with an alphanumeric")
 
 
 def dns1123_subdomain_problem(value: str) -> str | None:
     """Why ``value`` is not a DNS-1123 subdomain (namespaces, runtime names), or None."""
     if not value:
         return "must not be empty"
-    if len(value) > 253:
-        return f"must be at most 253 characters (got {len(value)})"
-    if not _DNS1123_SUBDOMAIN.match(value):
-        return "must consist of lower case alphanumerics, '-' or '.', and start and end with an alphanumeric"
-    return None
+    return _syntax_problem(value, 253, _DNS1123_SUBDOMAIN, "must consist of lower case alphanumerics, '-' or '.', "
+                           "and start and end with an alphanumeric")
 
 
 def derive_name(job_id: str, submission: str) -> str:

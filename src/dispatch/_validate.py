@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, TypeVar
 
 from . import _names as n
 from ._records import JobSpec, Toleration, Volume
@@ -55,6 +55,7 @@ are never meant (a stray escape, a pasted terminal sequence); refused rather tha
 _ENV_FROM_LABELS = dict(ENV_FROM_LABELS)
 
 Problems = list[FieldCause]
+T = TypeVar("T")
 
 
 def _kind(value: object) -> str:
@@ -386,22 +387,29 @@ def _relative_path(problems: Problems, field: str, value: str) -> None:
         _no_control(problems, field, value)
 
 
-def _volumes(problems: Problems, spec: JobSpec) -> None:
-    """Each volume: a valid unique name, an absolute unique mount path, exactly one source."""
-    volumes = spec.volumes
-    if isinstance(volumes, str | bytes | Mapping) or not isinstance(volumes, Sequence):
-        _bad(problems, "volumes", f"must be a list of dispatch.Volume (got {type(volumes).__name__})",
+def _items(problems: Problems, field: str, values: object, kind: type[T]) -> Iterator[tuple[str, T]]:
+    """The items of a list of ``kind`` (volumes, tolerations), each with its field (``volumes[0]``); one
+    not of ``kind`` is named and passed over. A generator, so each item's problems follow its own place
+    in the list."""
+    if isinstance(values, str | bytes | Mapping) or not isinstance(values, Sequence):
+        _bad(problems, field, f"must be a list of dispatch.{kind.__name__} (got {type(values).__name__})",
              "FieldValueTypeInvalid")
         return
-    if len(volumes) > MAX_VOLUMES:
-        _bad(problems, "volumes", f"{len(volumes)} volumes, more than Trainer's {MAX_VOLUMES}", "FieldValueTooMany")
+    if len(values) > MAX_VOLUMES:
+        _bad(problems, field, f"{len(values)} {field}, more than Trainer's {MAX_VOLUMES}", "FieldValueTooMany")
+    for i, value in enumerate(values):
+        if isinstance(value, kind):
+            yield f"{field}[{i}]", value
+        else:
+            _bad(problems, f"{field}[{i}]", f"must be a dispatch.{kind.__name__} (got {type(value).__name__})",
+                 "FieldValueTypeInvalid")
+
+
+def _volumes(problems: Problems, spec: JobSpec) -> None:
+    """Each volume: a valid unique name, an absolute unique mount path, exactly one source."""
     names: set[str] = set()
     paths: set[str] = set()
-    for i, volume in enumerate(volumes):
-        field = f"volumes[{i}]"
-        if not isinstance(volume, Volume):
-            _bad(problems, field, f"must be a dispatch.Volume (got {type(volume).__name__})", "FieldValueTypeInvalid")
-            continue
+    for field, volume in _items(problems, "volumes", spec.volumes, Volume):
         name = _text(problems, f"{field}.name", volume.name)
         if name is not None:
             _dns_label(problems, f"{field}.name", name, "volume name")
@@ -444,19 +452,7 @@ def _volumes(problems: Problems, spec: JobSpec) -> None:
 
 def _tolerations(problems: Problems, spec: JobSpec) -> None:
     """The API server's rules for tolerations (``ValidateTolerations``), checked before any request."""
-    tolerations = spec.tolerations
-    if isinstance(tolerations, str | bytes | Mapping) or not isinstance(tolerations, Sequence):
-        _bad(problems, "tolerations", f"must be a list of dispatch.Toleration (got {type(tolerations).__name__})",
-             "FieldValueTypeInvalid")
-        return
-    if len(tolerations) > MAX_VOLUMES:
-        _bad(problems, "tolerations", f"{len(tolerations)} tolerations, more than Trainer's {MAX_VOLUMES}",
-             "FieldValueTooMany")
-    for i, tol in enumerate(tolerations):
-        field = f"tolerations[{i}]"
-        if not isinstance(tol, Toleration):
-            _bad(problems, field, f"must be a dispatch.Toleration (got {type(tol).__name__})", "FieldValueTypeInvalid")
-            continue
+    for field, tol in _items(problems, "tolerations", spec.tolerations, Toleration):
         key = _text(problems, f"{field}.key", tol.key)
         operator = _text(problems, f"{field}.operator", tol.operator)
         value = _text(problems, f"{field}.value", tol.value)

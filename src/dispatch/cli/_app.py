@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import math
@@ -9,7 +10,7 @@ import os
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -373,24 +374,8 @@ def open_(
             validate_spec(spec)  # here too, so that a value from the file is named by its file and line
         except InvalidInput as exc:
             raise locate(exc, spec_file, lines, flags) if spec_file is not None else exc from None
-        if dry_run != "none":
-            body = state.adapter().open_dry_run(spec, server=dry_run == "server")
-        else:
-            status = state.adapter().open(spec, hold=hold)
-    if dry_run != "none":
-        meta = body.get("metadata") or {}
-        shown = str(meta.get("name", ""))
-        emit(state, body, lambda: state.out.print(
-            f"{resource_name(TRAINJOBS, escape(shown))} opened ({dry_run} dry run; nothing written) in namespace "
-            f"{escape(str(meta.get('namespace', '')))}", highlight=False), names=trainjob_names(shown))
-        return
-
-    def human() -> None:
-        verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
-        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}")
-        show(state, status_grid([status], wide=wide(state)))
-
-    emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+    _open_and_show(state, dry_run, dry=lambda server: state.adapter().open_dry_run(spec, server=server),
+                   real=lambda: state.adapter().open(spec, hold=hold))
 
 
 _SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-kind", "--image", "--command",
@@ -402,11 +387,20 @@ _SPEC_OPTIONS = ("--job-id", "--submission", "--name", "--runtime", "--runtime-k
 
 def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry_run: str) -> None:
     """``open -f trainjob.yaml``: the manifest brought under dispatch as enrolment would, then opened."""
+    _open_and_show(state, dry_run, dry=lambda server: state.adapter().open_manifest_dry_run(manifest, server=server),
+                   real=lambda: state.adapter().open_manifest(manifest, hold=hold), identity=True)
+
+
+def _open_and_show(state: CliState, dry_run: str, *, dry: Callable[[bool], dict[str, Any]],
+                   real: Callable[[], Status], identity: bool = False) -> None:
+    """``open``'s call and answer, from flags or a manifest: the body a dry run would create (``dry``, told
+    whether the server takes part; a manifest may leave its namespace to the context's), or the object made
+    (``real``; ``identity`` names its job-id and submission, which a manifest's labels gave)."""
     with guard(state):
         if dry_run != "none":
-            body = state.adapter().open_manifest_dry_run(manifest, server=dry_run == "server")
+            body = dry(dry_run == "server")
         else:
-            status = state.adapter().open_manifest(manifest, hold=hold)
+            status = real()
     if dry_run != "none":
         meta = body.get("metadata") or {}
         shown = str(meta.get("name", ""))
@@ -418,8 +412,8 @@ def _open_manifest(state: CliState, manifest: dict[str, Any], *, hold: bool, dry
 
     def human() -> None:
         verb = "opened" if status.state is not State.RUNNING else "opened and admitted"
-        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)} as "
-                        f"{escape(status.identity.job_id)}/{escape(status.identity.submission)}")
+        named = f" as {escape(status.identity.job_id)}/{escape(status.identity.submission)}" if identity else ""
+        state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}{named}")
         show(state, status_grid([status], wide=wide(state)))
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))
@@ -446,14 +440,8 @@ def release(
             "unreachable), showing them live, until admitted or --timeout.",
         ),
     ] = False,
-    timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
-                            help=f"With --wait: give up after seconds ({TIMEOUT.range}).")
-    ] = 600.0,
-    interval: Annotated[
-        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
-                            help=f"With --wait: seconds between attempts ({INTERVAL.range}).")
-    ] = 2.0,
+    timeout: Annotated[float, TIMEOUT.option("--timeout", "With --wait: give up after seconds")] = 600.0,
+    interval: Annotated[float, INTERVAL.option("--interval", "With --wait: seconds between attempts")] = 2.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -706,26 +694,19 @@ def status(
         _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
 
 
-@app.command(epilog=STATUS_EPILOG)
-def find(
-    ctx: typer.Context,
-    job_id: JobIdOpt = None,
-    submission: SubmissionOpt = None,
-    every: EveryOpt = False,
-    state_filter: StateFilterOpt = None,
-    selector: SelectorOpt = None,
-    all_namespaces: AllNamespacesOpt = False,
-    watch: WatchOpt = False,
-    no_headers: NoHeadersOpt = False,
-    output: OutputOpt = None,
-    namespace: NamespaceOpt = None,
-) -> None:
+def find(ctx: typer.Context, **options: Any) -> None:
     """List objects with their state, identity, A, age and cause (`status` without a NAME).
 
     Costs a constant number of API calls however many objects match (one more per namespace with -A).
     """
-    state = _state(ctx, output, namespace, no_headers=no_headers)
-    _find(state, Filters(job_id, submission, state_filter or None, every, selector, all_namespaces), watch=watch)
+    status(ctx, None, **options)
+
+
+# Its options are status's own but NAME, so `find` and `status` without a NAME cannot drift apart.
+_FIND_PARAMETERS = [p for p in inspect.signature(status, eval_str=True).parameters.values() if p.name != "name"]
+find.__signature__ = inspect.Signature(_FIND_PARAMETERS)  # type: ignore[attr-defined]
+find.__annotations__ = {**{p.name: p.annotation for p in _FIND_PARAMETERS}, "return": None}
+app.command(epilog=STATUS_EPILOG)(find)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -843,14 +824,8 @@ def wait(
             help="State to wait for: Held, Queued, Running, Succeeded, Failed or Closing (repeatable: any).",
         ),
     ],
-    timeout: Annotated[
-        float, typer.Option("--timeout", metavar="SECONDS", callback=TIMEOUT,
-                            help=f"Give up after seconds, then exit 3 ({TIMEOUT.range}).")
-    ] = 600.0,
-    interval: Annotated[
-        float, typer.Option("--interval", metavar="SECONDS", callback=INTERVAL,
-                            help=f"Seconds between polls ({INTERVAL.range}).")
-    ] = 1.0,
+    timeout: Annotated[float, TIMEOUT.option("--timeout", "Give up after seconds, then exit 3")] = 600.0,
+    interval: Annotated[float, INTERVAL.option("--interval", "Seconds between polls")] = 1.0,
     output: OutputOpt = None,
     namespace: NamespaceOpt = None,
 ) -> None:
@@ -1050,22 +1025,26 @@ def testbed_stacks(ctx: typer.Context) -> None:
     """The stacks of versions the testbed can build (the selected one marked *)."""
     state = _state(ctx)
     tb = _testbed(state)
-    try:
+    with _testbed_errors(state):
         selected = tb.stack()
         for name in tb.stacks():
             pins = " ".join(f"{k.removesuffix('_VERSION').lower()}={v}" for k, v in tb.versions(name).items())
             state.out.print(f"{'*' if name == selected else ' '} {name:10} {pins}", highlight=False)
+
+
+@contextlib.contextmanager
+def _testbed_errors(state: CliState) -> Iterator[None]:
+    """Any failure of a testbed command as an error line, a hint where one is known, and exit 1."""
+    try:
+        yield
     except Exception as exc:
-        raise _testbed_fail(state, exc) from None
-
-
-def _testbed_fail(state: CliState, exc: Exception) -> typer.Exit:
-    state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
-    if "root" in str(exc).lower() or isinstance(exc, PermissionError):
-        state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)", highlight=False)
-    elif shutil.which("go") is None:
-        state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
-    return typer.Exit(EXIT_FAILURE)
+        state.err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False)
+        if "root" in str(exc).lower() or isinstance(exc, PermissionError):
+            state.err.print("[yellow]hint:[/] the testbed must run as root (Kueue's certificate path)",
+                            highlight=False)
+        elif shutil.which("go") is None:
+            state.err.print("[yellow]hint:[/] the testbed is built from Go modules: install Go", highlight=False)
+        raise typer.Exit(EXIT_FAILURE) from None
 
 
 @testbed_app.command("build")
@@ -1073,10 +1052,8 @@ def testbed_build(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> No
     """Build the testbed's binaries (a no-op when already built)."""
     state = _state(ctx)
     _no_real_node(no_real_node)
-    try:
+    with _testbed_errors(state):
         path = _testbed(state).build()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"built: {path}")
 
 
@@ -1086,10 +1063,8 @@ def testbed_up(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
     containerd, runc and the CNI plugins installed), a real node runs beside the KWOK nodes."""
     state = _state(ctx)
     _no_real_node(no_real_node)
-    try:
+    with _testbed_errors(state):
         kubeconfig = _testbed(state).up()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"testbed up; kubeconfig: {kubeconfig}")
     state.out.print(f"use it with: export KUBECONFIG={kubeconfig}")
 
@@ -1098,10 +1073,8 @@ def testbed_up(ctx: typer.Context, no_real_node: NoRealNodeOpt = False) -> None:
 def testbed_down(ctx: typer.Context) -> None:
     """Stop the testbed and discard its data."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).down()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print("testbed down")
 
 
@@ -1110,13 +1083,11 @@ def testbed_status(ctx: typer.Context, output: OutputOpt = None) -> None:
     """Each component: running, healthy or frozen."""
     state = _state(ctx, output, named=False)
     tb = _testbed(state)
-    try:
+    with _testbed_errors(state):
         components = tb.status()
         kubeconfig = str(tb.kubeconfig_path())
         real_node = tb.real_node() if _any_running(components) else None
         real_problem = None if real_node else tb.real_node_problem()
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     up = all(c.healthy or c.frozen for c in components)
 
     def human() -> None:
@@ -1152,10 +1123,8 @@ def testbed_freeze(
     """Stop a node's kubelet (its KWOK process, or the real node's kubelet): the node goes Ready=Unknown, its
     pods keep 'running' (on the real node, really)."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).freeze(node)
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"froze {node}: it goes Ready=Unknown within the node monitor grace period")
 
 
@@ -1165,10 +1134,8 @@ def testbed_thaw(
 ) -> None:
     """Resume a frozen node's kubelet."""
     state = _state(ctx)
-    try:
+    with _testbed_errors(state):
         _testbed(state).thaw(node)
-    except Exception as exc:
-        raise _testbed_fail(state, exc) from None
     state.out.print(f"thawed {node}")
 
 
@@ -1180,11 +1147,7 @@ def demo(
     ctx: typer.Context,
     keep: Annotated[bool, typer.Option("--keep", help="Keep the demo's namespace and objects afterwards.")] = False,
     step_timeout: Annotated[
-        float,
-        typer.Option(
-            "--step-timeout", metavar="SECONDS", callback=STEP_TIMEOUT,
-            help=f"Seconds each step may take before the demo fails ({STEP_TIMEOUT.range})."
-        ),
+        float, STEP_TIMEOUT.option("--step-timeout", "Seconds each step may take before the demo fails")
     ] = 120.0,
     stack: StackOpt = None,
     real_node: Annotated[bool, typer.Option(

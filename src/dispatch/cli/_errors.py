@@ -61,6 +61,34 @@ def exit_code(exc: DispatchError) -> int:
     return EXIT_FAILURE
 
 
+_KUBECONFIG_HINTS = {
+    "BadKubeconfig": "fix the kubeconfig entry named above (`kubectl config view` shows how it reads), or point "
+                     "--kubeconfig or KUBECONFIG at a working one",
+    "BadCertificate": "certificate data must be base64 of PEM (as `kubectl config view --raw` prints it), and files "
+                      "must exist and hold PEM; fetch a fresh kubeconfig from your cluster's provider",
+    "ExecCredential": "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it "
+                      "needs that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same "
+                      "plugin",
+    "NoKubeconfig": "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
+                    "`dispatch testbed up`, which prints the kubeconfig path",
+}
+"""A kubeconfig dispatch could not use, by the error's reason (whatever its class)."""
+
+_REFUSED_HINTS = {
+    "AlreadyExists": "choose a new --submission",
+    "BadSelector": "write the selector as kubectl's -l: key=value, key!=value, 'key in (a,b)', 'key notin (a)', "
+                   "key, !key, joined by commas",
+    "NotDispatchObject": UNMANAGED_HINT,
+    "RecordInvalid": "see `dispatch admin --help`; an admin restores or forgets the identity record",
+    # ``admin release-pod``: dispatch itself refused, for want of a proof; the cluster was not asked.
+    "Unproven": "first confirm outside Kubernetes that the machine is shut down (cloud console, IPMI); "
+                f"`dispatch ceased` shows what is proven, and the {OUT_OF_SERVICE} taint frees every pod of a node",
+    "NodeReady": "wait for its kubelet to end the pod (`dispatch ceased` shows when), or restart it",
+    "NotHeld": "only dispatch's own finalizer is released here; others belong to whoever set them",
+}
+"""A refusal's hint by its reason, where the refusal has no class of its own (those are explained first)."""
+
+
 def explain(exc: DispatchError) -> tuple[str, str]:
     """(message, hint) for an expected error. The message is the library's own words."""
     message = str(exc)
@@ -73,21 +101,8 @@ def explain(exc: DispatchError) -> tuple[str, str]:
         exc.reason == "NoKubeconfig" and "context" in message.lower() and "not found" in message.lower()
     ):
         return message, "pass --context with a context your kubeconfig defines, or omit it for the current one"
-    if exc.reason == "BadKubeconfig":
-        return message, (
-            "fix the kubeconfig entry named above (`kubectl config view` shows how it reads), or point "
-            "--kubeconfig or KUBECONFIG at a working one"
-        )
-    if exc.reason == "BadCertificate":
-        return message, (
-            "certificate data must be base64 of PEM (as `kubectl config view --raw` prints it), and files must "
-            "exist and hold PEM; fetch a fresh kubeconfig from your cluster's provider"
-        )
-    if exc.reason == "ExecCredential":
-        return message, (
-            "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it needs "
-            "that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same plugin"
-        )
+    if exc.reason in _KUBECONFIG_HINTS:
+        return message, _KUBECONFIG_HINTS[exc.reason]
     if exc.reason == "NotKubernetesAPI" and isinstance(exc, Unreachable):
         return message, (
             "something in front of the API server (a proxy or load balancer) answered instead of it; this may be "
@@ -97,11 +112,6 @@ def explain(exc: DispatchError) -> tuple[str, str]:
         return message, (
             "the kubeconfig's server URL does not reach a Kubernetes API server (a proxy, portal or web server "
             "answered): check the cluster's server in the kubeconfig, --context, and HTTPS_PROXY"
-        )
-    if exc.reason == "NoKubeconfig":
-        return message, (
-            "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
-            "`dispatch testbed up`, which prints the kubeconfig path"
         )
     if isinstance(exc, Unreachable):
         if exc.reason in ("ConnectionError", "Timeout") and "API server" in message:
@@ -134,25 +144,8 @@ def explain(exc: DispatchError) -> tuple[str, str]:
     if isinstance(exc, InvalidInput):
         return message, "fix the fields named above; nothing was sent to the cluster"
     if isinstance(exc, Refused):
-        if exc.reason == "AlreadyExists":
-            return message, "choose a new --submission"
-        if exc.reason == "BadSelector":
-            return message, ("write the selector as kubectl's -l: key=value, key!=value, 'key in (a,b)', "
-                             "'key notin (a)', key, !key, joined by commas")
-        if exc.reason == "NotDispatchObject":
-            return message, UNMANAGED_HINT
-        if exc.reason == "RecordInvalid":
-            return message, "see `dispatch admin --help`; an admin restores or forgets the identity record"
-        # ``admin release-pod``: dispatch itself refused, for want of a proof; the cluster was not asked.
-        if exc.reason == "Unproven":
-            return message, (
-                "first confirm outside Kubernetes that the machine is shut down (cloud console, IPMI); "
-                f"`dispatch ceased` shows what is proven, and the {OUT_OF_SERVICE} taint frees every pod of a node"
-            )
-        if exc.reason == "NodeReady":
-            return message, "wait for its kubelet to end the pod (`dispatch ceased` shows when), or restart it"
-        if exc.reason == "NotHeld":
-            return message, "only dispatch's own finalizer is released here; others belong to whoever set them"
+        if exc.reason in _REFUSED_HINTS:
+            return message, _REFUSED_HINTS[exc.reason]
         if "queue" in message.lower() and "kueue" in message.lower():
             return message, "is Kueue installed, and does the LocalQueue exist in this namespace?"
         return message, "the cluster refused the request; retrying it unchanged will fail the same way"

@@ -85,29 +85,14 @@ def parse_path(text: str) -> Path:
     while i < len(src):
         ch = src[i]
         if src.startswith("..", i):
-            i += 2
-            if i < len(src) and src[i] == "*":
-                steps.append(_Recursive("*"))
-                i += 1
-                continue
-            m = _NAME.match(src, i)
-            if not m:
-                raise TemplateError(f"a name must follow '..' at {i} in {src!r}")
-            steps.append(_Recursive(_unescape(m.group())))
-            i = m.end()
+            name, i = _name_at(src, i + 2, "a name must follow '..'")
+            steps.append(_Recursive(name))
         elif ch == ".":
             i += 1
-            if i < len(src) and src[i] == "*":
-                steps.append(_Field("*"))
-                i += 1
-                continue
             if i >= len(src) or src[i] == "[":
                 continue  # '.' alone (the current item), or '.[0]'
-            m = _NAME.match(src, i)
-            if not m:
-                raise TemplateError(f"a field name must follow '.' at {i} in {src!r}")
-            steps.append(_Field(_unescape(m.group())))
-            i = m.end()
+            name, i = _name_at(src, i, "a field name must follow '.'")
+            steps.append(_Field(name))
         elif ch == "[":
             close = _closing(src, i)
             steps.append(_bracket(src[i + 1 : close].strip(), src))
@@ -115,6 +100,16 @@ def parse_path(text: str) -> Path:
         else:
             raise TemplateError(f"unexpected {ch!r} at {i} in {src!r} (a path starts with '.', '$' or '@')")
     return Path(tuple(steps), root)
+
+
+def _name_at(src: str, i: int, missing: str) -> tuple[str, int]:
+    """The name (or ``*``, every one) a '.' or '..' is followed by at ``i``, and where it ends."""
+    if i < len(src) and src[i] == "*":
+        return "*", i + 1
+    m = _NAME.match(src, i)
+    if not m:
+        raise TemplateError(f"{missing} at {i} in {src!r}")
+    return _unescape(m.group()), m.end()
 
 
 def _unescape(name: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import Any
 
 import typer
 
@@ -29,6 +30,10 @@ class Seconds:
         if not math.isfinite(value) or not self.low <= value <= self.high:
             raise typer.BadParameter(f"must be {self.range} seconds (got {value:g})")
         return value
+
+    def option(self, flag: str, help: str) -> Any:
+        """The option ``flag`` held to these bounds, its help ending with them."""
+        return typer.Option(flag, metavar="SECONDS", callback=self, help=f"{help} ({self.range}).")
 
 
 INTERVAL = Seconds(0.1, 3600.0)

@@ -220,7 +220,7 @@ class Controller:
                                       Tee(r.pod_index("dispatch-pods"), Pages(page=f.list_pods)),
                                       both_events(r.pod_index("dispatch-pods").on_event, f.on_pod)),
             "nodes": informer(api.NODES, None, None,
-                              Tee(r.node_sink, Pages(begin=f.nodes_begin, page=f.nodes_page, end=f.nodes_end)),
+                              Tee(r.node_sink, f.node_sink),
                               both_events(r.on_node, f.on_node)),
             # A JobSet or Job that has not confirmed its suspension blocks like a pod; these make its
             # confirmation event-driven too.

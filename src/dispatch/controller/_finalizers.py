@@ -30,8 +30,10 @@ from .._core import Cores
 from .._kube import Kube
 from .._views import PROVEN, NodeView, PodView, name_of
 from ..errors import DispatchError
+from ._informer import Pages, feed
 from ._metrics import Metrics
 from ._queue import WorkQueue
+from ._routing import unindex
 
 log = structlog.get_logger("dispatch.controller")
 
@@ -52,6 +54,7 @@ class FinalizerKeeper:
         self.signatures: dict[str, tuple[object, ...]] = {}
         self.released = 0
         self._nodes_seen: set[str] = set()
+        self.node_sink = Pages(begin=self.nodes_begin, page=self.nodes_page, end=self.nodes_end)
         self.held: dict[str, dt.datetime] = {}
         """Pods being deleted whose end is unproven, so our finalizer keeps them: when each was deleted."""
         metrics.held_pods.set_function(lambda: len(self.held))
@@ -70,11 +73,7 @@ class FinalizerKeeper:
         self.held.pop(key, None)
         node = self.node_of.pop(key, None)
         if node is not None:
-            keys = self.on_node_of.get(node)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self.on_node_of[node]
+            unindex(self.on_node_of, node, key)
 
     def on_pod(self, etype: str, obj: Obj) -> None:
         pod = PodView.from_obj(obj)
@@ -108,9 +107,7 @@ class FinalizerKeeper:
                 self.queue.add(key)
 
     def list_nodes(self, items: Iterable[Obj]) -> None:
-        self.nodes_begin()
-        self.nodes_page(items)
-        self.nodes_end()
+        feed(self.node_sink, list(items))
 
     # A Node list a page at a time (the controller's informer pages it): a Node that holds our pods and
     # is missing from a complete list is gone.

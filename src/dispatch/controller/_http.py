@@ -21,7 +21,7 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -235,6 +235,29 @@ async def _respond(writer: asyncio.StreamWriter, method: str, status: int, ctype
 
 
 TEXT = "text/plain; charset=utf-8"
+Answer = tuple[int, str, bytes, str]
+"""An HTTP answer: status, content type, body and any extra header lines."""
+NOT_FOUND: Answer = (404, TEXT, b"not found\n", "")
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+def _handler(route: Callable[[str, dict[str, str]], Awaitable[Answer]]) -> Handler:
+    """One connection's handling, the same for every listener: its one request read (an unreadable one
+    closes the connection), any method but GET and HEAD refused, else ``route``'s answer to the path and
+    headers."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await _read_request(reader)
+        if request is None:
+            writer.close()
+            return
+        method, path, headers = request
+        if method not in ("GET", "HEAD"):
+            await _respond(writer, method, 405, TEXT, b"method not allowed\n")
+        else:
+            await _respond(writer, method, *await route(path, headers))
+
+    return handle
 
 
 async def serve(
@@ -242,23 +265,15 @@ async def serve(
 ) -> asyncio.Server:
     """Start the plain HTTP server of the probes (and of ``/metrics`` unless ``metrics`` is False)."""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await _read_request(reader)
-        if request is None:
-            writer.close()
-            return
-        method, path, _ = request
-        status, ctype, body = 404, TEXT, b"not found\n"
-        if method not in ("GET", "HEAD"):
-            status, body = 405, b"method not allowed\n"
-        elif path == METRICS_PATH and metrics:
-            status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(registry)
-        elif path in ("/healthz", "/livez", "/readyz"):
+    async def route(path: str, _headers: dict[str, str]) -> Answer:
+        if path == METRICS_PATH and metrics:
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ""
+        if path in ("/healthz", "/livez", "/readyz"):
             ok, text = (readyz if path == "/readyz" else healthz)()
-            status, body = (200 if ok else 503), (text + "\n").encode()
-        await _respond(writer, method, status, ctype, body)
+            return (200 if ok else 503), TEXT, (text + "\n").encode(), ""
+        return NOT_FOUND
 
-    return await asyncio.start_server(handle, host, port)
+    return await asyncio.start_server(_handler(route), host, port)
 
 
 async def serve_metrics(serving: MetricsServing, *, registry: CollectorRegistry,
@@ -272,24 +287,14 @@ async def serve_metrics(serving: MetricsServing, *, registry: CollectorRegistry,
         tls = _Certificates(serving.cert_dir).context
         authorizer = Authorizer(kube)
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await _read_request(reader)
-        if request is None:
-            writer.close()
-            return
-        method, path, headers = request
-        if method not in ("GET", "HEAD"):
-            await _respond(writer, method, 405, TEXT, b"method not allowed\n")
-            return
+    async def route(path: str, headers: dict[str, str]) -> Answer:
         if path != METRICS_PATH:
-            await _respond(writer, method, 404, TEXT, b"not found\n")
-            return
+            return NOT_FOUND
         if authorizer is not None:
             status, reason = await authorizer.check(headers.get("authorization"), path)
             if status != 200:
                 challenge = 'WWW-Authenticate: Bearer realm="dispatch-controller"\r\n' if status == 401 else ""
-                await _respond(writer, method, status, TEXT, (reason + "\n").encode(), challenge)
-                return
-        await _respond(writer, method, 200, CONTENT_TYPE_LATEST, generate_latest(registry))
+                return status, TEXT, (reason + "\n").encode(), challenge
+        return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ""
 
-    return await asyncio.start_server(handle, serving.host, serving.port, ssl=tls)
+    return await asyncio.start_server(_handler(route), serving.host, serving.port, ssl=tls)

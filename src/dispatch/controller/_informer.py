@@ -102,6 +102,13 @@ class Tee:
             sink.end()
 
 
+def feed(sink: Sink, items: list[Obj]) -> None:
+    """A whole list handed to a sink at once, as one page (a list that is not paged: tests, harnesses)."""
+    sink.begin()
+    sink.page(items)
+    sink.end()
+
+
 def error_reason(exc: DispatchError) -> str:
     if exc.code == 409:
         return "Conflict"

@@ -19,12 +19,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .. import _kueue as kq
 from .. import _names as n
 from .._api import Obj
 from .._views import NodeView, PodView, Ref, labels_of, meta, name_of, text
-from ._informer import Pages
+from ._informer import Pages, feed
 from ._queue import WorkQueue
 
 OURS = object()
@@ -34,6 +35,7 @@ PodSig = tuple[str, bool, str, str, str, str]
 """A pod as routing needs it: (node, may-run, namespace, jobset-name, job-id, submission)."""
 
 _intern = sys.intern
+K = TypeVar("K")
 
 
 def pod_signature(obj: Obj) -> tuple[str, PodSig]:
@@ -41,6 +43,19 @@ def pod_signature(obj: Obj) -> tuple[str, PodSig]:
     pod = PodView.from_obj(obj)
     return _intern(pod.uid), (_intern(pod.node or ""), pod.may_run, _intern(pod.namespace),
                               _intern(pod.jobset_name), _intern(pod.job_id), _intern(pod.submission))
+
+
+def unindex(index: dict[K, set[str]], value: K, key: str) -> bool:
+    """Take ``key`` out of the keys ``index`` holds under ``value``, and the entry with it once empty (an
+    index holds only what is there): True if it was the last."""
+    keys = index.get(value)
+    if keys is None:
+        return False
+    keys.discard(key)
+    if keys:
+        return False
+    del index[value]
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,20 +182,11 @@ class Router:
 
     def _forget(self, key: str) -> None:
         owner = self.owner_of.pop(key, None)
-        if owner is not None:
-            keys = self.by_owner.get(owner)
-            if keys is not None:
-                keys.discard(key)
-                if not keys:
-                    del self.by_owner[owner]
-                    self.last_gone.pop(owner, None)
+        if owner is not None and unindex(self.by_owner, owner, key):
+            self.last_gone.pop(owner, None)
         ident = self.ident_of.pop(key, None)
         if ident is not None:
-            idents = self.by_ident.get(ident)
-            if idents is not None:
-                idents.discard(key)
-                if not idents:
-                    del self.by_ident[ident]
+            unindex(self.by_ident, ident, key)
 
     def index_workload(self, obj: Obj, *, force: bool = False) -> None:
         self._index(RoutedWorkload.of(kq.WorkloadView.from_obj(obj)), force=force)
@@ -229,9 +235,7 @@ class Router:
 
     def list_workloads(self, items: list[Obj]) -> None:
         """A whole list at once (tests; the informer hands pages to ``workload_sink``)."""
-        self._workloads_begin()
-        self._workloads_page(items)
-        self._workloads_end()
+        feed(self.workload_sink, items)
 
     def _workloads_begin(self) -> None:
         self._listing = set()
@@ -331,9 +335,7 @@ class Router:
                 self.queue.add(key)
 
     def list_nodes(self, items: list[Obj]) -> None:
-        self._nodes_begin()
-        self._nodes_page(items)
-        self._nodes_end()
+        feed(self.node_sink, items)
 
     def _nodes_begin(self) -> None:
         self._nodes_next = {}
@@ -376,11 +378,7 @@ class Router:
         found = self.waiting.pop(key, None)
         if found is not None:
             for node in found[1]:
-                waiters = self.node_waiters.get(node)
-                if waiters is not None:
-                    waiters.discard(key)
-                    if not waiters:
-                        del self.node_waiters[node]
+                unindex(self.node_waiters, node, key)
 
     def note(self, key: str, waiting: bool, nodes: frozenset[str]) -> None:
         if not waiting:
