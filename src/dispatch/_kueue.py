@@ -59,6 +59,12 @@ def controller_owner(obj: Mapping[str, Any]) -> Owner | None:
     return None
 
 
+def entry_in(checks: Iterable[CheckEntry], names: Collection[str]) -> CheckEntry | None:
+    """The check entry named after one of ``names`` (the AdmissionChecks that are dispatch's), if any: one
+    place for every Workload shape (the view, a batch's hint, routing's slim copy)."""
+    return next((c for c in checks if c.name in names), None)
+
+
 @dataclass(frozen=True)
 class WorkloadView:
     """A Kueue Workload as dispatch reads it, parsed once."""
@@ -131,7 +137,7 @@ class WorkloadView:
 
     def entry(self, names: Collection[str]) -> CheckEntry | None:
         """Our entry: the one named after an AdmissionCheck whose controllerName is dispatch's."""
-        return next((c for c in self.checks if c.name in names), None)
+        return entry_in(self.checks, names)
 
     def pending_ours(self, names: Collection[str]) -> bool:
         entry = self.entry(names)
@@ -163,7 +169,7 @@ class WorkloadHint:
         return WorkloadHint.of(WorkloadView.from_obj(obj))
 
     def entry(self, names: Collection[str]) -> CheckEntry | None:
-        return next((c for c in self.checks if c.name in names), None)
+        return entry_in(self.checks, names)
 
 
 Addressed = WorkloadView | WorkloadHint

@@ -24,7 +24,7 @@ from typing import TypeVar
 from .. import _kueue as kq
 from .. import _names as n
 from .._api import Obj
-from .._views import NodeView, PodView, Ref, labels_of, meta, name_of, text
+from .._views import NodeView, PodView, labels_of, meta, name_of, text
 from ._informer import Pages, feed
 from ._queue import WorkQueue
 
@@ -60,17 +60,16 @@ def unindex(index: dict[K, set[str]], value: K, key: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RoutedWorkload:
-    """What routing keeps of a Workload: enough to index it, tell whether it is ours and Pending, and
-    notice a change the decision reads. Never the whole object (a Workload is ~27 KiB decoded)."""
+    """What routing keeps of a Workload: the batch's hint (``kq.WorkloadHint``, the one slim shape a
+    decision is narrowed by), and what tells whether it is ours and Pending and whether a change is one the
+    decision reads. Never the whole object (a Workload is ~27 KiB decoded)."""
 
     key: str
     namespace: str
-    ref: Ref
-    """Name, namespace, uid, resourceVersion as last seen: a failed batch's explanation is written
-    conditioned on it."""
+    hint: kq.WorkloadHint
+    """Its ref (name, namespace, uid, resourceVersion as last seen: a failed batch's explanation is written
+    conditioned on it), owner uid, pod-set identity and check entries."""
     owner: kq.Owner | None
-    pod_set_identity: tuple[str, str] | None
-    checks: tuple[kq.CheckEntry, ...]
     active: bool
     deleting: bool
     conds: tuple[bool, bool, bool, bool]
@@ -79,17 +78,11 @@ class RoutedWorkload:
     @staticmethod
     def of(view: kq.WorkloadView) -> RoutedWorkload:
         return RoutedWorkload(
-            view.key, _intern(view.ref.namespace), view.ref, view.owner, view.pod_set_identity, view.checks,
-            view.active, view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
-
-    @property
-    def hint(self) -> kq.WorkloadHint:
-        owner = self.owner
-        return kq.WorkloadHint(owner.uid if owner is not None else "", self.pod_set_identity, self.ref,
-                               self.checks, owner.name if owner is not None and owner.is_trainjob else "")
+            view.key, _intern(view.ref.namespace), kq.WorkloadHint.of(view), view.owner, view.active,
+            view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
 
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
-        return next((c for c in self.checks if c.name in names), None)
+        return self.hint.entry(names)
 
 
 class PodIndex:
@@ -196,7 +189,7 @@ class Router:
         self.workloads[key] = view
         ns = view.namespace
         pair = (ns, view.owner.name) if view.owner is not None and view.owner.is_trainjob else None
-        ident = (ns, *view.pod_set_identity) if pair is not None and view.pod_set_identity else None
+        ident = (ns, *view.hint.pod_set_identity) if pair is not None and view.hint.pod_set_identity else None
         if self.owner_of.get(key) != pair or self.ident_of.get(key) != ident:
             self._forget(key)
             if pair is not None:
