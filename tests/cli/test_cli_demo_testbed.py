@@ -10,6 +10,7 @@ from rich.console import Console
 pytestmark = pytest.mark.testbed
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 def test_demo_keeps_the_promise(testbed_kubeconfig: str) -> None:
     from dispatch.cli._demo import run_demo
 
@@ -27,6 +28,7 @@ def test_demo_keeps_the_promise(testbed_kubeconfig: str) -> None:
     assert "ceased=true" in text
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 def test_demo_on_the_real_node_keeps_the_promise_as_the_processes_tell_it(testbed_kubeconfig: str) -> None:
     import os
 

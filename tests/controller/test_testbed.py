@@ -524,6 +524,7 @@ def _kubectl() -> str:
 # ---------------------------------------------------------------- a lost node
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 @pytest.mark.skipif(os.environ.get("DISPATCH_TESTBED_EXCLUSIVE") != "1",
                     reason="freezes and taints node-2 out-of-service, which force-deletes every pod on it: "
                            "run only on a testbed no one else is using (DISPATCH_TESTBED_EXCLUSIVE=1)")

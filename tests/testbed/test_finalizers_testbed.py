@@ -138,6 +138,7 @@ class RunningController:
 # ---------------------------------------------------------------- force delete on a frozen node
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 def test_a_force_deleted_pod_on_a_frozen_node_stays_and_blocks_until_the_taint(adapter: Adapter, ns: str) -> None:
     node = tb.freezable_nodes()[0]
     name = start(adapter, ns, on(node, "force"))

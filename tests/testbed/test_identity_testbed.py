@@ -37,6 +37,7 @@ def cli(kubeconfig: str, ns: str, *args: str) -> subprocess.Popen[str]:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 def test_twenty_concurrent_release_processes_in_one_namespace_all_admit_with_a_1(
     ns: str, testbed_kubeconfig: str
 ) -> None:

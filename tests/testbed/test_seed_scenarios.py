@@ -252,6 +252,7 @@ def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> Non
         adapter.hold(name)
 
 
+@pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
 def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> None:
     node = tb.freezable_nodes()[-1]
     saved = get("node", node)
