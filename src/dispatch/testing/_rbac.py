@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-Obj = dict[str, Any]
+from .._api import Obj
 
 SHIPPED_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "base" / "rbac.yaml"
 """The roles dispatch ships, where a source checkout keeps them."""
