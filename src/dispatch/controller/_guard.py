@@ -55,6 +55,7 @@ from .._core import Cores, Target
 from .._read import by_identity
 from .._trainer import TrainJobView
 from ..errors import Conflict, DispatchError, NotFound
+from . import _http as http
 from . import _tls as tls
 
 T = TypeVar("T")
@@ -335,73 +336,44 @@ def _timeout_of(target: str) -> float:
     return max(0.5, seconds * 0.8)
 
 
-def _reply(status: int, body: bytes, ctype: str = "application/json") -> bytes:
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-              413: "Payload Too Large"}.get(status, "Error")
-    return (f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n"
-            ).encode() + body
+JSON = "application/json"
 
 
-def tls_context(certs: Certs) -> ssl.SSLContext:
-    """The server's TLS context; ``load_cert_chain`` on it again switches new connections to new files."""
+def _context() -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    context.load_cert_chain(certs.cert, certs.key)
     context.set_alpn_protocols(["http/1.1"])
     return context
 
 
+def tls_context(certs: Certs) -> tls.Reloading:
+    """The server's TLS context, which :meth:`~._tls.Reloading.reload` switches to new files for new
+    connections."""
+    return tls.Reloading(_context, certs.cert, certs.key, what="guard")
+
+
 async def serve(guard: Guard, host: str, port: int, certs: Certs,
-                context: ssl.SSLContext | None = None) -> asyncio.Server:
+                context: tls.Reloading | None = None) -> asyncio.Server:
     """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it."""
-    context = context or tls_context(certs)
+    served = context or tls_context(certs)
 
-    async def one(reader: asyncio.StreamReader) -> bytes | None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split()
-        method, target = (parts[0], parts[1]) if len(parts) >= 2 else ("", "/")
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        length = int(headers.get("content-length") or 0)
-        if length > MAX_BODY:
-            return None
-        body = await reader.readexactly(length) if length else b""
-        path = urlsplit(target).path
-        if path not in (PATH, MUTATE_PATH):
-            return _reply(404, b'{"error":"not found"}')
-        if method != "POST":
-            return _reply(405, b'{"error":"POST an AdmissionReview"}')
+    async def route(request: http.Request) -> http.Answer:
         try:
-            review = json.loads(body)
+            review = json.loads(request.body)
             review = review if isinstance(review, dict) else {}
-            answer = await (guard.review(review, _timeout_of(target)) if path == PATH
-                            else guard.mutate(review, _timeout_of(target)))
+            timeout = _timeout_of(request.target)
+            answer = await (guard.review(review, timeout) if request.path == PATH else guard.mutate(review, timeout))
         except ValueError as exc:
-            return _reply(400, json.dumps({"error": str(exc)}).encode())
-        return _reply(200, json.dumps(answer).encode())
+            return 400, JSON, json.dumps({"error": str(exc)}).encode(), ""
+        return 200, JSON, json.dumps(answer).encode(), ""
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                try:
-                    reply = await asyncio.wait_for(one(reader), timeout=120)
-                except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
-                    return
-                if reply is None:
-                    writer.write(_reply(413, b'{"error":"too large"}'))
-                    return
-                writer.write(reply)
-                await writer.drain()
-        except (ConnectionError, ssl.SSLError):
-            return
-        finally:
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    return await asyncio.start_server(handle, host, port, ssl=context, limit=MAX_BODY)
+    listener = http.Listener(
+        route, methods=frozenset({"POST"}), paths=frozenset({PATH, MUTATE_PATH}), keep_alive=True,
+        max_head=MAX_BODY, max_body=MAX_BODY, timeout=120,
+        not_found=(404, JSON, b'{"error":"not found"}', ""),
+        not_allowed=(405, JSON, b'{"error":"POST an AdmissionReview"}', ""),
+        too_large=(413, JSON, b'{"error":"too large"}', ""))
+    return await http.start(listener, host, port, context=served.context)
 
 
 async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
@@ -427,18 +399,6 @@ async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
     return trusted
 
 
-def _signature(certs: Certs) -> tuple[tuple[int, int], ...]:
-    """What changes when the files are replaced (a Secret volume swaps a symlink; stat follows it)."""
-    out = []
-    for path in (certs.cert, certs.key):
-        try:
-            st = path.stat()
-            out.append((st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((0, 0))
-    return tuple(out)
-
-
 @dataclass
 class Running:
     """A started guard: its server, the port it listens on, and the background job keeping its
@@ -449,7 +409,7 @@ class Running:
     port: int
     certs: Certs
     publisher: asyncio.Task[None] | None
-    context: ssl.SSLContext | None = None
+    context: tls.Reloading | None = None
     webhook: str = ""
     hosts: tuple[str, ...] = ()
     kube: k.Kube | None = None
@@ -493,7 +453,7 @@ class Running:
             self.certs = fresh
             self._load()
             log.info("guard certificate renewed", cert=str(fresh.cert))
-        elif _signature(self.certs) != self.loaded:
+        elif tls.signature(self.certs.cert, self.certs.key) != self.loaded:
             self._load()
             log.info("guard certificate reloaded", cert=str(self.certs.cert))
         if self.webhook and self.kube is not None and self.certs.ca_pem is not None:
@@ -501,16 +461,12 @@ class Running:
 
     def _load(self) -> None:
         assert self.context is not None
-        sig = _signature(self.certs)
-        try:
-            self.context.load_cert_chain(self.certs.cert, self.certs.key)
-        except (OSError, ssl.SSLError) as exc:   # half-written files: the old chain stays, try next round
-            log.warning("guard certificate not reloaded", cert=str(self.certs.cert), error=str(exc))
+        if not self.context.reload(self.certs.cert, self.certs.key):   # half-written: try next round
             return
         ca = self.certs.cert.parent / "ca.crt"
         if self.certs.ca_pem is not None and ca.is_file():
             self.certs = Certs(self.certs.cert, self.certs.key, ca.read_bytes())
-        self.loaded = sig
+        self.loaded = self.context.loaded
         self.reloads += 1
 
 
@@ -539,7 +495,7 @@ async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Seq
     bound = int(sock.getsockname()[1]) if sock is not None else port
     running = Running(guard, server, bound, certs, None, context=context,
                       webhook=webhook if certs.ca_pem is not None else "", hosts=tuple(hosts), kube=kube)
-    running.loaded = _signature(certs)
+    running.loaded = context.loaded
     running.publisher = asyncio.create_task(_upkeep(running, every))
     log.info("guard serving", port=bound, path=PATH, mutate_path=MUTATE_PATH, webhook=webhook or None,
              cert=str(certs.cert))

@@ -1,7 +1,10 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` on small asyncio HTTP servers.
+"""The controller's one HTTP/1.1 server core, and ``/healthz``, ``/readyz`` and ``/metrics`` on it.
 
 A hand-written server keeps the probes on the controller's own event loop: if the loop is wedged the
 probe times out and the kubelet restarts the pod, which a server on a separate thread would not notice.
+The guard's webhook (``_guard``) is served by the same core (:class:`Listener`, :func:`start`): the
+request read within bounds and answered one way, each listener choosing its methods, whether it reads a
+body and whether it keeps connections alive.
 
 The probes are always plain HTTP (the kubelet probes them without credentials). ``/metrics`` is served
 either next to them (the default), or on a listener of its own (:class:`MetricsServing`): bound to
@@ -15,6 +18,7 @@ for other controllers scrapes this one the same way (its ServiceAccount bound to
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import socket
@@ -25,12 +29,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from .. import _kube as k
 from ..errors import DispatchError
+from . import _tls as tls
 
 Probe = Callable[[], tuple[bool, str]]
 log = structlog.get_logger("dispatch.controller.http")
@@ -39,8 +45,9 @@ TOKEN_REVIEWS = k.Res("authentication.k8s.io", "v1", "tokenreviews", "TokenRevie
 ACCESS_REVIEWS = k.Res("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
                        namespaced=False)
 METRICS_PATH = "/metrics"
-_REASONS = {200: "OK", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+            405: "Method Not Allowed", 413: "Payload Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 
 
 @dataclass(frozen=True)
@@ -132,8 +139,6 @@ class Authorizer:
 
 def _self_signed_pem() -> bytes:
     """A certificate and key (PEM) for this pod, for secure metrics without a provided certificate."""
-    from . import _tls as tls
-
     host = socket.gethostname()
     made = tls.issue([host, "localhost", "127.0.0.1"], ca_name=f"dispatch-controller@{host}")
     return made.cert_pem + made.key_pem
@@ -161,103 +166,151 @@ def _server_context() -> ssl.SSLContext:
     return ctx
 
 
-class _Certificates:
-    """The TLS context of the secure metrics listener, re-read when the mounted certificate changes."""
+class _Certificates(tls.Reloading):
+    """The mounted certificate of the secure metrics listener: nothing else keeps it, so a handshake looks
+    for new files."""
 
-    recheck_seconds = 10.0
-    """How often a handshake looks at the files' modification times (a Secret's update lands in about a minute)."""
+    recheck_seconds: float | None = 10.0
+    """How often a handshake looks at the files (a Secret's update lands in about a minute)."""
 
-    def __init__(self, cert_dir: str | None) -> None:
-        self.cert_dir = Path(cert_dir) if cert_dir else None
-        self.context = _server_context()
-        self._stamp: tuple[float, float] | None = None
-        self._checked = 0.0
-        self._current = self.context
-        if self.cert_dir is None:
-            _load_pem(self.context, _self_signed_pem())
-        else:
-            self._current = self._load()
-            self.context.load_cert_chain(self.cert_dir / "tls.crt", self.cert_dir / "tls.key")
-            self.context.sni_callback = self._pick
-
-    def _files_stamp(self) -> tuple[float, float]:
-        assert self.cert_dir is not None
-        return ((self.cert_dir / "tls.crt").stat().st_mtime, (self.cert_dir / "tls.key").stat().st_mtime)
-
-    def _load(self) -> ssl.SSLContext:
-        assert self.cert_dir is not None
-        ctx = _server_context()
-        self._stamp = self._files_stamp()
-        ctx.load_cert_chain(self.cert_dir / "tls.crt", self.cert_dir / "tls.key")
-        return ctx
-
-    def _pick(self, sock: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext) -> None:
-        now = time.monotonic()
-        if now - self._checked >= self.recheck_seconds:
-            self._checked = now
-            try:
-                if self._files_stamp() != self._stamp:
-                    self._current = self._load()
-                    log.info("metrics certificate reloaded", directory=str(self.cert_dir))
-            except (OSError, ssl.SSLError) as exc:  # half-written during a rotation: keep the old one
-                log.warning("metrics certificate not reloaded", error=str(exc))
-        sock.context = self._current
+    def __init__(self, cert_dir: Path) -> None:
+        super().__init__(_server_context, cert_dir / "tls.crt", cert_dir / "tls.key", what="metrics")
 
 
-async def _read_request(reader: asyncio.StreamReader) -> tuple[str, str, dict[str, str]] | None:
-    try:
-        request = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ssl.SSLError):
-        return None
-    lines = request.decode("latin-1").split("\r\n")
-    parts = lines[0].split()
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if sep:
-            headers[name.strip().lower()] = value.strip()
-    return (parts[0] if parts else ""), (parts[1] if len(parts) > 1 else "/").split("?", 1)[0], headers
+def _metrics_context(cert_dir: str | None) -> ssl.SSLContext:
+    """The secure metrics listener's TLS context: the mounted certificate, or a self-signed one."""
+    if cert_dir is not None:
+        return _Certificates(Path(cert_dir)).context
+    ctx = _server_context()
+    _load_pem(ctx, _self_signed_pem())
+    return ctx
 
 
-async def _respond(writer: asyncio.StreamWriter, method: str, status: int, ctype: str, body: bytes,
-                   extra: str = "") -> None:
-    head = (
-        f"HTTP/1.1 {status} {_REASONS[status]}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
-        f"{extra}Connection: close\r\n\r\n"
-    ).encode()
-    try:
-        writer.write(head + (b"" if method == "HEAD" else body))
-        await writer.drain()
-    except (ConnectionError, ssl.SSLError):
-        pass
-    finally:
-        writer.close()
+# --------------------------------------------------------------------------- the HTTP/1.1 server core
 
 
 TEXT = "text/plain; charset=utf-8"
 Answer = tuple[int, str, bytes, str]
 """An HTTP answer: status, content type, body and any extra header lines."""
 NOT_FOUND: Answer = (404, TEXT, b"not found\n", "")
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+READS = frozenset({"GET", "HEAD"})
 
 
-def _handler(route: Callable[[str, dict[str, str]], Awaitable[Answer]]) -> Handler:
-    """One connection's handling, the same for every listener: its one request read (an unreadable one
-    closes the connection), any method but GET and HEAD refused, else ``route``'s answer to the path and
-    headers."""
+@dataclass(frozen=True)
+class Request:
+    """One request as read: its method, target, headers (names lower-cased) and body."""
+
+    method: str
+    target: str
+    headers: dict[str, str]
+    body: bytes = b""
+
+    @property
+    def path(self) -> str:
+        return urlsplit(self.target).path
+
+
+Route = Callable[[Request], Awaitable[Answer]]
+
+
+@dataclass(frozen=True)
+class Listener:
+    """How one listener speaks HTTP/1.1; the defaults are the probes' and metrics' (one bodiless GET or
+    HEAD a connection, read within 5 s)."""
+
+    route: Route
+    """The answer to a request that passed the checks below."""
+    methods: frozenset[str] = READS
+    paths: frozenset[str] | None = None
+    """The only paths served, any other answered ``not_found`` before its method is looked at; None:
+    ``route`` answers every path."""
+    keep_alive: bool = False
+    """Read the next request on the same connection; else answer ``Connection: close`` and close."""
+    max_head: int = 2**16
+    """Longest request line and headers; a longer head closes the connection unanswered."""
+    max_body: int = 0
+    """Longest body, a longer one answered ``too_large`` (the connection then closed); 0: bodies are not
+    read (nor their Content-Length)."""
+    timeout: float = 5.0
+    """Seconds to read one request (on a kept-alive connection, also to wait for it); then the connection
+    is closed unanswered."""
+    not_found: Answer = NOT_FOUND
+    not_allowed: Answer = (405, TEXT, b"method not allowed\n", "")
+    too_large: Answer = (413, TEXT, b"too large\n", "")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _read(reader: asyncio.StreamReader, listener: Listener) -> Request:
+    """One request, or an exception: _TooLarge for a body over the bound, else the connection is unusable."""
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+    parts = head[0].split()
+    headers: dict[str, str] = {}
+    for line in head[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip()
+    request = Request(parts[0] if parts else "", parts[1] if len(parts) > 1 else "/", headers)
+    if not listener.max_body:
+        return request
+    length = int(headers.get("content-length") or 0)
+    if length > listener.max_body:
+        raise _TooLarge
+    return Request(request.method, request.target, headers, await reader.readexactly(length) if length else b"")
+
+
+async def _answer(listener: Listener, request: Request) -> Answer:
+    if listener.paths is not None and request.path not in listener.paths:
+        return listener.not_found
+    if request.method not in listener.methods:
+        return listener.not_allowed
+    return await listener.route(request)
+
+
+def _encode(listener: Listener, method: str, answer: Answer) -> bytes:
+    status, ctype, body, extra = answer
+    close = "" if listener.keep_alive else "Connection: close\r\n"
+    return (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {ctype}\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}{close}\r\n").encode() + (b"" if method == "HEAD" else body)
+
+
+def handler(listener: Listener) -> Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+    """Every listener's connection handling: requests read within the bounds, checked, and answered by
+    ``listener.route``; one request a connection unless ``keep_alive``."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        request = await _read_request(reader)
-        if request is None:
-            writer.close()
+        try:
+            while True:
+                try:
+                    request = await asyncio.wait_for(_read(reader, listener), timeout=listener.timeout)
+                except _TooLarge:
+                    writer.write(_encode(listener, "", listener.too_large))
+                    await writer.drain()
+                    return
+                except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+                    return
+                writer.write(_encode(listener, request.method, await _answer(listener, request)))
+                await writer.drain()
+                if not listener.keep_alive:
+                    return
+        except (ConnectionError, ssl.SSLError):
             return
-        method, path, headers = request
-        if method not in ("GET", "HEAD"):
-            await _respond(writer, method, 405, TEXT, b"method not allowed\n")
-        else:
-            await _respond(writer, method, *await route(path, headers))
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
 
     return handle
+
+
+async def start(listener: Listener, host: str, port: int, *, context: ssl.SSLContext | None = None
+                ) -> asyncio.Server:
+    """Serve ``listener`` on ``host:port`` (0: any free port), over TLS when given a context."""
+    return await asyncio.start_server(handler(listener), host, port, ssl=context, limit=listener.max_head)
+
+
+# --------------------------------------------------------------------------- the probes and /metrics
 
 
 async def serve(
@@ -265,7 +318,8 @@ async def serve(
 ) -> asyncio.Server:
     """Start the plain HTTP server of the probes (and of ``/metrics`` unless ``metrics`` is False)."""
 
-    async def route(path: str, _headers: dict[str, str]) -> Answer:
+    async def route(request: Request) -> Answer:
+        path = request.path
         if path == METRICS_PATH and metrics:
             return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ""
         if path in ("/healthz", "/livez", "/readyz"):
@@ -273,28 +327,29 @@ async def serve(
             return (200 if ok else 503), TEXT, (text + "\n").encode(), ""
         return NOT_FOUND
 
-    return await asyncio.start_server(_handler(route), host, port)
+    return await start(Listener(route), host, port)
 
 
 async def serve_metrics(serving: MetricsServing, *, registry: CollectorRegistry,
                         kube: k.Kube | None = None) -> asyncio.Server:
     """Start ``/metrics`` on its own listener; ``secure`` needs ``kube`` to review each scrape's token."""
-    tls: ssl.SSLContext | None = None
+    context: ssl.SSLContext | None = None
     authorizer: Authorizer | None = None
     if serving.secure:
         if kube is None:
             raise ValueError("secure metrics review tokens through the API server: a Kube is needed")
-        tls = _Certificates(serving.cert_dir).context
+        context = _metrics_context(serving.cert_dir)
         authorizer = Authorizer(kube)
 
-    async def route(path: str, headers: dict[str, str]) -> Answer:
+    async def route(request: Request) -> Answer:
+        path = request.path
         if path != METRICS_PATH:
             return NOT_FOUND
         if authorizer is not None:
-            status, reason = await authorizer.check(headers.get("authorization"), path)
+            status, reason = await authorizer.check(request.headers.get("authorization"), path)
             if status != 200:
                 challenge = 'WWW-Authenticate: Bearer realm="dispatch-controller"\r\n' if status == 401 else ""
                 return status, TEXT, (reason + "\n").encode(), challenge
         return 200, CONTENT_TYPE_LATEST, generate_latest(registry), ""
 
-    return await asyncio.start_server(_handler(route), serving.host, serving.port, ssl=tls)
+    return await start(Listener(route), serving.host, serving.port, context=context)
