@@ -1062,7 +1062,11 @@ def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_dow
     reports Ready=True: its kubelet is answering and will confirm the end itself. The one end a Ready
     kubelet does not confirm is a terminal phase someone else wrote (Kueue's failure recovery, PodGC)
     over a container that may restart: once its kubelet is back it never starts a container of a
-    terminal pod, and ``process_gone`` is the operator's word that the process it left is gone."""
+    terminal pod once it has learned the phase, and ``process_gone`` is the operator's word that the process
+    it left is gone. A kubelet back from a cut learns it only on its first sync: a real one (v1.37) wrote its
+    own Running over the Failed and started the container once more before it did, so the word counts only
+    once the kubelet reported the pod after the terminal mark was written (``kubelet_reported_at`` not before
+    ``foreign_mark_at``, or the node's return when the mark has no time)."""
     if not pod.ours:
         return "", (f"pod {pod.name} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
                     "NotHeld")
@@ -1078,6 +1082,14 @@ def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_dow
             return "", (f"node {pod.node or '(none)'} is {state}: its kubelet is not back, so it may still start "
                         f"a container of pod {pod.name}; once the node is confirmed shut down, pass "
                         "--node-confirmed-down", "NodeNotReady")
+        since = pod.foreign_mark_at if pod.foreign_mark_at is not None else node.ready_since
+        if since is None or pod.kubelet_reported_at is None or pod.kubelet_reported_at < since:
+            return "", (f"node {pod.node} is Ready=True but its kubelet has not reported pod {pod.name} since "
+                        f"it was marked {pod.phase}: a kubelet that comes back may write Running over the "
+                        f"{pod.phase} and start a container once more before it learns the phase (seen on a "
+                        "real kubelet); run this again once the pod's status changes (it does within seconds "
+                        "of the node's return), or shut the node down and pass --node-confirmed-down",
+                        "KubeletNotReported")
         return OPERATOR_CONFIRMED, None
     if not node_confirmed_down:
         why = pod.unproven_why(node)

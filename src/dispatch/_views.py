@@ -10,7 +10,8 @@ Trainer- and Kueue-shaped objects have their views in ``_trainer`` and ``_kueue`
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from ._names import (
@@ -87,6 +88,24 @@ def name_of(obj: Obj) -> str:
     return text(meta(obj).get("name"))
 
 
+def instant(value: object) -> float | None:
+    """A time as the API server serves one (RFC 3339, ``2026-12-02T08:10:25Z``) in seconds since the epoch;
+    None for anything else (missing, malformed, without a zone, absurdly long)."""
+    if not isinstance(value, str) or not 0 < len(value) <= 40:
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return t.timestamp() if t.tzinfo is not None else None
+
+
+def latest(*times: float | None) -> float | None:
+    """The latest of the known ``times`` (None if none is known)."""
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
+
+
 def conditions(obj: Obj) -> dict[str, Mapping[str, Any]]:
     """Status conditions by type (the last of a type wins)."""
     return {text(c.get("type")): c for c in items(mapping(obj.get("status")).get("conditions"))}
@@ -133,13 +152,16 @@ class NodeView:
     readable: bool = True
     ready: str | None = None
     out_of_service: bool = False
+    ready_since: float | None = field(default=None, compare=False)
+    """When its Ready condition last changed (its kubelet's clock): for a Ready node, when it came back."""
 
     @staticmethod
     def from_obj(obj: Obj) -> NodeView:
         ready_cond = conditions(obj).get("Ready")
         ready = text(ready_cond.get("status")) or "Unknown" if ready_cond is not None else None
         oos = any(text(t.get("key")) == OUT_OF_SERVICE_TAINT for t in items(mapping(obj.get("spec")).get("taints")))
-        return NodeView(name_of(obj), ready=ready, out_of_service=oos)
+        since = instant(ready_cond.get("lastTransitionTime")) if ready_cond is not None else None
+        return NodeView(name_of(obj), ready=ready, out_of_service=oos, ready_since=since)
 
     @staticmethod
     def gone(name: str) -> NodeView:
@@ -183,6 +205,8 @@ those pods are proven by their Node (or have none)."""
 REJECTED_PREFIX = "Pod was rejected: "
 """How the kubelet's admission rejection (``rejectPod``) begins its message: the pod never ran there."""
 TERMINATED_BY_KUBELET = "The container could not be located when the pod was terminated"
+KUBELET_CONDITIONS = frozenset({"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"})
+"""Pod conditions only the kubelet sets: a change of one is a report of the kubelet's."""
 """The message of the kubelet's last step for a terminal pod (``TerminatePod``), written only once it
 has torn the pod down: that container will never run again."""
 
@@ -196,6 +220,8 @@ class ContainerView:
     exit_code: int | None = None
     reason: str = ""
     message: str = ""
+    reported_at: float | None = field(default=None, compare=False)
+    """The latest time its kubelet wrote in this state (``startedAt``, ``finishedAt``)."""
 
     @staticmethod
     def parse(name: str, status: Mapping[str, Any] | None) -> ContainerView:
@@ -203,7 +229,7 @@ class ContainerView:
             return ContainerView(name, "")
         state = mapping(status.get("state"))
         if "running" in state:
-            return ContainerView(name, "running")
+            return ContainerView(name, "running", reported_at=instant(mapping(state.get("running")).get("startedAt")))
         if "waiting" in state:
             return ContainerView(name, "waiting", reason=text(mapping(state.get("waiting")).get("reason"))[:128])
         if "terminated" in state:
@@ -212,7 +238,8 @@ class ContainerView:
             exit_code = code if isinstance(code, int) and not isinstance(code, bool) and -2**31 <= code < 2**31 \
                 else None
             return ContainerView(name, "terminated", exit_code, text(t.get("reason"))[:128],
-                                 text(t.get("message"))[:256])
+                                 text(t.get("message"))[:256],
+                                 reported_at=latest(instant(t.get("startedAt")), instant(t.get("finishedAt"))))
         return ContainerView(name, "")
 
     def final(self, restart_policy: str) -> bool:
@@ -260,6 +287,11 @@ class PodView:
     deletion_grace: int | None = None
     """``deletionGracePeriodSeconds``: 0 once the pod was force-deleted (or PodGC or its kubelet deleted it
     for good); then only a finalizer keeps it in the API."""
+    kubelet_reported_at: float | None = field(default=None, compare=False)
+    """The latest time its kubelet wrote into its status: a container's start or end, or a change of a
+    condition only the kubelet sets (``KUBELET_CONDITIONS``)."""
+    foreign_mark_at: float | None = field(default=None, compare=False)
+    """When the condition behind ``foreign_mark`` was written (its ``lastTransitionTime``)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -282,12 +314,17 @@ class PodView:
             view = ContainerView.parse(text(c.get("name")), init.get(text(c.get("name"))))
             (sidecars if text(c.get("restartPolicy")) == "Always" else inits).append(view)
         policy = text(spec.get("restartPolicy"))
-        mark = ""
+        mark, mark_at = "", None
+        reported = latest(*(c.reported_at for c in (*containers, *inits, *sidecars)))
         for cond in items(status.get("conditions")):
+            if text(cond.get("type")) in KUBELET_CONDITIONS:
+                reported = latest(reported, instant(cond.get("lastTransitionTime")))
             if text(cond.get("status")) != "True":
                 continue
             ctype, creason = text(cond.get("type")), text(cond.get("reason"))
-            mark = FOREIGN_TERMINAL_MARKS.get((ctype, creason)) or FOREIGN_TERMINAL_MARKS.get((ctype, "")) or mark
+            found = FOREIGN_TERMINAL_MARKS.get((ctype, creason)) or FOREIGN_TERMINAL_MARKS.get((ctype, ""))
+            if found:
+                mark, mark_at = found, instant(cond.get("lastTransitionTime"))
         return PodView(
             name=text(m.get("name")),
             uid=text(m.get("uid")) or text(m.get("name")),
@@ -311,6 +348,8 @@ class PodView:
             message=text(status.get("message"))[:512],
             foreign_mark=mark,
             deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
+            kubelet_reported_at=reported,
+            foreign_mark_at=mark_at,
         )
 
     @property

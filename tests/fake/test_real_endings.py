@@ -164,6 +164,41 @@ def test_a_failed_phase_kueue_s_failure_recovery_writes_over_a_crash_looping_con
     cluster.history.check()
 
 
+def test_process_gone_waits_for_the_kubelets_first_report_after_it_is_back(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    """A real kubelet v1.37 cut off while Kueue's failure recovery marked its crash-looping pod Failed
+    wrote, on coming back, its own Running over the Failed and started the container once more before it
+    learned the phase, then stopped it (tests/testbed/test_real_node_endings.py saw the operator's word
+    refused on that Running). Taken in the instant between Ready=True and that first sync, the word would
+    have let A=2 start beside the restarted A=1: it counts only once the kubelet reported the pod since."""
+    adapter.open(spec())
+    adapter.release(NAME)
+    cluster.settle()
+    first = only_pod(cluster)["metadata"]["name"]
+    cluster.crash(first, 1)  # reported: terminated, exit 1, phase Running (OnFailure restarts it)
+    cluster.partition("node-0")
+    adapter.hold(NAME)
+    cluster.settle()  # the cut-off kubelet restarts the container; the API does not hear of it
+    cluster.crash(first, 1)  # ... and it crashes again: nothing runs when the node comes back
+    cluster.advance(90)
+    cluster.mark_failed(first, reason="KueueForcefullyDeleted")
+    cluster.server.delete("", "pods", "default", first, grace=0)
+    assert cluster.running_processes() == []
+    cluster.advance(30)
+    cluster.heal("node-0")  # Ready=True; its kubelet has not synced its pods yet
+    with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin:
+        with pytest.raises(Refused, match="has not reported pod") as err:
+            admin.release_pod(first, process_gone=True)
+        assert err.value.reason == "KubeletNotReported"
+        cluster.settle()  # its first sync: the container runs once more, is stopped, and its end reported
+        assert [p.admission for p in cluster.history.processes if p.pod == first].count(1) >= 3
+        assert admin.release_pod(first, process_gone=True).proof == "operator-confirmed"
+    cluster.settle()
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    cluster.history.check()
+
+
 def test_process_gone_is_refused_while_the_node_is_unreachable(adapter: Adapter, cluster: FakeCluster) -> None:
     adapter.open(spec())
     adapter.release(NAME)

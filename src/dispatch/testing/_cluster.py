@@ -9,6 +9,7 @@ keeps the history the checker reads: no two executions of one submission may eve
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 from collections.abc import Iterable, Iterator
@@ -210,6 +211,8 @@ class FakeCluster:
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
         self.partitioned: set[str] = set()
+        self.back: set[str] = set()  # healed nodes whose kubelet has not synced its pods since
+        self.cut_off_pods: dict[str, dict[str, Obj]] = {}  # partitioned node -> its pods as its kubelet knew them
         """Nodes cut off from the API server whose kubelets go on (see ``partition``)."""
         self._rejecting: dict[str, tuple[str, str]] = {}  # node -> (reason, message) its kubelet rejects with
         self._init_hangs: set[str] = set()  # nodes where pods' init containers never finish
@@ -269,8 +272,9 @@ class FakeCluster:
     def _node_ready(self, name: str, status: str) -> None:
         def mutate(obj: Obj) -> None:
             for c in obj.setdefault("status", {}).setdefault("conditions", []):
-                if c.get("type") == "Ready":
+                if c.get("type") == "Ready" and c.get("status") != status:
                     c["status"] = status
+                    c["lastTransitionTime"] = _now_text(self.now)
         self.server.update("", "nodes", "", name, mutate, status=True)
 
     def freeze_node(self, name: str) -> None:
@@ -290,13 +294,19 @@ class FakeCluster:
         once the node controller notices, its containers keep running, and it restarts a crashed
         container as the pod's restart policy says, without seeing anything written to the API since."""
         self.partitioned.add(name)
+        self.cut_off_pods[name] = {p["metadata"]["uid"]: copy.deepcopy(p) for p in self.server.objects("", "pods")
+                                   if p["spec"].get("nodeName") == name}
         self._node_ready(name, "Unknown")
 
     def heal(self, name: str) -> None:
-        """The partition ends: the kubelet reports again and acts on what the API now says."""
+        """The partition ends: the node is Ready again, and on its next sync (``settle``) the kubelet acts
+        on what the API now says. As a real kubelet v1.37 did, a container that crashed under OnFailure is
+        started once more on that first sync even when someone else marked the pod Failed meanwhile (the
+        kubelet had not learned it yet), and stopped at once: a brief process, then its end reported."""
         self.partitioned.discard(name)
         if name not in self.deleted_nodes:
             self._node_ready(name, "True")
+            self.back.add(name)
 
     def kubelet_rejects(self, node: str, reason: str = "OutOfcpu",
                         message: str = "Node didn't have enough resource: cpu, requested: 4000, used: 0, "
@@ -339,7 +349,8 @@ class FakeCluster:
             st = o.setdefault("status", {})
             st["containerStatuses"] = [
                 {"name": c.get("name", ""), "restartCount": self._restarts(o, c.get("name", "")),
-                 "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed"}}}
+                 "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
+                                          "finishedAt": _now_text(self.now)}}}
                 for c in (o.get("spec") or {}).get("containers") or []]
             if not restarts:
                 st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
@@ -704,7 +715,12 @@ class FakeCluster:
                     self._start(pod)
                 continue
             if phase in ("Succeeded", "Failed") and uid in self._crashed:
-                self._crashed.pop(uid)  # a terminal pod's containers are never started again
+                self._crashed.pop(uid)  # a terminal pod's containers are never started again, once it knows
+                if node in self.back and self._may_restart(pod):
+                    self._start(pod)  # ... but its first sync back still restarts it (observed), then stops it
+                    self._kubelet_stopped(pod, phase, 137)
+                    continue
+                self._sandbox_gone(pod)
             if meta.get("deletionTimestamp"):
                 deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
                 if honour_grace and self.now < deadline:
@@ -762,6 +778,17 @@ class FakeCluster:
                                                for c in (obj.get("spec") or {}).get("containers") or []]
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
+        for node in [n for n in self.back if n not in self.frozen and n not in self.partitioned]:
+            self.back.discard(node)
+            # A pod deleted from the API while it was cut off is still in its kubelet's memory on that first
+            # sync: a crashed container of it is started once more too, before the kubelet hears of it.
+            for uid, pod in self.cut_off_pods.pop(node, {}).items():
+                now = self.server.get("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+                if uid in self._crashed and uid not in self._processes and self._may_restart(pod) and (
+                        now is None or now["metadata"]["uid"] != uid):
+                    self._crashed.pop(uid)
+                    self._start(pod)
+                    self._end(self._processes[uid])
 
     @staticmethod
     def _may_restart(pod: Obj) -> bool:
@@ -776,6 +803,23 @@ class FakeCluster:
             obj["status"] = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message,
                              "qosClass": "BestEffort", "startTime": _now_text(self.now)}
         self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], rejected, status=True)
+
+    def _sandbox_gone(self, pod: Obj) -> None:
+        """The kubelet tears down a terminal pod whose containers are not running: its sandbox goes, and it
+        reports ``PodReadyToStartContainers=False`` (a real kubelet did so once it learned a Failed phase
+        written by someone else)."""
+        now = _now_text(self.now)
+
+        def gone(obj: Obj) -> None:
+            conds = obj.setdefault("status", {}).setdefault("conditions", [])
+            for c in conds:
+                if c.get("type") == "PodReadyToStartContainers":
+                    if c.get("status") != "False":
+                        c.update(status="False", lastTransitionTime=now)
+                    return
+            conds.append({"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": now})
+        with contextlib.suppress(ApiFailure):
+            self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], gone, status=True)
 
     def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
         """The kubelet reports the pod's containers stopped, as a real one does on its way out: a
@@ -807,7 +851,8 @@ class FakeCluster:
                 if "terminated" in state and not running:
                     out.append(old[name])
                 elif "running" in state or running:
-                    out.append({"name": name, "state": {"terminated": {"exitCode": exit_code, "reason": "Error"
+                    out.append({"name": name, "state": {"terminated": {"finishedAt": _now_text(self.now),
+                                                                       "exitCode": exit_code, "reason": "Error"
                                                                        if exit_code else "Completed"}}})
                 else:
                     out.append({"name": name, "state": {"terminated": {
@@ -872,7 +917,8 @@ class FakeCluster:
             if st.get("phase") in ("Succeeded", "Failed"):
                 return
             st["phase"] = "Failed"
-            st.setdefault("conditions", []).append({"type": ctype, "status": "True", "reason": reason})
+            st.setdefault("conditions", []).append({"type": ctype, "status": "True", "reason": reason,
+                                                    "lastTransitionTime": _now_text(self.now)})
         if self.server.get("", "pods", ns, pod) is not None:
             self.server.update("", "pods", ns, pod, failed, status=True)
 
