@@ -451,23 +451,25 @@ class Running:
                 self.trusted = await _publish(self.kube, self.webhook, fresh.ca_pem)
                 await asyncio.sleep(switch_delay)
             self.certs = fresh
-            self._load()
-            log.info("guard certificate renewed", cert=str(fresh.cert))
-        elif tls.signature(self.certs.cert, self.certs.key) != self.loaded:
-            self._load()
+            if self._load():
+                log.info("guard certificate renewed", cert=str(fresh.cert))
+        elif tls.signature(self.certs.cert, self.certs.key) != self.loaded and self._load():
             log.info("guard certificate reloaded", cert=str(self.certs.cert))
         if self.webhook and self.kube is not None and self.certs.ca_pem is not None:
             self.trusted = await _publish(self.kube, self.webhook, self.certs.ca_pem) or self.trusted
 
-    def _load(self) -> None:
+    def _load(self) -> bool:
+        """Serve the current files; False (the old pair still served, a warning logged) when they do not
+        load, as a half-written rotation does: the next round tries again."""
         assert self.context is not None
-        if not self.context.reload(self.certs.cert, self.certs.key):   # half-written: try next round
-            return
+        if not self.context.reload(self.certs.cert, self.certs.key):
+            return False
         ca = self.certs.cert.parent / "ca.crt"
         if self.certs.ca_pem is not None and ca.is_file():
             self.certs = Certs(self.certs.cert, self.certs.key, ca.read_bytes())
         self.loaded = self.context.loaded
         self.reloads += 1
+        return True
 
 
 async def _upkeep(running: Running, every: float) -> None:
