@@ -459,13 +459,14 @@ class FakeCluster:
             if desired is None:
                 continue
             if js is None:
-                made = self.server.create(JOBSET, "jobsets", ns, {
+                made = self._create_content(JOBSET, "jobsets", ns, {
                     "metadata": {"name": name, "labels": self._jobset_labels(tj), "ownerReferences": [
                         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
                          "uid": meta["uid"], "controller": True}]},
                     "spec": desired,
                 }, admit=False)
-                self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
+                if made is not None:
+                    self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
                 def mutate(obj: Obj, desired: Obj = desired, tj: Obj = tj) -> None:
                     obj["spec"] = desired
@@ -545,7 +546,7 @@ class FakeCluster:
                 template = rj["template"]["spec"]["template"]
                 job = self.server.get("batch", "jobs", ns, job_name)
                 if job is None:
-                    self.server.create("batch", "jobs", ns, {
+                    made_job = self._create_content("batch", "jobs", ns, {
                         "metadata": {"name": job_name, "labels": {
                             **(((rj["template"].get("metadata") or {}).get("labels")) or {}), JOBSET_NAME_LABEL: name},
                                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -557,6 +558,8 @@ class FakeCluster:
                                  or "TerminatingOrFailed",
                                  "template": copy.deepcopy(template)},
                     })
+                    if made_job is None:
+                        continue
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
                     self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
@@ -618,8 +621,8 @@ class FakeCluster:
                         if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
                                for p in occupied):
                             continue
-                        self._create_pod(job, index)
-                        active.append({})
+                        if self._create_pod(job, index):
+                            active.append({})
 
             def status(obj: Obj, n_active: int = len(active), n_term: int = len(terminating),
                        suspend: bool = suspend, done: bool = bool(succeeded) and
@@ -635,14 +638,14 @@ class FakeCluster:
             except ApiFailure:
                 pass
 
-    def _create_pod(self, job: Obj, index: int) -> None:
+    def _create_pod(self, job: Obj, index: int) -> bool:
         self._pod_seq += 1
         template = job["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
         labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
-        made = self.server.create("", "pods", job["metadata"]["namespace"], {
+        made = self._create_content("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
@@ -652,7 +655,23 @@ class FakeCluster:
             "spec": spec,
             "status": {"phase": "Pending"},
         })
+        if made is None:
+            return False
         self._pass_run(self._job_runs, job["metadata"]["uid"], self._pod_runs, made["metadata"]["uid"])
+        return True
+
+    def _create_content(self, group: str, plural: str, namespace: str, obj: Obj, *, admit: bool = True
+                        ) -> Obj | None:
+        """A controller's create of a namespace's content; None if the API server refused it because the
+        namespace is being deleted or is gone (``FakeApiServer.terminate_namespace``): the real controller's
+        create fails the same way and is tried again on a later pass."""
+        try:
+            return self.server.create(group, plural, namespace, obj, admit=admit)
+        except ApiFailure as exc:
+            if exc.details.get("kind") == "namespaces" or any(
+                    c.get("reason") == "NamespaceTerminating" for c in exc.causes):
+                return None
+            raise
 
     @staticmethod
     def _pass_run(source: dict[str, tuple[str, int]], owner: str, target: dict[str, tuple[str, int]],
