@@ -1,12 +1,14 @@
-"""The fake's namespace lifecycle, as the real cluster has it (issue 25).
+"""The fake's namespace lifecycle and JobSet's update rule, as the real cluster has them (issue 25).
 
 ``terminate_namespace`` and ``namespace_controller_pass`` play ``kubectl delete namespace`` and the namespace
 controller: the namespace is Terminating until its content is gone (pods deleted gracefully, dispatch's
 finalizer holding a pod whose end is unproven), nothing new may be created in it meanwhile, and it can be
-created again only once it is gone.
+created again only once it is gone. ``jobset_update_problem`` is JobSet's webhook on an update.
 """
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 
@@ -15,6 +17,7 @@ from dispatch import _names as n
 from dispatch._identity import record_name
 from dispatch.controller.testing import keeper_pass
 from dispatch.testing import ApiFailure, FakeCluster
+from dispatch.testing._cluster import jobset_update_problem
 
 NS = "default"
 WRITER = ("dispatch-writer", "dispatch-node-reader")
@@ -70,3 +73,24 @@ def test_a_namespace_is_created_again_only_once_it_is_gone(cluster: FakeCluster)
     cluster.server.create("", "namespaces", "", {"metadata": {"name": NS}})
     cluster.server.create("", "configmaps", NS, {"metadata": {"name": "x"}})
 
+
+def _jobset(suspend: bool, jobs: tuple[str, ...] = ("node",), labels: dict[str, str] | None = None,
+            finalizers: tuple[str, ...] = ()) -> dict[str, object]:
+    pod_meta: dict[str, object] = {"labels": dict(labels or {})}
+    if finalizers:
+        pod_meta["finalizers"] = list(finalizers)
+    return {"spec": {"suspend": suspend, "replicatedJobs": [
+        {"name": job, "replicas": 1, "template": {"spec": {"parallelism": 2, "template": {
+            "metadata": copy.deepcopy(pod_meta), "spec": {"containers": [{"name": "node"}]}}}}} for job in jobs]}}
+
+
+def test_jobsets_replicated_jobs_change_only_in_the_pod_template_fields_kueue_sets_while_suspended() -> None:
+    a2 = {n.LABEL_ADMISSION: "2"}
+    assert jobset_update_problem(_jobset(True), _jobset(True, labels=a2)) is None
+    assert jobset_update_problem(_jobset(False), _jobset(True, labels=a2)) is None  # being suspended
+    assert jobset_update_problem(_jobset(True), _jobset(False)) is None
+    immutable = 'spec.replicatedJobs: Invalid value: "array": field is immutable'
+    assert jobset_update_problem(_jobset(False), _jobset(False, labels=a2)) == immutable
+    assert jobset_update_problem(_jobset(True), _jobset(True, ("node", "launcher"))) == immutable
+    assert jobset_update_problem(_jobset(True, ("node", "launcher")), _jobset(True)) == immutable
+    assert jobset_update_problem(_jobset(True), _jobset(True, finalizers=("x",))) == immutable

@@ -173,6 +173,39 @@ class History:
                         f"{prev.describe()} then {cur.describe()}")
 
 
+def jobset_update_problem(old: Obj, new: Obj) -> str | None:
+    """JobSet's validating webhook on an update (``ValidateUpdate``, v0.11 and v0.12): ``spec.replicatedJobs``
+    and ``spec.managedBy`` never change, except that while the JobSet is suspended (or being suspended) each
+    replicatedJob it already has may change its pod template's labels, annotations, nodeSelector, tolerations and
+    schedulingGates (what Kueue and Trainer's runtime patches set). A replicatedJob added or taken away is refused
+    (v0.11 indexes the old list by position and fails on a longer one; v0.12 refuses it as immutable)."""
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    before = {rj.get("name"): rj for rj in old_spec.get("replicatedJobs") or []}
+    munged = copy.deepcopy(new_spec.get("replicatedJobs") or [])
+    if old_spec.get("suspend") or new_spec.get("suspend"):
+        for rj in munged:
+            prev = before.get(rj.get("name"))
+            if prev is None:
+                continue
+            pod = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            old_pod = ((prev.get("template") or {}).get("spec") or {}).get("template") or {}
+            for part, keys in (("metadata", ("labels", "annotations")),
+                               ("spec", ("nodeSelector", "tolerations", "schedulingGates"))):
+                here, there = pod.setdefault(part, {}), old_pod.get(part) or {}
+                for key in keys:
+                    if key in there:
+                        here[key] = copy.deepcopy(there[key])
+                    else:
+                        here.pop(key, None)
+                if not here and part not in old_pod:
+                    del pod[part]
+    if munged != (old_spec.get("replicatedJobs") or []):
+        return 'spec.replicatedJobs: Invalid value: "array": field is immutable'
+    if new_spec.get("managedBy") != old_spec.get("managedBy"):
+        return 'spec.managedBy: Invalid value: "string": field is immutable'
+    return None
+
+
 POD_POLICY = "dispatch-pods"
 
 
@@ -230,6 +263,13 @@ class FakeCluster:
         """A transport to the cluster's API; with ``role``/``roles``, limited to those shipped roles
         (see ``FakeApiServer.transport``)."""
         return self.server.transport(role, roles=roles, user=user, rbac=rbac)
+
+    def install_jobset_webhook(self) -> None:
+        """JobSet's validating webhook on updates (``jobset_update_problem``): Trainer's re-apply of a JobSet
+        whose runtime gained or lost a replicatedJob since the JobSet was made is refused, as on the real
+        cluster, and the JobSet stays as it was (suspended or running)."""
+        self.server.add_admission("jobsets", lambda op, old, new: jobset_update_problem(old, new)
+                                  if op == "UPDATE" and old is not None else None)
 
     def install_pod_policy(self) -> None:
         """dispatch's ``dispatch-pods`` CEL policy (``deploy/base/guard.yaml``): on every update of a pod
@@ -293,9 +333,10 @@ class FakeCluster:
         self._node_ready(name, "Unknown")
 
     def heal(self, name: str) -> None:
-        """The partition ends: the kubelet reports again and acts on what the API now says."""
+        """The partition ends: the kubelet reports again and acts on what the API now says (unless it froze
+        meanwhile: a frozen kubelet reports nothing, and its node stays Ready=Unknown until it thaws)."""
         self.partitioned.discard(name)
-        if name not in self.deleted_nodes:
+        if name not in self.deleted_nodes and name not in self.frozen:
             self._node_ready(name, "True")
 
     def kubelet_rejects(self, node: str, reason: str = "OutOfcpu",
@@ -471,8 +512,11 @@ class FakeCluster:
                 def mutate(obj: Obj, desired: Obj = desired, tj: Obj = tj) -> None:
                     obj["spec"] = desired
                     obj["metadata"].setdefault("labels", {}).update(self._jobset_labels(tj))
-                self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
-                self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
+                try:
+                    self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
+                    self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
+                except ApiFailure:
+                    pass  # refused (JobSet's webhook): the real Trainer records an Event, sets Suspended all the same
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
