@@ -174,6 +174,39 @@ class History:
                         f"{prev.describe()} then {cur.describe()}")
 
 
+def jobset_update_problem(old: Obj, new: Obj) -> str | None:
+    """JobSet's validating webhook on an update (``ValidateUpdate``, v0.11 and v0.12): ``spec.replicatedJobs``
+    and ``spec.managedBy`` never change, except that while the JobSet is suspended (or being suspended) each
+    replicatedJob it already has may change its pod template's labels, annotations, nodeSelector, tolerations and
+    schedulingGates (what Kueue and Trainer's runtime patches set). A replicatedJob added or taken away is refused
+    (v0.11 indexes the old list by position and fails on a longer one; v0.12 refuses it as immutable)."""
+    old_spec, new_spec = old.get("spec") or {}, new.get("spec") or {}
+    before = {rj.get("name"): rj for rj in old_spec.get("replicatedJobs") or []}
+    munged = copy.deepcopy(new_spec.get("replicatedJobs") or [])
+    if old_spec.get("suspend") or new_spec.get("suspend"):
+        for rj in munged:
+            prev = before.get(rj.get("name"))
+            if prev is None:
+                continue
+            pod = rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            old_pod = ((prev.get("template") or {}).get("spec") or {}).get("template") or {}
+            for part, keys in (("metadata", ("labels", "annotations")),
+                               ("spec", ("nodeSelector", "tolerations", "schedulingGates"))):
+                here, there = pod.setdefault(part, {}), old_pod.get(part) or {}
+                for key in keys:
+                    if key in there:
+                        here[key] = copy.deepcopy(there[key])
+                    else:
+                        here.pop(key, None)
+                if not here and part not in old_pod:
+                    del pod[part]
+    if munged != (old_spec.get("replicatedJobs") or []):
+        return 'spec.replicatedJobs: Invalid value: "array": field is immutable'
+    if new_spec.get("managedBy") != old_spec.get("managedBy"):
+        return 'spec.managedBy: Invalid value: "string": field is immutable'
+    return None
+
+
 POD_POLICY = "dispatch-pods"
 
 
@@ -234,6 +267,13 @@ class FakeCluster:
         (see ``FakeApiServer.transport``)."""
         return self.server.transport(role, roles=roles, user=user, rbac=rbac)
 
+    def install_jobset_webhook(self) -> None:
+        """JobSet's validating webhook on updates (``jobset_update_problem``): Trainer's re-apply of a JobSet
+        whose runtime gained or lost a replicatedJob since the JobSet was made is refused, as on the real
+        cluster, and the JobSet stays as it was (suspended or running)."""
+        self.server.add_admission("jobsets", lambda op, old, new: jobset_update_problem(old, new)
+                                  if op == "UPDATE" and old is not None else None)
+
     def install_pod_policy(self) -> None:
         """dispatch's ``dispatch-pods`` CEL policy (``deploy/base/guard.yaml``): on every update of a pod
         carrying dispatch's job-id label (before or after), through ``/status`` too, the labels that say whose
@@ -280,11 +320,16 @@ class FakeCluster:
     def freeze_node(self, name: str) -> None:
         """The node's kubelet stops answering: Ready=Unknown, its pods' processes go on."""
         self.frozen.add(name)
+        self.cut_off_pods.setdefault(name, {}).update(
+            {p["metadata"]["uid"]: copy.deepcopy(p) for p in self.server.objects("", "pods")
+             if p["spec"].get("nodeName") == name})
         self._node_ready(name, "Unknown")
 
     def thaw_node(self, name: str) -> None:
+        """The kubelet answers again; its first sync is as after a partition (``heal``)."""
         self.frozen.discard(name)
         self._node_ready(name, "True")
+        self.back.add(name)
         for proc in list(self._processes.values()):
             if proc.node == name and self.server.get("", "pods", proc.namespace, proc.pod) is None:
                 self._end(proc)
@@ -294,17 +339,20 @@ class FakeCluster:
         once the node controller notices, its containers keep running, and it restarts a crashed
         container as the pod's restart policy says, without seeing anything written to the API since."""
         self.partitioned.add(name)
-        self.cut_off_pods[name] = {p["metadata"]["uid"]: copy.deepcopy(p) for p in self.server.objects("", "pods")
-                                   if p["spec"].get("nodeName") == name}
+        self.cut_off_pods.setdefault(name, {}).update(
+            {p["metadata"]["uid"]: copy.deepcopy(p) for p in self.server.objects("", "pods")
+             if p["spec"].get("nodeName") == name})
         self._node_ready(name, "Unknown")
 
     def heal(self, name: str) -> None:
-        """The partition ends: the node is Ready again, and on its next sync (``settle``) the kubelet acts
-        on what the API now says. As a real kubelet v1.37 did, a container that crashed under OnFailure is
-        started once more on that first sync even when someone else marked the pod Failed meanwhile (the
-        kubelet had not learned it yet), and stopped at once: a brief process, then its end reported."""
+        """The partition ends: the node is Ready again (unless it froze meanwhile: a frozen kubelet reports
+        nothing, and its node stays Ready=Unknown until it thaws), and on its next sync (``settle``) the
+        kubelet acts on what the API now says. As a real kubelet v1.37 did, a container that crashed under
+        OnFailure is started once more on that first sync even when someone else marked the pod Failed
+        meanwhile (the kubelet had not learned it yet), and stopped at once: a brief process, then its end
+        reported."""
         self.partitioned.discard(name)
-        if name not in self.deleted_nodes:
+        if name not in self.deleted_nodes and name not in self.frozen:
             self._node_ready(name, "True")
             self.back.add(name)
 
@@ -473,19 +521,23 @@ class FakeCluster:
             if desired is None:
                 continue
             if js is None:
-                made = self.server.create(JOBSET, "jobsets", ns, {
+                made = self._create_content(JOBSET, "jobsets", ns, {
                     "metadata": {"name": name, "labels": self._jobset_labels(tj), "ownerReferences": [
                         {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": name,
                          "uid": meta["uid"], "controller": True}]},
                     "spec": desired,
                 }, admit=False)
-                self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
+                if made is not None:
+                    self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
                 def mutate(obj: Obj, desired: Obj = desired, tj: Obj = tj) -> None:
                     obj["spec"] = desired
                     obj["metadata"].setdefault("labels", {}).update(self._jobset_labels(tj))
-                self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
-                self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
+                try:
+                    self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
+                    self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
+                except ApiFailure:
+                    pass  # refused (JobSet's webhook): the real Trainer records an Event, sets Suspended all the same
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
@@ -556,7 +608,7 @@ class FakeCluster:
                 template = rj["template"]["spec"]["template"]
                 job = self.server.get("batch", "jobs", ns, job_name)
                 if job is None:
-                    self.server.create("batch", "jobs", ns, {
+                    made_job = self._create_content("batch", "jobs", ns, {
                         "metadata": {"name": job_name, "labels": {
                             **(((rj["template"].get("metadata") or {}).get("labels")) or {}), JOBSET_NAME_LABEL: name},
                                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
@@ -568,6 +620,8 @@ class FakeCluster:
                                  or "TerminatingOrFailed",
                                  "template": copy.deepcopy(template)},
                     })
+                    if made_job is None:
+                        continue
                     job = self.server.get("batch", "jobs", ns, job_name)
                     assert job is not None
                     self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
@@ -629,8 +683,8 @@ class FakeCluster:
                         if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
                                for p in occupied):
                             continue
-                        self._create_pod(job, index)
-                        active.append({})
+                        if self._create_pod(job, index):
+                            active.append({})
 
             def status(obj: Obj, n_active: int = len(active), n_term: int = len(terminating),
                        suspend: bool = suspend, done: bool = bool(succeeded) and
@@ -646,14 +700,14 @@ class FakeCluster:
             except ApiFailure:
                 pass
 
-    def _create_pod(self, job: Obj, index: int) -> None:
+    def _create_pod(self, job: Obj, index: int) -> bool:
         self._pod_seq += 1
         template = job["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
         labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
-        made = self.server.create("", "pods", job["metadata"]["namespace"], {
+        made = self._create_content("", "pods", job["metadata"]["namespace"], {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
@@ -663,7 +717,23 @@ class FakeCluster:
             "spec": spec,
             "status": {"phase": "Pending"},
         })
+        if made is None:
+            return False
         self._pass_run(self._job_runs, job["metadata"]["uid"], self._pod_runs, made["metadata"]["uid"])
+        return True
+
+    def _create_content(self, group: str, plural: str, namespace: str, obj: Obj, *, admit: bool = True
+                        ) -> Obj | None:
+        """A controller's create of a namespace's content; None if the API server refused it because the
+        namespace is being deleted or is gone (``FakeApiServer.terminate_namespace``): the real controller's
+        create fails the same way and is tried again on a later pass."""
+        try:
+            return self.server.create(group, plural, namespace, obj, admit=admit)
+        except ApiFailure as exc:
+            if exc.details.get("kind") == "namespaces" or any(
+                    c.get("reason") == "NamespaceTerminating" for c in exc.causes):
+                return None
+            raise
 
     @staticmethod
     def _pass_run(source: dict[str, tuple[str, int]], owner: str, target: dict[str, tuple[str, int]],

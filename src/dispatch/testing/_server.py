@@ -369,6 +369,9 @@ class FakeApiServer:
         """uids of removed owners whose dependents the lagging garbage collector has not reached yet."""
         self.before_request: Callable[[str, str], None] | None = None
         """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
+        self.namespaces_deleted: set[str] = set()
+        """Namespaces deleted through ``terminate_namespace``: while Terminating or gone, nothing new is created
+        in them (a namespace this fake never had a Namespace object for is served as before)."""
 
     # ------------------------------------------------------------------ plumbing
 
@@ -476,6 +479,7 @@ class FakeApiServer:
             if kind.namespaced and meta.get("namespace") not in (None, "", ns):
                 raise ApiFailure(400, "BadRequest", "the namespace of the object does not match the request")
             key = (group, plural, ns, name)
+            self._namespace_admits(kind, ns, name)
             if key in self._objects:
                 raise ApiFailure(409, "AlreadyExists", f'{plural}.{group or "core"} "{name}" already exists')
             self._validate(kind, "CREATE", None, body) if admit else None
@@ -502,6 +506,7 @@ class FakeApiServer:
         with self._lock:
             name = (obj.get("metadata") or {}).get("name", "")
             key = (kind.group, kind.plural, namespace if kind.namespaced else "", name)
+            self._namespace_admits(kind, key[2], name)
             if key in self._objects:
                 raise ApiFailure(409, "AlreadyExists", f'{kind.plural} "{name}" already exists')
             body = copy.deepcopy(obj)
@@ -651,6 +656,72 @@ class FakeApiServer:
             if not remaining and ("", "namespaces", "", namespace) in self._objects:
                 self.delete("", "namespaces", "", namespace)
             return remaining
+
+    # ------------------------------------------------------------------ a namespace's lifecycle, as the real one
+
+    def terminate_namespace(self, namespace: str) -> Obj:
+        """``kubectl delete namespace``: the API server marks the Namespace Terminating (a deletionTimestamp,
+        phase Terminating, the ``kubernetes`` finalizer that holds it until the namespace controller is done)
+        and leaves its content alone; ``namespace_controller_pass`` deletes that. From now on nothing new is
+        created in it, by any writer or controller (the NamespaceLifecycle admission plugin); what is in it can
+        still be read, updated and deleted. Idempotent, as a second delete is."""
+        with self._lock:
+            key = ("", "namespaces", "", namespace)
+            current = self._objects.get(key)
+            if current is None:
+                raise ApiFailure(404, "NotFound", f'namespaces "{namespace}" not found',
+                                 details={"name": namespace, "kind": "namespaces"})
+            self.namespaces_deleted.add(namespace)
+            if current["metadata"].get("deletionTimestamp"):
+                return copy.deepcopy(current)
+            marked = copy.deepcopy(current)
+            marked.setdefault("spec", {})["finalizers"] = ["kubernetes"]
+            marked.setdefault("status", {})["phase"] = "Terminating"
+            return self._mark_deleting(key, marked, 0)
+
+    def namespace_controller_pass(self, namespace: str) -> int:
+        """One pass of the namespace controller over a Terminating namespace (``terminate_namespace``): each
+        kind's content deleted as its DeleteCollection does (background propagation; pods gracefully, each
+        with its own grace period; an object with finalizers stays, Terminating, until their owners remove
+        them), and once nothing is left its ``kubernetes`` finalizer goes and so does the Namespace. The pass
+        is one step here; the real controller deletes kind after kind while other controllers act (their
+        creates in the namespace are refused meanwhile). Returns how many objects remain in it (0 once the
+        Namespace is gone, or if it is not being deleted)."""
+        with self._lock:
+            ns_key = ("", "namespaces", "", namespace)
+            current = self._objects.get(ns_key)
+            if current is None or not current["metadata"].get("deletionTimestamp"):
+                return 0
+
+            def content() -> list[Key]:
+                return [key for key in self._objects if key[2] == namespace
+                        and (kind := self._kinds.get((key[0], key[1]))) is not None and kind.namespaced]
+            for key in content():
+                obj = self._objects.get(key)
+                if obj is not None and not obj["metadata"].get("deletionTimestamp"):
+                    self.delete(*key)
+            remaining = len(content())
+            if not remaining:
+                self._remove(ns_key, copy.deepcopy(current))
+            return remaining
+
+    def _namespace_admits(self, kind: Kind, namespace: str, name: str) -> None:
+        """The NamespaceLifecycle admission plugin on a create, for a namespace ``terminate_namespace``
+        deleted: refused while it is Terminating (403, as worded by the real API server) and once it is gone
+        until a Namespace of that name is created again (404)."""
+        if not kind.namespaced or namespace not in self.namespaces_deleted:
+            return
+        ns = self._objects.get(("", "namespaces", "", namespace))
+        if ns is None:
+            raise ApiFailure(404, "NotFound", f'namespaces "{namespace}" not found',
+                             details={"name": namespace, "kind": "namespaces"})
+        if ns["metadata"].get("deletionTimestamp"):
+            what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+            raise ApiFailure(403, "Forbidden", f'{what} "{name}" is forbidden: unable to create new content in '
+                                               f"namespace {namespace} because it is being terminated",
+                             [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
+                               "message": f"namespace {namespace} is being terminated"}],
+                             details={"name": name, "group": kind.group, "kind": kind.plural})
 
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
                uid: str | None = None, resource_version: str | None = None) -> Obj:
