@@ -53,6 +53,9 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         for node in NODES:
             self.cluster.add_node(node)
         self.adapter = Adapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+        # Nothing else steps while a writer waits here, so release's wait for a layer to acknowledge a
+        # suspension would only pass wall time (10 s a call: 1000 examples under CI took hours).
+        self.adapter.core.settle_seconds = 0
         self.tainted: set[str] = set()
         self.admissions: dict[str, list[int]] = {o: [] for o in OBJECTS}
         self.forgotten: set[str] = set()
@@ -109,6 +112,7 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         async def both() -> list[object]:
             one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            one.settle_seconds = two.settle_seconds = 0
             try:
                 return list(await asyncio.gather(one.release(name), two.release(name), return_exceptions=True))
             finally:
@@ -156,6 +160,7 @@ class NeverTwoExecutions(RuleBasedStateMachine):
         async def both() -> list[object]:
             one = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
             two = AsyncAdapter.connect("default", transport=self.cluster.transport(roles=WRITER))
+            one.settle_seconds = two.settle_seconds = 0
             try:
                 return list(await asyncio.gather(
                     one.open(JobSpec(job_id=job_id, submission=submission, num_nodes=2, name=f"{name}-p"),
