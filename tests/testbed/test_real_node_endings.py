@@ -169,9 +169,12 @@ def test_a_pod_its_real_kubelet_rejects_is_recorded_deleted_by_the_controller_an
         for p in pods(ns, "rej-s1")), 30)
 
     def confirmed() -> Obj | None:
+        # every container terminated: kubelet v1.35 first wrote "waiting: ContainerCreating" for the
+        # deleted rejected pod, a step before its end (seen in a run on the oldest stack)
         got = [p for p in pods(ns, "rej-s1") if p["metadata"]["name"] == name]
-        return got[0] if got and got[0]["status"].get("containerStatuses") else None
-    after = wait_for("its kubelet writes every container's end", confirmed, 30)
+        statuses = got[0]["status"].get("containerStatuses") if got else None
+        return got[0] if statuses and all("terminated" in (c.get("state") or {}) for c in statuses) else None
+    after = wait_for("its kubelet writes every container's end", confirmed, 60)
     assert ending_shape(after["status"]) == ending_shape(RECORDED["rejected-then-deleted-held"]["status"])
     keeper_pass(ns, controller_kubeconfig)
     wait_for("every rejected pod freed", lambda: keeper_pass(ns, controller_kubeconfig) is not None and not any(
