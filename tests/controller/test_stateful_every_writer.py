@@ -56,7 +56,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
