@@ -923,13 +923,14 @@ def stalled_jobset_text(trainjob: TrainJobView, jobset: JobSetView | None,
 
 def runtime_missing_warning(trainjob: TrainJobView, missing: bool) -> str | None:
     """``status``'s warning for an object whose runtime was deleted after open. Trainer's webhook then refuses
-    every update of the TrainJob (``runtime '<name>' not found``), so hold and release fail while a running
+    every update of the TrainJob (``runtime '<name>' not found``, or ``... "<name>" not found: specified
+    trainingRuntime must be created before the TrainJob is created``), so hold and release fail while a running
     JobSet goes on; Trainer's validation does not judge a delete, so ``close`` works."""
     if not missing or not trainjob.dispatch_object:
         return None
     running = "its JobSet goes on running, and " if trainjob.state is State.RUNNING else ""
     return (f"trainjob {trainjob.name}: {trainjob.runtime_kind} {trainjob.runtime_name} is not found: Trainer's "
-            f"webhook refuses every change to the TrainJob (runtime '{trainjob.runtime_name}' not found), so "
+            f"webhook refuses every change to the TrainJob while it is gone, so "
             f"{running}`dispatch hold` and `dispatch release` fail; re-create {trainjob.runtime_kind} "
             f"{trainjob.runtime_name}, or `dispatch close {trainjob.name}` (a delete is not refused)")
 

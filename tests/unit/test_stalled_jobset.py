@@ -82,7 +82,7 @@ def test_a_runtime_gone_is_warned_with_the_actions_that_work() -> None:
     assert running.state is State.RUNNING
     text = d.runtime_missing_warning(running, True)
     assert text == (f"trainjob {NAME}: TrainingRuntime torch is not found: Trainer's webhook refuses every change "
-                    "to the TrainJob (runtime 'torch' not found), so its JobSet goes on running, and `dispatch hold` "
+                    "to the TrainJob while it is gone, so its JobSet goes on running, and `dispatch hold` "
                     "and `dispatch release` fail; re-create TrainingRuntime torch, or `dispatch close llama-s1` (a "
                     "delete is not refused)")
     assert "goes on running" not in (d.runtime_missing_warning(tj(suspend=True), True) or "")
