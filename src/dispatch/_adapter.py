@@ -123,14 +123,15 @@ class AsyncAdapter:
 
     def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
                 note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
-                record: RecordView | None = None, workload: kq.WorkloadView | None = None) -> Status:
+                record: RecordView | None = None, workload: kq.WorkloadView | None = None,
+                stalled: str | None = None) -> Status:
         managed = bool(tj.queue) if kueue is None else kueue
         return Status(
             name=tj.name,
             namespace=tj.ref.namespace or self.namespace,
             state=tj.state,
             identity=tj.identity,
-            cause=d.explain(tj, verdict, check, note, record),
+            cause=d.explain(tj, verdict, check, note, record, stalled),
             mode="kueue" if managed else "plain",
             queue=tj.queue,
             created=tj.created,
@@ -146,12 +147,15 @@ class AsyncAdapter:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
         tj = await self.core.trainjob(name)
-        gap = d.uncovered_warning(tj, await self.core.runtime_jobs_of(tj))
+        runtime_jobs, runtime_gone = await self.core.runtime_of(tj)
+        gap = [d.uncovered_warning(tj, runtime_jobs), d.runtime_missing_warning(tj, runtime_gone)]
         if tj.state is State.RUNNING:
             # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
             running_in = await self.core.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
+            jobset = (await self.core.jobsets([name])).get(name) if tj.dispatch_object else None
             return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
-                                                    gap], workload=running_in)
+                                                    *gap], workload=running_in,
+                                stalled=d.stalled_jobset_text(tj, jobset, runtime_jobs))
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -161,8 +165,8 @@ class AsyncAdapter:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload, tj),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name), gap], record=record,
-                            workload=workload)
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap], record=record,
+                            workload=workload, stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
 
     async def find(
         self,
@@ -209,36 +213,46 @@ class AsyncAdapter:
             trainjobs = [t for t in trainjobs if t.state in wanted]
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
         refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
-        got = await asyncio.gather(*(self.core.runtime_jobs_of(next(t for t in trainjobs
-                                                                    if (t.runtime_kind, t.runtime_name) == ref))
+        got = await asyncio.gather(*(self.core.runtime_of(next(t for t in trainjobs
+                                                               if (t.runtime_kind, t.runtime_name) == ref))
                                      for ref in refs))
         runtimes = dict(zip(refs, got, strict=True))
+        running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
+        jobsets = await self.core.jobsets(running)
 
-        def gap(t: tr.TrainJobView) -> str | None:
-            return d.uncovered_warning(t, runtimes.get((t.runtime_kind, t.runtime_name)))
+        def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
+            return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
+
+        def gap(t: tr.TrainJobView) -> list[str | None]:
+            jobs, gone = runtimes.get((t.runtime_kind, t.runtime_name), (None, False))
+            return [d.uncovered_warning(t, jobs), d.runtime_missing_warning(t, gone)]
+
+        def run(t: tr.TrainJobView, workload: kq.WorkloadView | None = None) -> Status:
+            return self._status(t, None, warnings=gap(t), workload=workload,
+                                stalled=d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)))
         fleet = any(t.managed_by == MULTIKUEUE for t in trainjobs)
         if not idle and not fleet:
-            return sorted((self._status(t, None, warnings=[gap(t)]) for t in trainjobs), key=lambda s: s.name)
+            return sorted((run(t) for t in trainjobs), key=lambda s: s.name)
         # Kueue may manage an object without the queue-name label: its Workload says so (and, under
         # MultiKueue, which worker runs it)
         workloads = await self.core.workloads_by_owner()
         if not idle:
-            return sorted((self._status(t, None, warnings=[gap(t)], workload=workloads.get(t.ref.uid))
-                           for t in trainjobs), key=lambda s: s.name)
+            return sorted((run(t, workloads.get(t.ref.uid)) for t in trainjobs), key=lambda s: s.name)
         snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
         records = await self._records([(t.job_id, t.submission) for t in idle if t.labelled])
         ours = await self.core.our_checks()
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
-                out.append(self._status(t, None, warnings=[gap(t)], workload=workloads.get(t.ref.uid)))
+                out.append(run(t, workloads.get(t.ref.uid)))
                 continue
             snap = snaps[t.name]
             wl = workloads.get(t.ref.uid)
             out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
                                     d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
-                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), gap(t)],
-                                    record=records.get((t.job_id, t.submission)), workload=wl))
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), *gap(t)],
+                                    record=records.get((t.job_id, t.submission)), workload=wl,
+                                    stalled=d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))))
         return sorted(out, key=lambda s: s.name)
 
     async def _records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], RecordView | None]:

@@ -691,10 +691,11 @@ def close_again_text(name: str) -> str:
 
 def explain(
     trainjob: TrainJobView, verdict: Verdict | None, check: CheckEntry | None = None, note: str = "",
-    record: RecordView | None = None,
+    record: RecordView | None = None, stalled: str | None = None,
 ) -> Cause:
     """The cause shown by inspect and find. Not-running objects name whatever keeps them waiting; one whose
-    close was interrupted names ``close`` again as its remedy (``record``: its submission's identity record)."""
+    close was interrupted names ``close`` again as its remedy (``record``: its submission's identity record);
+    one whose JobSet Trainer can no longer update (``stalled_jobset_text``) names the way out."""
     state = trainjob.state
     if not trainjob.labelled:
         return unmanaged_cause(trainjob, verdict, check)
@@ -712,9 +713,11 @@ def explain(
         parts.append(note)
     pods_text = verdict.detail() if verdict is not None and not verdict.admissible else ""
     if state is State.RUNNING:
-        return Cause("Admitted", f"execution {trainjob.admission} admitted")
+        return Cause("Admitted", "; ".join([f"execution {trainjob.admission} admitted", *filter(None, [stalled])]))
     if pods_text:
         parts.append(pods_text)
+    if stalled:
+        parts.append(stalled)
     if state is State.HELD:
         if pods_text:
             return Cause("PodsRemain", "; ".join(parts))
@@ -876,6 +879,60 @@ def uncovered_warning(trainjob: TrainJobView, jobs: Sequence[str] | None) -> str
                 "them run outside dispatch's rule (a force delete on a lost node would not be seen): hold and "
                 "release it to re-target")
     return f"trainjob {trainjob.name}: {text}"
+
+
+def _names(jobs: Sequence[str]) -> str:
+    return ", ".join(jobs) or "(none)"
+
+
+def way_out_text(name: str) -> str:
+    """The one action that ends a JobSet Trainer can no longer update: a new TrainJob, so a new JobSet."""
+    return (f"`dispatch close {name}` deletes the TrainJob and its JobSet (their pods go), then open the submission "
+            "again (`dispatch open`): Trainer builds the new JobSet from the runtime as it is now")
+
+
+def stalled_jobset_text(trainjob: TrainJobView, jobset: JobSetView | None,
+                        runtime_jobs: Sequence[str] | None) -> str | None:
+    """Why Trainer can no longer bring the JobSet to what the TrainJob asks, and the way out; or None.
+
+    A JobSet's replicatedJobs never change (JobSet's webhook refuses it), and Trainer re-applies the whole
+    JobSet, so one that differs from what Trainer builds now is frozen as it is. Seen on the real control
+    plane two ways: Trainer v2.2 builds from the runtime as it is now, so after the runtime gained a job a
+    hold never suspends the JobSet (it runs, its replicatedJobs differ from the runtime's); Trainer v2.3
+    builds from its snapshot of the runtime, so dispatch's entry re-targeted at a job the snapshot lacks adds
+    a replicatedJob with no containers, the JobSet is invalid, and it stays suspended (the entry targets a
+    job the JobSet lacks). Neither a hold nor a release ends it; closing and re-opening does."""
+    if jobset is None or jobset.deleting or jobset.finished or not jobset.replicated_jobs:
+        return None
+    built = list(jobset.replicated_jobs)
+    if not jobset.suspended and trainjob.suspended and runtime_jobs is not None and built != list(runtime_jobs):
+        return (f"jobset {jobset.name} was built with replicatedJobs {_names(built)} and {trainjob.runtime_kind} "
+                f"{trainjob.runtime_name} now has {_names(runtime_jobs)}: JobSet refuses any change to a JobSet's "
+                "replicatedJobs, so Trainer cannot suspend it and the hold never reaches its pods (a release "
+                f"cannot change it either); {way_out_text(trainjob.name)}")
+    lacking = [j for j in trainjob.patch_targets if j not in built]
+    if jobset.suspended and lacking:
+        blocked = ("a release re-targets the entry at the runtime as it is now, so no release can start it"
+                   if trainjob.suspended else f"execution {trainjob.admission} never starts")
+        return (f"jobset {jobset.name} stays suspended: dispatch's runtime patch entry targets replicatedJob"
+                f"{'' if len(lacking) == 1 else 's'} {_names(lacking)}, which the JobSet (replicatedJobs "
+                f"{_names(built)}, built before {trainjob.runtime_kind} {trainjob.runtime_name} changed) does not "
+                f"have, so Trainer's update of the JobSet is refused and {blocked}; {way_out_text(trainjob.name)}")
+    return None
+
+
+def runtime_missing_warning(trainjob: TrainJobView, missing: bool) -> str | None:
+    """``status``'s warning for an object whose runtime was deleted after open. Trainer's webhook then refuses
+    every update of the TrainJob (``runtime '<name>' not found``, or ``... "<name>" not found: specified
+    trainingRuntime must be created before the TrainJob is created``), so hold and release fail while a running
+    JobSet goes on; Trainer's validation does not judge a delete, so ``close`` works."""
+    if not missing or not trainjob.dispatch_object:
+        return None
+    running = "its JobSet goes on running, and " if trainjob.state is State.RUNNING else ""
+    return (f"trainjob {trainjob.name}: {trainjob.runtime_kind} {trainjob.runtime_name} is not found: Trainer's "
+            f"webhook refuses every change to the TrainJob while it is gone, so "
+            f"{running}`dispatch hold` and `dispatch release` fail; re-create {trainjob.runtime_kind} "
+            f"{trainjob.runtime_name}, or `dispatch close {trainjob.name}` (a delete is not refused)")
 
 
 def _entry_problem(what: str, new: TrainJobView, runtime_jobs: Sequence[str] | None) -> str | None:

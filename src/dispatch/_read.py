@@ -217,12 +217,36 @@ class Reader:
     async def runtime_jobs_of(self, tj: tr.TrainJobView) -> list[str] | None:
         """The replicatedJobs of the runtime a TrainJob names, as it is now (None: it cannot be read, so
         dispatch's entry is left as it is; Trainer cannot build a JobSet from a missing runtime either)."""
+        return (await self.runtime_of(tj))[0]
+
+    async def runtime_of(self, tj: tr.TrainJobView) -> tuple[list[str] | None, bool]:
+        """``runtime_jobs_of``, and whether the runtime is gone (NotFound, not merely unreadable): status
+        says so, as Trainer's webhook then refuses every change to the TrainJob."""
         if not tj.runtime_name:
-            return None
+            return None, False
         res = api.CLUSTER_RUNTIMES if tj.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
         try:
-            return tr.runtime_jobs(await self.kube.get(res, tj.runtime_name)) or None
-        except (NotFound, Forbidden):
+            return tr.runtime_jobs(await self.kube.get(res, tj.runtime_name)) or None, False
+        except NotFound:
+            return None, True
+        except Forbidden:
+            return None, False
+
+    async def jobsets(self, names: Collection[str]) -> dict[str, JobSetView]:
+        """The JobSets of these objects (one GET for one, one LIST for more; none where the kind is not
+        served), so status can tell a running object whose JobSet never started."""
+        if not names:
+            return {}
+        if len(names) == 1:
+            got = [j for j in [await self._get_or_none(api.JOBSETS, next(iter(names)))] if j is not None]
+        else:
+            got = await self._list_or_empty(api.JOBSETS)
+        return {v.name: v for v in map(JobSetView.from_obj, got) if v.name in names}
+
+    async def _get_or_none(self, res: api.Res, name: str) -> Obj | None:
+        try:
+            return await self.kube.get_or_none(res, name)
+        except NotFound:  # the kind is not served
             return None
 
     async def jobs_of(self, name: str) -> list[JobView]:

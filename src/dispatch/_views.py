@@ -468,13 +468,18 @@ class JobSetView:
     submission: str = ""
     """dispatch's identity labels, which dispatch's runtime patch entry puts on the JobSet (so the layers of a
     closed object of the submission are found by the submission, whatever their name)."""
+    replicated_jobs: tuple[str, ...] = ()
+    """Its replicatedJobs' names, which never change (JobSet's webhook refuses it): what Trainer built it from,
+    to compare with the runtime as it is now and with the jobs dispatch's entry targets."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobSetView:
         labels = labels_of(obj)
+        jobs = tuple(text(rj.get("name")) for rj in items(mapping(obj.get("spec")).get("replicatedJobs"))
+                     if text(rj.get("name")))
         return JobSetView(name_of(obj), is_suspended(obj), is_deleting(obj),
                           condition_true(obj, "Completed") or condition_true(obj, "Failed"),
-                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""))
+                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), jobs)
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from dispatch import Adapter, JobSpec, PodsRemain
+from dispatch import Adapter, JobSpec, PodsRemain, State
 from dispatch.controller.testing import FakeGuard
+from dispatch.errors import Forbidden
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -139,6 +140,66 @@ def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
     assert writer.release(NAME).admission == 1  # the next release re-targets; the A never ran, so it is taken
     cluster.settle()
     assert {p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(NAME)} == {"1"}
+    cluster.history.check()
+
+
+# ---------------------------------------------------------------- the runtime deleted after open
+
+
+def lose_runtime(cluster: FakeCluster) -> None:
+    cluster.server.delete("trainer.kubeflow.org", "clustertrainingruntimes", "", "torch-distributed")
+
+
+def test_a_runtime_deleted_under_a_running_object_refuses_hold_and_status_names_what_works(
+        writer: Adapter, cluster: FakeCluster) -> None:
+    """As Trainer v2.3 did on the testbed: its webhook refuses every update of a TrainJob whose runtime is gone,
+    so a hold fails and the JobSet runs on; status says so and names re-creating the runtime or closing; a
+    close (a delete, which Trainer does not validate) stops the pods."""
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    lose_runtime(cluster)
+    with pytest.raises(Forbidden, match="runtime 'torch-distributed' not found"):
+        writer.hold(NAME)
+    cluster.settle()
+    assert cluster.running_processes(NAME)
+    status = writer.inspect(NAME)
+    [warning] = [w for w in status.warnings if "is not found" in w]
+    assert "re-create ClusterTrainingRuntime torch-distributed, or `dispatch close llama-s1`" in warning
+    assert "its JobSet goes on running" in warning
+    assert [w for s in writer.find() for w in s.warnings if "is not found" in w] == [warning]
+    writer.close(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    assert cluster.running_processes(NAME) == []
+    cluster.history.check()
+
+
+def test_a_runtime_deleted_under_a_held_object_admits_nothing(writer: Adapter, cluster: FakeCluster,
+                                                              keeper: Any) -> None:
+    """Held, its pods gone, then its runtime deleted: release's raise is refused by Trainer's webhook, so
+    nothing starts (the A the record issued is never started, and the next release goes above it)."""
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    writer.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    keeper()
+    lose_runtime(cluster)
+    with pytest.raises(Forbidden, match="runtime 'torch-distributed' not found"):
+        writer.release(NAME)
+    cluster.settle()
+    assert cluster.running_processes(NAME) == []
+    status = writer.inspect(NAME)
+    assert status.state is State.HELD
+    assert any("`dispatch release` fail; re-create ClusterTrainingRuntime torch-distributed" in w
+               for w in status.warnings), status.warnings
+    cluster.add_runtime()
+    assert writer.release(NAME).admission >= 2
+    cluster.settle()
     cluster.history.check()
 
 

@@ -1,5 +1,5 @@
 """Issue 25, every writer, second round, on the real control plane (real CEL policies, CRD rules, webhook,
-Trainer, JobSet and Job controllers): items 1, 4 and 5.
+Trainer, JobSet and Job controllers): items 1, 3, 4 and 5, and a runtime deleted after open.
 
 Each test installs the guard scoped to its own namespace (``test_guard_testbed.installed``) plus the shipped
 ``dispatch-pods`` policy, and, for item 4, the identity record CRD of this tree (the previous one is put
@@ -9,6 +9,7 @@ back afterwards, so other runs on the shared testbed keep theirs).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ import yaml
 
 from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
+from dispatch.errors import Forbidden
 from dispatch.testbed._paths import source_dir
 from dispatch.testbed.harness import (
     controller_env,
@@ -41,6 +43,7 @@ Obj = dict[str, Any]
 CRDS = k.Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
              namespaced=False, status=False)
 RECORDS_CRD = "submissionrecords.dispatch.phpboyscout.uk"
+EVENTS = k.Res("", "v1", "events", "Event")
 
 
 @asynccontextmanager
@@ -270,3 +273,93 @@ async def test_item5_without_the_webhook_the_cel_policy_alone_refuses_an_entry_b
         finally:
             await kube.delete(BINDINGS, name)
             await kube.delete(POLICIES, name)
+
+
+# ---------------------------------------------------------------- item 3, and the runtime deleted
+
+
+async def own_runtime(g: Guarded, name: str) -> None:
+    """A TrainingRuntime of the test's namespace, a copy of the shared ClusterTrainingRuntime (so editing or
+    deleting it touches no other run on the testbed)."""
+    base = await g.kube.get(k.CLUSTER_RUNTIMES, "torch-distributed")
+    await g.kube.create(k.RUNTIMES, {"apiVersion": k.RUNTIMES.api_version, "kind": "TrainingRuntime",
+                                     "metadata": {"name": name, "labels": base["metadata"].get("labels", {})},
+                                     "spec": base["spec"]})
+
+
+async def cause_of(g: Guarded, name: str) -> str:
+    status = await g.adapter.inspect(name)
+    return status.cause.detail if status.cause else ""
+
+
+async def test_item3_a_runtime_that_gained_a_job_after_open_names_close_and_reopen(g: Guarded) -> None:
+    """The runtime gains a replicatedJob under a running object. Trainer v2.2 builds from the runtime as it is
+    now, so JobSet refuses its update and the hold never suspends the JobSet; Trainer v2.3 builds from its
+    snapshot, so the hold works and the release's re-targeted entry makes the JobSet invalid (it stays
+    suspended while the TrainJob runs). Either way status names `dispatch close` and re-opening, which ends it."""
+    name, rt = "gain-s1", "gains"
+    spec = JobSpec(job_id="gain", submission="s1", runtime=rt, runtime_kind="TrainingRuntime")
+    await own_runtime(g, rt)
+    await g.adapter.open(spec)
+    assert await release(g, name) == 1
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    runtime = await g.kube.get(k.RUNTIMES, rt)
+    jobs = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    jobs.append({**copy.deepcopy(jobs[0]), "name": "launcher"})
+    await g.kube.merge_patch(k.RUNTIMES, rt, {"metadata": {"resourceVersion": runtime["metadata"]["resourceVersion"]},
+                                              "spec": runtime["spec"]})
+    await g.adapter.hold(name)
+    way_out = f"`dispatch close {name}` deletes the TrainJob and its JobSet"
+
+    async def settled() -> bool:
+        return way_out in await cause_of(g, name) or not await pods_of(g.kube, name)
+    await until(settled, what="the hold acted on, or the stall named")
+    if way_out not in await cause_of(g, name):  # Trainer v2.3: the hold suspended the JobSet
+        assert await release(g, name) == 2
+
+        async def named() -> bool:
+            return way_out in await cause_of(g, name)
+        await until(named, what="the stall named")
+        assert not await pods_of(g.kube, name)
+    detail = await cause_of(g, name)
+    print("STATUS (runtime gained a job):", detail)
+    events = [e["message"] for e in (await g.kube.list(EVENTS)).items
+              if e["involvedObject"].get("name") == name and e["reason"] == "TrainJobResourcesCreationFailed"]
+    print("TRAINER EVENTS:", events[-1:])
+    assert events, "Trainer records why it cannot update the JobSet"
+    await g.adapter.close(name)
+    await until(lambda: _absent(g, name), what="the TrainJob gone")
+    await until(lambda: _no_pods(g, name), what="its pods gone")
+    await g.adapter.open(spec)
+    again = await release(g, name)
+    assert again >= 2
+    await until(lambda: is_running(g.kube, name), timeout=90, what="running again from the runtime as it is now")
+
+    async def launcher_carries_a() -> bool:
+        pods = [p for p in running_pods(await pods_of(g.kube, name)) if "-launcher-" in p["metadata"]["name"]]
+        return bool(pods) and all(p["metadata"]["labels"].get(LABEL_ADMISSION) == str(again) for p in pods)
+    await until(launcher_carries_a, what="the gained job's pods carrying A")
+    assert way_out not in await cause_of(g, name)
+
+
+async def test_a_runtime_deleted_after_open_refuses_hold_and_status_names_what_works(g: Guarded) -> None:
+    """Trainer's webhook refuses every update of a TrainJob whose runtime is gone, so a hold fails and the
+    JobSet runs on; status names re-creating the runtime or closing, and a close stops the pods."""
+    name, rt = "loss-s1", "goes"
+    await own_runtime(g, rt)
+    await g.adapter.open(JobSpec(job_id="loss", submission="s1", runtime=rt, runtime_kind="TrainingRuntime"))
+    assert await release(g, name) == 1
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    await g.kube.delete(k.RUNTIMES, rt)
+    # Trainer v2.3 answered with either of its webhooks' wordings: `runtime 'goes' not found`, or
+    # `spec.runtimeRef: Invalid value: ...: TrainingRuntime.trainer.kubeflow.org "goes" not found: ...`
+    with pytest.raises(Forbidden, match=f"runtime '{rt}' not found|TrainingRuntime.trainer.kubeflow.org \"{rt}\" "
+                                        "not found") as refused:
+        await g.adapter.hold(name)
+    print("DENIED (hold, runtime gone):", refused.value)
+    assert running_pods(await pods_of(g.kube, name))
+    warnings = [w for w in (await g.adapter.inspect(name)).warnings if "is not found" in w]
+    print("STATUS (runtime gone):", warnings)
+    assert len(warnings) == 1 and f"re-create TrainingRuntime {rt}, or `dispatch close {name}`" in warnings[0]
+    await g.adapter.close(name)
+    await until(lambda: _no_pods(g, name), what="its pods gone after close")

@@ -56,7 +56,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
@@ -1072,12 +1071,6 @@ def test_a_foreign_entry_below_the_raised_a_is_refused_without_the_webhook_so_po
         sm.teardown()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 25, item 3, as the walks found it with JobSet's webhook modelled: a runtime that gains a replicatedJob "
-    "freezes every JobSet built before (JobSet refuses Trainer's re-apply, so a hold never suspends it); status "
-    "says the JobSet is 'not suspended yet' and that the next admission re-targets the entry, which cannot end "
-    "it, and names no way out (`dispatch close` and re-open does). Read from Trainer v2.3's and JobSet v0.11/"
-    "v0.12's sources; not yet seen on the real control plane"))
 def test_a_hold_after_the_runtime_gained_a_job_names_the_way_out() -> None:
     cluster = FakeCluster()
     cluster.add_runtime(replacement_policy="Failed")

@@ -482,9 +482,16 @@ class FakeCluster:
     # ------------------------------------------------------------------ Trainer (with its webhook)
 
     def _trainer_webhook(self, op: str, old: Obj | None, new: Obj) -> str | None:
-        """Trainer's rule: runtimePatches change only when suspended before or after, and no active Job."""
+        """Trainer's rule: runtimePatches change only when suspended before or after, and no active Job; and
+        no update at all while the runtime the TrainJob names is gone (its webhook validates every update
+        against the runtime: ``runtime '<name>' not found``, as Trainer v2.3 answered a hold on the testbed)."""
         if op != "UPDATE" or old is None:
             return None
+        ref = (new.get("spec") or {}).get("runtimeRef") or {}
+        if ref.get("name") and self.server.get(
+                TRAINER, "trainingruntimes" if ref.get("kind") == "TrainingRuntime" else "clustertrainingruntimes",
+                new["metadata"]["namespace"] if ref.get("kind") == "TrainingRuntime" else "", ref["name"]) is None:
+            return f"runtime '{ref['name']}' not found"
         if (old.get("spec") or {}).get("runtimePatches") == (new.get("spec") or {}).get("runtimePatches"):
             return None
         if not (old.get("spec") or {}).get("suspend") and not (new.get("spec") or {}).get("suspend"):
