@@ -155,18 +155,18 @@ def test_a_writer_of_one_namespace_cannot_create_or_raise_the_floor_of_another_o
             print("DENIED (raise b's floor from a):", denied.value)
             assert f"written only by whoever may patch submissionrecords in {b}" in str(denied.value)
         assert floor_a(b) == 1
-        # b's own writer may raise it (same tenant): at the top, the submission stalls naming the way out
+        # b's own writer may raise its floors (same tenant), never past the top; a submission there stalls,
+        # naming the way out
         raised = testbed.kubectl("--kubeconfig", writers[b], "patch", "submissionfloor", theirs, "--type=merge", "-p",
                                  json.dumps({"spec": {"admission": ADMISSION_LIMIT + 1}}), check=False)
         print("DENIED (above the highest A):", raised.stderr.strip())
         assert raised.returncode != 0 and f"less than or equal to {ADMISSION_LIMIT}" in raised.stderr
-        testbed.kubectl("--kubeconfig", writers[b], "patch", "submissionfloor", theirs, "--type=merge", "-p",
-                        json.dumps({"spec": {"admission": ADMISSION_LIMIT}}))
+        testbed.kubectl("--kubeconfig", writers[b], "create", "-f", "-",
+                        input=json.dumps(new_floor(b, "llama", "s2", ADMISSION_LIMIT)))
         with Adapter.connect(b, kubeconfig=writers[b]) as owner:
-            owner.close("llama-s1")
-            owner.open(JobSpec(job_id="llama", submission="s1", name="again", num_nodes=1))
-            with pytest.raises(Refused, match=r"`dispatch admin forget llama s1 --yes`") as stalled:
-                owner.release("again")
+            owner.open(JobSpec(job_id="llama", submission="s2", num_nodes=1))
+            with pytest.raises(Refused, match=r"`dispatch admin forget llama s2 --yes`") as stalled:
+                owner.release("llama-s2")
             print("STALLED:", stalled.value)
 
     try:
@@ -175,4 +175,5 @@ def test_a_writer_of_one_namespace_cannot_create_or_raise_the_floor_of_another_o
         for ns in (a, b):
             testbed.kubectl("delete", "clusterrolebinding", ns, "--wait=false", check=False)
             testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-            testbed.kubectl("delete", "submissionfloor", floor_name(ns, "llama", "s1"), check=False)
+            for submission in ("s1", "s2"):
+                testbed.kubectl("delete", "submissionfloor", floor_name(ns, "llama", submission), check=False)

@@ -335,8 +335,9 @@ def _validate_identity(kind: str, required: tuple[str, ...], rules: tuple[_Rule,
                                       f"equal to {ADMISSION_LIMIT}"})
         schema_holds = not causes
         if schema_holds and kind == "SubmissionFloor" and not _floor_name_holds(name, spec):
+            # a rule at the schema's root: the real server names no field and no value
             causes.append({"field": "<nil>", "reason": "FieldValueInvalid",
-                           "message": f'Invalid value: "object": {FLOOR_NAME_RULE}'})
+                           "message": f"Invalid value: {FLOOR_NAME_RULE}"})
         old_spec = (old or {}).get("spec")
         if schema_holds and isinstance(old_spec, dict):
             for message, rule in rules:
@@ -568,8 +569,10 @@ class FakeApiServer:
         for check in self._admission.get(kind.plural, []):
             denial = check(op, old, new)
             if denial and denial.startswith("ValidatingAdmissionPolicy "):  # a CEL policy's denial, as worded
+                # worded as the real server words it: the denial again as the one cause, naming no field
                 resource = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-                raise ApiFailure(403, "Forbidden", f'{resource} "{name}" is forbidden: {denial}')
+                raise ApiFailure(403, "Forbidden", f'{resource} "{name}" is forbidden: {denial}',
+                                 [{"field": "", "message": denial}])
             if denial:
                 raise ApiFailure(403, "Forbidden", f'admission webhook denied the request: {denial}')
 
