@@ -585,5 +585,5 @@ async def test_a_submission_at_the_highest_a_keeps_the_check_pending_naming_admi
     assert kueue.entry(wl)["message"].startswith(
         f"{WAITING_PREFIX}a trustworthy identity record: llama/s1 has been issued A={ADMISSION_LIMIT}, the highest A "
         "dispatch issues: no new execution of it can be numbered")
-    assert cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)["metadata"]["annotations"][
-        ANNOTATION_ADMISSION] == "0"
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None and tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "0"
