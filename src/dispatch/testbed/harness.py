@@ -484,6 +484,7 @@ async def floors_of_this_tree(kube: k.Kube, in_force: Callable[[], Any]) -> Asyn
     binding["spec"]["policyName"] = name
     for doc in docs:
         await put(doc["metadata"]["name"], doc["spec"])
+    await asyncio.sleep(2)  # the API server rebuilds the CRDs' validators (no status says when)
     await kube.create(POLICIES, policy)
     await kube.create(BINDINGS, binding)
     try:
