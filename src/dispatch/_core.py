@@ -160,6 +160,8 @@ class Core(Reader):
                 found = await self.floor(job_id, submission)
                 if found == admission or (found > admission and not issuing):
                     return
+                if found >= ident.ADMISSION_LIMIT:  # raised to the top by hand: only an admin's forget helps
+                    raise Refused(d.exhausted_text(job_id, submission, found), reason="RecordInvalid") from exc
                 if found > admission:
                     raise Refused(f"the floor of {job_id}/{submission} ({ident.FLOORS.plural}/{name}) says A={found} "
                                   f"was issued before, above the A={admission} its identity record would issue (a "
@@ -242,6 +244,9 @@ class Core(Reader):
             # submission ran, and the claim lost): the floor says what was issued before; never count from 1
             record = await self._record_from_floor(tj)
         plan = d.next_admission(tj, mine, record, own=set(own), plain=plain)
+        exhausted = d.plan_problem(tj, plan)
+        if exhausted:
+            raise Refused(exhausted, reason="RecordInvalid")
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
         jobs = await self.runtime_jobs_of(tj)
         retarget = jobs is not None and list(tj.patch_targets) != list(jobs)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from ._identity import RecordView, describe_missing
+from ._identity import ADMISSION_LIMIT, RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
 from ._names import (
     ANNOTATION_ADMISSION,
@@ -421,6 +421,23 @@ def next_admission(trainjob: TrainJobView, pods: Iterable[PodView], record: Reco
         if plain and trainjob.started < issued and pods_a < issued:
             return Plan(issued, write_record=False, write_trainjob=False)
     return Plan(max(seen, issued) + 1, write_record=True, write_trainjob=True)
+
+
+def exhausted_text(job_id: str, submission: str, issued: int) -> str:
+    """Why a submission can number no new execution: it has been issued ``ADMISSION_LIMIT`` (only a floor or
+    record raised there by hand gets so far), and the one way out."""
+    return (f"{job_id}/{submission} has been issued A={issued}, the highest A dispatch issues: no new execution "
+            f"of it can be numbered; `dispatch admin forget {job_id} {submission} --yes` (an admin's decision, "
+            "once the object is closed, no process of it can run and nothing fences on its old numbers) makes it "
+            "count from 1 again, or open a new submission")
+
+
+def plan_problem(trainjob: TrainJobView, plan: Plan) -> str | None:
+    """Why the admission ``plan`` says cannot be made, or None: a new A above ``ADMISSION_LIMIT`` is never
+    issued (the CRDs refuse to store it, and no A may be issued twice)."""
+    if plan.write_record and plan.admission > ADMISSION_LIMIT:
+        return exhausted_text(trainjob.job_id, trainjob.submission, plan.admission - 1)
+    return None
 
 
 def record_problem(trainjob: TrainJobView, record: RecordView | None, pods: Iterable[PodView]) -> str | None:
@@ -1077,6 +1094,28 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
 POD_RELEASE_PERMISSION = ("release", "dispatch.phpboyscout.uk", "podfinalizers")
 """(verb, group, resource) the pod policy asks the authorizer about before dispatch's finalizer may go: held by
 the controller's role and the admin role only (a permission no real resource has, as ``use`` or ``bind``)."""
+
+
+FLOOR_POLICY = "dispatch-floors"
+"""The ValidatingAdmissionPolicy (``deploy/base/guard.yaml``) that ties a floor's writes to the namespace it names."""
+FLOOR_WRITE_PERMISSION = ("dispatch.phpboyscout.uk", "submissionrecords")
+"""(group, resource) the floor policy asks the authorizer about, in the namespace a floor names: a floor is created
+only by whoever may ``create`` identity records there, and changed only by whoever may ``patch`` them. A floor is
+cluster-scoped, so RBAC alone grants its writes cluster-wide (a RoleBinding cannot grant a cluster-scoped kind)."""
+
+
+def floor_write_verb(operation: str) -> str:
+    """The verb on ``FLOOR_WRITE_PERMISSION`` a floor write of ``operation`` (CREATE, UPDATE) needs."""
+    return "create" if operation == "CREATE" else "patch"
+
+
+def floor_write_problem(operation: str, namespace: str, *, allowed: bool) -> str | None:
+    """Why a floor write is refused (the ``dispatch-floors`` policy's message), or None. ``allowed``: the
+    authorizer lets the requester ``floor_write_verb(operation)`` identity records in ``namespace``."""
+    if allowed:
+        return None
+    return (f"a floor of namespace {namespace} is written only by whoever may {floor_write_verb(operation)} "
+            f"submissionrecords in {namespace}")
 
 
 POD_LABELS_KEPT = ("the labels that say whose a dispatch pod is are kept (dispatch.phpboyscout.uk/job-id, /submission, "

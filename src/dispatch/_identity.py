@@ -34,6 +34,12 @@ TOKEN_LIMIT = 128
 CLUSTERS_LIMIT = 64
 """MultiKueue workers a record remembers (a fleet is a handful; the bound keeps the record small)."""
 NAME_LIMIT = 253
+ADMISSION_LIMIT = 2**53 - 1
+"""The highest A dispatch issues, and the CRDs' ``maximum`` of a record's and a floor's A: the largest integer a
+JSON number keeps exactly in every client, and the API server's schema (whose ``maximum`` is a float64) holds it
+exactly too (a bound of 18 nines reads there as 1e18 and lets 10**18 through). Far above any real A (a release a
+millisecond for 285,000 years); a floor raised to it by hand stalls its submission with a status naming the way
+out (``admin forget``) instead of overflowing int64."""
 LABEL_HOLDER = f"{DOMAIN}/trainjob"
 """On a record: the TrainJob that holds the submission, so ``close NAME`` finds a claim whose TrainJob was
 never created."""
@@ -46,9 +52,10 @@ def record_name(job_id: str, submission: str) -> str:
 
 
 def floor_name(namespace: str, job_id: str, submission: str) -> str:
-    """The floor's name: a hash of the namespace and the pair (floors are cluster-scoped)."""
-    digest = hashlib.sha256(f"{namespace}\x00{job_id}\x00{submission}".encode()).hexdigest()
-    return f"floor-{digest[:40]}"
+    """The floor's name: the namespace it names, a dot and its record's name (floors are cluster-scoped).
+    The namespace is spelled out so the CRD's rule can hold a floor's name to the namespace its spec names,
+    and the ``dispatch-floors`` policy then lets only that namespace's writers take it."""
+    return f"{namespace}.{record_name(job_id, submission)}"
 
 
 def legacy_key(job_id: str, submission: str) -> str:

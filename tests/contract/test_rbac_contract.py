@@ -18,8 +18,11 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import Forbidden, NotFound
+from dispatch import Forbidden, NotFound, Refused
 from dispatch import _kube as k
+from dispatch._api import SUBMISSION_FLOORS
+from dispatch._identity import ADMISSION_LIMIT, floor_name, new_floor, new_record
+from dispatch.testbed.harness import floors_of_this_tree
 from dispatch.testing import Binding, FakeApiServer
 from dispatch.testing._rbac import SHIPPED_RBAC
 
@@ -291,3 +294,90 @@ async def test_the_fake_decides_every_request_as_the_real_server_does(
         await admin.delete(k.NAMESPACES, ns)
         await admin.aclose()
     assert wrong == [] and checked > 500, (checked, wrong)
+
+
+# ---------------------------------------------------------------- floors: tied to the namespace they name
+
+
+@pytest.fixture
+async def floor_roles(roles: Roles, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Roles, str]]:
+    """The roles, with the ``dispatch-floors`` policy and this tree's floor CRD in force; yields the policy's name
+    (the fake always plays the shipped one; the real server gets it renamed, cluster-wide, for the test)."""
+    if request.node.callspec.params["roles"] == "fake":
+        yield roles, "dispatch-floors"
+        return
+    admin = k.Kube.connect(namespace=roles.namespace, kubeconfig=request.getfixturevalue("testbed_kubeconfig"))
+
+    async def in_force() -> bool:
+        try:
+            await roles.writer.create(SUBMISSION_FLOORS, new_floor(f"{roles.namespace}-b", "j", "s", 1), dry_run=True)
+        except Forbidden as exc:
+            return "ValidatingAdmissionPolicy 'dispatch-floors" in str(exc)
+        return False
+    try:
+        async with floors_of_this_tree(admin, in_force) as name:
+            yield roles, name
+    finally:
+        for floor in (await admin.list(SUBMISSION_FLOORS)).items:
+            if floor["spec"]["namespace"].startswith(roles.namespace):
+                await admin.delete(SUBMISSION_FLOORS, floor["metadata"]["name"])
+        await admin.aclose()
+
+
+async def test_a_floor_is_written_only_by_whoever_may_write_records_in_the_namespace_it_names(
+    floor_roles: tuple[Roles, str]
+) -> None:
+    """Floors are cluster-scoped, so RBAC grants the writer's floor writes cluster-wide (dispatch-node-reader); the
+    ``dispatch-floors`` policy asks the authorizer whether the requester may create (or patch) identity records
+    in the namespace the floor names: the writer only in its own, the controller in every one."""
+    roles, policy = floor_roles
+    ns, other = roles.namespace, f"{roles.namespace}-b"
+    denied = (f"ValidatingAdmissionPolicy '{policy}' with binding '{policy}' denied request: a floor of namespace "
+              f"{other}")
+    theirs = floor_name(other, "llama", "s1")
+    message = await denial(lambda: roles.writer.create(SUBMISSION_FLOORS, new_floor(other, "llama", "s1", 5)))
+    said = f"{denied} is written only by whoever may create submissionrecords in {other}"
+    assert message.endswith(f': submissionfloors.dispatch.phpboyscout.uk "{theirs}" is forbidden: {said} (: {said})'
+                            ), message
+    assert (await roles.writer.create(SUBMISSION_FLOORS, new_floor(ns, "llama", "s1", 1)))["spec"]["admission"] == 1
+    assert (await roles.writer.merge_patch(SUBMISSION_FLOORS, floor_name(ns, "llama", "s1"),
+                                           {"spec": {"admission": 2}}))["spec"]["admission"] == 2
+    # the controller, bound cluster-wide, writes the floors of every namespace it serves
+    assert (await roles.controller.create(SUBMISSION_FLOORS, new_floor(other, "llama", "s1", 1)))["spec"][
+        "admission"] == 1
+    assert (await roles.controller.merge_patch(SUBMISSION_FLOORS, theirs, {"spec": {"admission": 3}}))["spec"][
+        "admission"] == 3
+    message = await denial(lambda: roles.writer.merge_patch(SUBMISSION_FLOORS, theirs, {"spec": {"admission": 7}}))
+    said = f"{denied} is written only by whoever may patch submissionrecords in {other}"
+    assert message.endswith(f': submissionfloors.dispatch.phpboyscout.uk "{theirs}" is forbidden: {said} (: {said})'
+                            ), message
+
+
+async def test_a_floors_name_is_held_to_its_namespace_and_its_a_to_the_highest_a(
+    floor_roles: tuple[Roles, str]
+) -> None:
+    """The CRD's rules, answered before any policy (422): a floor's name spells out the namespace it names, so a
+    writer cannot squat another namespace's floor with one of its own; A stops at ``ADMISSION_LIMIT``."""
+    roles, _ = floor_roles
+    ns, other = roles.namespace, f"{roles.namespace}-b"
+    squat = new_floor(ns, "llama", "s1", 5)
+    squat["metadata"] = {**squat["metadata"], "name": floor_name(other, "llama", "s1")}
+    with pytest.raises(Refused) as got:
+        await roles.writer.create(SUBMISSION_FLOORS, squat)
+    assert got.value.code == 422
+    rule = "<nil>: Invalid value: a floor's name is the namespace it names, a dot and its record's name " \
+           "(<namespace>.sub-<hash>)"
+    assert str(got.value) == (f'SubmissionFloor.dispatch.phpboyscout.uk "{floor_name(other, "llama", "s1")}" is '
+                              f"invalid: {rule} ({rule})"), str(got.value)
+    with pytest.raises(Refused) as got:
+        await roles.writer.create(SUBMISSION_FLOORS, new_floor(ns, "llama", "s1", ADMISSION_LIMIT + 1))
+    assert (
+        f'SubmissionFloor.dispatch.phpboyscout.uk "{floor_name(ns, "llama", "s1")}" is invalid: spec.admission: '
+        f"Invalid value: {ADMISSION_LIMIT + 1}: spec.admission in body should be less than or equal to "
+        f"{ADMISSION_LIMIT}") in str(got.value), str(got.value)
+    assert (await roles.writer.create(SUBMISSION_FLOORS, new_floor(ns, "llama", "s1", ADMISSION_LIMIT)))["spec"][
+        "admission"] == ADMISSION_LIMIT
+    with pytest.raises(Refused) as got:
+        await roles.writer.create(k.Res("dispatch.phpboyscout.uk", "v1alpha1", "submissionrecords", "SubmissionRecord"),
+                                  {**new_record("llama", "s1", "llama-s1", admission=ADMISSION_LIMIT + 1)})
+    assert "spec.admission in body should be less than or equal to 9007199254740991" in str(got.value)

@@ -17,6 +17,8 @@ from dispatch import (
     JobSpec,
 )
 from dispatch import _kube as k
+from dispatch._api import SUBMISSION_FLOORS
+from dispatch._identity import ADMISSION_LIMIT, new_floor
 from dispatch.controller import WAITING_PREFIX
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
@@ -567,3 +569,21 @@ async def test_one_namespace_only_when_given(
     async with running(kube, namespace="default"):
         await quiet()
     assert kueue.entry(wl, namespace="team-a")["state"] == "Pending"
+
+
+async def test_a_submission_at_the_highest_a_keeps_the_check_pending_naming_admin_forget(
+    adapter: AsyncAdapter, cluster: FakeCluster, kueue: FakeKueue, kube: k.Kube
+) -> None:
+    """Kueue mode of the stall at ``ADMISSION_LIMIT`` (a floor raised to the top by a writer of the namespace):
+    the check stays Pending, its message naming the way out, and nothing is raised."""
+    await adapter.kube.create(SUBMISSION_FLOORS, new_floor("default", "llama", "s1", ADMISSION_LIMIT))
+    await adapter.open(SPEC)
+    wl = kueue.workload_for(NAME)
+    async with running(kube):
+        await until(lambda: "dispatch admin forget llama s1 --yes" in kueue.entry(wl)["message"])
+    assert kueue.entry(wl)["state"] == "Pending"
+    assert kueue.entry(wl)["message"].startswith(
+        f"{WAITING_PREFIX}a trustworthy identity record: llama/s1 has been issued A={ADMISSION_LIMIT}, the highest A "
+        "dispatch issues: no new execution of it can be numbered")
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None and tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "0"

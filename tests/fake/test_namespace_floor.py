@@ -14,7 +14,7 @@ import pytest
 from dispatch import Adapter, DispatchError, Forbidden, JobSpec, Refused
 from dispatch import _names as n
 from dispatch._api import SUBMISSION_FLOORS
-from dispatch._identity import floor_name, record_name
+from dispatch._identity import ADMISSION_LIMIT, floor_name, new_floor, record_name
 from dispatch.controller.testing import keeper_pass
 from dispatch.testing import Binding, FakeCluster
 
@@ -178,3 +178,65 @@ def test_a_record_made_below_the_floor_never_issues_a_number_under_it(team: Adap
         again.close("llama-s1")
         assert again.open(JobSpec(job_id="llama", submission="s1", name="third"), hold=False).identity.admission == 3
     cluster.history.check()
+
+
+# ------------------------------------------------------------------ issue 25, second round: floors and namespaces
+
+
+def _floor(namespace: str, admission: int, *, name: str | None = None) -> dict[str, object]:
+    """The floor of llama/s1 in ``namespace`` as a writer would send it, under its own name unless ``name``."""
+    body = new_floor(namespace, "llama", "s1", admission)
+    if name is not None:
+        body["metadata"] = {**body["metadata"], "name": name}
+    return body
+
+
+def test_a_writer_of_one_namespace_cannot_create_or_raise_the_floor_of_another(cluster: FakeCluster) -> None:
+    """The breaking schedule: a writer bound in namespace "a" only (dispatch-writer by a RoleBinding there,
+    dispatch-node-reader cluster-wide, as the install docs bind them) writes the floor of a submission of
+    namespace "b": created near the top before b's owner opens it, raised once b's owner has run it, or
+    squatted under b's floor's name while naming a submission of "a". Each is refused by the API server."""
+    for ns in ("a", "b"):
+        cluster.server.create("", "namespaces", "", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    with Adapter.connect("a", transport=cluster.transport(roles=(Binding("dispatch-writer", "a"),
+                                                                   "dispatch-node-reader"))) as a:
+        kube = a._async.core.kube
+        with pytest.raises(Forbidden, match="ValidatingAdmissionPolicy 'dispatch-floors' with binding "
+                                            "'dispatch-floors' denied request: a floor of namespace b is "
+                                            "written only by whoever may create submissionrecords in b"):
+            a._run(kube.create(SUBMISSION_FLOORS, _floor("b", ADMISSION_LIMIT)))
+        with pytest.raises(Refused, match="a floor's name is the namespace it names, a dot and its record's "
+                                          "name") as squat:
+            a._run(kube.create(SUBMISSION_FLOORS, _floor("a", 5, name=floor_name("b", "llama", "s1"))))
+        assert squat.value.code == 422
+        assert a._run(kube.create(SUBMISSION_FLOORS, _floor("a", 5)))["spec"]["admission"] == 5  # its own
+    with Adapter.connect("b", transport=cluster.transport(roles=(Binding("dispatch-writer", "b"),
+                                                                   "dispatch-node-reader"))) as b:
+        assert b.open(SPEC, hold=False).identity.admission == 1
+    with Adapter.connect("a", transport=cluster.transport(roles=(Binding("dispatch-writer", "a"),
+                                                                   "dispatch-node-reader"))) as a, \
+            pytest.raises(Forbidden, match="a floor of namespace b is written only by whoever may patch "
+                                           "submissionrecords in b"):
+        a._run(a._async.core.kube.merge_patch(SUBMISSION_FLOORS, floor_name("b", "llama", "s1"),
+                                              {"spec": {"admission": 7}}))
+    got = cluster.server.get(n.DOMAIN, "submissionfloors", "", floor_name("b", "llama", "s1"))
+    assert got is not None and got["spec"]["admission"] == 1
+
+
+def test_a_floor_at_the_highest_a_stalls_its_submission_naming_admin_forget(team: Adapter,
+                                                                               cluster: FakeCluster) -> None:
+    """A cannot rise past ``ADMISSION_LIMIT`` (the CRDs' maximum): a submission whose floor (or record) is
+    there can never number a new execution, and release says so, naming the way out."""
+    with pytest.raises(Refused, match="should be less than or equal to 9007199254740991"):
+        team._run(team._async.core.kube.create(SUBMISSION_FLOORS, _floor(NS, ADMISSION_LIMIT + 1)))
+    team._run(team._async.core.kube.create(SUBMISSION_FLOORS, _floor(NS, ADMISSION_LIMIT)))
+    team.open(SPEC)
+    with pytest.raises(Refused, match=r"llama/s1 has been issued A=9007199254740991, the highest A dispatch "
+                                      r"issues: no new execution of it can be numbered; `dispatch admin forget "
+                                      r"llama s1 --yes`") as got:
+        team.release("llama-s1")
+    assert got.value.reason == "RecordInvalid"
+    team.close("llama-s1")
+    with Adapter.connect(NS, transport=cluster.transport(roles=ADMIN)) as admin:
+        assert admin.forget("llama", "s1") is True
+    assert team.open(JobSpec(job_id="llama", submission="s1", name="again"), hold=False).identity.admission == 1

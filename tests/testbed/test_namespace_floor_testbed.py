@@ -5,6 +5,7 @@ re-opened submission goes on counting. Run as a ServiceAccount holding exactly t
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -14,9 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dispatch import Adapter, JobSpec, testbed
-from dispatch._identity import floor_name, record_name
-from dispatch.testbed.harness import keeper_pass
+from dispatch import Adapter, Forbidden, JobSpec, Refused, testbed
+from dispatch import _kube as k
+from dispatch._api import SUBMISSION_FLOORS
+from dispatch._identity import ADMISSION_LIMIT, floor_name, new_floor, record_name
+from dispatch.testbed.harness import floors_of_this_tree, keeper_pass
 
 pytestmark = pytest.mark.testbed
 
@@ -51,11 +54,15 @@ def _delete_namespace(ns: str, timeout: float = 180.0) -> None:
         time.sleep(1)
 
 
-@pytest.fixture
-def ns(testbed_kubeconfig: str) -> Iterator[str]:
+def _shipped_roles() -> None:
     roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
              if d and d["kind"] == "ClusterRole"]
     testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+
+
+@pytest.fixture
+def ns(testbed_kubeconfig: str) -> Iterator[str]:
+    _shipped_roles()
     # the shipped CRDs as this checkout has them (a testbed started earlier may predate the floor's)
     testbed.kubectl("apply", "-f", str(ROOT / "deploy/base/crd.yaml"))
     testbed.kubectl("wait", "--for=condition=Established", "crd/submissionfloors.dispatch.phpboyscout.uk")
@@ -95,3 +102,78 @@ def test_a_namespace_deleted_and_recreated_goes_on_counting_on_the_real_control_
     denied = testbed.kubectl("auth", "can-i", "delete", "submissionfloors", f"--as=system:serviceaccount:{ns}:writer",
                              check=False)
     assert denied.stdout.strip() == "no"
+
+
+def test_a_writer_of_one_namespace_cannot_create_or_raise_the_floor_of_another_on_the_real_control_plane(
+    testbed_kubeconfig: str, tmp_path: Path
+) -> None:
+    """The breaking schedule of issue 25's second round, on the real API server with this tree's CRDs and the
+    shipped ``dispatch-floors`` policy: a writer bound in namespace "a" only creates the floor of a submission
+    of "b" near the top, squats its name, and raises it once b's owner ran it. Each is refused; b's writer
+    runs its submission as usual; a floor raised to the top (by b's own writer) stalls it, naming the way out."""
+    _shipped_roles()
+    suffix = uuid.uuid4().hex[:6]
+    a, b = f"floora-{suffix}", f"floorb-{suffix}"
+    for ns in (a, b):
+        testbed.kubectl("create", "clusterrolebinding", ns, "--clusterrole=dispatch-node-reader",
+                        f"--serviceaccount={ns}:writer")
+    writers = {ns: _writer(tmp_path, ns) for ns in (a, b)}
+    theirs = floor_name(b, "llama", "s1")
+
+    def in_force() -> bool:
+        got = testbed.kubectl("--kubeconfig", writers[a], "create", "--dry-run=server", "-f", "-",
+                              input=json.dumps(new_floor(b, "llama", "s1", 1)), check=False)
+        return got.returncode != 0 and "dispatch-floors" in got.stderr
+
+    async def scenario() -> None:
+        admin = k.Kube.connect(namespace=a, kubeconfig=testbed_kubeconfig)
+        try:
+            async with floors_of_this_tree(admin, in_force):
+                await asyncio.to_thread(story)
+        finally:
+            await admin.aclose()
+
+    def story() -> None:
+        with Adapter.connect(a, kubeconfig=writers[a]) as mine:
+            kube = mine._async.core.kube
+            with pytest.raises(Forbidden) as denied:
+                mine._run(kube.create(SUBMISSION_FLOORS, new_floor(b, "llama", "s1", ADMISSION_LIMIT)))
+            print("DENIED (create b's floor from a):", denied.value)
+            assert f"a floor of namespace {b} is written only by whoever may create submissionrecords in {b}" \
+                in str(denied.value)
+            squat = new_floor(a, "llama", "s1", 5)
+            squat["metadata"] = {**squat["metadata"], "name": theirs}
+            with pytest.raises(Refused) as squatted:
+                mine._run(kube.create(SUBMISSION_FLOORS, squat))
+            print("DENIED (squat b's floor's name):", squatted.value)
+            assert "a floor's name is the namespace it names" in str(squatted.value)
+        with Adapter.connect(b, kubeconfig=writers[b]) as owner:
+            assert owner.open(SPEC, hold=False).identity.admission == 1   # the shipped writer role still works
+        with Adapter.connect(a, kubeconfig=writers[a]) as mine:
+            with pytest.raises(Forbidden) as denied:
+                mine._run(mine._async.core.kube.merge_patch(SUBMISSION_FLOORS, theirs, {"spec": {"admission": 7}}))
+            print("DENIED (raise b's floor from a):", denied.value)
+            assert f"written only by whoever may patch submissionrecords in {b}" in str(denied.value)
+        assert floor_a(b) == 1
+        # b's own writer may raise its floors (same tenant), never past the top; a submission there stalls,
+        # naming the way out
+        raised = testbed.kubectl("--kubeconfig", writers[b], "patch", "submissionfloor", theirs, "--type=merge", "-p",
+                                 json.dumps({"spec": {"admission": ADMISSION_LIMIT + 1}}), check=False)
+        print("DENIED (above the highest A):", raised.stderr.strip())
+        assert raised.returncode != 0 and f"less than or equal to {ADMISSION_LIMIT}" in raised.stderr
+        testbed.kubectl("--kubeconfig", writers[b], "create", "-f", "-",
+                        input=json.dumps(new_floor(b, "llama", "s2", ADMISSION_LIMIT)))
+        with Adapter.connect(b, kubeconfig=writers[b]) as owner:
+            owner.open(JobSpec(job_id="llama", submission="s2", num_nodes=1))
+            with pytest.raises(Refused, match=r"`dispatch admin forget llama s2 --yes`") as stalled:
+                owner.release("llama-s2")
+            print("STALLED:", stalled.value)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for ns in (a, b):
+            testbed.kubectl("delete", "clusterrolebinding", ns, "--wait=false", check=False)
+            testbed.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+            for submission in ("s1", "s2"):
+                testbed.kubectl("delete", "submissionfloor", floor_name(ns, "llama", submission), check=False)

@@ -9,6 +9,7 @@ import pytest
 
 from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
 from dispatch import _decision as d
+from dispatch._identity import ADMISSION_LIMIT
 from dispatch._records import Cause, State
 from dispatch._trainer import TrainJobView
 
@@ -270,6 +271,31 @@ def test_next_admission_is_above_everything_seen() -> None:
     assert d.next_admission(garbage, []).admission == 1
     assert garbage.problems == ("annotation dispatch.phpboyscout.uk/admission is 'garbage', not a number",)
     assert d.next_admission(trainjob(admission=None), []).admission == 1
+
+
+def test_no_new_a_above_the_highest_a_dispatch_issues_and_the_refusal_names_admin_forget() -> None:
+    """A floor or record raised to ``ADMISSION_LIMIT`` by hand: the next admission would need a number the CRDs
+    refuse to store, so it is refused naming the way out; an A already issued to this object is still taken."""
+    top = str(ADMISSION_LIMIT)
+    assert d.plan_problem(trainjob(admission=top), d.Plan(ADMISSION_LIMIT, True, True)) is None
+    said = d.plan_problem(trainjob(admission=top), d.next_admission(trainjob(admission=top), []))
+    assert said == (f"llama/s1 has been issued A={top}, the highest A dispatch issues: no new execution of it "
+                    f"can be numbered; `dispatch admin forget llama s1 --yes` (an admin's decision, once the object "
+                    "is closed, no process of it can run and nothing fences on its old numbers) makes it count from "
+                    "1 again, or open a new submission")
+    assert d.plan_problem(trainjob(admission=top), d.Plan(ADMISSION_LIMIT, False, True)) is None  # issued: taken
+
+
+@pytest.mark.parametrize(("operation", "allowed", "said"), [
+    ("CREATE", True, None),
+    ("UPDATE", True, None),
+    ("CREATE", False, "a floor of namespace b is written only by whoever may create submissionrecords in b"),
+    ("UPDATE", False, "a floor of namespace b is written only by whoever may patch submissionrecords in b"),
+])
+def test_a_floor_write_needs_the_record_permission_in_the_namespace_it_names(
+    operation: str, allowed: bool, said: str | None
+) -> None:
+    assert d.floor_write_problem(operation, "b", allowed=allowed) == said
 
 
 def test_explain_strings() -> None:

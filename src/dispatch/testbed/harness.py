@@ -455,6 +455,48 @@ def scoped_pods(ns: str, name: str) -> tuple[Obj, Obj]:
     return policy, binding
 
 
+CRDS = k.Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition",
+             namespaced=False, status=False)
+POLICIES = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 namespaced=False, status=False)
+BINDINGS = k.Res("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings",
+                 "ValidatingAdmissionPolicyBinding", namespaced=False, status=False)
+
+
+@asynccontextmanager
+async def floors_of_this_tree(kube: k.Kube, in_force: Callable[[], Any]) -> AsyncIterator[str]:
+    """This tree's identity CRDs (their rules and bounds) and the shipped ``dispatch-floors`` policy, renamed
+    (floors are cluster-scoped: a binding cannot narrow it to a namespace), until ``in_force()`` (awaitable)
+    says the policy answers; yields its name. The CRDs as they were are put back after, so other runs on the
+    shared testbed keep theirs."""
+    docs = [d for d in yaml.safe_load_all((source_dir().parent / "deploy" / "base" / "crd.yaml").read_text()) if d]
+    before = {d["metadata"]["name"]: await kube.get(CRDS, d["metadata"]["name"]) for d in docs}
+
+    async def put(name: str, spec: Obj) -> None:
+        current = await kube.get(CRDS, name)
+        await kube.merge_patch(CRDS, name, {"metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                                            "spec": {"versions": spec["versions"]}})
+    name = f"dispatch-floors-{uuid.uuid4().hex[:6]}"
+    policy = copy.deepcopy(guard_doc("ValidatingAdmissionPolicy", "dispatch-floors"))
+    policy["metadata"] = {"name": name}
+    binding = copy.deepcopy(guard_doc("ValidatingAdmissionPolicyBinding", "dispatch-floors"))
+    binding["metadata"] = {"name": name}
+    binding["spec"]["policyName"] = name
+    for doc in docs:
+        await put(doc["metadata"]["name"], doc["spec"])
+    await asyncio.sleep(2)  # the API server rebuilds the CRDs' validators (no status says when)
+    await kube.create(POLICIES, policy)
+    await kube.create(BINDINGS, binding)
+    try:
+        await until(in_force, what="the dispatch-floors policy in force", timeout=30)
+        yield name
+    finally:
+        await kube.delete(BINDINGS, name)
+        await kube.delete(POLICIES, name)
+        for crd, obj in before.items():
+            await put(crd, obj["spec"])
+
+
 def scoped_mutating(ns: str, port: int, name: str) -> Obj:
     """Enrolment's webhook of ``deploy/base/guard.yaml``, renamed, at ``127.0.0.1:port``, for ``ns`` only
     once it carries the opt-in label (the shipped namespaceSelector, narrowed to the test's namespace)."""

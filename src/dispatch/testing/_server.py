@@ -28,7 +28,9 @@ from urllib.parse import parse_qs
 
 import httpx2
 
+from .. import _decision as d
 from .._api import ALL, Obj, Res
+from .._identity import ADMISSION_LIMIT
 from ._rbac import Attributes, Binding, Forbidden, Identity, Policy, shipped_policy
 
 Key = tuple[str, str, str, str]  # (group, plural, namespace, name)
@@ -299,10 +301,20 @@ FLOOR_RULES: tuple[_Rule, ...] = (
 """The SubmissionFloor CRD's validation rules: it names one submission for good and its A never decreases."""
 
 
+FLOOR_NAME = re.compile(r"[a-z0-9-]+[.]sub-[0-9a-f]{40}")
+FLOOR_NAME_RULE = "a floor's name is the namespace it names, a dot and its record's name (<namespace>.sub-<hash>)"
+"""The SubmissionFloor CRD's root rule: a floor's name spells out the namespace its spec names."""
+
+
+def _floor_name_holds(name: str, spec: Obj) -> bool:
+    return bool(FLOOR_NAME.fullmatch(name)) and name.startswith(f"{spec.get('namespace')}.")
+
+
 def _validate_identity(kind: str, required: tuple[str, ...], rules: tuple[_Rule, ...], name: str,
                        old: Obj | None, new: Obj) -> None:
     """Play an identity CRD (SubmissionRecord, SubmissionFloor): its schema (the ``required`` strings, an
-    admission >= 0) and, only once the new spec passes it, its transition ``rules``, for every writer."""
+    admission from 0 to ``ADMISSION_LIMIT``) and, only once the new spec passes it, its rules (a floor's name;
+    the transition ``rules``), for every writer."""
     what = f'{kind}.dispatch.phpboyscout.uk "{name}" is invalid'
     spec = new.get("spec")
     causes: list[Obj] = []
@@ -317,8 +329,17 @@ def _validate_identity(kind: str, required: tuple[str, ...], rules: tuple[_Rule,
         if not isinstance(admission, int) or isinstance(admission, bool) or admission < 0:
             causes.append({"field": "spec.admission", "reason": "FieldValueInvalid",
                            "message": f"Invalid value: {admission!r}: must be an integer >= 0"})
+        elif admission > ADMISSION_LIMIT:
+            causes.append({"field": "spec.admission", "reason": "FieldValueInvalid",
+                           "message": f"Invalid value: {admission}: spec.admission in body should be less than or "
+                                      f"equal to {ADMISSION_LIMIT}"})
+        schema_holds = not causes
+        if schema_holds and kind == "SubmissionFloor" and not _floor_name_holds(name, spec):
+            # a rule at the schema's root: the real server names no field and no value
+            causes.append({"field": "<nil>", "reason": "FieldValueInvalid",
+                           "message": f"Invalid value: {FLOOR_NAME_RULE}"})
         old_spec = (old or {}).get("spec")
-        if not causes and isinstance(old_spec, dict):
+        if schema_holds and isinstance(old_spec, dict):
             for message, rule in rules:
                 if not rule(old_spec, spec):
                     causes.append({"field": "spec", "reason": "FieldValueInvalid",
@@ -334,6 +355,23 @@ def _validate_record(name: str, old: Obj | None, new: Obj) -> None:
 
 def _validate_floor(name: str, old: Obj | None, new: Obj) -> None:
     _validate_identity("SubmissionFloor", ("namespace", "jobId", "submission"), FLOOR_RULES, name, old, new)
+
+
+def floor_policy(operation: str, old: Obj | None, new: Obj) -> str | None:
+    """The ``dispatch-floors`` ValidatingAdmissionPolicy (``deploy/base/guard.yaml``) on one floor write, worded as
+    the API server words a policy's denial (None: allowed): the requester must be allowed to create (on CREATE)
+    or patch (on UPDATE) identity records in the namespace the floor names. Like the CRD's rules it is always in
+    force (the policy ships in every configuration); the test acting as admin and the cluster's own controllers
+    are unrestricted, as on the real cluster."""
+    who = requester()
+    namespace = str((new.get("spec") or {}).get("namespace") or "")
+    group, resource = d.FLOOR_WRITE_PERMISSION
+    allowed = who is None or who.allows(
+        Attributes(d.floor_write_verb(operation), "", True, group, "v1alpha1", resource, "", namespace, ""))
+    problem = d.floor_write_problem(operation, namespace, allowed=allowed)
+    if problem is None:
+        return None
+    return f"ValidatingAdmissionPolicy '{d.FLOOR_POLICY}' with binding '{d.FLOOR_POLICY}' denied request: {problem}"
 
 
 def _now_text(now: datetime) -> str:
@@ -353,6 +391,7 @@ class FakeApiServer:
         self._managed: dict[Key, dict[str, set[tuple[str, ...]]]] = defaultdict(dict)
         self._watchers: list[_Watcher] = []
         self._admission: dict[str, list[Admission]] = defaultdict(list)
+        self._admission["submissionfloors"].append(floor_policy)  # shipped with the CRDs' rules, always in force
         self._kinds = {(kd.group, kd.plural): kd for kd in KINDS}
         self.faults: list[Fault] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
@@ -530,7 +569,10 @@ class FakeApiServer:
         for check in self._admission.get(kind.plural, []):
             denial = check(op, old, new)
             if denial and denial.startswith("ValidatingAdmissionPolicy "):  # a CEL policy's denial, as worded
-                raise ApiFailure(403, "Forbidden", f'{kind.plural} "{name}" is forbidden: {denial}')
+                # worded as the real server words it: the denial again as the one cause, naming no field
+                resource = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+                raise ApiFailure(403, "Forbidden", f'{resource} "{name}" is forbidden: {denial}',
+                                 [{"field": "", "message": denial}])
             if denial:
                 raise ApiFailure(403, "Forbidden", f'admission webhook denied the request: {denial}')
 
