@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 Obj = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
-DELETE_DELAY = "20"
+DELETE_DELAY = "10"
 """How long KWOK keeps a deleted pod running (a real pod's grace period): the window the overlap needs."""
 FINDING = ("a Job (edit role) or JobSet (cluster admin) of a running object, deleted, is re-created at once by JobSet/"
            "Trainer; its new pods run with the same A beside the Terminating old ones (probe finding)")
@@ -147,6 +147,14 @@ def _watch_overlap(env: Env, name: str, old: set[str], timeline: Timeline, timeo
     return overlaps
 
 
+def _events(ns: str) -> str:
+    """The namespace's Events in order, printed beside the timeline: what the real controllers said they did."""
+    items = json.loads(tb.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]
+    rows = sorted((e.get("eventTime") or e.get("firstTimestamp") or "", e["involvedObject"]["kind"],
+                   e["involvedObject"]["name"], e.get("reason", ""), e.get("message", "")) for e in items)
+    return "\n".join(" ".join(r) for r in rows)
+
+
 def _can_delete(env: Env, resource: str, user: str) -> bool:
     got = tb.kubectl("auth", "can-i", "delete", resource, "-n", env.ns, f"--as={user}", check=False)
     return got.stdout.strip() == "yes"
@@ -171,7 +179,7 @@ def test_a_deleted_child_job_is_recreated_while_its_old_pods_still_run(env: Env)
     tb.kubectl("delete", "job", job, "-n", env.ns, f"--as={env.editor}", "--wait=false")
     timeline.note(f"deleted job {job} as {env.editor} (background propagation)")
     overlaps = _watch_overlap(env, name, old, timeline)
-    print(timeline)
+    print(timeline, _events(env.ns), sep="\n")
     assert not overlaps, f"two executions of one submission at once:\n{overlaps[0]}\n{timeline}"
 
 
@@ -185,5 +193,5 @@ def test_a_deleted_jobset_is_recreated_while_its_old_pods_still_run(env: Env) ->
     tb.kubectl("delete", "jobset", name, "-n", env.ns, "--wait=false")
     timeline.note(f"deleted jobset {name} as the cluster's admin (background propagation)")
     overlaps = _watch_overlap(env, name, old, timeline)
-    print(timeline)
+    print(timeline, _events(env.ns), sep="\n")
     assert not overlaps, f"two executions of one submission at once:\n{overlaps[0]}\n{timeline}"
