@@ -10,6 +10,7 @@ collector does.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
 
@@ -140,6 +141,49 @@ def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
     assert writer.release(NAME).admission == 1  # the next release re-targets; the A never ran, so it is taken
     cluster.settle()
     assert {p["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] for p in cluster.pods(NAME)} == {"1"}
+    cluster.history.check()
+
+
+def test_item3_a_jobset_deleted_after_a_release_on_a_gained_runtime_is_rebuilt_with_every_pod_carrying_a(
+        writer: Adapter, cluster: FakeCluster, keeper: Any) -> None:
+    """Trainer v2.2 (as the fake models it) builds from the runtime as it is now. Held, the runtime gains a job,
+    released: JobSet's webhook refuses Trainer's update, so the JobSet stays suspended with ``node`` only. A third
+    party then deletes it and Trainer builds a new one from the runtime, ``launcher`` included, already running:
+    its pods must carry the identity, the new A and dispatch's finalizer. They do only because the release
+    targeted dispatch's entry at the runtime's jobs; an entry that followed the stalled JobSet's jobs instead
+    (``node``) would let the ``launcher`` pods run outside the rule."""
+    cluster.install_jobset_webhook()
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    writer.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    keeper()
+    assert cluster.running_processes(NAME) == []
+
+    def gain(obj: Obj) -> None:  # a copy of its own: the runtime's jobs share no pod template, as served
+        jobs = obj["spec"]["template"]["spec"]["replicatedJobs"]
+        jobs.append({**copy.deepcopy(jobs[0]), "name": "launcher"})
+    cluster.server.update("trainer.kubeflow.org", "clustertrainingruntimes", "", "torch-distributed", gain,
+                          status=None)
+    assert writer.release(NAME).admission == 2
+    cluster.settle()
+    jobset = cluster.server.get("jobset.x-k8s.io", "jobsets", "default", NAME)
+    assert jobset is not None and jobset["spec"]["suspend"]  # Trainer's update was refused: it stays
+    assert [rj["name"] for rj in jobset["spec"]["replicatedJobs"]] == ["node"]
+    cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)  # a third party's kubectl
+    while cluster.server.collect_garbage():
+        cluster.settle()
+    cluster.settle()
+    pods = cluster.pods(NAME)
+    assert {p["metadata"]["name"].split("-")[2] for p in pods} == {"node", "launcher"}, pods
+    for pod in pods:
+        labels = pod["metadata"]["labels"]
+        assert (labels.get("dispatch.phpboyscout.uk/job-id"), labels.get("dispatch.phpboyscout.uk/admission")) == (
+            "llama", "2"), pod["metadata"]["name"]
+        assert "dispatch.phpboyscout.uk/execution" in pod["metadata"].get("finalizers", []), pod["metadata"]["name"]
     cluster.history.check()
 
 
