@@ -3,7 +3,8 @@
 ``terminate_namespace`` and ``namespace_controller_pass`` play ``kubectl delete namespace`` and the namespace
 controller: the namespace is Terminating until its content is gone (its pods first, deleted gracefully,
 dispatch's finalizer holding a pod whose end is unproven; the rest once they are gone), nothing new may be
-created in it meanwhile, and it can be created again only once it is gone. ``jobset_update_problem`` is JobSet's webhook on an update.
+created in it meanwhile, and it can be created again only once it is gone. ``jobset_update_problem`` is
+JobSet's webhook on an update.
 """
 
 from __future__ import annotations

@@ -747,13 +747,13 @@ class FakeApiServer:
             return self._mark_deleting(key, marked, None)
 
     def namespace_controller_pass(self, namespace: str) -> int:
-        """One pass of the namespace controller over a Terminating namespace (``terminate_namespace``), in the
-        order the real one keeps (ordered namespace deletion, seen on Kubernetes 1.37): its pods first, each deleted with its
-        own grace period, and nothing else while any pod remains; then every other kind's content, as its
-        delete does (an object with finalizers stays, Terminating, until their owners remove them); once
-        nothing is left its ``kubernetes`` finalizer goes and so does the Namespace. Other controllers' creates
-        in the namespace are refused meanwhile. Returns how many objects remain in it (0 once the Namespace is
-        gone, or if it is not being deleted)."""
+        """One pass of the namespace controller over a Terminating namespace (``terminate_namespace``), in
+        the order the real one keeps (ordered namespace deletion, seen on Kubernetes 1.37): its pods first,
+        each deleted with its own grace period, and nothing else while any pod remains; then every other
+        kind's content, as its delete does (an object with finalizers stays, Terminating, until their owners
+        remove them); once nothing is left its ``kubernetes`` finalizer goes and so does the Namespace. Other
+        controllers' creates in the namespace are refused meanwhile. Returns how many objects remain in it
+        (0 once the Namespace is gone, or if it is not being deleted)."""
         with self._lock:
             ns_key = ("", "namespaces", "", namespace)
             current = self._objects.get(ns_key)
