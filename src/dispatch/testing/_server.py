@@ -1060,7 +1060,7 @@ class FakeApiServer:
             obj = self.get(group, kind.plural, ns, name or "")
             if obj is None:
                 raise ApiFailure(404, "NotFound", f'{resource_text(kind)} "{name}" not found',
-                                 details=status_details(kind, name))
+                                 details=status_details(kind, name or ""))
             return self._json(200, obj)
         if method == "POST" and name is None:
             if params.get("dryRun") == "All":
