@@ -1,5 +1,5 @@
 """Issue 25, every writer, second round, on the real control plane (real CEL policies, CRD rules, webhook,
-Trainer, JobSet and Job controllers): items 1, 3, 4 and 5, and a runtime deleted after open.
+Trainer, JobSet and Job controllers): items 1, 2, 3, 4, 5 and 8, and a runtime deleted after open.
 
 Each test installs the guard scoped to its own namespace (``test_guard_testbed.installed``) plus the shipped
 ``dispatch-pods`` policy, and, for item 4, the identity record CRD of this tree (the previous one is put
@@ -19,7 +19,15 @@ from typing import Any
 import pytest
 import yaml
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, POD_FINALIZER, AsyncAdapter, JobSpec
+from dispatch import (
+    ANNOTATION_ADMISSION,
+    LABEL_ADMISSION,
+    POD_FINALIZER,
+    AsyncAdapter,
+    DispatchError,
+    JobSpec,
+    PodsRemain,
+)
 from dispatch import _kube as k
 from dispatch.errors import Forbidden
 from dispatch.testbed._paths import source_dir
@@ -44,6 +52,7 @@ CRDS = k.Res("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomR
              namespaced=False, status=False)
 RECORDS_CRD = "submissionrecords.dispatch.phpboyscout.uk"
 EVENTS = k.Res("", "v1", "events", "Event")
+QUOTAS = k.Res("", "v1", "resourcequotas", "ResourceQuota")
 
 
 @asynccontextmanager
@@ -424,3 +433,111 @@ async def test_a_runtime_deleted_after_open_refuses_hold_and_status_names_what_w
     assert len(warnings) == 1 and f"re-create TrainingRuntime {rt}, or `dispatch close {name}`" in warnings[0]
     await g.adapter.close(name)
     await until(lambda: _no_pods(g, name), what="its pods gone after close")
+
+
+# ---------------------------------------------------------------- item 2
+
+
+async def test_item2_a_closed_objects_job_that_gc_has_not_reached_blocks_the_submission_reopened_elsewhere(
+        g: Guarded) -> None:
+    """Released, and closed before its Job made a pod (a quota of no pods keeps the Job from making one);
+    garbage collection has not reached the JobSet, which a finalizer of another controller keeps, nor so its
+    Job, unsuspended. The submission re-opened under another name waits for that Job, names it, and goes on
+    at A=2 once the collector has caught up: no A=1 pod ever runs beside it."""
+    lag = "example.com/gc-lag"
+    await g.kube.create(QUOTAS, {"metadata": {"name": "no-pods"}, "spec": {"hard": {"pods": "0"}}})
+    await g.adapter.open(JobSpec(job_id="lag", submission="s1"))
+    assert await release(g, "lag-s1") == 1
+
+    async def unsuspended_job() -> list[Obj]:
+        jobs = (await g.kube.list(k.JOBS, labels="jobset.sigs.k8s.io/jobset-name=lag-s1")).items
+        return [j for j in jobs if j["spec"].get("suspend") is False]
+    await until(unsuspended_job, what="the Job unsuspended")
+    [job] = [j["metadata"]["name"] for j in await unsuspended_job()]
+    await g.kube.merge_patch(k.JOBSETS, "lag-s1", {"metadata": {"finalizers": [lag]}})
+    try:
+        await g.adapter.close("lag-s1")
+        await until(lambda: _absent(g, "lag-s1"), what="the TrainJob gone")
+        assert (await g.kube.get(k.JOBS, job))["spec"]["suspend"] is False and not await pods_of(g.kube, "lag-s1")
+        await g.adapter.open(JobSpec(job_id="lag", submission="s1", name="lag-s1-again"))
+        with pytest.raises(PodsRemain) as refused:
+            await g.adapter.release("lag-s1-again")
+        print("REFUSED (GC lag):", refused.value)
+        assert f"job {job} of the same submission under trainjob lag-s1 is not suspended yet" in str(refused.value)
+        assert not (await g.adapter.ceased("lag-s1-again")).ceased
+    finally:  # the collector catches up
+        await g.kube.merge_patch(k.JOBSETS, "lag-s1", {"metadata": {"finalizers": None}})
+    await until(lambda: _job_gone(g, job), what="the old Job collected")
+    await g.kube.delete(QUOTAS, "no-pods")
+    assert await release(g, "lag-s1-again") == 2
+    await until(lambda: is_running(g.kube, "lag-s1-again"), what="running as A=2")
+    await asyncio.sleep(2)  # time for a late A=1 pod to show itself, were there still a Job to make one
+    labels = [p["metadata"]["labels"] for p in (await g.kube.list(k.PODS)).items]
+    assert labels and {lb.get(LABEL_ADMISSION) for lb in labels} == {"2"}, labels
+
+
+async def _job_gone(g: Guarded, job: str) -> bool:
+    return await g.kube.get_or_none(k.JOBS, job) is None
+
+
+# ---------------------------------------------------------------- item 8
+
+
+@asynccontextmanager
+async def deletes_refused(g: Guarded) -> AsyncIterator[None]:
+    """A policy refusing every delete of a TrainJob in the namespace: a close dies after it released the
+    claim, before its delete (as a process killed there would leave it)."""
+    name = f"no-trainjob-deletes-{g.ns}"
+    await g.kube.create(POLICIES, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name}, "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["trainer.kubeflow.org"], "apiVersions": ["*"],
+                                                    "operations": ["DELETE"], "resources": ["trainjobs"]}]},
+            "validations": [{"expression": "false", "message": "this close dies before its delete"}]}})
+    await g.kube.create(BINDINGS, {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name}, "spec": {
+            "policyName": name, "validationActions": ["Deny"],
+            "matchResources": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": g.ns}}}}})
+    try:
+        yield
+    finally:
+        await g.kube.delete(BINDINGS, name)
+        await g.kube.delete(POLICIES, name)
+
+
+async def test_item8_a_close_interrupted_after_its_claim_release_names_close_again(g: Guarded) -> None:
+    name = "shut-s1"
+    spec = JobSpec(job_id="shut", submission="s1")
+    await g.adapter.open(spec)
+    assert await release(g, name) == 1
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    await g.adapter.hold(name)
+    async with deletes_refused(g):
+        async def in_force() -> bool:
+            got = kubectl(g.ns, "delete", "--dry-run=server", "trainjob", name)
+            return got.returncode != 0 and "this close dies before its delete" in got.stderr
+        await until(in_force, what="the delete-refusing policy in force")
+        with pytest.raises(DispatchError, match="this close dies before its delete"):
+            await g.adapter.close(name)
+        status = await g.adapter.inspect(name)
+        print("STATUS (close interrupted):", status.cause)
+        assert status.cause is not None and status.cause.reason == "CloseInterrupted", status.cause
+        assert f"`dispatch close {name}` again finishes the close" in status.cause.detail
+        assert "release admits it" not in status.cause.detail
+        assert [s.cause.reason for s in await g.adapter.find() if s.cause is not None] == ["CloseInterrupted"]
+        await until(lambda: _no_pods(g, name), what="its pods gone")
+        with pytest.raises(DispatchError, match=f"`dispatch close {name}` again finishes the close"):
+            await g.adapter.release(name)
+        assert (await g.kube.get(k.TRAINJOBS, name))["spec"]["suspend"] is True
+    for _ in range(50):  # the policy's removal reaches admission within a second or so
+        try:
+            await g.adapter.close(name)
+            break
+        except DispatchError as exc:
+            assert "this close dies before its delete" in str(exc), exc
+            await asyncio.sleep(0.2)
+    await until(lambda: _absent(g, name), what="the TrainJob gone")
+    await g.adapter.open(spec)
+    assert await release(g, name) == 2

@@ -835,9 +835,16 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                 assert after.ceased or self._submission_alive(name), (
                     f"{name} still stalls after the named action: {after.reason}")
             if self._namespace_deleting():
-                # Its TrainJobs are gone; what holds it is pods dispatch's finalizer keeps: `dispatch ceased`
-                # of their object's name (read by jobset-name) names the action that frees each.
+                # What holds it is pods dispatch's finalizer keeps (the namespace controller deletes the rest
+                # only once its pods are gone, as the real one does): `dispatch ceased` of their object's name
+                # (read by jobset-name) names the action that frees each. A JobSet frozen by a runtime edit
+                # still names none (see _jobset_frozen): `close`, its way out, lets the collector take it.
                 for name in sorted({p["metadata"]["labels"].get(n.JOBSET_NAME_LABEL, "") for p in c.pods()} - {""}):
+                    if self._jobset_frozen(name):
+                        SEEN["runtime-edit-stalled"] += 1
+                        with contextlib.suppress(DispatchError):
+                            self.adapter.close(name)
+                        rounds()
                     cessation = self.adapter.ceased(name)
                     if not cessation.ceased:
                         self._take_named_actions(admin, name, cessation.reason)

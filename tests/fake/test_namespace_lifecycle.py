@@ -1,9 +1,10 @@
 """The fake's namespace lifecycle and JobSet's update rule, as the real cluster has them (issue 25).
 
 ``terminate_namespace`` and ``namespace_controller_pass`` play ``kubectl delete namespace`` and the namespace
-controller: the namespace is Terminating until its content is gone (pods deleted gracefully, dispatch's
-finalizer holding a pod whose end is unproven), nothing new may be created in it meanwhile, and it can be
-created again only once it is gone. ``jobset_update_problem`` is JobSet's webhook on an update.
+controller: the namespace is Terminating until its content is gone (its pods first, deleted gracefully,
+dispatch's finalizer holding a pod whose end is unproven; the rest once they are gone), nothing new may be
+created in it meanwhile, and it can be created again only once it is gone. ``jobset_update_problem`` is
+JobSet's webhook on an update.
 """
 
 from __future__ import annotations
@@ -41,10 +42,11 @@ def test_a_namespace_stays_terminating_while_dispatch_holds_a_pod_and_refuses_ne
             writer.open(JobSpec(job_id="llama", submission="s2"))
 
         assert cluster.server.namespace_controller_pass(NS) > 0
-        assert cluster.server.get(n.TRAINER_GROUP, "trainjobs", NS, "llama-s1") is None
-        assert cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1")) is None
         pods = cluster.pods()
         assert pods and all(p["metadata"]["deletionGracePeriodSeconds"] == 30 for p in pods)  # gracefully
+        # the pods first: nothing else is deleted while one remains (tests/contract/test_namespace_contract.py)
+        assert cluster.server.get(n.TRAINER_GROUP, "trainjobs", NS, "llama-s1") is not None
+        assert cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1")) is not None
         cluster.settle()  # the Job controller's replacements are refused, not made
         assert len(cluster.running_processes()) == 2
 
@@ -53,7 +55,9 @@ def test_a_namespace_stays_terminating_while_dispatch_holds_a_pod_and_refuses_ne
         assert not cluster.running_processes() and cluster.pods()
         assert cluster.server.namespace_controller_pass(NS) > 0
         keeper_pass(cluster, NS, settle=False)
-        assert cluster.server.namespace_controller_pass(NS) == 0
+        assert cluster.server.namespace_controller_pass(NS) == 0  # the pods gone, the rest goes with them
+        assert cluster.server.get(n.TRAINER_GROUP, "trainjobs", NS, "llama-s1") is None
+        assert cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name("llama", "s1")) is None
         assert cluster.server.get("", "namespaces", "", NS) is None
         with pytest.raises(ApiFailure, match='namespaces "default" not found'):
             cluster.server.create("", "configmaps", NS, {"metadata": {"name": "x"}})

@@ -427,3 +427,99 @@ def test_kwok_ends_a_deleted_pod_as_the_real_kubelet_ends_one_that_outlives_its_
         for name in ("real", "kwok"):
             testbed.kubectl("patch", "pod", name, "-n", ns, "--type=json",
                             "-p", '[{"op": "remove", "path": "/metadata/finalizers"}]', check=False)
+
+
+FROZEN_FOR = 15.0
+"""Longer than the crash-loop back-off after the first crashes (10 s): a kubelet back sooner had no restart
+due (seen once, after a 3 s freeze with the pod force-deleted too: Failed and terminated 0.2 s after the thaw,
+and no process ran). Long enough for the node to turn Ready=Unknown meanwhile."""
+
+
+def test_a_kubelet_back_from_a_freeze_may_run_a_crashed_container_of_a_pod_marked_failed_once_more(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, testbed_kubeconfig: str) -> None:
+    """What the fake's healed kubelet does on its first sync (``FakeCluster.heal``; tests/fake/
+    test_real_endings.py::test_process_gone_waits_for_the_kubelets_first_report_after_it_is_back), on the
+    real one: its crash-looping pod, held and marked Failed by Kueue's failure recovery while its kubelet
+    was frozen, is started once more when the kubelet comes back (in most runs, not all: the fake always
+    does, the worse case), then written Failed again. The operator's word that the process is gone is
+    refused (``KubeletNotReported``) until the kubelet has reported the pod since the mark, and taken only
+    once that process is gone."""
+    runtime(ns, tmp_path, lifetime="1s", exit_code=1)
+    adapter.open(spec("thw-s1"))
+    assert adapter.release("thw-s1").admission == 1
+
+    def crashed() -> Obj | None:
+        """The pod once a crash is reported, by its second run at the latest: the kubelet restarts the first
+        crash at once and holds the second for the crash-loop back-off's 10 s, so a restart is due by the thaw
+        (the back-off doubles after each further crash)."""
+        got = [p for p in pods(ns, "thw-s1") if p["status"].get("phase") == "Running" and all(
+            ("terminated" in (c.get("state") or {}) or "waiting" in (c.get("state") or {}))
+            and c.get("restartCount", 9) <= 1 for c in p["status"].get("containerStatuses") or [{}])]
+        return got[0] if got else None
+    def ran(pod_name: str) -> list[oracle.Process]:
+        return [p for p in oracle.processes(oracle.read(tmp_path)) if p.pod == pod_name]
+    for _ in range(10):  # frozen on a crash it reported, not on a restart it had not reported yet
+        name = wait_for("the container crashed and the kubelet reported it", crashed, 60)["metadata"]["name"]
+        testbed.freeze(node)
+        time.sleep(2.0)  # a restart begun before the freeze shows in the oracle; the mark's second comes later
+        pod, before = crashed(), ran(name)
+        restarts = pod["status"]["containerStatuses"][0]["restartCount"] if pod is not None else -1
+        if pod is not None and pod["metadata"]["name"] == name and len(before) == restarts + 1 and not any(
+                p.alive for p in before):
+            break
+        testbed.thaw(node)
+    else:
+        raise AssertionError("the kubelet never stood still on a reported crash")
+    try:
+        adapter.hold("thw-s1")
+        mark = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        testbed.kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
+            {"status": {"phase": "Failed", "conditions": [
+                *pod["status"].get("conditions", []),
+                {"type": "KueueFailureRecovery", "status": "True", "reason": "KueueForcefullyDeleted",
+                 "message": "the pod was on an unreachable node", "lastTransitionTime": mark}]}}))
+        with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin, pytest.raises(Refused) as early:
+            admin.release_pod(name, process_gone=True)
+        print("REFUSED (frozen, Ready=True):", early.value)
+        assert early.value.reason == "KubeletNotReported", early.value
+        print("FROZEN ON:", json.dumps([(c["restartCount"], c["state"]) for c in pod["status"]["containerStatuses"]]))
+        time.sleep(FROZEN_FOR)
+    finally:
+        testbed.thaw(node)
+    thawed_ms = int(time.time() * 1000)
+
+    seen: list[tuple[float, str, str]] = []  # (seconds after the thaw, phase, container state)
+    answers: list[str] = []
+
+    def accepted() -> str | None:
+        got = [p for p in pods(ns, "thw-s1") if p["metadata"]["name"] == name]
+        if got:
+            states = [next(iter(c.get("state") or {"?": 0})) for c in got[0]["status"].get("containerStatuses") or []]
+            step = (round(time.time() - thawed_ms / 1000, 1), got[0]["status"].get("phase", ""), ",".join(states))
+            if not seen or seen[-1][1:] != step[1:]:
+                seen.append(step)
+        with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin:
+            try:
+                proof = admin.release_pod(name, process_gone=True).proof
+            except Refused as exc:
+                answers.append(exc.reason)
+                return None
+        answers.append(proof)
+        taken_ms.append(int(time.time() * 1000))
+        return proof
+    taken_ms: list[int] = []
+    proof = wait_for("the operator's word taken once the kubelet reported the pod", accepted, 60)
+    print("AFTER THE THAW (s, phase, container):", seen, "RELEASE-POD ANSWERS:", answers)
+    # the kubelet's own record: it wrote the pod's end again, every container terminated
+    assert seen[-1][1:] == ("Failed", "terminated"), seen
+    # refused while its kubelet had not reported, wrote Running over the Failed, or its node was not yet back
+    assert proof == "operator-confirmed", answers
+    assert set(answers[:-1]) <= {"KubeletNotReported", "Unproven", "NodeNotReady"}, answers
+    # the processes' own record: at most one more run after the thaw, gone before the word was taken
+    again = [p for p in ran(name) if p.run not in {b.run for b in before}]
+    print("RAN AFTER THE THAW:", [str(p) for p in again])
+    assert len(again) <= 1 and all(p.started_ms >= thawed_ms - 1000 for p in again), [str(p) for p in again]
+    assert all(p.ended_ms is not None and p.ended_ms <= taken_ms[0] for p in again), [str(p) for p in again]
+    assert wait_for("A=2 admitted", lambda: (lambda r: r if isinstance(r, int) else None)(
+        release_or_remaining(adapter, "thw-s1")), 60) == 2
+    oracle.assert_no_overlap(oracle.read(tmp_path))

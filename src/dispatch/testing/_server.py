@@ -88,6 +88,25 @@ class ApiFailure(Exception):
             out["details"] = {**self.details, **({"causes": self.causes} if self.causes else {})}
         return out
 
+def resource_text(kind: Kind) -> str:
+    """How the real API server names a kind in its messages: ``configmaps`` for the core group,
+    ``trainjobs.trainer.kubeflow.org`` for any other."""
+    return f"{kind.plural}.{kind.group}" if kind.group else kind.plural
+
+
+def status_details(kind: Kind, name: str) -> Obj:
+    """A Status's ``details`` as the real API server writes them (no ``group`` for the core group)."""
+    return {"name": name, **({"group": kind.group} if kind.group else {}), "kind": kind.plural}
+
+
+def already_exists(kind: Kind, name: str, current: Obj) -> ApiFailure:
+    """A create of a name taken; the real API server says so differently while the holder is being deleted
+    (a Terminating namespace re-created, measured in ``tests/contract/test_namespace_contract.py``)."""
+    deleting = "object is being deleted: " if current["metadata"].get("deletionTimestamp") else ""
+    return ApiFailure(409, "AlreadyExists", f'{deleting}{resource_text(kind)} "{name}" already exists',
+                      details=status_details(kind, name))
+
+
 @dataclass
 class Fault:
     """An injected failure: matching requests fail ``times`` times."""
@@ -520,7 +539,7 @@ class FakeApiServer:
             key = (group, plural, ns, name)
             self._namespace_admits(kind, ns, name)
             if key in self._objects:
-                raise ApiFailure(409, "AlreadyExists", f'{plural}.{group or "core"} "{name}" already exists')
+                raise already_exists(kind, name, self._objects[key])
             self._validate(kind, "CREATE", None, body) if admit else None
             prune = self.prune.get(plural)
             if prune is not None:
@@ -530,6 +549,10 @@ class FakeApiServer:
             body["kind"] = kind.kind
             if kind.namespaced:
                 meta["namespace"] = ns
+            if not group and plural == "namespaces":  # as the API server's namespace strategy creates one
+                meta.setdefault("labels", {})["kubernetes.io/metadata.name"] = name
+                body["spec"] = {"finalizers": ["kubernetes"]}
+                body["status"] = {"phase": "Active"}
             meta["uid"] = str(uuid.uuid4())
             meta["creationTimestamp"] = _now_text(self.clock())
             meta["generation"] = 1
@@ -547,7 +570,7 @@ class FakeApiServer:
             key = (kind.group, kind.plural, namespace if kind.namespaced else "", name)
             self._namespace_admits(kind, key[2], name)
             if key in self._objects:
-                raise ApiFailure(409, "AlreadyExists", f'{kind.plural} "{name}" already exists')
+                raise already_exists(kind, name, self._objects[key])
             body = copy.deepcopy(obj)
             self._validate(kind, "CREATE", None, body)
             check_size(kind, key, body, stored=False)
@@ -582,7 +605,8 @@ class FakeApiServer:
         key = (group, plural, namespace if kind.namespaced else "", name)
         current = self._objects.get(key)
         if current is None:
-            raise ApiFailure(404, "NotFound", f'{plural}.{group or "core"} "{name}" not found')
+            raise ApiFailure(404, "NotFound", f'{resource_text(kind)} "{name}" not found',
+                             details=status_details(kind, name))
         return kind, key, current
 
     def update(self, group: str, plural: str, namespace: str, name: str, mutate: Callable[[Obj], None], *,
@@ -596,7 +620,7 @@ class FakeApiServer:
             if expect_rv is not None and expect_rv != current["metadata"]["resourceVersion"]:
                 raise ApiFailure(
                     409, "Conflict",
-                    f'Operation cannot be fulfilled on {plural}.{group or "core"} "{name}": the object has been '
+                    f'Operation cannot be fulfilled on {resource_text(kind)} "{name}": the object has been '
                     "modified; please apply your changes to the latest version and try again",
                 )
             new = copy.deepcopy(current)
@@ -695,8 +719,9 @@ class FakeApiServer:
                     self.delete(key[0], key[1], key[2], key[3], grace=0 if key[1] == "pods" else None)
             remaining = sum(1 for k in self._objects if k[2] == namespace
                             and self._kinds[(k[0], k[1])].namespaced)
-            if not remaining and ("", "namespaces", "", namespace) in self._objects:
-                self.delete("", "namespaces", "", namespace)
+            ns_key = ("", "namespaces", "", namespace)
+            if not remaining and ns_key in self._objects:
+                self._remove(ns_key, copy.deepcopy(self._objects[ns_key]))
             return remaining
 
     # ------------------------------------------------------------------ a namespace's lifecycle, as the real one
@@ -712,33 +737,34 @@ class FakeApiServer:
             current = self._objects.get(key)
             if current is None:
                 raise ApiFailure(404, "NotFound", f'namespaces "{namespace}" not found',
-                                 details={"name": namespace, "kind": "namespaces"})
+                                 details=status_details(self.kind("", "namespaces"), namespace))
             self.namespaces_deleted.add(namespace)
             if current["metadata"].get("deletionTimestamp"):
                 return copy.deepcopy(current)
             marked = copy.deepcopy(current)
             marked.setdefault("spec", {})["finalizers"] = ["kubernetes"]
             marked.setdefault("status", {})["phase"] = "Terminating"
-            return self._mark_deleting(key, marked, 0)
+            return self._mark_deleting(key, marked, None)
 
     def namespace_controller_pass(self, namespace: str) -> int:
-        """One pass of the namespace controller over a Terminating namespace (``terminate_namespace``): each
-        kind's content deleted as its DeleteCollection does (background propagation; pods gracefully, each
-        with its own grace period; an object with finalizers stays, Terminating, until their owners remove
-        them), and once nothing is left its ``kubernetes`` finalizer goes and so does the Namespace. The pass
-        is one step here; the real controller deletes kind after kind while other controllers act (their
-        creates in the namespace are refused meanwhile). Returns how many objects remain in it (0 once the
-        Namespace is gone, or if it is not being deleted)."""
+        """One pass of the namespace controller over a Terminating namespace (``terminate_namespace``), in
+        the order the real one keeps (ordered namespace deletion, seen on Kubernetes 1.37): its pods first,
+        each deleted with its own grace period, and nothing else while any pod remains; then every other
+        kind's content, as its delete does (an object with finalizers stays, Terminating, until their owners
+        remove them); once nothing is left its ``kubernetes`` finalizer goes and so does the Namespace. Other
+        controllers' creates in the namespace are refused meanwhile. Returns how many objects remain in it
+        (0 once the Namespace is gone, or if it is not being deleted)."""
         with self._lock:
             ns_key = ("", "namespaces", "", namespace)
             current = self._objects.get(ns_key)
             if current is None or not current["metadata"].get("deletionTimestamp"):
                 return 0
 
-            def content() -> list[Key]:
+            def content(pods_only: bool = False) -> list[Key]:
                 return [key for key in self._objects if key[2] == namespace
-                        and (kind := self._kinds.get((key[0], key[1]))) is not None and kind.namespaced]
-            for key in content():
+                        and (kind := self._kinds.get((key[0], key[1]))) is not None and kind.namespaced
+                        and (not pods_only or (kind.group, kind.plural) == ("", "pods"))]
+            for key in content(pods_only=True) or content():
                 obj = self._objects.get(key)
                 if obj is not None and not obj["metadata"].get("deletionTimestamp"):
                     self.delete(*key)
@@ -756,18 +782,20 @@ class FakeApiServer:
         ns = self._objects.get(("", "namespaces", "", namespace))
         if ns is None:
             raise ApiFailure(404, "NotFound", f'namespaces "{namespace}" not found',
-                             details={"name": namespace, "kind": "namespaces"})
+                             details=status_details(self.kind("", "namespaces"), namespace))
         if ns["metadata"].get("deletionTimestamp"):
-            what = f"{kind.plural}.{kind.group}" if kind.group else kind.plural
-            raise ApiFailure(403, "Forbidden", f'{what} "{name}" is forbidden: unable to create new content in '
-                                               f"namespace {namespace} because it is being terminated",
+            raise ApiFailure(403, "Forbidden", f'{resource_text(kind)} "{name}" is forbidden: unable to create new '
+                                               f"content in namespace {namespace} because it is being terminated",
                              [{"reason": "NamespaceTerminating", "field": "metadata.namespace",
                                "message": f"namespace {namespace} is being terminated"}],
-                             details={"name": name, "group": kind.group, "kind": kind.plural})
+                             details=status_details(kind, name))
 
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
                uid: str | None = None, resource_version: str | None = None) -> Obj:
-        """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others."""
+        """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others, and a
+        Namespace turns Terminating until the namespace controller has emptied it (``terminate_namespace``)."""
+        if not group and plural == "namespaces":
+            return self.terminate_namespace(name)
         with self._lock:
             _, key, current = self._existing(group, plural, namespace, name)
             if uid is not None and current["metadata"].get("uid") != uid:
@@ -798,12 +826,14 @@ class FakeApiServer:
                 return self._mark_deleting(key, current, 0)
             return self._remove(key, copy.deepcopy(current))
 
-    def _mark_deleting(self, key: Key, current: Obj, grace: int) -> Obj:
+    def _mark_deleting(self, key: Key, current: Obj, grace: int | None) -> Obj:
         """A delete that leaves the object in place, Terminating: its deletionTimestamp (now plus the grace
-        period) and grace period set, a new resourceVersion, a MODIFIED event."""
+        period) and grace period set (a Namespace gets none: the real one has no such field), a new
+        resourceVersion, a MODIFIED event."""
         new = copy.deepcopy(current)
-        new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace))
-        new["metadata"]["deletionGracePeriodSeconds"] = grace
+        new["metadata"]["deletionTimestamp"] = _now_text(self.clock() + timedelta(seconds=grace or 0))
+        if grace is not None:
+            new["metadata"]["deletionGracePeriodSeconds"] = grace
         new["metadata"]["resourceVersion"] = str(self._bump())
         self._objects[key] = new
         self._record("MODIFIED", key, new)
@@ -1029,7 +1059,8 @@ class FakeApiServer:
         if method == "GET":
             obj = self.get(group, kind.plural, ns, name or "")
             if obj is None:
-                raise ApiFailure(404, "NotFound", f'{kind.plural}.{group or "core"} "{name}" not found')
+                raise ApiFailure(404, "NotFound", f'{resource_text(kind)} "{name}" not found',
+                                 details=status_details(kind, name or ""))
             return self._json(200, obj)
         if method == "POST" and name is None:
             if params.get("dryRun") == "All":
