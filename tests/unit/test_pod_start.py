@@ -9,8 +9,13 @@ import pytest
 
 from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
 from dispatch import _decision as d
-from dispatch._names import COMPLETION_INDEX_LABEL, JOB_INDEX_LABEL, JOBSET_NAME_LABEL, OUT_OF_SERVICE_TAINT, \
-    REPLICATED_JOB_LABEL
+from dispatch._names import (
+    COMPLETION_INDEX_LABEL,
+    JOB_INDEX_LABEL,
+    JOBSET_NAME_LABEL,
+    OUT_OF_SERVICE_TAINT,
+    REPLICATED_JOB_LABEL,
+)
 from dispatch._views import POD_FINALIZER, NodeView, PodView
 
 READY = NodeView("n1", ready="True")
