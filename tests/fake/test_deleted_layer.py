@@ -50,7 +50,7 @@ def refused_until_proven(cluster: FakeCluster, guard: FakeGuard, keeper: Callabl
     pods = {p["metadata"]["name"]: p for p in cluster.pods(NAME)}
     assert list(pods) == [old] and pods[old]["metadata"].get("deletionTimestamp"), sorted(pods)
     assert cluster.refused_pods, "the re-created Job's pod was never tried"
-    denial = guard.denied[-1]
+    denial = guard.pod_denied[-1]
     assert (f"cannot start while a pod of the same rank of the same execution may still run: remaining pods: {old} "
             f"on {pods[old]['spec']['nodeName']} (Ready=True)") in denial, denial
 
@@ -87,4 +87,4 @@ def test_the_ranks_of_one_execution_start_side_by_side(adapter: Adapter, cluster
     adapter.release(NAME)
     cluster.settle()
     assert [p["status"]["phase"] for p in cluster.pods(NAME)] == ["Running"] * 3
-    assert not cluster.refused_pods and not guard.denied
+    assert not cluster.refused_pods and not guard.pod_denied and not guard.denied

@@ -653,6 +653,10 @@ class FakeGuard:
         """Each denial that refused a write."""
         self.unenforced: list[str] = []
         """Each denial of a write ``enforce`` let through."""
+        self.pod_denied: list[str] = []
+        """Each denial that refused a pod create."""
+        self.pod_unenforced: list[str] = []
+        """Each denial of a pod create ``enforce`` let through."""
         self.allowed_starts = 0
 
     def install(self) -> None:
@@ -670,9 +674,9 @@ class FakeGuard:
         if denial is None:
             return None
         if self.enforce():
-            self.denied.append(denial)
+            self.pod_denied.append(denial)
             return denial
-        self.unenforced.append(denial)
+        self.pod_unenforced.append(denial)
         return None
 
     def pod_decision(self, new: Obj) -> str | None:
