@@ -516,7 +516,7 @@ def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
     hook = copy.deepcopy(docs["ValidatingWebhookConfiguration"])
     hook["metadata"] = {"name": name}
     for w in hook["webhooks"]:
-        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate-trainjob"}
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}"}
         w["namespaceSelector"] = only_ns
     policy = copy.deepcopy(docs["ValidatingAdmissionPolicy"])
     policy["metadata"] = {"name": name}
