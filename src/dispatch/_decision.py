@@ -1189,6 +1189,26 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     return "; ".join(parts)
 
 
+def waiting_ranks_text(trainjob: TrainJobView, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+    """For a running object: the ranks whose pod is being deleted, its end not proven, with no other pod of the
+    rank yet (a Job or JobSet deleted and re-created, a pod evicted): the guard refuses the rank's new pod until
+    that end is proven (``pod_start_problem``), so status says why the rank does not run; or None."""
+    if not trainjob.labelled:
+        return None
+    live = {p.rank for p in pods if not p.deleting and p.phase not in TERMINAL_PHASES}
+    ending = [p for p in pods if p.deleting and p.rank not in live
+              and p.end(nodes.get(p.node) if p.node else None) == PROOF_UNPROVEN]
+    left = remaining(sorted(ending, key=lambda p: p.name), nodes)
+    if not left:
+        return None
+    ranks = "a rank" if len(left) == 1 else f"{len(left)} ranks"
+    wait = "waits" if len(left) == 1 else "wait"
+    parts = [f"{ranks} of execution {trainjob.admission} {wait} to start again while the pod before may still run "
+             f"({remaining_detail(left)}): the guard refuses a rank's new pod until that pod's end is proven"]
+    parts.extend(text for text in (why_text(left), stuck_text(left)) if text)
+    return "; ".join(parts)
+
+
 OPERATOR_CONFIRMED = "operator-confirmed"
 """The proof ``dispatch admin release-pod --node-confirmed-down`` gives: the operator's word."""
 

@@ -42,8 +42,8 @@ def running(adapter: Adapter, cluster: FakeCluster) -> str:
     return str(pods[0]["metadata"]["name"])
 
 
-def refused_until_proven(cluster: FakeCluster, guard: FakeGuard, keeper: Callable[[], dict[str, str]],
-                         old: str) -> None:
+def refused_until_proven(adapter: Adapter, cluster: FakeCluster, guard: FakeGuard,
+                         keeper: Callable[[], dict[str, str]], old: str) -> None:
     """Within the old pod's grace period no new pod is created (each try refused, naming the old pod); once its
     kubelet confirmed its end, the next try creates the rank again, with the same A, and it runs."""
     cluster.settle()  # the grace period is not over: the old pod stays Running with a deletionTimestamp
@@ -53,6 +53,12 @@ def refused_until_proven(cluster: FakeCluster, guard: FakeGuard, keeper: Callabl
     denial = guard.pod_denied[-1]
     assert (f"cannot start while a pod of the same rank of the same execution may still run: remaining pods: {old} "
             f"on {pods[old]['spec']['nodeName']} (Ready=True)") in denial, denial
+    # status says why the rank does not run, not only the Job's FailedCreate Event
+    status = adapter.inspect(NAME)
+    assert status.cause is not None and status.cause.detail == (
+        f"execution 1 admitted; a rank of execution 1 waits to start again while the pod before may still run "
+        f"(remaining pods: {old} on {pods[old]['spec']['nodeName']} (Ready=True)): the guard refuses a rank's "
+        "new pod until that pod's end is proven"), status.cause
 
     cluster.advance(GRACE + 1)
     cluster.settle()   # its kubelet confirms the end; the Job controller's next try is allowed
@@ -63,6 +69,8 @@ def refused_until_proven(cluster: FakeCluster, guard: FakeGuard, keeper: Callabl
     assert len(pods) == 1, sorted(pods)
     (new,) = pods.values()
     assert new["status"]["phase"] == "Running" and new["metadata"]["labels"][LABEL_ADMISSION] == "1"
+    status = adapter.inspect(NAME)
+    assert status.cause is not None and status.cause.detail == "execution 1 admitted", status.cause
     cluster.history.check()  # no two executions of the submission at once, ever
 
 
@@ -70,14 +78,14 @@ def test_a_deleted_child_job_starts_its_rank_again_only_once_the_old_pod_has_end
         adapter: Adapter, cluster: FakeCluster, guard: FakeGuard, keeper: Callable[[], dict[str, str]]) -> None:
     old = running(adapter, cluster)
     cluster.server.delete("batch", "jobs", "default", f"{NAME}-node-0")  # kubectl delete job (background)
-    refused_until_proven(cluster, guard, keeper, old)
+    refused_until_proven(adapter, cluster, guard, keeper, old)
 
 
 def test_a_deleted_jobset_starts_its_ranks_again_only_once_the_old_pod_has_ended(
         adapter: Adapter, cluster: FakeCluster, guard: FakeGuard, keeper: Callable[[], dict[str, str]]) -> None:
     old = running(adapter, cluster)
     cluster.server.delete(JOBSET, "jobsets", "default", NAME)  # kubectl delete jobset (background)
-    refused_until_proven(cluster, guard, keeper, old)
+    refused_until_proven(adapter, cluster, guard, keeper, old)
 
 
 def test_the_ranks_of_one_execution_start_side_by_side(adapter: Adapter, cluster: FakeCluster,

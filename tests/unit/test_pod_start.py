@@ -154,3 +154,45 @@ def test_an_out_of_service_taint_on_a_ready_node_proves_nothing() -> None:
                               "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
     got = problem(pod("old", deleting=True), nodes={"n1": node})
     assert got is not None and "tainted out-of-service but its kubelet still reports Ready=True" in got
+
+
+# ---------------------------------------------------------------- status of a running object (waiting_ranks_text)
+
+
+def running_tj(dispatch: bool = True) -> Any:
+    from dispatch._trainer import TrainJobView
+    labels = {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"} if dispatch else {}
+    return TrainJobView.from_obj({"metadata": {"name": "llama-s1", "labels": labels,
+                                               "annotations": {"dispatch.phpboyscout.uk/admission": "1"}},
+                                  "spec": {"suspend": False, "runtimeRef": {"name": "torch-distributed"}}})
+
+
+def waits(*pods: PodView, dispatch: bool = True, nodes: dict[str, NodeView] | None = None) -> str | None:
+    return d.waiting_ranks_text(running_tj(dispatch), pods, {"n1": READY} if nodes is None else nodes)
+
+
+def test_a_rank_whose_old_pod_is_still_ending_and_has_no_new_pod_is_named_in_status() -> None:
+    text = waits(pod("old", deleting=True), pod("other", rank=("node", "0", "1")))
+    assert text == ("a rank of execution 1 waits to start again while the pod before may still run (remaining pods: "
+                    "old on n1 (Ready=True)): the guard refuses a rank's new pod until that pod's end is proven")
+    two = waits(pod("a", deleting=True), pod("b", deleting=True, rank=("node", "0", "1")))
+    assert two is not None and two.startswith("2 ranks of execution 1 wait to start again") and "a on n1" in two
+
+
+@pytest.mark.parametrize("pods", [
+    (),                                                                    # nothing ending
+    (pod("running"),),                                                     # the rank runs
+    (pod("old", deleting=True), pod("new")),                               # its new pod already runs
+    (pod("old", deleting=True, phase="Succeeded"),),                       # its end is proven by its kubelet
+])
+def test_no_rank_is_claimed_to_wait_where_none_does(pods: tuple[PodView, ...]) -> None:
+    assert waits(*pods) is None
+
+
+def test_an_object_that_is_not_dispatchs_gets_no_such_text() -> None:
+    assert waits(pod("old", deleting=True), dispatch=False) is None
+
+
+def test_an_ending_pod_on_an_out_of_service_node_is_proven_and_not_claimed_to_block() -> None:
+    tainted = NodeView("n1", ready="Unknown", out_of_service=True)
+    assert waits(pod("old", deleting=True), nodes={"n1": tainted}) is None
