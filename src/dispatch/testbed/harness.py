@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # ruff: noqa: ASYNC220, ASYNC230  (harness: subprocesses and files, off the hot path)
 import asyncio
+import base64
 import copy
 import functools
 import os
@@ -116,6 +117,102 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
 
 
 CTL = "dispatch.phpboyscout.uk/admission-test"
+
+
+# ---------------------------------------------------------------- the shipped roles
+
+RBAC_YAML = source_dir().parent / "deploy" / "base" / "rbac.yaml"
+"""The shipped roles (ClusterRoles, the controller's bindings and its leader-election Role)."""
+CLUSTER_ROLES = k.Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False,
+                      status=False)
+ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", status=False)
+CLUSTER_ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                              namespaced=False, status=False)
+SERVICE_ACCOUNTS = k.Res("", "v1", "serviceaccounts", "ServiceAccount", status=False)
+ROLE_BOUND_WITH: dict[str, tuple[str, ...]] = {
+    "dispatch-writer": ("dispatch-writer", "dispatch-node-reader"),
+    "dispatch-reader": ("dispatch-reader", "dispatch-node-reader"),
+    "dispatch-admin": ("dispatch-admin",),
+}
+"""What a user of each role is bound to, as the install docs bind them (a writer or reader in its namespace
+and to ``dispatch-node-reader`` cluster-wide, which a RoleBinding cannot grant; an admin to ``dispatch-admin``
+cluster-wide, and to nothing else)."""
+NAMESPACED_ROLES = frozenset({"dispatch-writer", "dispatch-reader"})
+"""The roles the install docs bind per namespace (RoleBinding); every other one is bound cluster-wide."""
+
+
+def shipped_rbac() -> list[Obj]:
+    """Every object of ``deploy/base/rbac.yaml`` as it is in this checkout."""
+    return [d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d]
+
+
+def apply_shipped_roles() -> None:
+    """``kubectl apply`` the shipped ClusterRoles as they are in this checkout, so a test holds the library to
+    the roles it ships, not to whatever an earlier run (or another tree) left on the shared testbed."""
+    from dispatch import testbed
+
+    roles = [d for d in shipped_rbac() if d["kind"] == "ClusterRole"]
+    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+
+
+def token_kubeconfig(ns: str, account: str, token: str) -> str:
+    """A kubeconfig (text) for the testbed's API server, its CA inline, holding only ``token``."""
+    from dispatch import testbed
+
+    cluster = copy.deepcopy(yaml.safe_load(testbed.kubeconfig_path().read_text())["clusters"][0])
+    ca = cluster["cluster"].pop("certificate-authority", None)
+    if ca is not None:
+        cluster["cluster"]["certificate-authority-data"] = base64.b64encode(Path(ca).read_bytes()).decode()
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account, "namespace": ns}}],
+        "current-context": account})
+
+
+@asynccontextmanager
+async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[str]:
+    """A kubeconfig (text) of a ServiceAccount of ``ns`` bound exactly as the install docs bind a user of
+    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout; its cluster-wide bindings are
+    removed afterwards (the account and its RoleBinding go with the namespace)."""
+    from dispatch.testbed._container import token
+
+    await asyncio.to_thread(apply_shipped_roles)
+    account = f"as-{role}"
+    await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=ns)
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": ns}
+    cluster_bindings: list[str] = []
+    try:
+        for bound in ROLE_BOUND_WITH[role]:
+            ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": bound}
+            if bound in NAMESPACED_ROLES:
+                await admin.create(ROLE_BINDINGS, {"metadata": {"name": f"{account}-{bound}"}, "roleRef": ref,
+                                                   "subjects": [subject]}, namespace=ns)
+            else:
+                name = f"{ns}-{account}-{bound}"
+                await admin.create(CLUSTER_ROLE_BINDINGS, {"metadata": {"name": name}, "roleRef": ref,
+                                                           "subjects": [subject]})
+                cluster_bindings.append(name)
+        yield token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600))
+    finally:
+        for name in cluster_bindings:
+            try:
+                await admin.delete(CLUSTER_ROLE_BINDINGS, name)
+            except NotFound:
+                pass
+
+
+@asynccontextmanager
+async def as_role(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[k.Kube]:
+    """A Kube in ``ns`` holding only the token of an account bound as a user of ``role`` (``role_kubeconfig``):
+    the library's calls of a testbed test go through it, so a verb the shipped roles do not allow fails
+    there as it would in a cluster, while the test's own operator writes keep the admin's ``Kube``."""
+    async with role_kubeconfig(admin, ns, role) as text:
+        kube = k.Kube.connect_inline(text, f"the {role} account of {ns}", namespace=ns)
+        try:
+            yield kube
+        finally:
+            await kube.aclose()
 
 
 def controller_name(ns: str) -> str:
@@ -322,15 +419,16 @@ async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path
     Each round holds the object (its Workload deactivated, so Kueue evicts it and its pod stays
     Terminating under the testbed's hold-delete annotation), releases it (Kueue re-reserves quota at
     once; the check must wait), then lets the pod go. Every round also checks the promise: the first
-    pod of the new execution appeared only after the old one went, and carries the next A.
+    pod of the new execution appeared only after the old one went, and carries the next A. The verbs are a
+    ``dispatch-writer``'s (``as_role``); ``kube`` is the operator's, who lets the held pod go.
     """
-    adapter = AsyncAdapter(kube)
     job_id, submission = name.rsplit("-", 1)
     rec = Recorder(kube)
     rec.start()
     latencies: list[float] = []
     try:
-        async with subprocess_controller(ns, log=log or Path(os.devnull)):
+        async with as_role(kube, ns) as writer, subprocess_controller(ns, log=log or Path(os.devnull)):
+            adapter = AsyncAdapter(writer)
             await adapter.open(JobSpec(job_id=job_id, submission=submission, queue="lq"))
             await until(lambda: is_running(kube, name), what="running")
             for i in range(rounds):
