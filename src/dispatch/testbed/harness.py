@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -39,6 +39,7 @@ from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
 A = LABEL_ADMISSION
+T = TypeVar("T")
 LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
 PRIORITIES = k.Res("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass",
@@ -170,11 +171,9 @@ def token_kubeconfig(ns: str, account: str, token: str) -> str:
         "current-context": account})
 
 
-@asynccontextmanager
-async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[str]:
-    """A kubeconfig (text) of a ServiceAccount of ``ns`` bound exactly as the install docs bind a user of
-    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout; its cluster-wide bindings are
-    removed afterwards (the account and its RoleBinding go with the namespace)."""
+async def _bind(admin: k.Kube, ns: str, role: str) -> tuple[str, list[str]]:
+    """(kubeconfig text, cluster-wide bindings to remove) of a fresh account of ``ns`` bound as a user of
+    ``role``; nothing is left behind when a step fails."""
     from dispatch.testbed._container import token
 
     await asyncio.to_thread(apply_shipped_roles)
@@ -193,13 +192,52 @@ async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer")
                 await admin.create(CLUSTER_ROLE_BINDINGS, {"metadata": {"name": name}, "roleRef": ref,
                                                            "subjects": [subject]})
                 cluster_bindings.append(name)
-        yield token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600))
+        return token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600)), cluster_bindings
+    except BaseException:
+        await _unbind(admin, cluster_bindings)
+        raise
+
+
+async def _unbind(admin: k.Kube, cluster_bindings: list[str]) -> None:
+    """Remove the cluster-wide bindings (the account and its RoleBinding go with the namespace)."""
+    for name in cluster_bindings:
+        try:
+            await admin.delete(CLUSTER_ROLE_BINDINGS, name)
+        except NotFound:
+            pass
+
+
+@asynccontextmanager
+async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[str]:
+    """A kubeconfig (text) of a ServiceAccount of ``ns`` bound exactly as the install docs bind a user of
+    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest."""
+    text, cluster_bindings = await _bind(admin, ns, role)
+    try:
+        yield text
     finally:
-        for name in cluster_bindings:
-            try:
-                await admin.delete(CLUSTER_ROLE_BINDINGS, name)
-            except NotFound:
-                pass
+        await _unbind(admin, cluster_bindings)
+
+
+@contextmanager
+def role_kubeconfig_file(ns: str, directory: Path, role: str = "dispatch-writer") -> Iterator[Path]:
+    """``role_kubeconfig`` for a synchronous test (``Adapter.connect``, the ``dispatch`` command): the file
+    in ``directory``; the testbed's admin makes and removes the bindings."""
+    from dispatch import testbed
+
+    async def as_admin(step: Callable[[k.Kube], Awaitable[T]]) -> T:
+        admin = k.Kube.connect(namespace=ns, kubeconfig=testbed.kubeconfig_path())
+        try:
+            return await step(admin)
+        finally:
+            await admin.aclose()
+
+    text, cluster_bindings = asyncio.run(as_admin(lambda admin: _bind(admin, ns, role)))
+    path = directory / f"{ns}-{role}.kubeconfig"
+    path.write_text(text)
+    try:
+        yield path
+    finally:
+        asyncio.run(as_admin(lambda admin: _unbind(admin, cluster_bindings)))
 
 
 @asynccontextmanager
