@@ -500,8 +500,7 @@ async def test_the_guard_reads_with_only_the_controllers_service_account(
         await kube.create(k.TRAINJOBS, {"apiVersion": k.TRAINJOBS.api_version, "kind": "TrainJob",
                                         "metadata": {"name": "sdk-made"},
                                         "spec": {"runtimeRef": {"name": "torch-distributed"}}})
-        async with as_role(kube, ns) as writer:
-            made = await AsyncAdapter(writer).inspect("sdk-made")
+        made = await got.adapter.inspect("sdk-made")
         assert made.managed and made.state is State.HELD and made.identity is not None
         assert made.identity.job_id == "sdk-made"
     text = (tmp_path / "controller.log").read_text()

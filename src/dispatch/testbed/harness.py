@@ -124,8 +124,6 @@ CTL = "dispatch.phpboyscout.uk/admission-test"
 
 RBAC_YAML = source_dir().parent / "deploy" / "base" / "rbac.yaml"
 """The shipped roles (ClusterRoles, the controller's bindings and its leader-election Role)."""
-CLUSTER_ROLES = k.Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False,
-                      status=False)
 ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", status=False)
 CLUSTER_ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
                               namespaced=False, status=False)
@@ -173,11 +171,11 @@ def token_kubeconfig(ns: str, account: str, token: str) -> str:
 
 async def _bind(admin: k.Kube, ns: str, role: str) -> tuple[str, list[str]]:
     """(kubeconfig text, cluster-wide bindings to remove) of a fresh account of ``ns`` bound as a user of
-    ``role``; nothing is left behind when a step fails."""
+    ``role`` (named afresh, so a test may hold several); nothing is left behind when a step fails."""
     from dispatch.testbed._container import token
 
     await asyncio.to_thread(apply_shipped_roles)
-    account = f"as-{role}"
+    account = f"as-{role}-{uuid.uuid4().hex[:4]}"
     await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=ns)
     subject = {"kind": "ServiceAccount", "name": account, "namespace": ns}
     cluster_bindings: list[str] = []
