@@ -169,17 +169,23 @@ def token_kubeconfig(ns: str, account: str, token: str) -> str:
         "current-context": account})
 
 
-async def _bind(admin: k.Kube, ns: str, role: str) -> tuple[str, list[str]]:
-    """(kubeconfig text, cluster-wide bindings to remove) of a fresh account of ``ns`` bound as a user of
-    ``role`` (named afresh, so a test may hold several); nothing is left behind when a step fails."""
+Made = list[tuple[k.Res, str, str | None]]
+"""What ``_bind`` made that does not go with the test's namespace: (kind, name, namespace)."""
+
+
+async def _bind(admin: k.Kube, ns: str, role: str, home: str | None) -> tuple[str, Made]:
+    """(kubeconfig text for ``ns``, what to remove) of a fresh account bound as a user of ``role`` (named afresh,
+    so a test may hold several); it lives in ``home`` (default ``ns``). Nothing is left behind when a step fails."""
     from dispatch.testbed._container import token
 
     await asyncio.to_thread(apply_shipped_roles)
-    account = f"as-{role}-{uuid.uuid4().hex[:4]}"
-    await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=ns)
-    subject = {"kind": "ServiceAccount", "name": account, "namespace": ns}
-    cluster_bindings: list[str] = []
+    account, home = f"as-{role}-{uuid.uuid4().hex[:4]}", home or ns
+    made: Made = []
     try:
+        await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=home)
+        if home != ns:
+            made.append((SERVICE_ACCOUNTS, account, home))
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": home}
         for bound in ROLE_BOUND_WITH[role]:
             ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": bound}
             if bound in NAMESPACED_ROLES:
@@ -189,35 +195,39 @@ async def _bind(admin: k.Kube, ns: str, role: str) -> tuple[str, list[str]]:
                 name = f"{ns}-{account}-{bound}"
                 await admin.create(CLUSTER_ROLE_BINDINGS, {"metadata": {"name": name}, "roleRef": ref,
                                                            "subjects": [subject]})
-                cluster_bindings.append(name)
-        return token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600)), cluster_bindings
+                made.append((CLUSTER_ROLE_BINDINGS, name, None))
+        return token_kubeconfig(ns, account, await asyncio.to_thread(token, home, account, 3600)), made
     except BaseException:
-        await _unbind(admin, cluster_bindings)
+        await _unbind(admin, made)
         raise
 
 
-async def _unbind(admin: k.Kube, cluster_bindings: list[str]) -> None:
-    """Remove the cluster-wide bindings (the account and its RoleBinding go with the namespace)."""
-    for name in cluster_bindings:
+async def _unbind(admin: k.Kube, made: Made) -> None:
+    """Remove what ``_bind`` made outside the test's namespace (the rest goes with the namespace)."""
+    for res, name, namespace in made:
         try:
-            await admin.delete(CLUSTER_ROLE_BINDINGS, name)
+            await admin.delete(res, name, namespace=namespace)
         except NotFound:
             pass
 
 
 @asynccontextmanager
-async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[str]:
-    """A kubeconfig (text) of a ServiceAccount of ``ns`` bound exactly as the install docs bind a user of
-    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest."""
-    text, cluster_bindings = await _bind(admin, ns, role)
+async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer", *,
+                          home: str | None = None) -> AsyncIterator[str]:
+    """A kubeconfig (text) for ``ns`` of a ServiceAccount bound exactly as the install docs bind a user of
+    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest. The
+    account lives in ``ns`` unless ``home`` names another namespace (one that outlives ``ns``: a test that
+    deletes ``ns`` and then acts as a cluster-wide admin, who is nobody of that namespace)."""
+    text, made = await _bind(admin, ns, role, home)
     try:
         yield text
     finally:
-        await _unbind(admin, cluster_bindings)
+        await _unbind(admin, made)
 
 
 @contextmanager
-def role_kubeconfig_file(ns: str, directory: Path, role: str = "dispatch-writer") -> Iterator[Path]:
+def role_kubeconfig_file(ns: str, directory: Path, role: str = "dispatch-writer", *,
+                         home: str | None = None) -> Iterator[Path]:
     """``role_kubeconfig`` for a synchronous test (``Adapter.connect``, the ``dispatch`` command): the file
     in ``directory``; the testbed's admin makes and removes the bindings."""
     from dispatch import testbed
@@ -229,13 +239,13 @@ def role_kubeconfig_file(ns: str, directory: Path, role: str = "dispatch-writer"
         finally:
             await admin.aclose()
 
-    text, cluster_bindings = asyncio.run(as_admin(lambda admin: _bind(admin, ns, role)))
+    text, made = asyncio.run(as_admin(lambda admin: _bind(admin, ns, role, home)))
     path = directory / f"{ns}-{role}.kubeconfig"
     path.write_text(text)
     try:
         yield path
     finally:
-        asyncio.run(as_admin(lambda admin: _unbind(admin, cluster_bindings)))
+        asyncio.run(as_admin(lambda admin: _unbind(admin, made)))
 
 
 @asynccontextmanager
