@@ -153,9 +153,13 @@ class AsyncAdapter:
             # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
             running_in = await self.core.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
             jobset = (await self.core.jobsets([name])).get(name) if tj.dispatch_object else None
+            # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
+            pods, nodes = (await self.core.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
+                           if tj.labelled and tj.managed_by != MULTIKUEUE else ([], {}))
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes)]
             return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
                                                     *gap], workload=running_in,
-                                stalled=d.stalled_jobset_text(tj, jobset, runtime_jobs))
+                                stalled="; ".join(filter(None, stalled)) or None)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label

@@ -43,7 +43,8 @@ from ._views import (
 
 __all__ = [
     "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
-    "Verdict", "cessation", "decide", "ends", "explain", "guard", "next_admission", "object_pods", "releasable",
+    "Verdict", "cessation", "decide", "ends", "explain", "guard", "next_admission", "object_pods", "pod_start_problem",
+    "releasable",
     "remaining",
     "waiting_message",
 ]
@@ -1142,6 +1143,70 @@ def pod_write_problem(old_labels: Mapping[str, str], new_labels: Mapping[str, st
     if POD_FINALIZER in old_finalizers and POD_FINALIZER not in new_finalizers and not may_release:
         return POD_FINALIZER_KEPT
     return None
+
+
+def _rank_text(pod: PodView) -> str:
+    """``replicatedJob node, job 0, index 0``: the rank a pod runs, as JobSet and the Job controller label it."""
+    if pod.rank is None:
+        return "rank unknown"
+    replicated, job, index = pod.rank
+    return f"replicatedJob {replicated}, job {job}, index {index}"
+
+
+def _conflicts(new: PodView, other: PodView) -> bool:
+    """Whether ``other``, if it still runs, runs what ``new`` would: another execution (another A, or one
+    unknown), or the same rank of this one (a rank that cannot be read counts as the same)."""
+    if other.admission is None or other.admission != new.admission:
+        return True
+    return other.rank is None or new.rank is None or other.rank == new.rank
+
+
+def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+    """Why a pod of a dispatch object may not be created now (the guard's pod review), or None.
+
+    A process starts only where a pod is created, and JobSet, Trainer and the Job controller create one
+    whenever a Job, a JobSet or a pod they own is missing or deleting, whatever still runs: a deleted Job,
+    re-created at once, started its rank again with the same A beside the old pod, still Running for its
+    grace period. So a new pod of a submission (dispatch's identity labels) is refused while another pod of
+    the submission (``pods``, by the same labels) may still run, its end not proven as the rule proves it
+    (``PodView.end`` with its Node from ``nodes``), unless that pod runs another rank of the same execution:
+    the ranks of one execution run side by side by design."""
+    if not new.job_id or not new.submission:
+        return None
+    blocking = sorted((p for p in pods if p.uid != new.uid and p.job_id == new.job_id
+                       and p.submission == new.submission and _conflicts(new, p)
+                       and p.end(nodes.get(p.node) if p.node else None) == PROOF_UNPROVEN), key=lambda p: p.name)
+    if not blocking:
+        return None
+    left = remaining(blocking, nodes)
+    same = [p.name for p in blocking if p.admission == new.admission]
+    what = ("the same rank of the same execution" if len(same) == len(blocking)
+            else "another execution" if not same else "another execution or the same rank")
+    parts = [f"pod {new.name or 'of ' + new.job_id + '/' + new.submission} (A={new.admission}, "
+             f"{_rank_text(new)}) cannot start while a pod of {what} may still run: {remaining_detail(left)}"]
+    parts.extend(text for text in (why_text(left), stuck_text(left)) if text)
+    parts.append("its controller creates it again once that pod's end is proven")
+    return "; ".join(parts)
+
+
+def waiting_ranks_text(trainjob: TrainJobView, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+    """For a running object: the ranks whose pod is being deleted, its end not proven, with no other pod of the
+    rank yet (a Job or JobSet deleted and re-created, a pod evicted): the guard refuses the rank's new pod until
+    that end is proven (``pod_start_problem``), so status says why the rank does not run; or None."""
+    if not trainjob.labelled:
+        return None
+    live = {p.rank for p in pods if not p.deleting and p.phase not in TERMINAL_PHASES}
+    ending = [p for p in pods if p.deleting and p.rank not in live
+              and p.end(nodes.get(p.node) if p.node else None) == PROOF_UNPROVEN]
+    left = remaining(sorted(ending, key=lambda p: p.name), nodes)
+    if not left:
+        return None
+    ranks = "a rank" if len(left) == 1 else f"{len(left)} ranks"
+    wait = "waits" if len(left) == 1 else "wait"
+    parts = [f"{ranks} of execution {trainjob.admission} {wait} to start again while the pod before may still run "
+             f"({remaining_detail(left)}): the guard refuses a rank's new pod until that pod's end is proven"]
+    parts.extend(text for text in (why_text(left), stuck_text(left)) if text)
+    return "; ".join(parts)
 
 
 OPERATOR_CONFIRMED = "operator-confirmed"

@@ -29,9 +29,16 @@ CONTROLLER_NAME = f"{DOMAIN}/admission"
 """The ``spec.controllerName`` of the Kueue AdmissionChecks dispatch's controller owns."""
 
 JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL = "jobset.sigs.k8s.io/replicatedjob-name"
+"""JobSet's label on a Job and its pods: the replicatedJob it was built from."""
+JOB_INDEX_LABEL = "jobset.sigs.k8s.io/job-index"
+"""JobSet's label on a Job and its pods: which of the replicatedJob's replicas the Job is."""
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+"""The Job controller's label (and annotation) on a pod of an Indexed Job (JobSet's default): its index.
+With the two above, the rank a pod runs: a replacement of a pod carries the same three."""
 POD_KEPT_LABELS = (
     LABEL_JOB_ID, LABEL_SUBMISSION, LABEL_ADMISSION,
-    JOBSET_NAME_LABEL, "jobset.sigs.k8s.io/replicatedjob-name", "jobset.sigs.k8s.io/job-index",
+    JOBSET_NAME_LABEL, REPLICATED_JOB_LABEL, JOB_INDEX_LABEL,
     "batch.kubernetes.io/controller-uid", "batch.kubernetes.io/job-name", "controller-uid", "job-name",
 )
 """The labels that say whose a dispatch pod is (dispatch's identity and A; JobSet's and the Job

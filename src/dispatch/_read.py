@@ -214,6 +214,16 @@ class Reader:
                 kin_jobs=tuple(j for j in kin_jobs_of.get(key, []) if j.jobset_name != t.name) if t.job_id else ())
         return out
 
+    async def submission_pods(self, job_id: str, submission: str, *, deleting_nodes: bool = False,
+                              ) -> tuple[list[PodView], dict[str, NodeView]]:
+        """One submission's pods by dispatch's selection (one quorum list) and the Nodes of those that may run:
+        what the guard's review of a pod create reads (``_decision.pod_start_problem``). ``deleting_nodes``:
+        only the Nodes of pods being deleted (what status of a running object needs, without a GET per rank)."""
+        selector = by_identity([(job_id, submission)])
+        pods = [PodView.from_obj(p) for p in (await self.kube.list(api.PODS, labels=selector)).items] \
+            if selector else []
+        return pods, await self.nodes([p for p in pods if p.deleting] if deleting_nodes else pods)
+
     async def runtime_jobs_of(self, tj: tr.TrainJobView) -> list[str] | None:
         """The replicatedJobs of the runtime a TrainJob names, as it is now (None: it cannot be read, so
         dispatch's entry is left as it is; Trainer cannot build a JobSet from a missing runtime either)."""

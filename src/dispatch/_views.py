@@ -15,12 +15,15 @@ from datetime import datetime
 from typing import Any
 
 from ._names import (
+    COMPLETION_INDEX_LABEL,
     DOMAIN,
+    JOB_INDEX_LABEL,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
+    REPLICATED_JOB_LABEL,
 )
 
 Obj = Mapping[str, Any]
@@ -292,6 +295,9 @@ class PodView:
     condition only the kubelet sets (``KUBELET_CONDITIONS``)."""
     foreign_mark_at: float | None = field(default=None, compare=False)
     """When the condition behind ``foreign_mark`` was written (its ``lastTransitionTime``)."""
+    rank: tuple[str, str, str] | None = None
+    """(replicatedJob, job index, completion index) from JobSet's and the Job controller's labels: the one
+    process of an execution this pod runs, which a replacement pod runs again; None when any is missing."""
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -315,6 +321,8 @@ class PodView:
             (sidecars if text(c.get("restartPolicy")) == "Always" else inits).append(view)
         policy = text(spec.get("restartPolicy"))
         mark, mark_at = "", None
+        rank = (labels.get(REPLICATED_JOB_LABEL, ""), labels.get(JOB_INDEX_LABEL, ""),
+                labels.get(COMPLETION_INDEX_LABEL) or annotations_of(obj).get(COMPLETION_INDEX_LABEL, ""))
         reported = latest(*(c.reported_at for c in (*containers, *inits, *sidecars)))
         for cond in items(status.get("conditions")):
             if text(cond.get("type")) in KUBELET_CONDITIONS:
@@ -350,6 +358,7 @@ class PodView:
             deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
             kubelet_reported_at=reported,
             foreign_mark_at=mark_at,
+            rank=rank if all(rank) else None,
         )
 
     @property

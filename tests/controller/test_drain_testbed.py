@@ -214,7 +214,8 @@ async def test_a_drain_evicts_one_replica_and_starts_are_still_answered(
                 assert refused.returncode != 0 and REFUSED in refused.stderr
                 assert procs[first].proc.poll() is not None and fwd.ready == [second]
                 for _ in range(10):      # starts tried meanwhile: each answered by the guard left, none failed
-                    assert await probe_denied(kube, ns)
+                    answers: list[str] = []
+                    assert await probe_denied(kube, ns, answers), answers
                 assert fwd.sent[second] >= 1
                 pending = [p for p in await replicas(kube) if p["metadata"]["name"] not in placed]
                 assert [p["status"].get("phase") for p in pending] == ["Pending"]   # nowhere to go: cordoned

@@ -900,6 +900,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         if hasattr(self, "guard"):
             assert all(msg.startswith("trainjob ") for msg in self.guard.denied + self.guard.unenforced), (
                 self.guard.denied, self.guard.unenforced)
+            assert all(msg.startswith("pod ") for msg in self.guard.pod_denied + self.guard.pod_unenforced), (
+                self.guard.pod_denied, self.guard.pod_unenforced)
 
 
 EveryWriter.TestCase.settings = settings(

@@ -197,6 +197,13 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
     [hook] = [d for d in elsewhere if d["kind"] == "ValidatingWebhookConfiguration"]
     assert hook["webhooks"][0]["clientConfig"]["service"] == {
         "name": "dispatch-guard", "namespace": "ml-platform", "path": "/validate-trainjob", "port": 443}
+    # the pod creates of dispatch objects: the same Service, its own path, failing closed
+    assert hook["webhooks"][1]["clientConfig"]["service"] == {
+        "name": "dispatch-guard", "namespace": "ml-platform", "path": "/validate-pod", "port": 443}
+    assert hook["webhooks"][1]["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                                             "operations": ["CREATE"], "scope": "Namespaced"}]
+    assert hook["webhooks"][1]["objectSelector"] == hook["webhooks"][0]["objectSelector"]
+    assert hook["webhooks"][1]["failurePolicy"] == "Fail"
     # enrolment's mutating webhook: the same Service, its own path, opted-in namespaces only
     [mutating] = [d for d in elsewhere if d["kind"] == "MutatingWebhookConfiguration"]
     assert mutating["webhooks"][0]["clientConfig"]["service"] == {

@@ -5,53 +5,94 @@ missing JobSet (its JobSet plugin builds one whenever none exists), and the real
 old pods gracefully. On the testbed the new pod ran, with the same A, 0.3 s after the delete, while the old one
 stayed Running with a deletionTimestamp for its whole grace period (``tests/testbed/test_deleted_layer_testbed.py``).
 
-Not fixed yet (a design decision): these strict xfails hold the finding until a fix turns them green."""
+dispatch's guard judges the pod's create (``_decision.pod_start_problem``): the re-created Job's pod is refused
+while the old pod of its rank may still run, and created by the Job controller's next try once the old pod's
+end is proven; it then runs with the same A. Nobody acts in between."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
 from dispatch import LABEL_ADMISSION, Adapter, JobSpec
+from dispatch.controller.testing import FakeGuard
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
 JOBSET = "jobset.x-k8s.io"
-FINDING = ("a Job or JobSet of a running object, deleted, is re-created at once by JobSet/Trainer; its new pods "
-           "run with the same A beside the Terminating old ones (probe finding)")
+GRACE = 30
+"""The pods' grace period (the API's default terminationGracePeriodSeconds)."""
+
+
+@pytest.fixture
+def guard(cluster: FakeCluster) -> FakeGuard:
+    installed = FakeGuard(cluster)
+    installed.install()
+    return installed
 
 
 def running(adapter: Adapter, cluster: FakeCluster) -> str:
-    """Open, release and settle: one pod of A=1 Running. Returns its name (``pytest.fail`` otherwise, so that
-    the strict xfail does not swallow a set-up failure)."""
+    """Open, release and settle: one pod of A=1 Running. Returns its name."""
     adapter.open(JobSpec(job_id="llama", submission="s1"))
     adapter.release(NAME)
     cluster.settle()
     pods = cluster.pods(NAME)
-    if len(pods) != 1 or pods[0]["status"]["phase"] != "Running":
-        pytest.fail(f"expected one Running pod, got {[p['metadata']['name'] for p in pods]}")
+    assert len(pods) == 1 and pods[0]["status"]["phase"] == "Running", [p["metadata"]["name"] for p in pods]
     return str(pods[0]["metadata"]["name"])
 
 
-def overlap_after(cluster: FakeCluster, old: str) -> None:
-    """Settle within the old pod's grace period, show that both pods run with A=1, then let the checker judge."""
+def refused_until_proven(adapter: Adapter, cluster: FakeCluster, guard: FakeGuard,
+                         keeper: Callable[[], dict[str, str]], old: str) -> None:
+    """Within the old pod's grace period no new pod is created (each try refused, naming the old pod); once its
+    kubelet confirmed its end, the next try creates the rank again, with the same A, and it runs."""
     cluster.settle()  # the grace period is not over: the old pod stays Running with a deletionTimestamp
     pods = {p["metadata"]["name"]: p for p in cluster.pods(NAME)}
-    if old not in pods or not pods[old]["metadata"].get("deletionTimestamp") or len(pods) != 2:
-        pytest.fail(f"expected the old pod Terminating beside one new pod, got {sorted(pods)}")
-    if {p["metadata"]["labels"].get(LABEL_ADMISSION) for p in pods.values()} != {"1"}:
-        pytest.fail("expected both pods to carry A=1")
-    cluster.history.check()
+    assert list(pods) == [old] and pods[old]["metadata"].get("deletionTimestamp"), sorted(pods)
+    assert cluster.refused_pods, "the re-created Job's pod was never tried"
+    denial = guard.pod_denied[-1]
+    assert (f"cannot start while a pod of the same rank of the same execution may still run: remaining pods: {old} "
+            f"on {pods[old]['spec']['nodeName']} (Ready=True)") in denial, denial
+    # status says why the rank does not run, not only the Job's FailedCreate Event
+    status = adapter.inspect(NAME)
+    assert status.cause is not None and status.cause.detail == (
+        f"execution 1 admitted; a rank of execution 1 waits to start again while the pod before may still run "
+        f"(remaining pods: {old} on {pods[old]['spec']['nodeName']} (Ready=True)): the guard refuses a rank's "
+        "new pod until that pod's end is proven"), status.cause
+
+    cluster.advance(GRACE + 1)
+    cluster.settle()   # its kubelet confirms the end; the Job controller's next try is allowed
+    keeper()           # dispatch's controller releases the old pod's finalizer
+    cluster.settle()
+    pods = {p["metadata"]["name"]: p for p in cluster.pods(NAME)}
+    assert old not in pods, sorted(pods)
+    assert len(pods) == 1, sorted(pods)
+    (new,) = pods.values()
+    assert new["status"]["phase"] == "Running" and new["metadata"]["labels"][LABEL_ADMISSION] == "1"
+    status = adapter.inspect(NAME)
+    assert status.cause is not None and status.cause.detail == "execution 1 admitted", status.cause
+    cluster.history.check()  # no two executions of the submission at once, ever
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FINDING)
-def test_a_deleted_child_job_is_recreated_while_its_old_pod_still_runs(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_a_deleted_child_job_starts_its_rank_again_only_once_the_old_pod_has_ended(
+        adapter: Adapter, cluster: FakeCluster, guard: FakeGuard, keeper: Callable[[], dict[str, str]]) -> None:
     old = running(adapter, cluster)
     cluster.server.delete("batch", "jobs", "default", f"{NAME}-node-0")  # kubectl delete job (background)
-    overlap_after(cluster, old)
+    refused_until_proven(adapter, cluster, guard, keeper, old)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=FINDING)
-def test_a_deleted_jobset_is_recreated_while_its_old_pod_still_runs(adapter: Adapter, cluster: FakeCluster) -> None:
+def test_a_deleted_jobset_starts_its_ranks_again_only_once_the_old_pod_has_ended(
+        adapter: Adapter, cluster: FakeCluster, guard: FakeGuard, keeper: Callable[[], dict[str, str]]) -> None:
     old = running(adapter, cluster)
     cluster.server.delete(JOBSET, "jobsets", "default", NAME)  # kubectl delete jobset (background)
-    overlap_after(cluster, old)
+    refused_until_proven(adapter, cluster, guard, keeper, old)
+
+
+def test_the_ranks_of_one_execution_start_side_by_side(adapter: Adapter, cluster: FakeCluster,
+                                                       guard: FakeGuard) -> None:
+    """The guard on pod creates refuses no rank of a fresh execution because of its sibling ranks."""
+    adapter.open(JobSpec(job_id="llama", submission="s1", num_nodes=3))
+    adapter.release(NAME)
+    cluster.settle()
+    assert [p["status"]["phase"] for p in cluster.pods(NAME)] == ["Running"] * 3
+    assert not cluster.refused_pods and not guard.pod_denied and not guard.denied

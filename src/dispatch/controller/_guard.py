@@ -10,6 +10,10 @@ controller's own ServiceAccount) and the pure decision ``_decision.guard``.
 * **stateless**: every replica serves (leader or not); each answer is one fresh read.
 * **within the API server's timeout**: the read gets most of the ``timeout`` the API server puts in the
   URL; a read that does not finish in time is a denial naming why, never a silent allow.
+* **pods**: ``/validate-pod`` judges each create of a dispatch object's pod (the Job controller's, after
+  JobSet or Trainer re-created a deleted Job or JobSet, or its own replacement of a deleting pod) with
+  ``_decision.pod_start_problem`` over one read of the submission's pods and their Nodes: no rank starts
+  again, and no other execution starts, while a pod that may run it remains.
 * **enrolment**: the same server answers ``/mutate-trainjob`` (MutatingWebhookConfiguration
   ``dispatch-guard``, only for namespaces labelled ``dispatch.phpboyscout.uk/enrol=true``): a TrainJob
   created there is brought under dispatch with the JSONPatch of the pure ``_enrol.enrol``; this file
@@ -54,6 +58,7 @@ from .._api import Obj
 from .._core import Cores, Target
 from .._read import by_identity
 from .._trainer import TrainJobView
+from .._views import PodView
 from ..errors import Conflict, DispatchError, NotFound
 from . import _http as http
 from . import _tls as tls
@@ -64,6 +69,8 @@ log = structlog.get_logger("dispatch.guard")
 
 
 PATH = "/validate-trainjob"
+POD_PATH = "/validate-pod"
+"""Pod creates of dispatch objects: the one point where a process starts, whoever creates the pod."""
 MUTATE_PATH = "/mutate-trainjob"
 BUNDLE_KEEP = 8
 """CAs kept in the caBundle: every live replica's, across a few restarts."""
@@ -203,7 +210,7 @@ class Guard:
         self.reviews = 0
         self.denials = 0
         reg = registry if registry is not None else CollectorRegistry()
-        self._answers = Counter("dispatch_guard_reviews", "TrainJob writes the guard answered, by answer.",
+        self._answers = Counter("dispatch_guard_reviews", "Writes the guard answered, by answer.",
                                 ["answer"], registry=reg)
         self._seconds = Histogram("dispatch_guard_review_seconds", "Time to answer one AdmissionReview.",
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
@@ -229,6 +236,18 @@ class Guard:
             if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
         return d.guard(operation, old, new, snap.verdict(target), record, workload, jobs)
 
+    async def decide_pod(self, request: Obj) -> str | None:
+        """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read)."""
+        obj = request.get("object")
+        if str(request.get("operation") or "") != "CREATE" or not isinstance(obj, dict):
+            return None  # the configuration sends creates only
+        new = PodView.from_obj(obj)
+        if not new.job_id or not new.submission:
+            return None
+        core = self._core(str(request.get("namespace") or new.namespace))
+        pods, nodes = await core.submission_pods(new.job_id, new.submission)
+        return d.pod_start_problem(new, pods, nodes)
+
     async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
         """One review's reads under the webhook's deadline, counted and timed; a read that fails or runs
         out of time is a denial naming ``what`` could not be read (the guard fails closed)."""
@@ -243,15 +262,18 @@ class Guard:
         finally:
             self._seconds.observe(time.monotonic() - started)
 
-    async def review(self, body: Obj, timeout: float) -> Obj:
+    async def review(self, body: Obj, timeout: float, *, pod: bool = False) -> Obj:
+        """Answer one AdmissionReview of a TrainJob write (``pod``: of a pod create)."""
         request, uid = _request_of(body)
-        decided, failure = await self._within(self.decide(request), timeout, "the object's pods")
+        work = self.decide_pod(request) if pod else self.decide(request)
+        decided, failure = await self._within(work, timeout, "the submission's pods" if pod else "the object's pods")
         denial = failure if failure is not None else decided
         self._answers.labels("error" if failure is not None else "allowed" if denial is None else "denied").inc()
         if denial is not None:
             self.denials += 1
             obj = request.get("object") or {}
-            log.info("guard denied", operation=request.get("operation"), namespace=request.get("namespace"),
+            log.info("guard denied", kind="Pod" if pod else "TrainJob", operation=request.get("operation"),
+                     namespace=request.get("namespace"),
                      name=request.get("name") or obj.get("metadata", {}).get("name"),
                      user=(request.get("userInfo") or {}).get("username"), message=denial)
         return response(uid, denial)
@@ -362,13 +384,14 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
             review = json.loads(request.body)
             review = review if isinstance(review, dict) else {}
             timeout = _timeout_of(request.target)
-            answer = await (guard.review(review, timeout) if request.path == PATH else guard.mutate(review, timeout))
+            answer = await (guard.mutate(review, timeout) if request.path == MUTATE_PATH
+                            else guard.review(review, timeout, pod=request.path == POD_PATH))
         except ValueError as exc:
             return 400, JSON, json.dumps({"error": str(exc)}).encode(), ""
         return 200, JSON, json.dumps(answer).encode(), ""
 
     listener = http.Listener(
-        route, methods=frozenset({"POST"}), paths=frozenset({PATH, MUTATE_PATH}), keep_alive=True,
+        route, methods=frozenset({"POST"}), paths=frozenset({PATH, POD_PATH, MUTATE_PATH}), keep_alive=True,
         max_head=MAX_BODY, max_body=MAX_BODY, timeout=120,
         not_found=(404, JSON, b'{"error":"not found"}', ""),
         not_allowed=(405, JSON, b'{"error":"POST an AdmissionReview"}', ""),
@@ -499,6 +522,6 @@ async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Seq
                       webhook=webhook if certs.ca_pem is not None else "", hosts=tuple(hosts), kube=kube)
     running.loaded = context.loaded
     running.publisher = asyncio.create_task(_upkeep(running, every))
-    log.info("guard serving", port=bound, path=PATH, mutate_path=MUTATE_PATH, webhook=webhook or None,
-             cert=str(certs.cert))
+    log.info("guard serving", port=bound, path=PATH, pod_path=POD_PATH, mutate_path=MUTATE_PATH,
+             webhook=webhook or None, cert=str(certs.cert))
     return running

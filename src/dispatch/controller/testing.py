@@ -653,13 +653,50 @@ class FakeGuard:
         """Each denial that refused a write."""
         self.unenforced: list[str] = []
         """Each denial of a write ``enforce`` let through."""
+        self.pod_denied: list[str] = []
+        """Each denial that refused a pod create."""
+        self.pod_unenforced: list[str] = []
+        """Each denial of a pod create ``enforce`` let through."""
         self.allowed_starts = 0
 
     def install(self) -> None:
-        """The guard as ``deploy/base/guard.yaml`` installs it: the webhook and CEL policy on TrainJobs, and
-        the ``dispatch-pods`` policy."""
+        """The guard as ``deploy/base/guard.yaml`` installs it: the webhook and CEL policy on TrainJobs, the
+        webhook on pod creates, and the ``dispatch-pods`` policy."""
         self.server.add_admission("trainjobs", self._admit)
+        self.server.add_admission("pods", self._admit_pod)
         self.cluster.install_pod_policy()
+
+    def _admit_pod(self, operation: str, old: Obj | None, new: Obj) -> str | None:
+        """The webhook on pod creates (only a create starts a process; the CEL policy judges updates)."""
+        if operation != "CREATE":
+            return None
+        denial = self.pod_decision(new)
+        if denial is None:
+            return None
+        if self.enforce():
+            self.pod_denied.append(denial)
+            return denial
+        self.pod_unenforced.append(denial)
+        return None
+
+    def pod_decision(self, new: Obj) -> str | None:
+        """The guard's answer to one pod create: the submission's pods and their Nodes at this moment."""
+        view = PodView.from_obj(new)
+        if not view.job_id or not view.submission:
+            return None
+        ns = str(new["metadata"].get("namespace") or self.cluster.namespace)
+        pods = [p for p in map(PodView.from_obj, self.server.objects("", "pods", ns))
+                if (p.job_id, p.submission) == (view.job_id, view.submission)]
+        return d.pod_start_problem(view, pods, self._nodes(pods))
+
+    def _nodes(self, pods: list[PodView]) -> dict[str, NodeView]:
+        """The Nodes the pods that may run sit on, as ``Reader.nodes`` gets them."""
+        nodes: dict[str, NodeView] = {}
+        for pod in pods:
+            if pod.node and pod.may_run and pod.node not in nodes:
+                node = self.server.get("", "nodes", "", pod.node)
+                nodes[pod.node] = NodeView.from_obj(node) if node is not None else NodeView.gone(pod.node)
+        return nodes
 
     def _admit(self, operation: str, old: Obj | None, new: Obj) -> str | None:
         denial = self.decision(operation, old, new)
@@ -691,11 +728,7 @@ class FakeGuard:
                 if (p["metadata"].get("labels") or {}).get(n.JOBSET_NAME_LABEL) == name
                 or ((p["metadata"].get("labels") or {}).get(n.LABEL_JOB_ID) == new_view.job_id
                     and (p["metadata"].get("labels") or {}).get(n.LABEL_SUBMISSION) == new_view.submission)]
-        nodes: dict[str, NodeView] = {}
-        for pod in pods:
-            if pod.node and pod.may_run and pod.node not in nodes:
-                node = self.server.get("", "nodes", "", pod.node)
-                nodes[pod.node] = NodeView.from_obj(node) if node is not None else NodeView.gone(pod.node)
+        nodes = self._nodes(pods)
         jobset = self.server.get(n.JOBSET_GROUP, "jobsets", ns, name)
         jobs = [JobView.from_obj(j) for j in self.server.objects("batch", "jobs", ns)
                 if (j["metadata"].get("labels") or {}).get(n.JOBSET_NAME_LABEL) == name]

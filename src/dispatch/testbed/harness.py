@@ -660,7 +660,7 @@ def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
     hook = copy.deepcopy(docs["ValidatingWebhookConfiguration"])
     hook["metadata"] = {"name": name}
     for w in hook["webhooks"]:
-        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}/validate-trainjob"}
+        w["clientConfig"] = {"url": f"https://127.0.0.1:{port}{w['clientConfig']['service']['path']}"}
         w["namespaceSelector"] = only_ns
     policy = copy.deepcopy(docs["ValidatingAdmissionPolicy"])
     policy["metadata"] = {"name": name}
@@ -671,8 +671,9 @@ def scoped(ns: str, port: int, name: str) -> tuple[Obj, Obj, Obj]:
     return hook, policy, binding
 
 
-async def probe_denied(kube: k.Kube, ns: str) -> bool:
-    """Whether the guard answers yet: a dry-run create of an unsuspended dispatch TrainJob is refused."""
+async def probe_denied(kube: k.Kube, ns: str, answers: list[str] | None = None) -> bool:
+    """Whether the guard answers yet: a dry-run create of an unsuspended dispatch TrainJob is refused.
+    ``answers`` collects what the API server said, so a test that expected the guard's word can show it."""
     body = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
             "metadata": {"name": "guard-probe", "namespace": ns,
                          "labels": {LABEL_JOB_ID: "probe", LABEL_SUBMISSION: "s1"}},
@@ -680,5 +681,9 @@ async def probe_denied(kube: k.Kube, ns: str) -> bool:
     try:
         await kube.create(api.TRAINJOBS, body, dry_run=True)
     except Exception as exc:
+        if answers is not None:
+            answers.append(str(exc))
         return "is created suspended" in str(exc)
+    if answers is not None:
+        answers.append("created (dry run): nothing refused it")
     return False

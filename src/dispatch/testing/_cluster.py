@@ -23,11 +23,13 @@ from .. import _decision as d
 from .._api import Obj
 from .._names import (
     ANNOTATION_ADMISSION,
+    JOB_INDEX_LABEL,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
     LABEL_JOB_ID,
     LABEL_SUBMISSION,
     OUT_OF_SERVICE_TAINT,
+    REPLICATED_JOB_LABEL,
 )
 from .._trainer import patch_entries, patch_pod_templates
 from .._views import TERMINATED_BY_KUBELET, labels_of
@@ -241,6 +243,8 @@ class FakeCluster:
         self.frozen: set[str] = set()
         self.deleted_nodes: set[str] = set()
         self._pod_seq = 0
+        self.refused_pods: list[tuple[str, int, str]] = []
+        """(Job, completion index, message) of each pod create an admission webhook refused, in order."""
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
         self.partitioned: set[str] = set()
@@ -615,9 +619,15 @@ class FakeCluster:
                 template = rj["template"]["spec"]["template"]
                 job = self.server.get("batch", "jobs", ns, job_name)
                 if job is None:
+                    # As the real JobSet labels a child Job and its pods (seen on the testbed, v0.12): which
+                    # replicatedJob and which of its replicas (the fake makes one Job of each).
+                    rank = {REPLICATED_JOB_LABEL: rj["name"], JOB_INDEX_LABEL: "0"}
+                    pod_template = copy.deepcopy(template)
+                    pod_template.setdefault("metadata", {}).setdefault("labels", {}).update(rank)
                     made_job = self._create_content("batch", "jobs", ns, {
                         "metadata": {"name": job_name, "labels": {
-                            **(((rj["template"].get("metadata") or {}).get("labels")) or {}), JOBSET_NAME_LABEL: name},
+                            **(((rj["template"].get("metadata") or {}).get("labels")) or {}), JOBSET_NAME_LABEL: name,
+                            **rank},
                                      "ownerReferences": [{"apiVersion": "jobset.x-k8s.io/v1alpha2",
                                                           "kind": "JobSet", "name": name, "uid": meta["uid"],
                                                           "controller": True}]},
@@ -625,7 +635,7 @@ class FakeCluster:
                                  # The API's default without a podFailurePolicy.
                                  "podReplacementPolicy": rj["template"]["spec"].get("podReplacementPolicy")
                                  or "TerminatingOrFailed",
-                                 "template": copy.deepcopy(template)},
+                                 "template": pod_template},
                     })
                     if made_job is None:
                         continue
@@ -714,7 +724,7 @@ class FakeCluster:
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
         labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
-        made = self._create_content("", "pods", job["metadata"]["namespace"], {
+        body = {
             "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
@@ -723,7 +733,16 @@ class FakeCluster:
                                               "controller": True}]},
             "spec": spec,
             "status": {"phase": "Pending"},
-        })
+        }
+        try:
+            made = self._create_content("", "pods", job["metadata"]["namespace"], body)
+        except ApiFailure as exc:
+            if exc.code != 403:
+                raise
+            # Refused by an admission webhook (dispatch's guard): the real Job controller records a
+            # FailedCreate Event and syncs the Job again later; here, the next pass tries again.
+            self.refused_pods.append((job["metadata"]["name"], index, exc.message))
+            return False
         if made is None:
             return False
         self._pass_run(self._job_runs, job["metadata"]["uid"], self._pod_runs, made["metadata"]["uid"])
