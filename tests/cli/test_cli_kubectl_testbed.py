@@ -16,6 +16,7 @@ from typer.testing import CliRunner, Result
 
 from dispatch import testbed
 from dispatch.cli import EXIT_REFUSED, app
+from dispatch.testbed.harness import apply_shipped_roles
 
 pytestmark = pytest.mark.testbed
 
@@ -50,9 +51,7 @@ def _kubeconfig(tmp: Path, ns: str, sa: str) -> str:
 def users(testbed_kubeconfig: str, tmp_path: Path) -> Iterator[Users]:
     tag = uuid.uuid4().hex[:6]
     first, second = f"cli-a-{tag}", f"cli-b-{tag}"
-    roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
-             if d and d["kind"] == "ClusterRole"]
-    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+    apply_shipped_roles()
     cluster_bindings = []
     for ns in (first, second):
         testbed.kubectl("create", "namespace", ns)

@@ -19,7 +19,7 @@ from typer.testing import CliRunner, Result
 
 from dispatch import LABEL_ADMISSION, Adapter, PodsRemain, testbed
 from dispatch.cli import EXIT_REFUSED, app
-from dispatch.testbed.harness import keeper_pass
+from dispatch.testbed.harness import apply_shipped_roles, keeper_pass
 
 pytestmark = pytest.mark.testbed
 
@@ -44,9 +44,7 @@ def writer(testbed_kubeconfig: str, tmp_path: Path) -> Iterator[tuple[str, str]]
     """(namespace, kubeconfig of a user bound to dispatch-writer there and to dispatch-node-reader), with a
     ServiceAccount ``trainer`` for the pods and a PV bound to the PVC ``ckpt`` so the pods can be scheduled."""
     ns = f"pods-{uuid.uuid4().hex[:6]}"
-    roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
-             if d and d["kind"] == "ClusterRole"]
-    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+    apply_shipped_roles()
     testbed.kubectl("create", "namespace", ns)
     testbed.kubectl("-n", ns, "create", "serviceaccount", "writer")
     testbed.kubectl("-n", ns, "create", "serviceaccount", "trainer")

@@ -25,6 +25,7 @@ from dispatch import _kube as k
 from dispatch._api import Obj
 from dispatch.controller import ACTIVE_MESSAGE
 from dispatch.testbed.harness import (
+    as_role,
     container_controller,
     controller_env,
     free_port,
@@ -177,8 +178,9 @@ async def test_a_rotated_token_is_read_again_once_the_old_one_is_revoked(admin: 
     path = running_testbed_kubeconfig()
     assert path is not None
     log = tmp_path / "controller.log"
-    async with controller_env(path) as (kube, ns, _), container_controller(ns, log=log) as launched:
-        adapter = AsyncAdapter(kube)
+    async with controller_env(path) as (kube, ns, _), container_controller(ns, log=log) as launched, \
+            as_role(kube, ns) as writer:
+        adapter = AsyncAdapter(writer)
         await adapter.open(JobSpec(job_id="rot", submission="s1", queue="lq"))
         await until(lambda: is_running(kube, "rot-s1"), timeout=90, what="admitted with the first token")
         old = await asyncio.to_thread(_container.rotate_token, launched.container)

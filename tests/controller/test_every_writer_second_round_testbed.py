@@ -32,6 +32,7 @@ from dispatch import _kube as k
 from dispatch.errors import Forbidden
 from dispatch.testbed._paths import source_dir
 from dispatch.testbed.harness import (
+    as_role,
     controller_env,
     hold_pods,
     is_running,
@@ -262,7 +263,8 @@ async def test_item5_without_the_webhook_the_cel_policy_alone_refuses_an_entry_b
         await kube.create(BINDINGS, binding)
         try:
             obj = "tuned-s1"
-            await AsyncAdapter(kube).open(JobSpec(job_id="tuned", submission="s1"))
+            async with as_role(kube, ns) as writer:
+                await AsyncAdapter(writer).open(JobSpec(job_id="tuned", submission="s1"))
             await kube.merge_patch(k.TRAINJOBS, obj, {"metadata": {"annotations": {ANNOTATION_ADMISSION: "1"}}})
             patches = (await kube.get(k.TRAINJOBS, obj))["spec"]["runtimePatches"]
 

@@ -30,6 +30,7 @@ from dispatch.controller import _guard as g_
 from dispatch.errors import PodsRemain
 from dispatch.testbed.harness import (
     A,
+    as_role,
     check_of,
     controller_env,
     free_port,
@@ -74,6 +75,7 @@ class Guarded:
     webhook: str
     proc: subprocess.Popen[bytes]
     adapter: AsyncAdapter
+    """The library as a ``dispatch-writer`` of ``ns`` uses it; ``kube`` is the operator's (the admin's)."""
 
 
 @pytest.fixture
@@ -115,14 +117,14 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
     try:
         async with subprocess_controller(ns, "--guard-port", str(port), "--guard-cert-dir", str(tmp / "certs"),
                                          "--guard-webhook", name if publish else "", log=tmp / "controller.log",
-                                         kubeconfig_path=kubeconfig_path) as proc:
+                                         kubeconfig_path=kubeconfig_path) as proc, as_role(kube, ns) as writer:
             async def published() -> bool:
                 got = await kube.get(api.VALIDATING_WEBHOOKS, name)
                 mutating = [await kube.get(api.MUTATING_WEBHOOKS, name)] if enrolment else []
                 return all(w["clientConfig"].get("caBundle") for c in (got, *mutating) for w in c["webhooks"])
             await until(published, what="the guard's CA in the caBundle")
             await until(lambda: probe_denied(kube, ns), what="the guard answering")
-            yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(kube))
+            yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(writer))
     finally:
         await kube.delete(BINDINGS, name)
         await kube.delete(POLICIES, name)

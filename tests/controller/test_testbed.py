@@ -31,6 +31,8 @@ from dispatch.testbed.harness import (
     A,
     Launcher,
     all_terminating,
+    apply_shipped_roles,
+    as_role,
     check_of,
     cond,
     container_controller,
@@ -44,6 +46,7 @@ from dispatch.testbed.harness import (
     running_pods,
     running_testbed_kubeconfig,
     scrape,
+    shipped_rbac,
     subprocess_controller,
     until,
     workload_of,
@@ -56,7 +59,6 @@ from .test_guard_testbed import unsuspend as guard_unsuspend
 pytestmark = pytest.mark.testbed
 
 Obj = dict[str, Any]
-ROLES = k.Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False)
 BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 CLUSTER_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
                          namespaced=False)
@@ -97,8 +99,8 @@ async def test_preempted_trainjob_is_readmitted_only_after_its_old_pods_go(
     env: tuple[k.Kube, str, str], launch: Launcher
 ) -> None:
     kube, ns, _ = env
-    adapter = AsyncAdapter(kube)
-    async with launch(ns):
+    async with as_role(kube, ns) as writer, launch(ns):
+        adapter = AsyncAdapter(writer)
         await adapter.open(JobSpec(job_id="low", submission="s1", queue="lq", priority_class="ctl-low",
                                    resources_per_node={"cpu": "3"}))
         await until(lambda: adapter.inspect("low-s1"), what="low opened")
@@ -153,8 +155,8 @@ async def test_controller_killed_between_raising_a_and_ready_never_reuses_a_numb
     env: tuple[k.Kube, str, str]
 ) -> None:
     kube, ns, _ = env
-    adapter = AsyncAdapter(kube)
-    await adapter.open(JobSpec(job_id="crash", submission="s1", queue="lq"))
+    async with as_role(kube, ns) as writer:
+        await AsyncAdapter(writer).open(JobSpec(job_id="crash", submission="s1", queue="lq"))
     ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns)))
     ctl.reconciler.before_ready = lambda: asyncio.Event().wait()      # killed here
     stop = asyncio.Event()
@@ -191,10 +193,10 @@ async def test_controller_killed_between_raising_a_and_ready_never_reuses_a_numb
 
 async def test_two_replicas_with_leader_election_admit_once(env: tuple[k.Kube, str, str]) -> None:
     kube, ns, _ = env
-    adapter = AsyncAdapter(kube)
     lease = ["--leader-elect", "--lease-namespace", ns]
-    async with subprocess_controller(ns, *lease, "--identity", "one"), \
+    async with as_role(kube, ns) as writer, subprocess_controller(ns, *lease, "--identity", "one"), \
             subprocess_controller(ns, *lease, "--identity", "two"):
+        adapter = AsyncAdapter(writer)
         for i in range(3):
             await adapter.open(JobSpec(job_id="rep", submission=f"s{i}", queue="lq", resources_per_node={"cpu": "1"}))
         for i in range(3):
@@ -217,7 +219,6 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
     if started == "container":
         request.getfixturevalue("shipped")
     kube, ns, cq = env
-    adapter = AsyncAdapter(kube)
     # Active before any controller runs (as the controller would write it), so Kueue reserves quota for
     # all twelve first and the controller finds them queued together.
     await kube.apply(k.ADMISSION_CHECKS, cq, {
@@ -226,11 +227,14 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
                                    "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]}},
         sub="status", field_manager="dispatch-test")
     names = [f"many-s{i}" for i in range(12)]
-    for i, name in enumerate(names):
-        await adapter.open(JobSpec(job_id="many", submission=f"s{i}", queue="lq", resources_per_node={"cpu": "10m"}))
-        await kube.create(k.PODS, {  # a pod of an earlier execution that may still run
-            "metadata": {"name": f"left-{i}", "labels": {"jobset.sigs.k8s.io/jobset-name": name}},
-            "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
+    async with as_role(kube, ns) as writer:
+        adapter = AsyncAdapter(writer)
+        for i, name in enumerate(names):
+            await adapter.open(JobSpec(job_id="many", submission=f"s{i}", queue="lq",
+                                       resources_per_node={"cpu": "10m"}))
+            await kube.create(k.PODS, {  # a pod of an earlier execution that may still run
+                "metadata": {"name": f"left-{i}", "labels": {"jobset.sigs.k8s.io/jobset-name": name}},
+                "spec": {"nodeName": "node-0", "containers": [{"name": "c", "image": "example.invalid/x"}]}})
 
     async def all_reserved() -> bool:
         wls = (await kube.list(k.WORKLOADS)).items
@@ -279,10 +283,6 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
 # ---------------------------------------------------------------- RBAC: each role exactly what it needs
 
 
-def _rbac_docs() -> list[Obj]:
-    return [d for d in yaml.safe_load_all((DEPLOY / "base" / "rbac.yaml").read_text()) if d]
-
-
 async def _can(kube: k.Kube, sa: str, ns: str, verb: str, group: str, resource: str,
                sub: str = "", name: str = "") -> bool:
     attrs: Obj = {"verb": verb, "group": group, "resource": resource, "namespace": ns}
@@ -304,16 +304,9 @@ async def rbac(env: tuple[k.Kube, str, str]) -> AsyncIterator[tuple[k.Kube, str]
     kube, ns, _ = env
     suffix = ns.split("-", 1)[1]
     created: list[tuple[k.Res, str]] = []
-    for doc in _rbac_docs():
-        kind = doc["kind"]
-        if kind == "ClusterRole":
-            try:
-                await kube.replace(ROLES, doc["metadata"]["name"], {**doc, "metadata": {
-                    **doc["metadata"], "resourceVersion": (await kube.get(ROLES, doc["metadata"]["name"]))[
-                        "metadata"]["resourceVersion"]}})
-            except Exception:
-                await kube.create(ROLES, doc)
-        elif kind == "Role":
+    await asyncio.to_thread(apply_shipped_roles)
+    for doc in shipped_rbac():
+        if doc["kind"] == "Role":
             await kube.create(NS_ROLES, {**doc, "metadata": {**doc["metadata"], "namespace": ns}})
     for sa in ("reader", "writer", "controller"):
         await kube.create(SERVICE_ACCOUNTS, {"metadata": {"name": sa}})
@@ -423,7 +416,7 @@ async def test_each_role_can_do_exactly_what_it_needs(rbac: tuple[k.Kube, str]) 
         assert await _can(kube, sa, ns, "get", "", "configmaps", name="dispatch-admissions")
         assert not await _can(kube, sa, ns, "patch", "", "configmaps", name="dispatch-admissions")
         assert not await _can(kube, sa, ns, "get", "", "configmaps", name="other")
-    for doc in _rbac_docs():
+    for doc in shipped_rbac():
         for rule in doc.get("rules", []):
             for field in ("verbs", "resources", "apiGroups", "nonResourceURLs"):  # the metrics reader: URLs only
                 assert "*" not in rule.get(field, []), (doc["metadata"]["name"], rule)
@@ -446,8 +439,8 @@ async def test_the_controller_runs_with_only_its_service_accounts_token(
     path = tmp_path / "kubeconfig"
     path.write_text(yaml.safe_dump(config))
     log = tmp_path / "controller.log"
-    adapter = AsyncAdapter(kube)
-    await adapter.open(JobSpec(job_id="rbac", submission="s1", queue="lq"))
+    async with as_role(kube, ns) as writer:
+        await AsyncAdapter(writer).open(JobSpec(job_id="rbac", submission="s1", queue="lq"))
     async with subprocess_controller(ns, "--leader-elect", "--lease-namespace", ns, kubeconfig_path=path, log=log):
         await until(lambda: is_running(kube, "rbac-s1"), what="admitted by the least-privilege controller")
     text = log.read_text()
@@ -507,7 +500,7 @@ async def test_the_guard_reads_with_only_the_controllers_service_account(
         await kube.create(k.TRAINJOBS, {"apiVersion": k.TRAINJOBS.api_version, "kind": "TrainJob",
                                         "metadata": {"name": "sdk-made"},
                                         "spec": {"runtimeRef": {"name": "torch-distributed"}}})
-        made = await AsyncAdapter(kube).inspect("sdk-made")
+        made = await got.adapter.inspect("sdk-made")
         assert made.managed and made.state is State.HELD and made.identity is not None
         assert made.identity.job_id == "sdk-made"
     text = (tmp_path / "controller.log").read_text()
@@ -541,10 +534,10 @@ async def test_a_frozen_node_holds_the_check_until_the_out_of_service_taint(env:
     await kube.create(k.RUNTIMES, {"apiVersion": k.RUNTIMES.api_version, "kind": "TrainingRuntime",
                                    "metadata": {"name": "pinned", "labels": runtime["metadata"].get("labels", {})},
                                    "spec": spec})
-    adapter = AsyncAdapter(kube)
     taint = "node.kubernetes.io/out-of-service=nodeshutdown:NoExecute"
     try:
-        async with subprocess_controller(ns):
+        async with as_role(kube, ns) as writer, subprocess_controller(ns):
+            adapter = AsyncAdapter(writer)
             await adapter.open(JobSpec(job_id="frozen", submission="s1", queue="lq", runtime="pinned",
                                        runtime_kind="TrainingRuntime"))
             await until(lambda: is_running(kube, "frozen-s1"), what="running on the freezable node")

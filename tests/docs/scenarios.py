@@ -24,6 +24,8 @@ from dispatch.controller.testing import FakeKueue, keeper_pass
 from dispatch.testing import FakeCluster
 
 NODES = ("node-0", "node-1", "node-2", "node-3")
+WRITER = ("dispatch-writer", "dispatch-node-reader")
+"""A user's roles as the install docs bind them: the library in every scenario holds exactly these."""
 
 
 def fresh(namespace: str = "default") -> FakeCluster:
@@ -39,7 +41,7 @@ def fresh(namespace: str = "default") -> FakeCluster:
 
 def _run(cluster: FakeCluster, steps: Callable[[AsyncAdapter], object]) -> None:
     async def go() -> None:
-        async with AsyncAdapter.connect(cluster.namespace, transport=cluster.transport()) as adapter:
+        async with AsyncAdapter.connect(cluster.namespace, transport=cluster.transport(roles=WRITER)) as adapter:
             result = steps(adapter)
             if asyncio.iscoroutine(result):
                 await result
@@ -133,13 +135,13 @@ def _kueue(after_eviction: Callable[[FakeCluster, FakeKueue, Reconciler, str], o
     kueue.install()
 
     async def go() -> None:
-        kube = k.Kube.connect(namespace=cluster.namespace, transport=cluster.transport())
+        kube = k.Kube.connect(namespace=cluster.namespace, transport=cluster.transport("dispatch-controller"))
         metrics = Metrics.create()
         events = EventRecorder(kube, metrics, instance="docs")
         reconciler = Reconciler(kube, check_names=lambda: {kueue.check}, metrics=metrics, events=events)
+        writer = k.Kube.connect(namespace=cluster.namespace, transport=cluster.transport(roles=WRITER))
         try:
-            adapter = AsyncAdapter(kube)
-            await adapter.open(JobSpec(job_id="llama", submission="s1", queue=kueue.queue))
+            await AsyncAdapter(writer).open(JobSpec(job_id="llama", submission="s1", queue=kueue.queue))
             workload = kueue.workload_for("llama-s1")
             await reconciler.reconcile(cluster.namespace, workload)
             kueue.sync()
@@ -152,6 +154,7 @@ def _kueue(after_eviction: Callable[[FakeCluster, FakeKueue, Reconciler, str], o
                 await result
         finally:
             await events.drain()
+            await writer.aclose()
             await kube.aclose()
 
     asyncio.run(go())

@@ -32,7 +32,7 @@ from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, Adapter, J
 from dispatch import testbed as tb
 from dispatch._views import PodView
 from dispatch.controller import _guard as g_
-from dispatch.testbed.harness import controller_name, free_port, scoped
+from dispatch.testbed.harness import apply_shipped_roles, controller_name, free_port, scoped
 
 pytestmark = [pytest.mark.testbed, pytest.mark.slow]
 Obj = dict[str, Any]
@@ -53,9 +53,7 @@ class Env:
 
 @pytest.fixture
 def env(testbed_kubeconfig: str, tmp_path: Path) -> Iterator[Env]:
-    roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
-             if d and d["kind"] == "ClusterRole"]
-    tb.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+    apply_shipped_roles()
     ns = f"dellayer-{uuid.uuid4().hex[:6]}"
     tb.kubectl("create", "namespace", ns)
     for account, role in (("writer", "dispatch-writer"), ("editor", "edit")):

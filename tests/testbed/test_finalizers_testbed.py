@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from dispatch import LABEL_ADMISSION, POD_FINALIZER, Adapter, JobSpec, PodsRemai
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
-from dispatch.testbed.harness import keeper_pass
+from dispatch.testbed.harness import keeper_pass, role_kubeconfig_file
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -48,8 +49,18 @@ def _unstick(namespace: str) -> None:
 
 
 @pytest.fixture
-def adapter(ns: str, testbed_kubeconfig: str) -> Iterator[Adapter]:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def adapter(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a user bound to the shipped dispatch-writer role in ``ns`` (and the node reader)."""
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as a:
+        yield a
+
+
+@pytest.fixture
+def admin(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a cluster admin of dispatch (the shipped dispatch-admin role only, for ``release_pod``),
+    an account of ``default``: an admin is nobody of the namespace a test deletes."""
+    with role_kubeconfig_file(ns, tmp_path, "dispatch-admin", home="default") as path, \
+            Adapter.connect(ns, kubeconfig=str(path)) as a:
         yield a
 
 
@@ -232,7 +243,8 @@ def test_the_finalizer_lifecycle_pod_terminal_then_finalizer_removed_then_pod_go
         wait_for("the second pod gone too", lambda: not pods(ns, name), timeout=60)
 
 
-def test_namespace_deletion_with_no_dispatch_process_running(adapter: Adapter, testbed_kubeconfig: str) -> None:
+def test_namespace_deletion_with_no_dispatch_process_running(
+        adapter: Adapter, admin: Adapter, testbed_kubeconfig: str) -> None:
     """Deleting a namespace deletes its pods; they end, and dispatch's finalizer keeps them (and the
     namespace Terminating) until something of dispatch releases them: the documented release-pod loop."""
     ns = adapter.namespace
@@ -248,7 +260,7 @@ def test_namespace_deletion_with_no_dispatch_process_running(adapter: Adapter, t
     # The README's command, as a library call: every pod still held by dispatch's finalizer.
     for p in get("pods", "-n", ns)["items"]:
         if POD_FINALIZER in p["metadata"].get("finalizers", []):
-            assert adapter.release_pod(p["metadata"]["name"]).proof == "kubelet-confirmed"
+            assert admin.release_pod(p["metadata"]["name"]).proof == "kubelet-confirmed"
     wait_for("the namespace gone", lambda: tb.kubectl("get", "namespace", ns, check=False).returncode != 0,
              timeout=120)
 

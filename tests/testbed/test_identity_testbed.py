@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ import pytest
 from dispatch import Adapter, JobSpec
 from dispatch import testbed as tb
 from dispatch._identity import record_name
+from dispatch.testbed.harness import role_kubeconfig_file
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -30,6 +32,13 @@ def ns(testbed_kubeconfig: str) -> Iterator[str]:
     tb.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
+@pytest.fixture
+def writer(ns: str, tmp_path: Path) -> Iterator[str]:
+    """A kubeconfig of a user bound to the shipped dispatch-writer role in ``ns`` (and the node reader)."""
+    with role_kubeconfig_file(ns, tmp_path) as path:
+        yield str(path)
+
+
 def cli(kubeconfig: str, ns: str, *args: str) -> subprocess.Popen[str]:
     env = {**os.environ, "KUBECONFIG": kubeconfig}
     return subprocess.Popen([sys.executable, "-c", "from dispatch.cli import main; main()",
@@ -38,13 +47,11 @@ def cli(kubeconfig: str, ns: str, *args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
-def test_twenty_concurrent_release_processes_in_one_namespace_all_admit_with_a_1(
-    ns: str, testbed_kubeconfig: str
-) -> None:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def test_twenty_concurrent_release_processes_in_one_namespace_all_admit_with_a_1(ns: str, writer: str) -> None:
+    with Adapter.connect(ns, kubeconfig=writer) as a:
         for i in range(20):
             a.open(JobSpec(job_id="many", submission=f"s{i}", num_nodes=1))
-    procs = [cli(testbed_kubeconfig, ns, "release", f"many-s{i}") for i in range(20)]
+    procs = [cli(writer, ns, "release", f"many-s{i}") for i in range(20)]
     results = [(p.wait(timeout=300), p.stdout.read() if p.stdout else "", p.stderr.read() if p.stderr else "")
                for p in procs]
     assert [code for code, _, _ in results] == [0] * 20, [err for _, _, err in results if err]
@@ -54,8 +61,8 @@ def test_twenty_concurrent_release_processes_in_one_namespace_all_admit_with_a_1
     assert sorted(r["spec"]["admission"] for r in records) == [1] * 20
 
 
-def test_two_concurrent_open_processes_of_one_submission_exactly_one_wins(ns: str, testbed_kubeconfig: str) -> None:
-    procs = [cli(testbed_kubeconfig, ns, "open", "--job-id", "twice", "--submission", "s1", "--name", name)
+def test_two_concurrent_open_processes_of_one_submission_exactly_one_wins(ns: str, writer: str) -> None:
+    procs = [cli(writer, ns, "open", "--job-id", "twice", "--submission", "s1", "--name", name)
              for name in ("twice-a", "twice-b")]
     codes = [p.wait(timeout=120) for p in procs]
     errors = [p.stderr.read() if p.stderr else "" for p in procs]
@@ -66,10 +73,8 @@ def test_two_concurrent_open_processes_of_one_submission_exactly_one_wins(ns: st
     assert len(names) == 1
 
 
-def test_the_real_api_server_refuses_to_lower_a_record_or_change_its_submission(
-    ns: str, testbed_kubeconfig: str
-) -> None:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def test_the_real_api_server_refuses_to_lower_a_record_or_change_its_submission(ns: str, writer: str) -> None:
+    with Adapter.connect(ns, kubeconfig=writer) as a:
         a.open(JobSpec(job_id="lower", submission="s1", num_nodes=1), hold=False)
     name = record_name("lower", "s1")
     lowered = tb.kubectl("patch", "submissionrecord", name, "-n", ns, "--type", "merge",

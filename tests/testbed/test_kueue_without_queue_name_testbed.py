@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, Adapter, JobSpec
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
+from dispatch.testbed.harness import role_kubeconfig_file
 
 pytestmark = [
     pytest.mark.testbed,
@@ -71,8 +73,9 @@ def ns(request: pytest.FixtureRequest, kueue_manages_unlabelled: None) -> Iterat
 
 
 @pytest.fixture
-def adapter(ns: str, testbed_kubeconfig: str) -> Iterator[Adapter]:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def adapter(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a user bound to the shipped dispatch-writer role in ``ns`` (and the node reader)."""
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as a:
         yield a
 
 

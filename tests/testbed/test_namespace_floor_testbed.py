@@ -19,7 +19,7 @@ from dispatch import Adapter, Forbidden, JobSpec, Refused, testbed
 from dispatch import _kube as k
 from dispatch._api import SUBMISSION_FLOORS
 from dispatch._identity import ADMISSION_LIMIT, floor_name, new_floor, record_name
-from dispatch.testbed.harness import floors_of_this_tree, keeper_pass
+from dispatch.testbed.harness import apply_shipped_roles, floors_of_this_tree, keeper_pass
 
 pytestmark = pytest.mark.testbed
 
@@ -54,15 +54,9 @@ def _delete_namespace(ns: str, timeout: float = 180.0) -> None:
         time.sleep(1)
 
 
-def _shipped_roles() -> None:
-    roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
-             if d and d["kind"] == "ClusterRole"]
-    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
-
-
 @pytest.fixture
 def ns(testbed_kubeconfig: str) -> Iterator[str]:
-    _shipped_roles()
+    apply_shipped_roles()
     # the shipped CRDs as this checkout has them (a testbed started earlier may predate the floor's)
     testbed.kubectl("apply", "-f", str(ROOT / "deploy/base/crd.yaml"))
     testbed.kubectl("wait", "--for=condition=Established", "crd/submissionfloors.dispatch.phpboyscout.uk")
@@ -111,7 +105,7 @@ def test_a_writer_of_one_namespace_cannot_create_or_raise_the_floor_of_another_o
     shipped ``dispatch-floors`` policy: a writer bound in namespace "a" only creates the floor of a submission
     of "b" near the top, squats its name, and raises it once b's owner ran it. Each is refused; b's writer
     runs its submission as usual; a floor raised to the top (by b's own writer) stalls it, naming the way out."""
-    _shipped_roles()
+    apply_shipped_roles()
     suffix = uuid.uuid4().hex[:6]
     a, b = f"floora-{suffix}", f"floorb-{suffix}"
     for ns in (a, b):

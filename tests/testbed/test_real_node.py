@@ -197,10 +197,11 @@ def test_a_dispatch_trainjob_runs_its_process_with_its_A(ns: str, node: str, tmp
     """``realnode.training_runtime`` + dispatch's own open/release: the process reads its identity from the
     downward API, a hold ends it with SIGTERM, and the next A starts only after (the oracle agrees)."""
     from dispatch import Adapter, JobSpec, PodsRemain
+    from dispatch.testbed.harness import role_kubeconfig_file
 
     rt = realnode.training_runtime("real", tmp_path, namespace=ns, grace="1s", grace_period_seconds=10)
     testbed.kubectl("apply", "-f", "-", input=json.dumps(rt))
-    with Adapter.connect(ns, kubeconfig=str(testbed.kubeconfig_path())) as dispatch:
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as dispatch:
         dispatch.open(JobSpec(job_id="rj", submission="s1", runtime="real", runtime_kind="TrainingRuntime",
                               num_nodes=1))
         assert dispatch.release("rj-s1").admission == 1

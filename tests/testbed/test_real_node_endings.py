@@ -25,6 +25,7 @@ from dispatch import _kube as k
 from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
 from dispatch.testbed import _node, oracle, realnode
+from dispatch.testbed.harness import role_kubeconfig_file
 from dispatch.testing import ending_shape
 
 pytestmark = pytest.mark.testbed
@@ -74,9 +75,17 @@ def ns(node: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def adapter(ns: str, testbed_kubeconfig: str) -> Iterator[Adapter]:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def adapter(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a user bound to the shipped dispatch-writer role in ``ns`` (and the node reader)."""
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as a:
         yield a
+
+
+@pytest.fixture
+def admin_kubeconfig(ns: str, tmp_path: Path) -> Iterator[str]:
+    """A kubeconfig of a cluster admin of dispatch: the shipped dispatch-admin role only (``release_pod``)."""
+    with role_kubeconfig_file(ns, tmp_path, "dispatch-admin") as path:
+        yield str(path)
 
 
 def get(*args: str) -> Obj:
@@ -212,7 +221,7 @@ def test_a_pod_ended_during_its_init_container_on_a_real_kubelet_does_not_block(
 
 
 def test_a_failed_written_by_another_client_over_a_crash_looping_container_is_no_proof(
-        adapter: Adapter, ns: str, node: str, tmp_path: Path, testbed_kubeconfig: str) -> None:
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, admin_kubeconfig: str) -> None:
     # The trainer exits 1 after a second; JobSet's default OnFailure makes the kubelet restart it.
     runtime(ns, tmp_path, lifetime="1s", exit_code=1)
     adapter.open(spec("crl-s1"))
@@ -248,7 +257,7 @@ def test_a_failed_written_by_another_client_over_a_crash_looping_container_is_no
             return got
         if "--process-gone" in got and not taken and not any(
                 p.alive for p in oracle.processes(oracle.read(tmp_path))):
-            with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin:
+            with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin:
                 try:
                     taken.append(admin.release_pod(name, process_gone=True).proof)
                 except Refused as exc:
@@ -332,17 +341,17 @@ def test_kueue_mode_re_admits_only_after_the_real_process_exits(node: str, tmp_p
     while the real process is still in its grace period; A=2's process starts only after A=1's EXIT."""
     from dispatch import AsyncAdapter
     from dispatch.controller import Config, Controller
-    from dispatch.testbed.harness import check_of, controller_env, controller_name, workload_of
+    from dispatch.testbed.harness import as_role, check_of, controller_env, controller_name, workload_of
 
     async def story() -> list[str]:
         messages: list[str] = []
-        async with controller_env(testbed.kubeconfig_path()) as (kube, ns, _):
+        async with controller_env(testbed.kubeconfig_path()) as (kube, ns, _), as_role(kube, ns) as writer:
             runtime(ns, tmp_path, grace_period_seconds=20, grace="4s")
             ctl = Controller(kube, Config(namespace=ns, controller_name=controller_name(ns)))
             stop = asyncio.Event()
             task = asyncio.create_task(ctl.run(stop))
             try:
-                adapter = AsyncAdapter(kube)
+                adapter = AsyncAdapter(writer)
                 await adapter.open(JobSpec(job_id="kq", submission="s1", runtime="real",
                                            runtime_kind="TrainingRuntime", num_nodes=1, queue="lq"))
                 await asyncio.to_thread(wait_for, "A=1 runs", lambda: any(
@@ -436,7 +445,7 @@ and no process ran). Long enough for the node to turn Ready=Unknown meanwhile.""
 
 
 def test_a_kubelet_back_from_a_freeze_may_run_a_crashed_container_of_a_pod_marked_failed_once_more(
-        adapter: Adapter, ns: str, node: str, tmp_path: Path, testbed_kubeconfig: str) -> None:
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, admin_kubeconfig: str) -> None:
     """What the fake's healed kubelet does on its first sync (``FakeCluster.heal``; tests/fake/
     test_real_endings.py::test_process_gone_waits_for_the_kubelets_first_report_after_it_is_back), on the
     real one: its crash-looping pod, held and marked Failed by Kueue's failure recovery while its kubelet
@@ -478,7 +487,7 @@ def test_a_kubelet_back_from_a_freeze_may_run_a_crashed_container_of_a_pod_marke
                 *pod["status"].get("conditions", []),
                 {"type": "KueueFailureRecovery", "status": "True", "reason": "KueueForcefullyDeleted",
                  "message": "the pod was on an unreachable node", "lastTransitionTime": mark}]}}))
-        with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin, pytest.raises(Refused) as early:
+        with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin, pytest.raises(Refused) as early:
             admin.release_pod(name, process_gone=True)
         print("REFUSED (frozen, Ready=True):", early.value)
         assert early.value.reason == "KubeletNotReported", early.value
@@ -498,7 +507,7 @@ def test_a_kubelet_back_from_a_freeze_may_run_a_crashed_container_of_a_pod_marke
             step = (round(time.time() - thawed_ms / 1000, 1), got[0]["status"].get("phase", ""), ",".join(states))
             if not seen or seen[-1][1:] != step[1:]:
                 seen.append(step)
-        with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as admin:
+        with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin:
             try:
                 proof = admin.release_pod(name, process_gone=True).proof
             except Refused as exc:

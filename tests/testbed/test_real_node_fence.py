@@ -62,9 +62,7 @@ def ns(node: str) -> Iterator[str]:
 @pytest.fixture
 def writer(ns: str, tmp_path: Path) -> Iterator[str]:
     """A kubeconfig of a ServiceAccount bound to the shipped writer role in ``ns`` and the node reader."""
-    roles = [d for d in yaml.safe_load_all((ROOT / "deploy/base/rbac.yaml").read_text())
-             if d and d["kind"] == "ClusterRole"]
-    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+    harness.apply_shipped_roles()
     testbed.kubectl("-n", ns, "create", "serviceaccount", "writer")
     testbed.kubectl("-n", ns, "create", "rolebinding", "writer", "--clusterrole=dispatch-writer",
                     f"--serviceaccount={ns}:writer")

@@ -8,6 +8,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from dispatch import LABEL_ADMISSION, Adapter, JobSpec, PodsRemain, State
 from dispatch import testbed as tb
 from dispatch._views import PodView
+from dispatch.testbed.harness import role_kubeconfig_file
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -30,8 +32,16 @@ def ns(testbed_kubeconfig: str) -> Iterator[str]:
 
 
 @pytest.fixture
-def adapter(ns: str, testbed_kubeconfig: str) -> Iterator[Adapter]:
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as a:
+def adapter(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a user bound to the shipped dispatch-writer role in ``ns`` (and the node reader)."""
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as a:
+        yield a
+
+
+@pytest.fixture
+def admin(ns: str, tmp_path: Path) -> Iterator[Adapter]:
+    """The library as a cluster admin of dispatch: the shipped dispatch-admin role only (``release_pod``)."""
+    with role_kubeconfig_file(ns, tmp_path, "dispatch-admin") as path, Adapter.connect(ns, kubeconfig=str(path)) as a:
         yield a
 
 
@@ -217,7 +227,7 @@ def _ready(node: str) -> str:
     return "?"
 
 
-def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> None:
+def test_frozen_node_then_out_of_service_taint(adapter: Adapter, admin: Adapter, ns: str) -> None:
     node = tb.freezable_nodes()[0]
     name = start(adapter, ns, spec("frozen", node_selector={"kubernetes.io/hostname": node}))
     pod = live(ns, name)[0]["metadata"]["name"]
@@ -242,7 +252,7 @@ def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> Non
         # by the taint; freeing it is the controller keeper's (no controller runs here), or, as the status says,
         # the admin's `dispatch admin release-pod`. The pod then goes once PodGC has marked it Failed and the
         # Job controller dropped its own finalizer, and release admits.
-        assert adapter.release_pod(pod).proof == "out-of-service"
+        assert admin.release_pod(pod).proof == "out-of-service"
         wait_for("the pod to go and release to admit", lambda: admitted(adapter, name, 2), timeout=150)
         assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:
@@ -253,7 +263,7 @@ def test_frozen_node_then_out_of_service_taint(adapter: Adapter, ns: str) -> Non
 
 
 @pytest.mark.slow  # over 35 s: CI runs it on the newest stack only
-def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> None:
+def test_deleted_node_shows_gone_then_admission(adapter: Adapter, admin: Adapter, ns: str) -> None:
     node = tb.freezable_nodes()[-1]
     saved = get("node", node)
     name = start(adapter, ns, spec("gone", node_selector={"kubernetes.io/hostname": node}))
@@ -270,7 +280,7 @@ def test_deleted_node_shows_gone_then_admission(adapter: Adapter, ns: str) -> No
         # is proven by the Node's deletion; freeing it is the controller keeper's (none runs here), or, as the
         # status says, the admin's `dispatch admin release-pod`. Once PodGC marked it Failed and the Job
         # controller dropped its own finalizer, it goes and release admits.
-        assert adapter.release_pod(pod).proof == "node-deleted"
+        assert admin.release_pod(pod).proof == "node-deleted"
         wait_for("the pod to go and release to admit", lambda: admitted(adapter, name, 2), timeout=150)
         assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:

@@ -11,11 +11,13 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dispatch import testbed
+from dispatch.testbed.harness import role_kubeconfig_file
 
 pytestmark = pytest.mark.testbed
 
@@ -310,24 +312,24 @@ def _grace_spec(job_id: str, **extra: Any) -> Any:
 
 @pytest.mark.skipif(not trainer_at_least(2, 3), reason="Trainer before v2.3 drops the field: open refuses it "
                     "(test_seed_scenarios.py::test_grace_period_in_runtime_patch_is_refused_where_trainer_would_drop_it)")
-def test_open_with_a_grace_period_reaches_the_pods_on_trainer_2_3(ns: str, testbed_kubeconfig: str) -> None:
+def test_open_with_a_grace_period_reaches_the_pods_on_trainer_2_3(ns: str, tmp_path: Path) -> None:
     """Where Trainer keeps the field, dispatch's own patch carries the grace period to every pod."""
     from dispatch import Adapter
 
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as adapter:
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as adapter:
         adapter.open(_grace_spec("grace"), hold=False)
     sel = "jobset.sigs.k8s.io/jobset-name=grace-s1"
     wait_for("pod", lambda: bool(get("pods", "-n", ns, "-l", sel)["items"]))
     assert {p["spec"]["terminationGracePeriodSeconds"] for p in get("pods", "-n", ns, "-l", sel)["items"]} == {5}
 
 
-def test_open_refuses_a_grace_period_that_kueue_would_drop(ns: str, testbed_kubeconfig: str) -> None:
+def test_open_refuses_a_grace_period_that_kueue_would_drop(ns: str, tmp_path: Path) -> None:
     from dispatch import Adapter, InvalidInput
 
     testbed.kubectl("create", "-f", "-", input=json.dumps({
         "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue", "metadata": {"name": "lq", "namespace": ns},
         "spec": {"clusterQueue": "cq"}}))
-    with Adapter.connect(ns, kubeconfig=testbed_kubeconfig) as adapter, \
+    with role_kubeconfig_file(ns, tmp_path) as path, Adapter.connect(ns, kubeconfig=str(path)) as adapter, \
             pytest.raises(InvalidInput, match="termination_grace_period_seconds") as err:
         adapter.open(_grace_spec("kgrace", queue="lq"))
     assert "Kueue admits a TrainJob with a whole-object update" in str(err.value)

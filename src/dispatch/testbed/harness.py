@@ -12,6 +12,7 @@ from __future__ import annotations
 
 # ruff: noqa: ASYNC220, ASYNC230  (harness: subprocesses and files, off the hot path)
 import asyncio
+import base64
 import copy
 import functools
 import os
@@ -20,11 +21,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -38,6 +39,7 @@ from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
 A = LABEL_ADMISSION
+T = TypeVar("T")
 LOCALQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "localqueues", "LocalQueue")
 CLUSTERQUEUES = k.Res("kueue.x-k8s.io", "v1beta2", "clusterqueues", "ClusterQueue", namespaced=False)
 PRIORITIES = k.Res("kueue.x-k8s.io", "v1beta2", "workloadpriorityclasses", "WorkloadPriorityClass",
@@ -116,6 +118,147 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
 
 
 CTL = "dispatch.phpboyscout.uk/admission-test"
+
+
+# ---------------------------------------------------------------- the shipped roles
+
+RBAC_YAML = source_dir().parent / "deploy" / "base" / "rbac.yaml"
+"""The shipped roles (ClusterRoles, the controller's bindings and its leader-election Role)."""
+ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", status=False)
+CLUSTER_ROLE_BINDINGS = k.Res("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding",
+                              namespaced=False, status=False)
+SERVICE_ACCOUNTS = k.Res("", "v1", "serviceaccounts", "ServiceAccount", status=False)
+ROLE_BOUND_WITH: dict[str, tuple[str, ...]] = {
+    "dispatch-writer": ("dispatch-writer", "dispatch-node-reader"),
+    "dispatch-reader": ("dispatch-reader", "dispatch-node-reader"),
+    "dispatch-admin": ("dispatch-admin",),
+}
+"""What a user of each role is bound to, as the install docs bind them (a writer or reader in its namespace
+and to ``dispatch-node-reader`` cluster-wide, which a RoleBinding cannot grant; an admin to ``dispatch-admin``
+cluster-wide, and to nothing else)."""
+NAMESPACED_ROLES = frozenset({"dispatch-writer", "dispatch-reader"})
+"""The roles the install docs bind per namespace (RoleBinding); every other one is bound cluster-wide."""
+
+
+def shipped_rbac() -> list[Obj]:
+    """Every object of ``deploy/base/rbac.yaml`` as it is in this checkout."""
+    return [d for d in yaml.safe_load_all(RBAC_YAML.read_text()) if d]
+
+
+def apply_shipped_roles() -> None:
+    """``kubectl apply`` the shipped ClusterRoles as they are in this checkout, so a test holds the library to
+    the roles it ships, not to whatever an earlier run (or another tree) left on the shared testbed."""
+    from dispatch import testbed
+
+    roles = [d for d in shipped_rbac() if d["kind"] == "ClusterRole"]
+    testbed.kubectl("apply", "-f", "-", input="\n---\n".join(yaml.safe_dump(r) for r in roles))
+
+
+def token_kubeconfig(ns: str, account: str, token: str) -> str:
+    """A kubeconfig (text) for the testbed's API server, its CA inline, holding only ``token``."""
+    from dispatch import testbed
+
+    cluster = copy.deepcopy(yaml.safe_load(testbed.kubeconfig_path().read_text())["clusters"][0])
+    ca = cluster["cluster"].pop("certificate-authority", None)
+    if ca is not None:
+        cluster["cluster"]["certificate-authority-data"] = base64.b64encode(Path(ca).read_bytes()).decode()
+    return yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "clusters": [cluster],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [{"name": account, "context": {"cluster": cluster["name"], "user": account, "namespace": ns}}],
+        "current-context": account})
+
+
+Made = list[tuple[k.Res, str, str | None]]
+"""What ``_bind`` made that does not go with the test's namespace: (kind, name, namespace)."""
+
+
+async def _bind(admin: k.Kube, ns: str, role: str, home: str | None) -> tuple[str, Made]:
+    """(kubeconfig text for ``ns``, what to remove) of a fresh account bound as a user of ``role`` (named afresh,
+    so a test may hold several); it lives in ``home`` (default ``ns``). Nothing is left behind when a step fails."""
+    from dispatch.testbed._container import token
+
+    await asyncio.to_thread(apply_shipped_roles)
+    account, home = f"as-{role}-{uuid.uuid4().hex[:4]}", home or ns
+    made: Made = []
+    try:
+        await admin.create(SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=home)
+        if home != ns:
+            made.append((SERVICE_ACCOUNTS, account, home))
+        subject = {"kind": "ServiceAccount", "name": account, "namespace": home}
+        for bound in ROLE_BOUND_WITH[role]:
+            ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": bound}
+            if bound in NAMESPACED_ROLES:
+                await admin.create(ROLE_BINDINGS, {"metadata": {"name": f"{account}-{bound}"}, "roleRef": ref,
+                                                   "subjects": [subject]}, namespace=ns)
+            else:
+                name = f"{ns}-{account}-{bound}"
+                await admin.create(CLUSTER_ROLE_BINDINGS, {"metadata": {"name": name}, "roleRef": ref,
+                                                           "subjects": [subject]})
+                made.append((CLUSTER_ROLE_BINDINGS, name, None))
+        return token_kubeconfig(ns, account, await asyncio.to_thread(token, home, account, 3600)), made
+    except BaseException:
+        await _unbind(admin, made)
+        raise
+
+
+async def _unbind(admin: k.Kube, made: Made) -> None:
+    """Remove what ``_bind`` made outside the test's namespace (the rest goes with the namespace)."""
+    for res, name, namespace in made:
+        try:
+            await admin.delete(res, name, namespace=namespace)
+        except NotFound:
+            pass
+
+
+@asynccontextmanager
+async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer", *,
+                          home: str | None = None) -> AsyncIterator[str]:
+    """A kubeconfig (text) for ``ns`` of a ServiceAccount bound exactly as the install docs bind a user of
+    ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest. The
+    account lives in ``ns`` unless ``home`` names another namespace (one that outlives ``ns``: a test that
+    deletes ``ns`` and then acts as a cluster-wide admin, who is nobody of that namespace)."""
+    text, made = await _bind(admin, ns, role, home)
+    try:
+        yield text
+    finally:
+        await _unbind(admin, made)
+
+
+@contextmanager
+def role_kubeconfig_file(ns: str, directory: Path, role: str = "dispatch-writer", *,
+                         home: str | None = None) -> Iterator[Path]:
+    """``role_kubeconfig`` for a synchronous test (``Adapter.connect``, the ``dispatch`` command): the file
+    in ``directory``; the testbed's admin makes and removes the bindings."""
+    from dispatch import testbed
+
+    async def as_admin(step: Callable[[k.Kube], Awaitable[T]]) -> T:
+        admin = k.Kube.connect(namespace=ns, kubeconfig=testbed.kubeconfig_path())
+        try:
+            return await step(admin)
+        finally:
+            await admin.aclose()
+
+    text, made = asyncio.run(as_admin(lambda admin: _bind(admin, ns, role, home)))
+    path = directory / f"{ns}-{role}.kubeconfig"
+    path.write_text(text)
+    try:
+        yield path
+    finally:
+        asyncio.run(as_admin(lambda admin: _unbind(admin, made)))
+
+
+@asynccontextmanager
+async def as_role(admin: k.Kube, ns: str, role: str = "dispatch-writer") -> AsyncIterator[k.Kube]:
+    """A Kube in ``ns`` holding only the token of an account bound as a user of ``role`` (``role_kubeconfig``):
+    the library's calls of a testbed test go through it, so a verb the shipped roles do not allow fails
+    there as it would in a cluster, while the test's own operator writes keep the admin's ``Kube``."""
+    async with role_kubeconfig(admin, ns, role) as text:
+        kube = k.Kube.connect_inline(text, f"the {role} account of {ns}", namespace=ns)
+        try:
+            yield kube
+        finally:
+            await kube.aclose()
 
 
 def controller_name(ns: str) -> str:
@@ -322,15 +465,16 @@ async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path
     Each round holds the object (its Workload deactivated, so Kueue evicts it and its pod stays
     Terminating under the testbed's hold-delete annotation), releases it (Kueue re-reserves quota at
     once; the check must wait), then lets the pod go. Every round also checks the promise: the first
-    pod of the new execution appeared only after the old one went, and carries the next A.
+    pod of the new execution appeared only after the old one went, and carries the next A. The verbs are a
+    ``dispatch-writer``'s (``as_role``); ``kube`` is the operator's, who lets the held pod go.
     """
-    adapter = AsyncAdapter(kube)
     job_id, submission = name.rsplit("-", 1)
     rec = Recorder(kube)
     rec.start()
     latencies: list[float] = []
     try:
-        async with subprocess_controller(ns, log=log or Path(os.devnull)):
+        async with as_role(kube, ns) as writer, subprocess_controller(ns, log=log or Path(os.devnull)):
+            adapter = AsyncAdapter(writer)
             await adapter.open(JobSpec(job_id=job_id, submission=submission, queue="lq"))
             await until(lambda: is_running(kube, name), what="running")
             for i in range(rounds):
