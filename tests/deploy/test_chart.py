@@ -181,8 +181,10 @@ def guard_objects(docs: list[Obj]) -> list[tuple[str, str]]:
 def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Path]) -> None:
     on = chart(tools)
     assert guard_objects(on) == [("MutatingWebhookConfiguration", "dispatch-guard"),
-                                 ("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+                                 ("Service", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-floors"),
+                                 ("ValidatingAdmissionPolicy", "dispatch-identity"),
                                  ("ValidatingAdmissionPolicy", "dispatch-pods"),
+                                 ("ValidatingAdmissionPolicyBinding", "dispatch-floors"),
                                  ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
                                  ("ValidatingAdmissionPolicyBinding", "dispatch-pods"),
                                  ("ValidatingWebhookConfiguration", "dispatch-guard")]
@@ -212,9 +214,11 @@ def test_the_guard_is_on_by_default_and_can_be_turned_off(tools: tuple[Path, Pat
 
     off = chart(tools, "guard.enabled=false")
     # The CEL policies need no server, so they stay: A and the started mark still only rise, and pods
-    # keep their labels and dispatch's finalizer.
-    assert guard_objects(off) == [("ValidatingAdmissionPolicy", "dispatch-identity"),
+    # keep their labels and dispatch's finalizer, and a floor is written only by a writer of its namespace.
+    assert guard_objects(off) == [("ValidatingAdmissionPolicy", "dispatch-floors"),
+                                  ("ValidatingAdmissionPolicy", "dispatch-identity"),
                                   ("ValidatingAdmissionPolicy", "dispatch-pods"),
+                                  ("ValidatingAdmissionPolicyBinding", "dispatch-floors"),
                                   ("ValidatingAdmissionPolicyBinding", "dispatch-identity"),
                                   ("ValidatingAdmissionPolicyBinding", "dispatch-pods")]
     c = container(off)
