@@ -313,7 +313,10 @@ def cessation(
     proofs = ends(views, nodes)
     admitted = trainjob is not None and not trainjob.suspended and not trainjob.deleting
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
-        return Cessation(False, f"{name} is admitted and running", rest, proofs)
+        # a rank whose pod is being deleted (its Job re-created, its namespace going) waits on that pod's end:
+        # say so and name the action, as status does, rather than only "running"
+        waiting = waiting_ranks_text(trainjob, views, nodes)
+        return Cessation(False, f"{name} is admitted and running" + (f"; {waiting}" if waiting else ""), rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
                      jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):

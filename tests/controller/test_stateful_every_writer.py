@@ -847,14 +847,9 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                         rounds()
                     cessation = self.adapter.ceased(name)
                     if not cessation.ceased:
-                        reason = cessation.reason
-                        if not ACTION.findall(reason):
-                            # a running object ("admitted and running") whose pod the namespace controller is
-                            # deleting: its status names the action that frees the rank's ending pod
-                            with contextlib.suppress(DispatchError):
-                                cause = self.adapter.inspect(name).cause
-                                reason = cause.detail if cause is not None else reason
-                        self._take_named_actions(admin, name, reason)
+                        # a running object whose pod the namespace controller is deleting: ceased names the
+                        # action that frees the rank's ending pod, as status does
+                        self._take_named_actions(admin, name, cessation.reason)
                         SEEN["ns-healed-by-action"] += 1
                 rounds()
         c.history.check()

@@ -196,3 +196,17 @@ def test_an_object_that_is_not_dispatchs_gets_no_such_text() -> None:
 def test_an_ending_pod_on_an_out_of_service_node_is_proven_and_not_claimed_to_block() -> None:
     tainted = NodeView("n1", ready="Unknown", out_of_service=True)
     assert waits(pod("old", deleting=True), nodes={"n1": tainted}) is None
+
+
+def test_ceased_of_a_running_object_names_the_waiting_rank_as_status_does() -> None:
+    """`ceased` answers a caller (an operator's script, the every-writer machine) that acts on its reason:
+    a running object whose rank waits on an ending pod (its Job re-created, its namespace being deleted)
+    says why, not only that it runs."""
+    ending, other = pod("old", deleting=True), pod("other", rank=("node", "0", "1"))
+    got = d.cessation(trainjob=running_tj(), name="llama-s1", job_id="llama", submission="s1",
+                      pods=[ending, other], nodes={"n1": READY})
+    assert not got.ceased
+    assert got.reason == "llama-s1 is admitted and running; " + str(waits(ending, other))
+    plain = d.cessation(trainjob=running_tj(), name="llama-s1", job_id="llama", submission="s1",
+                        pods=[other], nodes={"n1": READY})
+    assert plain.reason == "llama-s1 is admitted and running"
