@@ -223,6 +223,10 @@ class AsyncAdapter:
         runtimes = dict(zip(refs, got, strict=True))
         running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
         jobsets = await self.core.jobsets(running)
+        # a rank whose new pod the guard refuses while the pod before it may still run: one pod list for them all
+        here = {(t.job_id, t.submission) for t in trainjobs
+                if t.state is State.RUNNING and t.labelled and t.managed_by != MULTIKUEUE}
+        ranked, ranked_nodes = await self.core.submissions_pods(sorted(here), deleting_nodes=True)
 
         def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
             return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
@@ -232,8 +236,11 @@ class AsyncAdapter:
             return [d.uncovered_warning(t, jobs), d.runtime_missing_warning(t, gone)]
 
         def run(t: tr.TrainJobView, workload: kq.WorkloadView | None = None) -> Status:
+            mine = [p for p in ranked if (p.job_id, p.submission) == (t.job_id, t.submission)]
+            stalled = [d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)),
+                       d.waiting_ranks_text(t, mine, ranked_nodes) if (t.job_id, t.submission) in here else None]
             return self._status(t, None, warnings=gap(t), workload=workload,
-                                stalled=d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)))
+                                stalled="; ".join(filter(None, stalled)) or None)
         fleet = any(t.managed_by == MULTIKUEUE for t in trainjobs)
         if not idle and not fleet:
             return sorted((run(t) for t in trainjobs), key=lambda s: s.name)

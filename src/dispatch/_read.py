@@ -219,7 +219,13 @@ class Reader:
         """One submission's pods by dispatch's selection (one quorum list) and the Nodes of those that may run:
         what the guard's review of a pod create reads (``_decision.pod_start_problem``). ``deleting_nodes``:
         only the Nodes of pods being deleted (what status of a running object needs, without a GET per rank)."""
-        selector = by_identity([(job_id, submission)])
+        return await self.submissions_pods([(job_id, submission)], deleting_nodes=deleting_nodes)
+
+    async def submissions_pods(self, pairs: Collection[tuple[str, str]], *, deleting_nodes: bool = False,
+                               ) -> tuple[list[PodView], dict[str, NodeView]]:
+        """``submission_pods`` of several submissions with one list (``find`` of running objects); the set-based
+        selection may also match a crossed pair (one's job-id, another's submission): callers group by pair."""
+        selector = by_identity(pairs)
         pods = [PodView.from_obj(p) for p in (await self.kube.list(api.PODS, labels=selector)).items] \
             if selector else []
         return pods, await self.nodes([p for p in pods if p.deleting] if deleting_nodes else pods)

@@ -59,6 +59,11 @@ def refused_until_proven(adapter: Adapter, cluster: FakeCluster, guard: FakeGuar
         f"execution 1 admitted; a rank of execution 1 waits to start again while the pod before may still run "
         f"(remaining pods: {old} on {pods[old]['spec']['nodeName']} (Ready=True)): the guard refuses a rank's "
         "new pod until that pod's end is proven"), status.cause
+    # find (`dispatch list`) says the same, from one pod list for every running object
+    [found] = adapter.find(job_id="llama")
+    assert found.cause == status.cause, found.cause
+    # and ceased, whose caller acts on its reason
+    assert adapter.ceased(NAME).reason == f"{NAME} is admitted and running; " + status.cause.detail.split("; ", 1)[1]
 
     cluster.advance(GRACE + 1)
     cluster.settle()   # its kubelet confirms the end; the Job controller's next try is allowed
@@ -71,6 +76,7 @@ def refused_until_proven(adapter: Adapter, cluster: FakeCluster, guard: FakeGuar
     assert new["status"]["phase"] == "Running" and new["metadata"]["labels"][LABEL_ADMISSION] == "1"
     status = adapter.inspect(NAME)
     assert status.cause is not None and status.cause.detail == "execution 1 admitted", status.cause
+    assert adapter.find(job_id="llama")[0].cause == status.cause
     cluster.history.check()  # no two executions of the submission at once, ever
 
 

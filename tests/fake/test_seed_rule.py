@@ -445,6 +445,25 @@ def test_find_answers_for_many_objects_with_a_constant_number_of_calls(
     assert len(set(counts[1:])) == 1, counts
 
 
+def test_find_of_running_objects_reads_their_pods_with_one_list_however_many(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """A running object's status names a rank waiting on an ending pod; find reads that for all of them with
+    one pod list (and a Node read per pod being deleted, of which here there is none)."""
+    counts = []
+    for i in range(1, 6):
+        adapter.open(JobSpec(job_id="sweep", submission=f"s{i}"))
+        adapter.release(f"sweep-s{i}")
+        cluster.settle()
+        cluster.server.requests.clear()
+        statuses = adapter.find(job_id="sweep")
+        assert [s.state for s in statuses] == [State.RUNNING] * i
+        pod_lists = [p for m, p, _ in cluster.server.requests if m == "GET" and p.endswith("/pods")]
+        assert len(pod_lists) == 1, cluster.server.requests
+        counts.append(len(cluster.server.requests))
+    assert len(set(counts)) == 1, counts
+
+
 def test_find_filters_by_state(adapter: Adapter, cluster: FakeCluster) -> None:
     adapter.open(JobSpec(job_id="f", submission="a"))
     adapter.open(JobSpec(job_id="f", submission="b"), hold=False)
