@@ -151,13 +151,21 @@ async def test_readmissions_wait_for_the_last_pod_and_never_overlap(env: tuple[k
 # ---------------------------------------------------------------- crash, replicas
 
 
+@pytest.fixture
+async def controller_kube(env: tuple[k.Kube, str, str]) -> AsyncIterator[k.Kube]:
+    """A Kube of ``env``'s namespace holding exactly the shipped controller role, for an in-process controller."""
+    kube, ns, _ = env
+    async with as_role(kube, ns, "dispatch-controller") as got:
+        yield got
+
+
 async def test_controller_killed_between_raising_a_and_ready_never_reuses_a_number(
-    env: tuple[k.Kube, str, str]
+    env: tuple[k.Kube, str, str], controller_kube: k.Kube
 ) -> None:
     kube, ns, _ = env
     async with as_role(kube, ns) as writer:
         await AsyncAdapter(writer).open(JobSpec(job_id="crash", submission="s1", queue="lq"))
-    ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns)))
+    ctl = Controller(controller_kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns)))
     ctl.reconciler.before_ready = lambda: asyncio.Event().wait()      # killed here
     stop = asyncio.Event()
     task = asyncio.create_task(ctl.run(stop))
@@ -248,8 +256,9 @@ async def test_a_batch_of_queued_workloads_is_decided_from_shared_reads_on_the_r
             async def sample(name: str) -> float:
                 return await scrape(launched.port, name)
         else:
-            ctl = Controller(kube, Config(namespace=ns, resync_seconds=3600, controller_name=controller_name(ns),
-                                          batch=64))
+            controller_kube = await stack.enter_async_context(as_role(kube, ns, "dispatch-controller"))
+            ctl = Controller(controller_kube, Config(namespace=ns, resync_seconds=3600,
+                                                     controller_name=controller_name(ns), batch=64))
             stop = asyncio.Event()
             task = asyncio.create_task(ctl.run(stop))
 

@@ -8,7 +8,9 @@ what the control plane wrote, for the findings note.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import tempfile
 import threading
 import time
 import uuid
@@ -122,10 +124,12 @@ def on(node: str, job_id: str, **extra: Any) -> JobSpec:
 
 
 class RunningController:
-    """The real controller (its finalizer keeper included) in a thread, against the testbed."""
+    """The real controller (its finalizer keeper included) in a thread, against the testbed, holding the shipped
+    controller role."""
 
-    def __init__(self, kubeconfig: str, namespace: str) -> None:
-        self.kubeconfig, self.namespace = kubeconfig, namespace
+    def __init__(self, namespace: str) -> None:
+        self.namespace, self.kubeconfig = namespace, ""
+        self.roles = contextlib.ExitStack()
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._run(),), daemon=True)
@@ -138,12 +142,17 @@ class RunningController:
             await kube.aclose()
 
     def __enter__(self) -> RunningController:
+        # exactly the shipped controller role, bound as deploy/ binds it
+        directory = self.roles.enter_context(tempfile.TemporaryDirectory())
+        self.kubeconfig = str(self.roles.enter_context(
+            role_kubeconfig_file(self.namespace, Path(directory), "dispatch-controller")))
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(timeout=30)
+        self.roles.close()
 
 
 # ---------------------------------------------------------------- force delete on a frozen node
@@ -231,7 +240,7 @@ def test_the_finalizer_lifecycle_pod_terminal_then_finalizer_removed_then_pod_go
     left = get("pod", pod, "-n", ns)
     assert all("terminated" in c["state"] for c in left["status"]["containerStatuses"])
     assert [e.proof for e in adapter.ceased(name).ends] == ["kubelet-confirmed"]
-    with RunningController(testbed_kubeconfig, ns):
+    with RunningController(ns):
         wait_for("the controller releasing it: the pod gone", lambda: pod_or_none(ns, pod) is None, timeout=60)
     assert adapter.release(name).admission == 2
     wait_for("the new pod Running", lambda: len(live(ns, name)) == 1)
@@ -239,7 +248,7 @@ def test_the_finalizer_lifecycle_pod_terminal_then_finalizer_removed_then_pod_go
     assert new["metadata"]["labels"][LABEL_ADMISSION] == "2"
     assert POD_FINALIZER in new["metadata"]["finalizers"], "the raise keeps dispatch's finalizer"
     adapter.hold(name)
-    with RunningController(testbed_kubeconfig, ns):
+    with RunningController(ns):
         wait_for("the second pod gone too", lambda: not pods(ns, name), timeout=60)
 
 

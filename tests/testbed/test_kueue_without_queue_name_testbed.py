@@ -8,8 +8,10 @@ behind Kueue's back, and the admission check admits it with A=1 on every pod."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import tempfile
 import threading
 import time
 import uuid
@@ -80,10 +82,12 @@ def adapter(ns: str, tmp_path: Path) -> Iterator[Adapter]:
 
 
 class RunningController:
-    """dispatch's controller for one namespace in a thread, for the length of a ``with``."""
+    """dispatch's controller for one namespace in a thread, for the length of a ``with``, holding the shipped
+    controller role."""
 
-    def __init__(self, kubeconfig: str, namespace: str) -> None:
-        self.kubeconfig, self.namespace = kubeconfig, namespace
+    def __init__(self, namespace: str) -> None:
+        self.namespace, self.kubeconfig = namespace, ""
+        self.roles = contextlib.ExitStack()
         self.loop = asyncio.new_event_loop()
         self.stop = asyncio.Event()
         self.thread = threading.Thread(target=lambda: self.loop.run_until_complete(self._run()), daemon=True)
@@ -96,12 +100,17 @@ class RunningController:
             await kube.aclose()
 
     def __enter__(self) -> RunningController:
+        # exactly the shipped controller role, bound as deploy/ binds it
+        directory = self.roles.enter_context(tempfile.TemporaryDirectory())
+        self.kubeconfig = str(self.roles.enter_context(
+            role_kubeconfig_file(self.namespace, Path(directory), "dispatch-controller")))
         self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.loop.call_soon_threadsafe(self.stop.set)
         self.thread.join(timeout=30)
+        self.roles.close()
 
 
 def workloads_of(ns: str, uid: str) -> list[Obj]:
@@ -139,7 +148,7 @@ def test_kueue_manages_an_unlabelled_trainjob_and_dispatch_admits_it_only_throug
         print("status without a queue:", adapter.inspect(name).cause)
         return
 
-    with RunningController(testbed_kubeconfig, ns):
+    with RunningController(ns):
         wait_for("the check Ready and Kueue starting the TrainJob",
                  lambda: get("trainjob", name, "-n", ns)["spec"]["suspend"] is False, timeout=90)
         wait_for("its pod", lambda: [p for p in get("pods", "-n", ns)["items"]

@@ -345,9 +345,10 @@ def test_kueue_mode_re_admits_only_after_the_real_process_exits(node: str, tmp_p
 
     async def story() -> list[str]:
         messages: list[str] = []
-        async with controller_env(testbed.kubeconfig_path()) as (kube, ns, _), as_role(kube, ns) as writer:
+        async with controller_env(testbed.kubeconfig_path()) as (kube, ns, _), as_role(kube, ns) as writer, \
+                as_role(kube, ns, "dispatch-controller") as controller_kube:
             runtime(ns, tmp_path, grace_period_seconds=20, grace="4s")
-            ctl = Controller(kube, Config(namespace=ns, controller_name=controller_name(ns)))
+            ctl = Controller(controller_kube, Config(namespace=ns, controller_name=controller_name(ns)))
             stop = asyncio.Event()
             task = asyncio.create_task(ctl.run(stop))
             try:

@@ -13,12 +13,15 @@ from __future__ import annotations
 # ruff: noqa: ASYNC220, ASYNC230  (harness: subprocesses and files, off the hot path)
 import asyncio
 import base64
+import contextlib
 import copy
 import functools
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -34,7 +37,7 @@ from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch._api import Obj
 from dispatch.controller import _guard as g_
-from dispatch.errors import NotFound
+from dispatch.errors import NotFound, Refused
 from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
@@ -55,20 +58,21 @@ def running_testbed_kubeconfig() -> Path | None:
 
 def keeper_pass(ns: str, kubeconfig: Path | None = None) -> dict[str, str]:
     """One pass of the controller's finalizer keeper over a namespace's pods, as a running controller's keeper
-    acts (by default as the testbed's admin, whom the dispatch-pods policy lets free dispatch's finalizer):
-    for a scenario that runs no controller, the step the shipped install's controller takes by itself."""
-    from dispatch import testbed
+    acts (by default with the shipped controller role, whose ``release`` on ``podfinalizers`` the dispatch-pods
+    policy asks for): for a scenario that runs no controller, the step the shipped install's controller takes
+    by itself."""
     from dispatch.controller._finalizers import FinalizerKeeper
     from dispatch.controller._metrics import Metrics
 
     async def go() -> dict[str, str]:
-        kube = k.Kube.connect(namespace=ns, kubeconfig=kubeconfig or testbed.kubeconfig_path())
-        keeper = FinalizerKeeper(kube, Metrics.create())
-        try:
+        async with contextlib.AsyncExitStack() as stack:
+            path = kubeconfig or await stack.enter_async_context(controller_kubeconfig(ns))
+            kube = k.Kube.connect(namespace=ns, kubeconfig=path)
+            stack.push_async_callback(kube.aclose)
+            keeper = FinalizerKeeper(kube, Metrics.create())
             keeper.list_pods((await kube.list(k.PODS)).items)
             return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
-        finally:
-            await kube.aclose()
+        raise AssertionError("unreachable")  # for mypy: the with block returns
 
     return asyncio.run(go())
 
@@ -132,12 +136,18 @@ ROLE_BOUND_WITH: dict[str, tuple[str, ...]] = {
     "dispatch-writer": ("dispatch-writer", "dispatch-node-reader"),
     "dispatch-reader": ("dispatch-reader", "dispatch-node-reader"),
     "dispatch-admin": ("dispatch-admin",),
+    "dispatch-controller": ("dispatch-controller",),
 }
 """What a user of each role is bound to, as the install docs bind them (a writer or reader in its namespace
 and to ``dispatch-node-reader`` cluster-wide, which a RoleBinding cannot grant; an admin to ``dispatch-admin``
 cluster-wide, and to nothing else)."""
 NAMESPACED_ROLES = frozenset({"dispatch-writer", "dispatch-reader"})
 """The roles the install docs bind per namespace (RoleBinding); every other one is bound cluster-wide."""
+RBAC_ROLES = k.Res("rbac.authorization.k8s.io", "v1", "roles", "Role", status=False)
+CLUSTER_ROLES = k.Res("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False,
+                      status=False)
+SHIPPED_WEBHOOK_NAME = "dispatch-guard"
+"""The one webhook configuration name the shipped controller role may patch (its caBundle)."""
 
 
 def shipped_rbac() -> list[Obj]:
@@ -173,9 +183,33 @@ Made = list[tuple[k.Res, str, str | None]]
 """What ``_bind`` made that does not go with the test's namespace: (kind, name, namespace)."""
 
 
-async def _bind(admin: k.Kube, ns: str, role: str, home: str | None) -> tuple[str, Made]:
+def controller_rules_for(webhook: str) -> list[Obj]:
+    """The shipped controller role's rules on webhook configurations, re-targeted from ``dispatch-guard`` at a
+    test's own configuration name (tests on the shared testbed install the guard under a name of their own):
+    the same verbs on one name, and nothing more."""
+    [role] = [d for d in shipped_rbac()
+              if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "dispatch-controller"]
+    rules = [copy.deepcopy(r) for r in role["rules"] if r.get("resourceNames") == [SHIPPED_WEBHOOK_NAME]]
+    if not rules:
+        raise AssertionError("the shipped dispatch-controller role names no webhook configuration")
+    for rule in rules:
+        rule["resourceNames"] = [webhook]
+    return rules
+
+
+def controller_lease_role(ns: str) -> Obj:
+    """The shipped leader-election Role, in ``ns`` rather than the controller's own namespace (a test's replicas
+    take their Lease in the test's namespace)."""
+    [role] = [d for d in shipped_rbac() if d["kind"] == "Role"]
+    return {"metadata": {"name": role["metadata"]["name"], "namespace": ns}, "rules": copy.deepcopy(role["rules"])}
+
+
+async def _bind(admin: k.Kube, ns: str, role: str, home: str | None,
+                webhook: str | None = None) -> tuple[str, Made]:
     """(kubeconfig text for ``ns``, what to remove) of a fresh account bound as a user of ``role`` (named afresh,
-    so a test may hold several); it lives in ``home`` (default ``ns``). Nothing is left behind when a step fails."""
+    so a test may hold several); it lives in ``home`` (default ``ns``). Nothing is left behind when a step fails.
+    The controller's account is bound as ``deploy/`` binds it: ``dispatch-controller`` cluster-wide and the
+    leader-election Role (here in ``ns``); ``webhook`` re-targets its webhook rule (``controller_rules_for``)."""
     from dispatch.testbed._container import token
 
     await asyncio.to_thread(apply_shipped_roles)
@@ -186,6 +220,25 @@ async def _bind(admin: k.Kube, ns: str, role: str, home: str | None) -> tuple[st
         if home != ns:
             made.append((SERVICE_ACCOUNTS, account, home))
         subject = {"kind": "ServiceAccount", "name": account, "namespace": home}
+        if role == "dispatch-controller":
+            lease = controller_lease_role(ns)
+            try:
+                await admin.create(RBAC_ROLES, lease, namespace=ns)
+            except Refused as e:  # one Role per namespace serves every replica of the test
+                if e.code != 409:
+                    raise
+            await admin.create(ROLE_BINDINGS, {
+                "metadata": {"name": f"{account}-lease"}, "subjects": [subject],
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                            "name": lease["metadata"]["name"]}}, namespace=ns)
+            if webhook and webhook != SHIPPED_WEBHOOK_NAME:
+                name = f"{ns}-{account}-webhook"
+                await admin.create(CLUSTER_ROLES, {"metadata": {"name": name}, "rules": controller_rules_for(webhook)})
+                made.append((CLUSTER_ROLES, name, None))
+                await admin.create(CLUSTER_ROLE_BINDINGS, {
+                    "metadata": {"name": name}, "subjects": [subject],
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}})
+                made.append((CLUSTER_ROLE_BINDINGS, name, None))
         for bound in ROLE_BOUND_WITH[role]:
             ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": bound}
             if bound in NAMESPACED_ROLES:
@@ -213,12 +266,12 @@ async def _unbind(admin: k.Kube, made: Made) -> None:
 
 @asynccontextmanager
 async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer", *,
-                          home: str | None = None) -> AsyncIterator[str]:
+                          home: str | None = None, webhook: str | None = None) -> AsyncIterator[str]:
     """A kubeconfig (text) for ``ns`` of a ServiceAccount bound exactly as the install docs bind a user of
     ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest. The
     account lives in ``ns`` unless ``home`` names another namespace (one that outlives ``ns``: a test that
     deletes ``ns`` and then acts as a cluster-wide admin, who is nobody of that namespace)."""
-    text, made = await _bind(admin, ns, role, home)
+    text, made = await _bind(admin, ns, role, home, webhook)
     try:
         yield text
     finally:
@@ -283,23 +336,56 @@ class Launched:
 
 
 @asynccontextmanager
+async def controller_kubeconfig(ns: str, *, webhook: str | None = None) -> AsyncIterator[Path]:
+    """A kubeconfig file holding only a token of an account bound as ``deploy/`` binds the controller's
+    (``_bind``): what a test's controller runs with unless the test is about another identity."""
+    from dispatch import testbed
+
+    admin = k.Kube.connect(namespace=ns, kubeconfig=testbed.kubeconfig_path())
+    try:
+        async with role_kubeconfig(admin, ns, "dispatch-controller", webhook=webhook) as text:
+            directory = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="dispatch-controller-"))
+            path = directory / "kubeconfig"
+            path.write_text(text)
+            try:
+                yield path
+            finally:
+                shutil.rmtree(directory, ignore_errors=True)
+    finally:
+        await admin.aclose()
+
+
+def _flag(args: tuple[str, ...], name: str) -> str | None:
+    """The value of ``--name VALUE`` or ``--name=VALUE`` in ``args``, or None."""
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@asynccontextmanager
 async def subprocess_controller(ns: str, *extra: str, kubeconfig_path: Path | None = None,
                                 log: Path | None = None) -> AsyncIterator[Launched]:
-    """``python -m dispatch.controller`` for one namespace, as the Deployment runs it."""
-    logfile = open(log or os.devnull, "wb")  # noqa: SIM115
-    port = free_port()
-    argv = [sys.executable, "-m", "dispatch.controller",
-            "--kubeconfig", str(kubeconfig_path or running_testbed_kubeconfig()),
-            "--namespace", ns, "--metrics-port", str(port), "--controller-name", controller_name(ns), *extra]
-    if "--leader-elect" not in extra:
-        argv.append("--no-leader-elect")
-    proc = subprocess.Popen(argv, stderr=logfile)
-    try:
-        yield Launched(proc, port)
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        logfile.close()
+    """``python -m dispatch.controller`` for one namespace, as the Deployment runs it: with the shipped
+    controller role (``controller_kubeconfig``) unless ``kubeconfig_path`` names another identity."""
+    async with contextlib.AsyncExitStack() as stack:
+        if kubeconfig_path is None:
+            kubeconfig_path = await stack.enter_async_context(
+                controller_kubeconfig(ns, webhook=_flag(extra, "--guard-webhook")))
+        logfile = stack.enter_context(open(log or os.devnull, "wb"))  # noqa: SIM115
+        port = free_port()
+        argv = [sys.executable, "-m", "dispatch.controller", "--kubeconfig", str(kubeconfig_path),
+                "--namespace", ns, "--metrics-port", str(port), "--controller-name", controller_name(ns), *extra]
+        if "--leader-elect" not in extra:
+            argv.append("--no-leader-elect")
+        proc = subprocess.Popen(argv, stderr=logfile)
+        try:
+            yield Launched(proc, port)
+        finally:
+            proc.terminate()
+            proc.wait(10)
 
 
 @asynccontextmanager
