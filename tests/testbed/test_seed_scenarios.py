@@ -16,7 +16,7 @@ import pytest
 from dispatch import LABEL_ADMISSION, Adapter, JobSpec, PodsRemain, State
 from dispatch import testbed as tb
 from dispatch._views import PodView
-from dispatch.testbed.harness import role_kubeconfig_file
+from dispatch.testbed.harness import role_kubeconfig_file, scoped_pods
 
 pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
@@ -184,12 +184,29 @@ def test_a_freshly_held_object_is_refused_until_every_layer_has_stopped(adapter:
     assert admissions_running(ns, name) == {"2"}
 
 
-def test_a_pod_without_dispatch_labels_still_blocks_through_jobset_name(adapter: Adapter, ns: str) -> None:
+@pytest.fixture
+def pods_policy(ns: str) -> Iterator[None]:
+    """The shipped ``dispatch-pods`` policy of this tree, narrowed to ``ns`` (``scoped_pods``): the test holds on
+    its own, whether or not an earlier test left the cluster-wide one installed."""
+    name = f"dispatch-pods-{ns}"
+    for doc in scoped_pods(ns, name):
+        tb.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(doc))
+    yield
+    for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
+        tb.kubectl("delete", kind, name, "--ignore-not-found", check=False)
+
+
+def test_a_pod_without_dispatch_labels_still_blocks_through_jobset_name(
+        adapter: Adapter, ns: str, pods_policy: None) -> None:
     name = start(adapter, ns, spec("relabel"))
     pod = live(ns, name)[0]["metadata"]["name"]
-    # The labels that say whose a pod is are kept by the dispatch-pods policy, even against the cluster's admin.
-    refused = tb.kubectl("label", "pod", pod, "-n", ns, "dispatch.phpboyscout.uk/job-id-",
-                         "dispatch.phpboyscout.uk/submission-", "dispatch.phpboyscout.uk/admission-", check=False)
+    # The labels that say whose a pod is are kept by the dispatch-pods policy, even against the cluster's admin
+    # (a policy reaches admission a second or so after its creation: probe with a server-side dry run first).
+    whose = ("dispatch.phpboyscout.uk/job-id-", "dispatch.phpboyscout.uk/submission-",
+             "dispatch.phpboyscout.uk/admission-")
+    wait_for("the dispatch-pods policy in force", lambda: "dispatch-pods" in tb.kubectl(
+        "label", "--dry-run=server", "pod", pod, "-n", ns, *whose, check=False).stderr)
+    refused = tb.kubectl("label", "pod", pod, "-n", ns, *whose, check=False)
     assert refused.returncode != 0 and "dispatch-pods" in refused.stderr, refused.stderr
     # A pod that carries only JobSet's label (made by hand, or by a JobSet that lost dispatch's entry) is
     # still found by the second selection, and blocks while it may run (unscheduled, not deleted).
