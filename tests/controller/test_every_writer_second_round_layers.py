@@ -91,30 +91,50 @@ def gain_job(cluster: FakeCluster, job: str = "launcher") -> None:
 
 def test_item3_every_raise_re_targets_dispatchs_entry_at_the_runtime_as_it_is_now(
         writer: Adapter, cluster: FakeCluster, keeper: Any) -> None:
+    """Gained before the first release (no JobSet yet): the release re-targets dispatch's entry, so the new job's
+    pods carry the identity, A and dispatch's finalizer. Gained while it runs: JobSet's webhook refuses every
+    update of the JobSet (as the real one did on the testbed), so a hold cannot suspend it; status warns and names
+    close and re-open, and the re-opened submission runs with every job covered."""
     writer.open(SPEC)
+    gain_job(cluster)
+    held = writer.inspect(NAME)
+    assert any("the next admission (`dispatch release`" in w for w in held.warnings), held.warnings
     assert writer.release(NAME).admission == 1
     cluster.settle()
-    gain_job(cluster)
+    launchers = [p for p in cluster.pods(NAME) if p["metadata"]["name"].startswith("llama-s1-launcher")]
+    assert launchers, [p["metadata"]["name"] for p in cluster.pods(NAME)]
+    for pod in launchers:
+        labels = pod["metadata"]["labels"]
+        assert (labels["dispatch.phpboyscout.uk/job-id"], labels["dispatch.phpboyscout.uk/admission"]) == ("llama", "1")
+        assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
+    assert not [w for w in writer.inspect(NAME).warnings if "not covered" in w]
+    cluster.history.check()
+
+    gain_job(cluster, "evaluator")
     running = writer.inspect(NAME)
-    assert any("replicatedJob launcher of ClusterTrainingRuntime torch-distributed is not covered" in w
+    assert any("replicatedJob evaluator of ClusterTrainingRuntime torch-distributed is not covered" in w
                and "run outside dispatch's rule" in w for w in running.warnings), running.warnings
     writer.hold(NAME)
     cluster.settle()
     cluster.advance(60)
     cluster.settle()
-    keeper()
-    held = writer.inspect(NAME)
-    assert any("the next admission (`dispatch release`" in w for w in held.warnings), held.warnings
-    assert writer.release(NAME).admission == 2
+    assert cluster.running_processes(NAME), "Trainer's update was refused: the JobSet runs on"
+    stalled = writer.inspect(NAME)
+    assert stalled.cause is not None and "`dispatch close llama-s1`" in stalled.cause.detail, stalled.cause
+    writer.close(NAME)
+    cluster.advance(60)
     cluster.settle()
-    pods = cluster.pods(NAME)
-    launchers = [p for p in pods if p["metadata"]["name"].startswith("llama-s1-launcher")]
-    assert launchers, [p["metadata"]["name"] for p in pods]
-    for pod in launchers:
-        labels = pod["metadata"]["labels"]
-        assert (labels["dispatch.phpboyscout.uk/job-id"], labels["dispatch.phpboyscout.uk/admission"]) == ("llama", "2")
+    keeper()
+    while cluster.server.collect_garbage():
+        cluster.settle()
+    writer.open(AGAIN)
+    assert writer.release("llama-s1-again").admission == 2
+    cluster.settle()
+    pods = cluster.pods("llama-s1-again")
+    assert {p["metadata"]["name"].split("-")[3] for p in pods} == {"node", "launcher", "evaluator"}, pods
+    for pod in pods:
+        assert pod["metadata"]["labels"]["dispatch.phpboyscout.uk/admission"] == "2", pod["metadata"]["name"]
         assert "dispatch.phpboyscout.uk/execution" in pod["metadata"]["finalizers"]
-    assert not [w for w in writer.inspect(NAME).warnings if "not covered" in w]
     cluster.history.check()
 
 

@@ -261,6 +261,8 @@ class FakeCluster:
         self._job_runs: dict[str, tuple[str, int]] = {}
         self._pod_runs: dict[str, tuple[str, int]] = {}
         self.server.add_admission("trainjobs", self._trainer_webhook)
+        self._jobset_webhook = False
+        self.install_jobset_webhook()  # the real JobSet always serves it
         self.server.create("", "namespaces", "", {"metadata": {"name": namespace}})
 
     # ------------------------------------------------------------------ wiring
@@ -274,7 +276,11 @@ class FakeCluster:
     def install_jobset_webhook(self) -> None:
         """JobSet's validating webhook on updates (``jobset_update_problem``): Trainer's re-apply of a JobSet
         whose runtime gained or lost a replicatedJob since the JobSet was made is refused, as on the real
-        cluster, and the JobSet stays as it was (suspended or running)."""
+        cluster, and the JobSet stays as it was (suspended or running). Installed from the start, as the real
+        JobSet's webhook always is; a second call changes nothing."""
+        if self._jobset_webhook:
+            return
+        self._jobset_webhook = True
         self.server.add_admission("jobsets", lambda op, old, new: jobset_update_problem(old, new)
                                   if op == "UPDATE" and old is not None else None)
 
