@@ -66,7 +66,7 @@ def keeper_pass(ns: str, kubeconfig: Path | None = None) -> dict[str, str]:
 
     async def go() -> dict[str, str]:
         async with contextlib.AsyncExitStack() as stack:
-            path = kubeconfig or await stack.enter_async_context(controller_kubeconfig(ns))
+            path = kubeconfig or await stack.enter_async_context(controller_kubeconfig(ns, lease=False))
             kube = k.Kube.connect(namespace=ns, kubeconfig=path)
             stack.push_async_callback(kube.aclose)
             keeper = FinalizerKeeper(kube, Metrics.create())
@@ -205,11 +205,12 @@ def controller_lease_role(ns: str) -> Obj:
 
 
 async def _bind(admin: k.Kube, ns: str, role: str, home: str | None,
-                webhook: str | None = None) -> tuple[str, Made]:
+                webhook: str | None = None, lease: bool = True) -> tuple[str, Made]:
     """(kubeconfig text for ``ns``, what to remove) of a fresh account bound as a user of ``role`` (named afresh,
     so a test may hold several); it lives in ``home`` (default ``ns``). Nothing is left behind when a step fails.
     The controller's account is bound as ``deploy/`` binds it: ``dispatch-controller`` cluster-wide and the
-    leader-election Role (here in ``ns``); ``webhook`` re-targets its webhook rule (``controller_rules_for``)."""
+    leader-election Role (here in ``ns``; ``lease=False`` leaves it out, for a pass that takes no Lease in a
+    namespace being deleted); ``webhook`` re-targets its webhook rule (``controller_rules_for``)."""
     from dispatch.testbed._container import token
 
     await asyncio.to_thread(apply_shipped_roles)
@@ -220,25 +221,25 @@ async def _bind(admin: k.Kube, ns: str, role: str, home: str | None,
         if home != ns:
             made.append((SERVICE_ACCOUNTS, account, home))
         subject = {"kind": "ServiceAccount", "name": account, "namespace": home}
-        if role == "dispatch-controller":
-            lease = controller_lease_role(ns)
+        if role == "dispatch-controller" and lease:
+            lease_role = controller_lease_role(ns)
             try:
-                await admin.create(RBAC_ROLES, lease, namespace=ns)
+                await admin.create(RBAC_ROLES, lease_role, namespace=ns)
             except Refused as e:  # one Role per namespace serves every replica of the test
                 if e.code != 409:
                     raise
             await admin.create(ROLE_BINDINGS, {
                 "metadata": {"name": f"{account}-lease"}, "subjects": [subject],
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                            "name": lease["metadata"]["name"]}}, namespace=ns)
-            if webhook and webhook != SHIPPED_WEBHOOK_NAME:
-                name = f"{ns}-{account}-webhook"
-                await admin.create(CLUSTER_ROLES, {"metadata": {"name": name}, "rules": controller_rules_for(webhook)})
-                made.append((CLUSTER_ROLES, name, None))
-                await admin.create(CLUSTER_ROLE_BINDINGS, {
-                    "metadata": {"name": name}, "subjects": [subject],
-                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}})
-                made.append((CLUSTER_ROLE_BINDINGS, name, None))
+                            "name": lease_role["metadata"]["name"]}}, namespace=ns)
+        if role == "dispatch-controller" and webhook and webhook != SHIPPED_WEBHOOK_NAME:
+            name = f"{ns}-{account}-webhook"
+            await admin.create(CLUSTER_ROLES, {"metadata": {"name": name}, "rules": controller_rules_for(webhook)})
+            made.append((CLUSTER_ROLES, name, None))
+            await admin.create(CLUSTER_ROLE_BINDINGS, {
+                "metadata": {"name": name}, "subjects": [subject],
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name}})
+            made.append((CLUSTER_ROLE_BINDINGS, name, None))
         for bound in ROLE_BOUND_WITH[role]:
             ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": bound}
             if bound in NAMESPACED_ROLES:
@@ -266,12 +267,13 @@ async def _unbind(admin: k.Kube, made: Made) -> None:
 
 @asynccontextmanager
 async def role_kubeconfig(admin: k.Kube, ns: str, role: str = "dispatch-writer", *,
-                          home: str | None = None, webhook: str | None = None) -> AsyncIterator[str]:
+                          home: str | None = None, webhook: str | None = None,
+                          lease: bool = True) -> AsyncIterator[str]:
     """A kubeconfig (text) for ``ns`` of a ServiceAccount bound exactly as the install docs bind a user of
     ``role`` (``ROLE_BOUND_WITH``) to the shipped roles of this checkout, its token from a TokenRequest. The
     account lives in ``ns`` unless ``home`` names another namespace (one that outlives ``ns``: a test that
     deletes ``ns`` and then acts as a cluster-wide admin, who is nobody of that namespace)."""
-    text, made = await _bind(admin, ns, role, home, webhook)
+    text, made = await _bind(admin, ns, role, home, webhook, lease)
     try:
         yield text
     finally:
@@ -336,14 +338,17 @@ class Launched:
 
 
 @asynccontextmanager
-async def controller_kubeconfig(ns: str, *, webhook: str | None = None) -> AsyncIterator[Path]:
+async def controller_kubeconfig(ns: str, *, webhook: str | None = None, lease: bool = True) -> AsyncIterator[Path]:
     """A kubeconfig file holding only a token of an account bound as ``deploy/`` binds the controller's
-    (``_bind``): what a test's controller runs with unless the test is about another identity."""
+    (``_bind``): what a test's controller runs with unless the test is about another identity. The account
+    lives in ``default``, as the shipped one lives in a namespace of its own: it serves a namespace that
+    is being deleted, where nothing can be created."""
     from dispatch import testbed
 
     admin = k.Kube.connect(namespace=ns, kubeconfig=testbed.kubeconfig_path())
     try:
-        async with role_kubeconfig(admin, ns, "dispatch-controller", webhook=webhook) as text:
+        async with role_kubeconfig(admin, ns, "dispatch-controller", home="default", webhook=webhook,
+                                   lease=lease) as text:
             directory = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="dispatch-controller-"))
             path = directory / "kubeconfig"
             path.write_text(text)
