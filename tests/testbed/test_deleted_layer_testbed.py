@@ -34,7 +34,7 @@ from dispatch._views import PodView
 from dispatch.controller import _guard as g_
 from dispatch.testbed.harness import apply_shipped_roles, controller_name, free_port, scoped
 
-pytestmark = [pytest.mark.testbed, pytest.mark.slow]
+pytestmark = pytest.mark.testbed
 Obj = dict[str, Any]
 ROOT = Path(__file__).resolve().parents[2]
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
