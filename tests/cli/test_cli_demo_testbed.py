@@ -22,6 +22,7 @@ def test_demo_keeps_the_promise(testbed_kubeconfig: str) -> None:
         print(buffer.getvalue())
     text = buffer.getvalue()
     assert "The promise held" in text
+    assert "acting as a dispatch-writer of dispatch-demo-" in text  # the shipped roles, as installed
     assert "A=2" in text
     assert "Ready=Unknown" in text
     assert "ceased=false" in text

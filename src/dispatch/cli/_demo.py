@@ -158,6 +158,8 @@ class Story:
     """Where the real processes write their lives (``--real-node``)."""
     powered_off: bool = False
     """The real node's power is cut (a failure must power it on, not thaw it)."""
+    operator: Adapter | None = None
+    """The operator's adapter (``dispatch-admin``), for ``release-pod``; ``adapter`` is a ``dispatch-writer``'s."""
 
     def spec(self, submission: str) -> JobSpec:
         extra: dict[str, Any] = {"runtime": self.runtime, "runtime_kind": "TrainingRuntime"} if self.runtime else {}
@@ -343,7 +345,7 @@ def _part_two(story: Story, node: str) -> None:
     for old in [p for p in _pods(story.namespace, name) if _deleting(p)]:
         pod = str(old["metadata"]["name"])
         story.step(f"No controller runs here, so the operator frees the old pod: dispatch admin release-pod {pod}")
-        end = a.release_pod(pod)
+        end = (story.operator or a).release_pod(pod)
         story.say(f"released {pod}: its end is proven ({end.proof})")
 
     story.step(f"Release {name}: admitted with A=2 once Kubernetes has force-deleted the old pod")
@@ -391,6 +393,8 @@ def _testbed_intro(tb: Any) -> str:
 def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.0, real_node: bool = False) -> None:
     """Tell the story; raise DemoFailed if a step goes otherwise or the promise is ever broken."""
     tb = _testbed()
+    from ..testbed import harness
+
     console.print("[bold]dispatch demo[/]: one object never has two executions at once\n")
     console.print(_testbed_intro(tb), highlight=False)
     kubeconfig = Path(tb.up())
@@ -419,9 +423,15 @@ def run_demo(console: Console, *, keep: bool = False, step_timeout: float = 120.
         frozen = False
         story: Story | None = None
         try:
-            with Adapter.connect(namespace, kubeconfig=kubeconfig) as adapter:
+            # the story's user holds the shipped writer role, and its operator the admin role, as installed
+            with tempfile.TemporaryDirectory(prefix="dispatch-demo-roles-") as roles, \
+                    harness.role_kubeconfig_file(namespace, Path(roles)) as writer, \
+                    harness.role_kubeconfig_file(namespace, Path(roles), "dispatch-admin", home="default") as admin, \
+                    Adapter.connect(namespace, kubeconfig=str(writer)) as adapter, \
+                    Adapter.connect(namespace, kubeconfig=str(admin)) as operator:
+                console.print(f"acting as a dispatch-writer of {namespace}; the operator as a dispatch-admin")
                 story = Story(console, adapter, namespace, step_timeout, watcher, runtime=runtime,
-                              oracle_dir=oracle_dir)
+                              oracle_dir=oracle_dir, operator=operator)
                 _part_one(story, regular)
                 frozen = True
                 _part_two(story, freezable)
