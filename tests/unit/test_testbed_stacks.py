@@ -272,3 +272,23 @@ def test_build_script_reuses_an_aliased_bin_dir_only_while_inputs_match(tmp_path
     (stack / "versions.env").write_text("K8S_VERSION=v1.35.5\n")  # another input: another key, alias void
     assert run("--key").stdout.strip() != key
     assert run("--check").returncode == 1
+
+
+def test_a_real_node_problem_fixed_since_up_says_to_start_the_testbed_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The problem is read once, at ``up``: after containerd is installed the testbed keeps its old answer, so
+    the answer names the way to start the real node (down, then up) once the host allows it."""
+    monkeypatch.setenv("DISPATCH_TESTBED_DIR", str(tmp_path))
+    (tmp_path / "state.json").write_text(json.dumps({
+        "real-node-problem": "missing containerd (apt-get install containerd runc containernetworking-plugins)",
+        "kubelet": "k", "node-images": "i"}))
+    from dispatch.testbed import _node
+
+    monkeypatch.setattr(_node, "unsupported", lambda kubelet, images=None: "missing containerd")
+    still = _cluster.real_node_problem() or ""
+    assert still.startswith("missing containerd") and "testbed down" not in still
+    monkeypatch.setattr(_node, "unsupported", lambda kubelet, images=None: None)
+    fixed = _cluster.real_node_problem() or ""
+    assert fixed.startswith("missing containerd")
+    assert "`dispatch testbed down`, then `dispatch testbed up`" in fixed
+    assert any("testbed down" in line for line in _node.describe())

@@ -270,10 +270,14 @@ def _part_one(story: Story, node: str) -> None:
     story.until("its pod to be Terminating", lambda: any(_deleting(p) for p in _pods(story.namespace, name)))
     for pod in _pods(story.namespace, name):
         if _deleting(pod):
+            keeps = (
+                "its kubelet sent the process SIGTERM; the process writes on through its grace period and the pod "
+                "goes once the kubelet has seen its container exit"
+                if story.oracle_dir is not None else
+                f"the testbed's kubelet keeps it {DELETE_DELAY}, as a real one takes up to the grace period")
             story.say(
                 f"pod {pod['metadata']['name']} is Terminating (deleted at {pod['metadata']['deletionTimestamp']}, "
-                f"phase {pod['status'].get('phase')}): the testbed's kubelet keeps it {DELETE_DELAY}, as a real "
-                "one takes up to the grace period"
+                f"phase {pod['status'].get('phase')}): {keeps}"
             )
     status = a.inspect(name)
     story.show(status)

@@ -1053,7 +1053,13 @@ def real_node_problem() -> str | None:
         return "the testbed is not running"
     if state.get("real-node"):
         return None if _alive("kubelet") is not None else "its kubelet is not running"
-    return state.get("real-node-problem") or "it was not started"
+    why = state.get("real-node-problem") or "it was not started"
+    # The problem was read when the testbed came up; a host fixed since (containerd installed, say) keeps
+    # that answer until the testbed starts again, so say how to start it again when the host now allows it.
+    if "stop_real_node" not in why and _real().unsupported(state.get("kubelet"), state.get("node-images")) is None:
+        why += (" when the testbed started; this host can run it now: `dispatch testbed down`, then "
+                "`dispatch testbed up`")
+    return why
 
 
 def regular_nodes() -> list[str]:

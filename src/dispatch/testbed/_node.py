@@ -752,7 +752,7 @@ def describe() -> Iterator[str]:
     state = cl._read_state() or {}
     name = state.get("real-node")
     if not name:
-        why = state.get("real-node-problem")
+        why = cl.real_node_problem() if state else None
         yield f"real node: none ({why})" if why else "real node: none"
         return
     node = _node_obj() if cl._alive("kube-apiserver") is not None else None
