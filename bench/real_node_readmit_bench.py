@@ -103,46 +103,56 @@ async def plain_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, cl
     floor_status: list[float] = []
     floor_release: list[float] = []
     try:
-        with tempfile.TemporaryDirectory(prefix="readmit-roles-") as roles, \
-                harness.role_kubeconfig_file(ns, Path(roles)) as writer_path, \
-                Adapter.connect(ns, kubeconfig=str(writer_path)) as writer:
-            name = writer.open(spec(queue=None), hold=True).name
-            writer.release(name)
-            await until(lambda: process_of(oracle_dir, 1), "A=1's process")
-            for i in range(1, 2 * rounds + 1):
-                measured = i <= rounds   # the first half waits; the second half measures one release alone
-                pods = [p["metadata"]["name"] for p in await harness.pods_of(admin, name)
-                        if not p["metadata"].get("deletionTimestamp")]
-                mark = time.monotonic()
-                done: dict[str, float] = {}
-                if measured:
-                    def run(done: dict[str, float] = done) -> None:
-                        release_wait(CliState(err=Console(quiet=True)), writer, name, timeout=300, interval=30)
-                        done["admitted"] = wall()
-
-                    writer.hold(name)
-                    thread = threading.Thread(target=run)
-                    thread.start()
-                    proc = await until(lambda a=i: (p := process_of(oracle_dir, a)) and p.ended_ms and p,
-                                       f"A={i}'s EXIT")
-                    await asyncio.to_thread(thread.join)
-                    start = await until(lambda a=i + 1: process_of(oracle_dir, a), f"A={i + 1}'s START")
-                    t_exit = proc.ended_ms / 1000
-                    exit_to_admitted.append(done["admitted"] - t_exit)
-                    exit_to_first.append(start.started_ms / 1000 - t_exit)
-                    seen = await until(lambda p=pods, m=mark: terminal_at(rec, p, m), "the old pod's terminal status")
-                    floor_status.append(clock.of(seen) - t_exit)
-                else:
-                    writer.hold(name)
-                    await until(lambda p=pods, m=mark: terminal_at(rec, p, m), "the old pod's terminal status")
-                    t0 = time.perf_counter()
-                    writer.release(name)
-                    floor_release.append(time.perf_counter() - t0)
-                    await until(lambda a=i + 1: process_of(oracle_dir, a), f"A={i + 1}'s START")
+        async with harness.role_kubeconfig(admin, ns) as text:
+            with tempfile.TemporaryDirectory(prefix="readmit-roles-") as roles:
+                writer_path = Path(roles) / "writer.kubeconfig"
+                writer_path.write_text(text)
+                await plain_loop(admin, writer_path, oracle_dir, rounds, clock, rec, exit_to_admitted,
+                                 exit_to_first, floor_status, floor_release)
     finally:
         await rec.stop()
     return result("plain", exit_to_admitted, exit_to_first, floor_status, floor_release,
                   "one release that admits at once")
+
+
+async def plain_loop(admin: k.Kube, writer_path: Path, oracle_dir: Path, rounds: int, clock: Clock,
+                     rec: harness.Recorder, exit_to_admitted: list[float], exit_to_first: list[float],
+                     floor_status: list[float], floor_release: list[float]) -> None:
+    """The plain rounds, as a ``dispatch-writer`` (the synchronous library, as the CLI uses it)."""
+    with Adapter.connect(admin.namespace, kubeconfig=str(writer_path)) as writer:
+        name = writer.open(spec(queue=None), hold=True).name
+        writer.release(name)
+        await until(lambda: process_of(oracle_dir, 1), "A=1's process")
+        for i in range(1, 2 * rounds + 1):
+            measured = i <= rounds   # the first half waits; the second half measures one release alone
+            pods = [p["metadata"]["name"] for p in await harness.pods_of(admin, name)
+                    if not p["metadata"].get("deletionTimestamp")]
+            mark = time.monotonic()
+            done: dict[str, float] = {}
+            if measured:
+                def run(done: dict[str, float] = done) -> None:
+                    release_wait(CliState(err=Console(quiet=True)), writer, name, timeout=300, interval=30)
+                    done["admitted"] = wall()
+
+                writer.hold(name)
+                thread = threading.Thread(target=run)
+                thread.start()
+                proc = await until(lambda a=i: (p := process_of(oracle_dir, a)) and p.ended_ms and p,
+                                   f"A={i}'s EXIT")
+                await asyncio.to_thread(thread.join)
+                start = await until(lambda a=i + 1: process_of(oracle_dir, a), f"A={i + 1}'s START")
+                t_exit = proc.ended_ms / 1000
+                exit_to_admitted.append(done["admitted"] - t_exit)
+                exit_to_first.append(start.started_ms / 1000 - t_exit)
+                seen = await until(lambda p=pods, m=mark: terminal_at(rec, p, m), "the old pod's terminal status")
+                floor_status.append(clock.of(seen) - t_exit)
+            else:
+                writer.hold(name)
+                await until(lambda p=pods, m=mark: terminal_at(rec, p, m), "the old pod's terminal status")
+                t0 = time.perf_counter()
+                writer.release(name)
+                floor_release.append(time.perf_counter() - t0)
+                await until(lambda a=i + 1: process_of(oracle_dir, a), f"A={i + 1}'s START")
 
 
 async def kueue_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, clock: Clock) -> dict[str, Any]:
