@@ -7,8 +7,8 @@ interleaved round by round so that a change of the machine's load touches every 
 * ``--version`` and ``--help``: the whole process, start to exit.
 * ``status NAME``: from the process's start to its first request reaching an API server (a local HTTP
   server in this process, named by a kubeconfig; it answers 404 and the command ends).
-* a completion TAB: ``dispatch sta<TAB>`` as bash asks it (``_DISPATCH_COMPLETE=complete_bash``), and
-  ``status <TAB>`` (object names) against the same local server.
+* a completion TAB: ``dispatch sta<TAB>`` as the shells' scripts ask it (``dispatch __complete sta``), and
+  ``status lla<TAB>`` (object names, listed from the same local server).
 
 Targets (issue 37): ``--version`` and ``--help`` at most 150 ms, ``status NAME`` at most 150 ms before its
 first request, a completion TAB at most 200 ms. The machine's load is printed with the figures.
@@ -43,7 +43,7 @@ class FirstRequest(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         FirstRequest.arrivals.append(time.perf_counter())
-        if "/trainjobs" in self.path and not self.path.rsplit("/trainjobs", 1)[1].strip("/?").split("?")[0]:
+        if self.path.split("?")[0].endswith("/trainjobs"):  # a list: the names completion offers
             body = {"kind": "TrainJobList", "apiVersion": "trainer.kubeflow.org/v1alpha1",
                     "metadata": {"resourceVersion": "1"},
                     "items": [{"metadata": {"name": n, "namespace": "default"}} for n in FirstRequest.objects]}
@@ -100,15 +100,13 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("_DISPATCH", "COMP_"))}
     env.update(KUBECONFIG=str(kubeconfig), COLUMNS="120")
     py = [sys.executable, "-c"]
-    tab = {**env, "_DISPATCH_COMPLETE": "complete_bash", "COMP_WORDS": "dispatch sta", "COMP_CWORD": "1"}
-    tab_name = {**env, "_DISPATCH_COMPLETE": "complete_bash", "COMP_WORDS": "dispatch status lla", "COMP_CWORD": "2"}
     cases: dict[str, Callable[[], float]] = {
         "python -c pass": lambda: run([*py, "pass"], env),
         "dispatch --version": lambda: run([*py, ENTRY, "--version"], env),
         "dispatch --help": lambda: run([*py, ENTRY, "--help"], env),
         "dispatch status NAME (to 1st request)": lambda: to_first_request([*py, ENTRY, "status", "llama-s1"], env),
-        "TAB: dispatch sta<TAB>": lambda: run([*py, ENTRY], tab),
-        "TAB: dispatch status lla<TAB>": lambda: run([*py, ENTRY], tab_name),
+        "TAB: dispatch sta<TAB>": lambda: run([*py, ENTRY, "__complete", "sta"], env),
+        "TAB: dispatch status lla<TAB>": lambda: run([*py, ENTRY, "__complete", "status", "lla"], env),
     }
     targets = {"dispatch --version": 150, "dispatch --help": 150, "dispatch status NAME (to 1st request)": 150,
                "TAB: dispatch sta<TAB>": 200, "TAB: dispatch status lla<TAB>": 200}

@@ -60,9 +60,15 @@ def __getattr__(name: str) -> object:
 def main(prog_name: str | None = "dispatch") -> None:
     """Console-script entry point (``dispatch``; ``python -m dispatch`` passes None, so that usage lines
     read ``python -m dispatch``)."""
+    args = sys.argv[1:]
+    if args == ["--version"]:  # what the parser would print, without building it
+        from .. import __version__
+
+        print(f"dispatch {__version__}")
+        return
     from ._completion import answer_shell
 
-    if answer_shell(sys.argv[1:], prog="dispatch"):  # a TAB: answered without building the command line
+    if answer_shell(args, prog="dispatch"):  # a TAB: answered without building the command line
         return
     from ._app import app
 

@@ -117,7 +117,7 @@ def candidates(args: list[str]) -> tuple[list[str], int]:
 
 
 def _candidates(args: list[str]) -> tuple[list[str], int]:
-    from ._app import ALIASES, COMMANDS, hoist
+    from ._registry import ALIASES, COMMANDS, hoist
 
     words, incomplete = (hoist(args[:-1]), args[-1]) if args else ([], "")
     if not words and not incomplete.startswith("-"):
