@@ -760,7 +760,7 @@ def test_both_entry_points_take_exactly_the_controller_options(cli: Cli) -> None
     from dispatch._controller_options import options, parser
     from dispatch.cli import _controller
 
-    command = typer.main.get_command(_controller.commands)  # type: ignore[attr-defined]
+    command = typer.main.get_command(_controller.commands)
     cli_flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help", "-h"}
     module_flags = {o for a in parser(environ=[])._actions for o in a.option_strings} - {"--help", "-h"}
     declared = {o.flag for o in options()}
