@@ -216,7 +216,7 @@ def _inspect(state: CliState, name: str, *, watch: bool) -> None:
         adapter = state.adapter()
         one = adapter.inspect(name)
         if not watch:
-            print_status(state, one)
+            print_status(state, one, warnings=True)
             return
         with adapter.follow(name) as following:
             _watch(state, lambda: [adapter.inspect(name)], following.changed, first=[one], namespaces=False)

@@ -59,6 +59,8 @@ _KUBECONFIG_HINTS = {
     "ExecCredential": "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it "
                       "needs that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same "
                       "plugin",
+    "BadImpersonation": "impersonate a user with --as (or `as` in the kubeconfig's user); groups and a uid "
+                        "(--as-group, --as-uid) go with it",
     "NoKubeconfig": "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
                     "`dispatch testbed up`, which prints the kubeconfig path",
 }

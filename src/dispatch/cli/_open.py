@@ -17,7 +17,7 @@ from ..errors import InvalidInput
 from ._codes import EXIT_CODES_HELP
 from ._common import NamespaceOpt, OutputOpt, _state
 from ._errors import guard
-from ._output import emit, resource_name, show, status_grid, trainjob_names, wide
+from ._output import emit, print_warnings, resource_name, show, status_grid, trainjob_names, wide
 from ._spec import (
     EXAMPLE,
     SpecError,
@@ -233,6 +233,7 @@ def _open_and_show(state: CliState, dry_run: str, *, dry: Callable[[bool], dict[
         named = f" as {escape(status.identity.job_id)}/{escape(status.identity.submission)}" if identity else ""
         state.out.print(f"{verb} {escape(status.name)} in namespace {escape(status.namespace)}{named}")
         show(state, status_grid([status], wide=wide(state)))
+        print_warnings(state, status)  # the runtime's risk, said once: when an object of it is made
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))
 
