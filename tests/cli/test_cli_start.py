@@ -107,3 +107,18 @@ def test_help_lists_each_command_as_its_own_help_would(tmp_path: Path) -> None:
         for width in (40, 70, 200):
             table = typer.core.TyperCommand(name=name, help=entry.help).get_short_help_str(width)
             assert command.get_short_help_str(width) == table, name
+
+
+def test_the_command_line_uses_no_private_module_of_typer() -> None:
+    """The bound ``typer>=0.29,<1`` admits any 0.x: only typer's documented names are used (``typer.main.
+    get_command``, ``typer.core.TyperGroup``, click's own API), never a ``typer._...`` module, whose layout
+    changes between minor releases (0.29 vendored click into ``typer._click``)."""
+    import ast
+
+    used = []
+    for path in sorted((ROOT / "src" / "dispatch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            used += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("typer._") or ".typer._" in n]
+    assert used == []
