@@ -579,3 +579,25 @@ async def test_the_tls_server_name_is_what_the_certificate_is_checked_against(tm
     await get_once(path, kc.ConfigOverrides(certificate_authority=str(pki / "ca.crt"),
                                             tls_server_name="kubernetes.default"))
     assert len(tls_server.seen) == 2
+
+
+def test_the_systems_cas_are_read_only_when_the_kubeconfig_names_none(tmp_path: Path, pki: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the system's CA bundle is a large part of a command's start (issue 37): a kubeconfig with its own
+    CA, or a plain-HTTP server, does not pay it."""
+    read: list[bool] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        read.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    path = tmp_path / "config"
+    path.write_text(config({"server": SERVER, "certificate-authority-data": b64((pki / "ca.crt").read_bytes())}))
+    assert kc.load(path).verify.verify_mode == ssl.CERT_REQUIRED
+    path.write_text(config({"server": "http://127.0.0.1:8080"}))
+    kc.load(path)
+    assert read == []
+    path.write_text(config({"server": SERVER}))
+    assert kc.load(path).verify.verify_mode == ssl.CERT_REQUIRED and read == [True]
