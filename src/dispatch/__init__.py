@@ -9,58 +9,83 @@ checkpoints on its execution's A.
 
 from typing import TYPE_CHECKING
 
-from ._enrol import ENROL_LABEL
-from ._names import (
-    ANNOTATION_ADMISSION,
-    CONTROLLER_NAME,
-    LABEL_ADMISSION,
-    LABEL_JOB_ID,
-    LABEL_SUBMISSION,
-    PATCH_MANAGER,
-)
-from ._records import (
-    Cause,
-    Cessation,
-    Identity,
-    JobSpec,
-    PodEnd,
-    RemainingPod,
-    State,
-    Status,
-    Toleration,
-    Volume,
-    Worker,
-)
-from ._views import POD_FINALIZER
-from .errors import (
-    Conflict,
-    DispatchError,
-    FieldCause,
-    Forbidden,
-    InvalidInput,
-    NotFound,
-    NotServed,
-    PodsRemain,
-    ReadOnly,
-    Refused,
-    Unreachable,
-)
-from .fence import Checkpoint, Fence, Fenced, PosixStore, S3Store
-
 if TYPE_CHECKING:
     from ._adapter import Adapter, AsyncAdapter, validate_spec
+    from ._enrol import ENROL_LABEL
+    from ._names import (
+        ANNOTATION_ADMISSION,
+        CONTROLLER_NAME,
+        LABEL_ADMISSION,
+        LABEL_JOB_ID,
+        LABEL_SUBMISSION,
+        PATCH_MANAGER,
+    )
+    from ._overrides import ConfigOverrides
+    from ._records import (
+        Cause,
+        Cessation,
+        Identity,
+        JobSpec,
+        PodEnd,
+        RemainingPod,
+        State,
+        Status,
+        Toleration,
+        Volume,
+        Worker,
+    )
+    from ._views import POD_FINALIZER
+    from .errors import (
+        Conflict,
+        DispatchError,
+        FieldCause,
+        Forbidden,
+        InvalidInput,
+        NotFound,
+        NotServed,
+        PodsRemain,
+        ReadOnly,
+        Refused,
+        Unreachable,
+    )
+    from .fence import Checkpoint, Fence, Fenced, PosixStore, S3Store
 
-_LAZY = frozenset({"Adapter", "AsyncAdapter", "validate_spec"})
-"""Imported on first use: they pull in the HTTP client and asyncio (about a second), which a training
-process that only fences its checkpoints (``dispatch.fence``) must not pay for."""
+_LAZY = {
+    "._adapter": ("Adapter", "AsyncAdapter", "validate_spec"),
+    "._enrol": ("ENROL_LABEL",),
+    "._overrides": ("ConfigOverrides",),
+    "._names": ("ANNOTATION_ADMISSION", "CONTROLLER_NAME", "LABEL_ADMISSION", "LABEL_JOB_ID", "LABEL_SUBMISSION",
+                "PATCH_MANAGER"),
+    "._records": ("Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status",
+                  "Toleration", "Volume", "Worker"),
+    "._views": ("POD_FINALIZER",),
+    ".errors": ("Conflict", "DispatchError", "FieldCause", "Forbidden", "InvalidInput", "NotFound", "NotServed",
+                "PodsRemain", "ReadOnly", "Refused", "Unreachable"),
+    ".fence": ("Checkpoint", "Fence", "Fenced", "PosixStore", "S3Store"),
+}
+"""Every public name is imported on first use, from the module that defines it: ``import dispatch`` (and so
+every ``dispatch`` command, whose entry point lives in this package) loads nothing until a name is asked
+for. The adapter pulls in the HTTP client and asyncio, which a training process that only fences its
+checkpoints must not pay for, and ``dispatch --version`` needs none of them."""
+_WHERE = {name: module for module, names in _LAZY.items() for name in names}
+_SUBMODULES = frozenset({"errors", "fence"})
+"""Submodules ``import dispatch`` once loaded as a side effect, still reachable as attributes."""
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY:
-        from . import _adapter
+    import importlib
 
-        return getattr(_adapter, name)
+    if name in _WHERE:
+        value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+        globals()[name] = value  # once: later lookups are plain attribute reads
+        return value
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_WHERE})
 
 
 # The one source of the version: the package metadata (pyproject.toml), `dispatch --version`, the
@@ -84,6 +109,7 @@ __all__ = [  # noqa: RUF022
     "PodEnd",
     "Worker",
     "validate_spec",
+    "ConfigOverrides",
     "DispatchError",
     "Unreachable",
     "PodsRemain",

@@ -33,6 +33,7 @@ from ._core import Core
 from ._fleet import MULTIKUEUE, Fleet, WorkerView
 from ._follow import Follower, Selection, selections
 from ._identity import RecordView
+from ._overrides import ConfigOverrides
 from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
@@ -85,16 +86,19 @@ class AsyncAdapter:
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
+        overrides: ConfigOverrides | None = None,
     ) -> AsyncAdapter:
         """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster).
 
-        ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``)."""
+        ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``);
+        ``overrides`` are kubectl's client flags (``--server``, ``--token``, ``--as``, ...) laid over the
+        kubeconfig."""
         if namespace is not None:
             problem = n.dns1123_subdomain_problem(namespace)
             if problem:
                 n.check([FieldCause("namespace", f"{namespace!r} {problem}", "FieldValueInvalid")])
         kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport,
-                              request_timeout=request_timeout)
+                              request_timeout=request_timeout, overrides=overrides)
         return cls(kube, read_only=read_only)
 
     @property
@@ -738,6 +742,7 @@ class Adapter:
         read_only: bool = False,
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
+        overrides: ConfigOverrides | None = None,
     ) -> Adapter:
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="dispatch-loop", daemon=True)
@@ -746,7 +751,7 @@ class Adapter:
         async def build() -> AsyncAdapter:
             return AsyncAdapter.connect(
                 namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport,
-                request_timeout=request_timeout,
+                request_timeout=request_timeout, overrides=overrides,
             )
 
         try:

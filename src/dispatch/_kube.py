@@ -14,7 +14,7 @@ import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
 import msgspec
@@ -51,6 +51,9 @@ from .errors import (
     Refused,
     Unreachable,
 )
+
+if TYPE_CHECKING:
+    from ._overrides import ConfigOverrides
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder()
@@ -208,10 +211,12 @@ class Kube:
         transport: httpx2.AsyncBaseTransport | None = None,
         timeout: float = 15.0,
         request_timeout: float | None = None,
+        overrides: ConfigOverrides | None = None,
     ) -> Kube:
         """Build from a kubeconfig (or in-cluster credentials), or over a test transport.
 
-        ``request_timeout`` bounds each request with its retries (kubectl's ``--request-timeout``)."""
+        ``request_timeout`` bounds each request with its retries (kubectl's ``--request-timeout``);
+        ``overrides`` are kubectl's client flags laid over the kubeconfig."""
         if request_timeout is not None:
             timeout = min(timeout, request_timeout)
         if transport is not None:
@@ -222,13 +227,14 @@ class Kube:
                         request_timeout=request_timeout)
         from . import _kubeconfig
 
-        conn = _kubeconfig.load(kubeconfig, context)
+        conn = _kubeconfig.load(kubeconfig, context, overrides)
         # keep more connections alive than httpx's default so a busy controller reuses TLS connections
         # instead of handshaking for most requests
         client = httpx2.AsyncClient(
             base_url=conn.server, verify=conn.verify, auth=conn.auth, proxy=conn.proxy,
             timeout=httpx2.Timeout(timeout),
             limits=httpx2.Limits(max_connections=64, max_keepalive_connections=32, keepalive_expiry=120.0),
+            **conn.client_options(),
         )
         where = f"{conn.server} ({conn.source})" if conn.source else conn.server
         return Kube(client, namespace or conn.namespace, where=where, request_timeout=request_timeout)
@@ -243,6 +249,7 @@ class Kube:
             base_url=conn.server, verify=conn.verify, auth=conn.auth, proxy=conn.proxy,
             timeout=httpx2.Timeout(timeout),
             limits=httpx2.Limits(max_connections=16, max_keepalive_connections=8, keepalive_expiry=120.0),
+            **conn.client_options(),
         )
         return Kube(client, namespace, where=f"{conn.server} ({source})")
 

@@ -35,12 +35,11 @@ from urllib.parse import urlsplit
 import httpx2
 import yaml
 
+from ._overrides import ConfigOverrides as ConfigOverrides
 from .errors import Refused
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 EXEC_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
-_UNSUPPORTED_CLUSTER = ("tls-server-name",)
-_UNSUPPORTED_USER = ("as", "as-uid", "as-groups", "as-user-extra")
 _TOKEN_REREAD = 60.0
 """Seconds after which a token file is read again (client-go re-reads it each minute: tokens rotate)."""
 
@@ -62,6 +61,25 @@ class Connection:
     proxy: str | None = None
     source: str = ""
     """Where the settings came from (``kubeconfig FILE, context NAME`` or ``in-cluster``), for messages."""
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent with every request: the impersonation headers (``as`` in the kubeconfig, or ``--as``)."""
+    tls_server_name: str | None = None
+    """The name the server's certificate is checked against (and sent as SNI), in place of the URL's host."""
+
+    def client_options(self) -> dict[str, Any]:
+        """``httpx2.AsyncClient`` keyword arguments for what this connection adds to a plain client: the
+        impersonation headers, and the TLS server name set on each request."""
+        options: dict[str, Any] = {}
+        if self.headers:
+            options["headers"] = httpx2.Headers(list(self.headers))
+        if self.tls_server_name:
+            name = self.tls_server_name
+
+            async def sni(request: httpx2.Request) -> None:
+                request.extensions["sni_hostname"] = name
+
+            options["event_hooks"] = {"request": [sni]}
+        return options
 
 
 @dataclass
@@ -171,8 +189,11 @@ def _no_config(message: str) -> Refused:
     return Refused(message, reason="NoKubeconfig")
 
 
-def load(kubeconfig: str | Path | None = None, context: str | None = None) -> Connection:
-    """The connection settings, or a ``Refused`` naming what is wrong and where."""
+def load(kubeconfig: str | Path | None = None, context: str | None = None,
+         overrides: ConfigOverrides | None = None) -> Connection:
+    """The connection settings, or a ``Refused`` naming what is wrong and where; ``overrides`` (kubectl's
+    flags) are laid over what the kubeconfig says."""
+    over = overrides or ConfigOverrides()
     files, explicit = _candidates(kubeconfig)
     merged = _Merged()
     if explicit:
@@ -191,16 +212,44 @@ def load(kubeconfig: str | Path | None = None, context: str | None = None) -> Co
             elif path.exists():
                 raise _bad(f"kubeconfig {path} (in KUBECONFIG) is not a file")
     if not merged.files:
+        if over.server and context is None:
+            return _select(_flags_only(over), None, over)  # kubectl --server with no kubeconfig
         if context is None and _in_cluster_possible():
-            return _in_cluster()
+            return _in_cluster(over)
         where = ("none of the files in KUBECONFIG exists (" + ", ".join(str(f) for f in files) + ")"
                  if os.environ.get("KUBECONFIG") else f"{files[0]} does not exist")
         raise _no_config(f"no kubeconfig found: {where}; pass --kubeconfig or set KUBECONFIG")
     if merged.empty:
+        if over.server and context is None:
+            return _select(_flags_only(over), None, over)
         if context is None and not explicit and _in_cluster_possible():
-            return _in_cluster()
+            return _in_cluster(over)
         raise _bad(f"{merged.describe()} is empty: it defines no clusters, users or contexts")
-    return _select(merged, context)
+    return _select(merged, context, over)
+
+
+def _flags_only(over: ConfigOverrides) -> _Merged:
+    """The kubeconfig kubectl makes of ``--server`` (and the other flags) when no file exists."""
+    origin = Path.cwd() / "(command-line flags)"
+    merged = _Merged(files=[origin], current_context="flags", current_from=origin)
+    merged.clusters["flags"] = _Named({"server": over.server}, origin)
+    merged.users["flags"] = _Named({}, origin)
+    merged.contexts["flags"] = _Named({"cluster": "flags", "user": "flags"}, origin)
+    return merged
+
+
+def entry_names(kubeconfig: str | Path | None = None) -> dict[str, list[str]]:
+    """The names of the contexts, clusters and users the kubeconfig defines (merged as ``load`` merges
+    them), for completion; an unreadable kubeconfig defines none."""
+    files, _ = _candidates(kubeconfig)
+    merged = _Merged()
+    for path in files:
+        try:
+            if path.is_file():
+                _read_file(path, merged)
+        except Refused:
+            continue
+    return {"contexts": sorted(merged.contexts), "clusters": sorted(merged.clusters), "users": sorted(merged.users)}
 
 
 INLINE_LIMIT = 1 << 20
@@ -253,7 +302,8 @@ def _resolve(path: str, origin: Path) -> Path:
     return p if p.is_absolute() else (origin.parent / p).resolve()
 
 
-def _select(merged: _Merged, context: str | None) -> Connection:
+def _select(merged: _Merged, context: str | None, over: ConfigOverrides | None = None) -> Connection:
+    over = over or ConfigOverrides()
     src = merged.describe()
     name = context or merged.current_context
     if not name:
@@ -264,34 +314,99 @@ def _select(merged: _Merged, context: str | None) -> Connection:
         names = ", ".join(sorted(merged.contexts)) or "none"
         raise Refused(f"context {name!r} not found in {src} (contexts: {names})", reason="NoContext")
     cwhere = f"kubeconfig {ctx.origin}: contexts[{name}].context"
-    cluster_name = _str(ctx.body, "cluster", cwhere, required=True)
+    cluster_name = over.cluster or _str(ctx.body, "cluster", cwhere, required=True)
     assert cluster_name is not None
-    user_name = _str(ctx.body, "user", cwhere)
+    user_name = over.user or _str(ctx.body, "user", cwhere)
     namespace = _str(ctx.body, "namespace", cwhere) or "default"
     cluster = merged.clusters.get(cluster_name)
     if cluster is None:
+        if over.cluster:
+            raise _bad(f"--cluster names {cluster_name!r}, which {src} does not define (clusters: "
+                       f"{', '.join(sorted(merged.clusters)) or 'none'})")
         raise _bad(f"{cwhere}.cluster names {cluster_name!r}, which {src} does not define")
     user: _Named | None = None
     if user_name is not None:
         user = merged.users.get(user_name)
         if user is None:
+            if over.user:
+                raise _bad(f"--user names {user_name!r}, which {src} does not define (users: "
+                           f"{', '.join(sorted(merged.users)) or 'none'})")
             raise _bad(f"{cwhere}.user names {user_name!r}, which {src} does not define")
     kwhere = f"kubeconfig {cluster.origin}: clusters[{cluster_name}].cluster"
     uwhere = f"kubeconfig {user.origin}: users[{user_name}].user" if user is not None else ""
-    for key in _UNSUPPORTED_CLUSTER:
-        if cluster.body.get(key):
-            raise _bad(f"{kwhere}.{key} is not supported by dispatch; remove it or use a context without it")
-    if user is not None:
-        for key in _UNSUPPORTED_USER:
-            if user.body.get(key):
-                raise _bad(f"{uwhere}.{key} (impersonation) is not supported by dispatch; use a context without it")
+    cluster = _over_cluster(cluster, over)
+    if over.token is not None:
+        user = _Named({**{k: v for k, v in (user.body if user else {}).items() if k not in _AUTH_KEYS},
+                       "token": over.token}, user.origin if user else cluster.origin)
+        uwhere = uwhere or "--token"
     verify, has_tls = _ssl_context(cluster, user, kwhere, uwhere)
     server = _server(cluster.body, kwhere, default_tls=has_tls)
     proxy = _str(cluster.body, "proxy-url", kwhere)
     if proxy is not None and urlsplit(proxy).scheme not in ("http", "https"):
         raise _bad(f"{kwhere}.proxy-url {proxy!r}: dispatch supports http and https proxies only")
     auth = _auth(user, uwhere, cluster, server) if user is not None else None
-    return Connection(server, verify, auth, namespace, proxy, f"{src}, context {name}")
+    headers = _impersonation(user.body if user is not None else {}, uwhere, over)
+    tls_server_name = _str(cluster.body, "tls-server-name", kwhere)
+    return Connection(server, verify, auth, namespace, proxy, f"{src}, context {name}", headers, tls_server_name)
+
+
+_AUTH_KEYS = ("token", "tokenFile", "exec", "auth-provider", "username", "password")
+"""What authenticates a user apart from a client certificate: all of it gives way to ``--token``."""
+
+
+def _over_cluster(cluster: _Named, over: ConfigOverrides) -> _Named:
+    """The cluster entry with kubectl's flags laid over it, as client-go's ``getCluster`` lays them."""
+    body = dict(cluster.body)
+    if over.server:
+        body["server"] = over.server
+    if over.insecure_skip_tls_verify or over.certificate_authority:
+        # a CA or a skip from the command line replaces both, or the kubeconfig's CA would win or clash
+        body.pop("certificate-authority-data", None)
+        body["insecure-skip-tls-verify"] = over.insecure_skip_tls_verify
+        body["certificate-authority"] = (str(Path(over.certificate_authority).expanduser().resolve())
+                                         if over.certificate_authority else None)
+    if over.tls_server_name or over.server:
+        body["tls-server-name"] = over.tls_server_name  # --server without it drops the kubeconfig's, as kubectl
+    return _Named(body, cluster.origin)
+
+
+def _impersonation(user: Entry, where: str, over: ConfigOverrides) -> tuple[tuple[str, str], ...]:
+    """The Impersonate-* headers: from the flags if ``--as`` is given, else from the kubeconfig user's
+    ``as``, ``as-groups``, ``as-uid`` and ``as-user-extra`` (what kubectl sends for each)."""
+    if over.impersonate or over.impersonate_groups or over.impersonate_uid:
+        if not over.impersonate:
+            given = "--as-group" if over.impersonate_groups else "--as-uid"
+            raise _bad(f"{given} needs --as: groups and a uid are impersonated only with a user (as kubectl "
+                       "requires)", "BadImpersonation")
+        return (("Impersonate-User", over.impersonate),
+                *(("Impersonate-Group", g) for g in over.impersonate_groups),
+                *((("Impersonate-Uid", over.impersonate_uid),) if over.impersonate_uid else ()))
+    name = _str(user, "as", where)
+    uid = _str(user, "as-uid", where)
+    groups = user.get("as-groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise _bad(f"{where}.as-groups must be a list of strings")
+    extra = user.get("as-user-extra") or {}
+    if not isinstance(extra, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+            for k, v in extra.items()):
+        raise _bad(f"{where}.as-user-extra must map names to lists of strings")
+    if name is None:
+        if groups or uid or extra:
+            raise _bad(f"{where} sets as-groups, as-uid or as-user-extra without as: groups, a uid and extra "
+                       "fields are impersonated only with a user", "BadImpersonation")
+        return ()
+    return (("Impersonate-User", name), *(("Impersonate-Group", g) for g in groups),
+            *((("Impersonate-Uid", uid),) if uid else ()),
+            *((f"Impersonate-Extra-{_extra_key(k)}", v) for k, values in extra.items() for v in values))
+
+
+def _extra_key(key: str) -> str:
+    """An extra field's name as a header name: percent-encoded where a header name cannot hold it (as
+    client-go encodes it)."""
+    from urllib.parse import quote
+
+    return quote(key, safe="!#$&'*+-.^_`|~")
 
 
 _BARE_HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(:[0-9]+)?$")
@@ -376,8 +491,11 @@ def _ssl_context(cluster: _Named, user: _Named | None, kwhere: str, uwhere: str)
     if ca is not None and insecure:
         raise _bad(f"{kwhere} sets both a certificate authority and insecure-skip-tls-verify; kubectl refuses "
                    "that too: keep one")
-    ctx = ssl.create_default_context()
-    if ca is not None:
+    if ca is None and str(body.get("server", "")).startswith("http://"):
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # a plain-HTTP server: no certificate is ever checked
+    elif ca is None:
+        ctx = ssl.create_default_context()  # the system's CAs: reading them costs ~10-100 ms, so only here
+    else:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
             ctx.load_verify_locations(cadata=_pem_or_der(ca))
@@ -660,7 +778,7 @@ def _in_cluster_possible() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and (SERVICE_ACCOUNT / "token").is_file()
 
 
-def _in_cluster() -> Connection:
+def _in_cluster(over: ConfigOverrides | None = None) -> Connection:
     host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ.get("KUBERNETES_SERVICE_PORT", "443")
     if ":" in host:
         host = f"[{host}]"
@@ -675,5 +793,8 @@ def _in_cluster() -> Connection:
         namespace = (SERVICE_ACCOUNT / "namespace").read_text().strip() or "default"
     except OSError:
         namespace = "default"
-    return Connection(f"https://{host}:{port}", ctx, TokenFileAuth(SERVICE_ACCOUNT / "token"), namespace,
-                      source="in-cluster service account")
+    auth: httpx2.Auth = TokenFileAuth(SERVICE_ACCOUNT / "token")
+    if over is not None and over.token is not None:
+        auth = BearerAuth(over.token)
+    return Connection(f"https://{host}:{port}", ctx, auth, namespace, source="in-cluster service account",
+                      headers=_impersonation({}, "in-cluster", over) if over is not None else ())

@@ -678,7 +678,7 @@ def test_help_and_usage_errors_never_connect(cli: Cli) -> None:
 
 
 def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dispatch.cli import _app
+    from dispatch.cli import _controller
 
     calls: list[ControllerOptions] = []
 
@@ -686,7 +686,7 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
         calls.append(options)
         return 0
 
-    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
+    monkeypatch.setattr(_controller, "run_from_cli", run_from_cli)
     result = cli("--kubeconfig", "/k", "--context", "c", "-n", "ns", "controller", "--metrics-port", "9090",
                  "--no-leader-elect", "--workers", "8", "--batch", "16", "--foreign", "ignore", "--log-level", "debug",
                  "--metrics-bind-address", ":8443", "--metrics-secure", "--metrics-cert-dir", "/certs")
@@ -710,20 +710,20 @@ def test_controller_is_called_with_the_global_options(cli: Cli, monkeypatch: pyt
 
 
 def test_controller_exit_code_is_passed_on(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
-    from dispatch.cli import _app
+    from dispatch.cli import _controller
 
-    monkeypatch.setattr(_app, "run_from_cli", lambda options: 1)
+    monkeypatch.setattr(_controller, "run_from_cli", lambda options: 1)
     assert cli("controller").exit_code == 1
 
 
 def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
     from dispatch import Forbidden
-    from dispatch.cli import _app
+    from dispatch.cli import _controller
 
     def run_from_cli(options: ControllerOptions) -> None:
         raise Forbidden("forbidden: cannot watch workloads.kueue.x-k8s.io", reason="Forbidden", code=403)
 
-    monkeypatch.setattr(_app, "run_from_cli", run_from_cli)
+    monkeypatch.setattr(_controller, "run_from_cli", run_from_cli)
     result = cli("controller")
     assert result.exit_code == EXIT_REFUSED
     assert "cannot watch workloads" in result.stderr
@@ -737,11 +737,11 @@ def test_controller_errors_are_reported(cli: Cli, monkeypatch: pytest.MonkeyPatc
 def test_a_controller_option_out_of_its_bounds_is_a_usage_error_in_both_entry_points(
         cli: Cli, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], args: list[str],
         named: str) -> None:
-    from dispatch.cli import _app
+    from dispatch.cli import _controller
     from dispatch.controller.__main__ import main
 
     started: list[ControllerOptions] = []
-    monkeypatch.setattr(_app, "run_from_cli", started.append)
+    monkeypatch.setattr(_controller, "run_from_cli", started.append)
     result = cli("controller", *args)
     assert result.exit_code == EXIT_USAGE and named in result.stderr, result.stderr
     with pytest.raises(SystemExit) as exited:
@@ -758,9 +758,9 @@ def test_both_entry_points_take_exactly_the_controller_options(cli: Cli) -> None
     import typer.main
 
     from dispatch._controller_options import options, parser
-    from dispatch.cli import _app
+    from dispatch.cli import _controller
 
-    command = typer.main.get_command(_app.app).commands["controller"]  # type: ignore[attr-defined]
+    command = typer.main.get_command(_controller.commands)
     cli_flags = {o for p in command.params for o in (*p.opts, *p.secondary_opts)} - {"--help", "-h"}
     module_flags = {o for a in parser(environ=[])._actions for o in a.option_strings} - {"--help", "-h"}
     declared = {o.flag for o in options()}

@@ -253,18 +253,19 @@ def test_completion_scripts(cli: Cli) -> None:
                          ("fish", "complete --command dispatch")):
         result = cli("completion", shell)
         assert result.exit_code == 0, result.output
-        assert words in result.stdout and "_DISPATCH_COMPLETE" in result.stdout
+        assert words in result.stdout and "dispatch __complete" in result.stdout
     bad = cli("completion", "tcsh")
     assert bad.exit_code == EXIT_USAGE and "bash, zsh, fish" in bad.stderr
 
 
-def _complete(words: str, cword: int) -> list[str]:
-    """What the bash script's callback answers (it runs ``dispatch`` with these variables set)."""
-    env = {"_DISPATCH_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
-    proc = subprocess.run([sys.executable, "-c", "from dispatch.cli import main; main()"],
-                          env={**_env(), **env}, capture_output=True, text=True, check=False)
+def _complete(*words: str) -> list[str]:
+    """What every shell script asks: ``dispatch __complete WORDS...``, answered in cobra's format."""
+    proc = subprocess.run([sys.executable, "-c", "from dispatch.cli import main; main()", "__complete", *words],
+                          env=_env(), capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    return proc.stdout.split()
+    *found, directive = proc.stdout.splitlines()
+    assert directive.startswith(":"), proc.stdout
+    return found
 
 
 def _env() -> dict[str, str]:
@@ -274,10 +275,21 @@ def _env() -> dict[str, str]:
 
 
 def test_completion_answers_commands_options_and_choices() -> None:
-    assert "status" in _complete("dispatch sta", 1)
-    assert {"--selector", "--state"} <= set(_complete("dispatch status --s", 2))
-    assert _complete("dispatch status --state ", 3) == ["Held", "Queued", "Running", "Succeeded", "Failed",
-                                                         "Closing"]
+    assert _complete("sta") == ["status"]
+    assert {"--selector", "--state"} <= set(_complete("status", "--s"))
+    assert _complete("status", "--state", "") == ["Held", "Queued", "Running", "Succeeded", "Failed", "Closing"]
+    assert _complete("--context", "x", "status", "--state", "Ru") == ["Running"]
+    assert _complete("-o", "js") == ["json", "jsonpath="]
+    assert _complete("completion", "") == ["bash", "fish", "zsh"]
+    assert "release-pod" in _complete("admin", "")
+
+
+def test_completion_of_an_older_bash_script() -> None:
+    """A bash script printed by dispatch 0.1.0 (typer's, which sets _DISPATCH_COMPLETE) still completes."""
+    env = {"_DISPATCH_COMPLETE": "complete_bash", "COMP_WORDS": "dispatch status --st", "COMP_CWORD": "2"}
+    proc = subprocess.run([sys.executable, "-c", "from dispatch.cli import main; main()"],
+                          env={**_env(), **env}, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and proc.stdout.split() == ["--state"], proc
 
 
 def test_completion_in_bash_itself(tmp_path: Path) -> None:
@@ -297,10 +309,10 @@ def test_completion_in_bash_itself(tmp_path: Path) -> None:
 
 
 def test_kubectl_plugin_completion() -> None:
-    from dispatch.cli._completion import kubectl_candidates
+    from dispatch.cli._completion import candidates
 
-    assert kubectl_candidates(app, ["sta"]) == ["status"]
-    assert "--output" in kubectl_candidates(app, ["status", "--out"])
+    assert candidates(["sta"])[0] == ["status"]
+    assert "--output" in candidates(["status", "--out"])[0]
     proc = subprocess.run([sys.executable, "-c", "from dispatch.cli import kubectl_complete_main as m; m()",
                            "status", "--state", "Ru"], capture_output=True, text=True, check=False, env=_env())
     assert proc.stdout == "Running\n:4\n"  # kubectl's plugin completion format: candidates, then a directive

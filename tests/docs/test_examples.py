@@ -65,7 +65,7 @@ from dispatch.testing import FakeCluster
 from .scenarios import ENVIRONMENTS, SCENARIOS, STEPPING
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+SOURCES = [ROOT / "README.md", ROOT / "README-pypi.md", *sorted((ROOT / "docs").rglob("*.md"))]
 MARKER = re.compile(r"^<!--\s*example:\s*(?P<mode>[\w-]+)\s*(?P<reason>.*?)\s*-->\s*$", re.S)
 NEEDS_REASON = {"cluster", "testbed", "shown"}
 PUBLIC = {"dispatch": dispatch.__all__, "dispatch.errors": dispatch.errors.__all__,

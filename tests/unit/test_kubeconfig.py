@@ -153,9 +153,10 @@ CORPUS: list[tuple[str, str | Callable[[Path], str], str, str]] = [
     ("exec-args-a-string", config(user={"exec": {"apiVersion": "client.authentication.k8s.io/v1",
                                                  "command": "x", "args": "--a --b"}}),
      "BadKubeconfig", "exec.args must be a list of strings"),
-    ("impersonation", config(user={"token": "t", "as": "bob"}), "BadKubeconfig", "as (impersonation) is not supported"),
-    ("tls-server-name", config({"server": SERVER, "tls-server-name": "api.internal"}), "BadKubeconfig",
-     "tls-server-name is not supported"),
+    ("impersonated-groups-without-a-user", config(user={"token": "t", "as-groups": ["ml"]}), "BadImpersonation",
+     "as-groups, as-uid or as-user-extra without as"),
+    ("as-groups-a-string", config(user={"token": "t", "as": "bob", "as-groups": "ml"}), "BadKubeconfig",
+     "as-groups must be a list of strings"),
     ("socks-proxy", config({"server": SERVER, "proxy-url": "socks5://127.0.0.1:1080"}), "BadKubeconfig",
      "supports http and https proxies only"),
 ]
@@ -322,6 +323,8 @@ class Served:
     seen: list[tuple[str, str]] = field(default_factory=list)
     reply_401: int = 0
     reply_404: bool = False
+    headers: list[dict[str, list[str]]] = field(default_factory=list)
+    """Every header of each request, by lower-case name (a header sent twice has two values)."""
 
 
 def _serve(tls: ssl.SSLContext | None) -> Iterator[Served]:
@@ -330,6 +333,10 @@ def _serve(tls: ssl.SSLContext | None) -> Iterator[Served]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             served.seen.append((self.path, self.headers.get("Authorization", "")))
+            sent: dict[str, list[str]] = {}
+            for key, value in self.headers.items():
+                sent.setdefault(key.lower(), []).append(value)
+            served.headers.append(sent)
             if served.reply_401 > 0:
                 served.reply_401 -= 1
                 code, body = 401, {"kind": "Status", "code": 401, "reason": "Unauthorized", "message": "no"}
@@ -499,3 +506,98 @@ def test_the_cli_uses_a_kubeconfig_list(tmp_path: Path, plain_server: Served) ->
     assert "trainjob llama-s1 not found in namespace team" in result.stderr
     assert plain_server.seen == [("/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/llama-s1",
                                   "Bearer from-first")]
+
+
+# ---------------------------------------------------------------------- kubectl's flags and impersonation
+
+
+async def get_once(path: Path | None, overrides: kc.ConfigOverrides | None = None) -> None:
+    kube = k.Kube.connect(kubeconfig=path, overrides=overrides)
+    try:
+        await kube.get(k.PODS, "x")
+    finally:
+        await kube.aclose()
+
+
+async def test_a_kubeconfig_users_impersonation_is_sent_as_kubectl_sends_it(tmp_path: Path,
+                                                                           plain_server: Served) -> None:
+    """``as``, ``as-groups``, ``as-uid`` and ``as-user-extra`` (once refused) become Impersonate-* headers."""
+    path = tmp_path / "config"
+    path.write_text(config({"server": plain_server.url}, {"token": "t", "as": "bob", "as-groups": ["ml", "ops"],
+                                                          "as-uid": "42", "as-user-extra": {"scopes": ["view"]}}))
+    await get_once(path)
+    sent = plain_server.headers[-1]
+    assert (sent["impersonate-user"], sent["impersonate-group"], sent["impersonate-uid"],
+            sent["impersonate-extra-scopes"], sent["authorization"]) == (
+        ["bob"], ["ml", "ops"], ["42"], ["view"], ["Bearer t"])
+
+
+async def test_the_as_flags_replace_the_kubeconfigs_and_the_token_flag_its_credentials(
+        tmp_path: Path, plain_server: Served) -> None:
+    path = tmp_path / "config"
+    path.write_text(config({"server": plain_server.url}, {"token": "t", "as": "bob", "as-groups": ["ml"]}))
+    await get_once(path, kc.ConfigOverrides(impersonate="alice", impersonate_groups=("sre",), token="flag"))
+    sent = plain_server.headers[-1]
+    assert (sent["impersonate-user"], sent["impersonate-group"], sent["authorization"]) == (
+        ["alice"], ["sre"], ["Bearer flag"])
+    await get_once(path, kc.ConfigOverrides())
+    assert "impersonate-group" in plain_server.headers[-1] and "impersonate-user" in plain_server.headers[-1]
+
+
+async def test_server_cluster_and_user_flags_pick_as_kubectl_does(tmp_path: Path, plain_server: Served) -> None:
+    path = tmp_path / "config"
+    doc = yaml.safe_load(config({"server": "https://127.0.0.1:1"}))
+    doc["clusters"].append({"name": "other", "cluster": {"server": plain_server.url}})
+    doc["users"].append({"name": "ops", "user": {"token": "ops-token"}})
+    path.write_text(yaml.safe_dump(doc))
+    await get_once(path, kc.ConfigOverrides(cluster="other", user="ops"))
+    assert plain_server.seen[-1][1] == "Bearer ops-token"
+    await get_once(path, kc.ConfigOverrides(server=plain_server.url))
+    assert plain_server.seen[-1][1] == "Bearer t"
+    await get_once(None, kc.ConfigOverrides(server=plain_server.url, token="bare"))  # no kubeconfig at all
+    assert plain_server.seen[-1][1] == "Bearer bare"
+    with pytest.raises(Refused, match="--cluster names 'nope'"):
+        kc.load(path, overrides=kc.ConfigOverrides(cluster="nope"))
+    with pytest.raises(Refused, match="--as-group needs --as") as err:
+        kc.load(path, overrides=kc.ConfigOverrides(impersonate_groups=("ml",)))
+    assert err.value.reason == "BadImpersonation"
+
+
+async def test_the_tls_server_name_is_what_the_certificate_is_checked_against(tmp_path: Path, pki: Path,
+                                                                              tls_server: Served) -> None:
+    """``tls-server-name`` (once refused) and ``--tls-server-name``: the server's certificate names
+    kubernetes.default, not wrong.example; a CA from ``--certificate-authority`` replaces the kubeconfig's."""
+    path = tmp_path / "config"
+    client = {"client-certificate-data": b64((pki / "admin.crt").read_bytes()),
+              "client-key-data": b64((pki / "admin.key").read_bytes())}
+    path.write_text(config({"server": tls_server.url, "certificate-authority-data": b64(
+        (pki / "ca.crt").read_bytes()), "tls-server-name": "kubernetes.default"}, client))
+    await get_once(path)
+    with pytest.raises(Exception, match=r"(?i)certificate|hostname|ssl"):
+        await get_once(path, kc.ConfigOverrides(tls_server_name="wrong.example"))
+    path.write_text(config({"server": tls_server.url, "insecure-skip-tls-verify": True}, client))
+    await get_once(path, kc.ConfigOverrides(certificate_authority=str(pki / "ca.crt"),
+                                            tls_server_name="kubernetes.default"))
+    assert len(tls_server.seen) == 2
+
+
+def test_the_systems_cas_are_read_only_when_the_kubeconfig_names_none(tmp_path: Path, pki: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading the system's CA bundle is a large part of a command's start (issue 37): a kubeconfig with its own
+    CA, or a plain-HTTP server, does not pay it."""
+    read: list[bool] = []
+    real = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        read.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    path = tmp_path / "config"
+    path.write_text(config({"server": SERVER, "certificate-authority-data": b64((pki / "ca.crt").read_bytes())}))
+    assert kc.load(path).verify.verify_mode == ssl.CERT_REQUIRED
+    path.write_text(config({"server": "http://127.0.0.1:8080"}))
+    kc.load(path)
+    assert read == []
+    path.write_text(config({"server": SERVER}))
+    assert kc.load(path).verify.verify_mode == ssl.CERT_REQUIRED and read == [True]

@@ -2,13 +2,18 @@
 
 Exit codes: 0 success; 1 unexpected failure (and ``ceased``'s "not ceased", as ``grep -q`` exits 1); 2 usage
 error; 3 retryable failure (``Unreachable``, including ``PodsRemain``); 4 refused (``Refused``); 130 interrupted.
+
+The entry points load only what the command asked for (``_app`` loads each command's module on demand;
+``__complete`` answers a shell's TAB before the command line's parser is even built), so that the command
+starts about as fast as kubectl.
 """
 
 from __future__ import annotations
 
-from ._app import app
-from ._completion import complete_var, completion_init, kubectl_complete_main
-from ._errors import (
+import sys
+from typing import TYPE_CHECKING
+
+from ._codes import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_NOT_CEASED,
@@ -17,7 +22,10 @@ from ._errors import (
     EXIT_RETRY,
     EXIT_USAGE,
 )
-from ._state import CliState, Output, Settings, connect_adapter
+
+if TYPE_CHECKING:
+    from ._app import app
+    from ._state import CliState, Output, Settings, connect_adapter
 
 __all__ = [
     "EXIT_FAILURE",
@@ -37,15 +45,50 @@ __all__ = [
     "main",
 ]
 
+_LAZY = {"app": "._app", "CliState": "._state", "Output": "._state", "Settings": "._state",
+         "connect_adapter": "._state"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 def main(prog_name: str | None = "dispatch") -> None:
     """Console-script entry point (``dispatch``; ``python -m dispatch`` passes None, so that usage lines
     read ``python -m dispatch``)."""
-    completion_init()  # so that the completion scripts' callbacks (_DISPATCH_COMPLETE=...) are answered
+    args = sys.argv[1:]
+    if args == ["--version"]:  # what the parser would print, without building it
+        from .. import __version__
+
+        print(f"dispatch {__version__}")
+        return
+    from ._completion import answer_shell
+
+    if answer_shell(args, prog="dispatch"):  # a TAB: answered without building the command line
+        return
+    from ._app import app
+
     app(prog_name=prog_name)
 
 
 def kubectl_main() -> None:
     """``kubectl-dispatch``: the same command as a kubectl plugin, so ``kubectl dispatch status`` works."""
-    completion_init()
-    app(prog_name="kubectl dispatch", complete_var=complete_var("kubectl-dispatch"))
+    from ._completion import answer_shell
+
+    if answer_shell(sys.argv[1:], prog="kubectl-dispatch"):
+        return
+    from ._app import app
+
+    app(prog_name="kubectl dispatch")
+
+
+def kubectl_complete_main() -> None:
+    """``kubectl_complete-dispatch``: kubectl (1.26+) runs it with the words typed after ``kubectl dispatch``
+    (the last one being completed) and reads cobra's format back."""
+    from ._completion import complete_main
+
+    complete_main(sys.argv[1:])

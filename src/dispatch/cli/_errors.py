@@ -24,30 +24,20 @@ from ..errors import (
     Refused,
     Unreachable,
 )
+from ._codes import (
+    CEASED_EXIT_CODES_HELP as CEASED_EXIT_CODES_HELP,
+)
+from ._codes import EXIT_CODES_HELP as EXIT_CODES_HELP
+from ._codes import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_REFUSED,
+    EXIT_RETRY,
+)
+from ._codes import EXIT_NOT_CEASED as EXIT_NOT_CEASED
+from ._codes import EXIT_OK as EXIT_OK
+from ._codes import EXIT_USAGE as EXIT_USAGE
 from ._state import CliState
-
-EXIT_OK = 0
-EXIT_FAILURE = 1
-EXIT_USAGE = 2
-EXIT_RETRY = 3
-EXIT_REFUSED = 4
-EXIT_INTERRUPTED = 130
-EXIT_NOT_CEASED = 1
-"""``dispatch ceased``'s answer "not ceased", as ``grep -q`` exits 1 for "not found": a script reads the
-answer from the exit code alone. An unexpected failure also exits 1, and reads as the safe answer."""
-
-EXIT_CODES_HELP = (
-    "Exit codes: 0 success; 1 unexpected failure; 2 usage error; 3 retryable failure (Unreachable: "
-    "API server unreachable, timeout, conflict, or PodsRemain: pods of the previous execution may still "
-    "run); 4 refused, do not retry unchanged (Refused: invalid input, not found, forbidden, read-only, "
-    "an unusable kubeconfig, a server that is not the Kubernetes API); "
-    "130 interrupted."
-)
-CEASED_EXIT_CODES_HELP = (
-    "Exit codes, as grep -q's: 0 ceased; 1 not ceased (or an unexpected failure: either way, act as if "
-    "it may still run); 2 usage error; 3 retryable failure (Unreachable); 4 refused (Refused: an invalid name, "
-    "forbidden, an unusable kubeconfig, ...); 130 interrupted."
-)
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 
@@ -69,6 +59,8 @@ _KUBECONFIG_HINTS = {
     "ExecCredential": "install the credential plugin the kubeconfig names (or put it on PATH), log in with it if it "
                       "needs that, or pick another --context; `kubectl get ns` with the same kubeconfig runs the same "
                       "plugin",
+    "BadImpersonation": "impersonate a user with --as (or `as` in the kubeconfig's user); groups and a uid "
+                        "(--as-group, --as-uid) go with it",
     "NoKubeconfig": "pass --kubeconfig PATH, set KUBECONFIG, or create ~/.kube/config; for the local testbed run "
                     "`dispatch testbed up`, which prints the kubeconfig path",
 }

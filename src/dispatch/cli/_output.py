@@ -237,19 +237,26 @@ def wide(state: CliState) -> bool:
     return state.settings.output is Output.WIDE
 
 
-def print_status(state: CliState, status: Status, *, pods: bool = True) -> None:
-    """One object's status; ``pods`` adds its remaining pods under the table."""
+def print_status(state: CliState, status: Status, *, pods: bool = True, warnings: bool = False) -> None:
+    """One object's status; ``pods`` adds its remaining pods under the table, ``warnings`` its warnings (on
+    stderr): ``status NAME`` says them, not every command that shows the object on its way (they stay in
+    ``-o json``'s ``warnings`` either way)."""
 
     def human() -> None:
         show(state, status_grid([status], wide=wide(state)))
-        for warning in status.warnings:
-            state.err.print(Text(f"warning: {warning}"))
+        if warnings:
+            print_warnings(state, status)
         if status.remaining and pods:
             state.out.print()
             state.out.print("[bold]remaining pods[/] (a previous execution may still run):")
             show(state, pods_grid(status.remaining, wide=wide(state)))
 
     emit(state, status.to_dict(), human, names=trainjob_names(status.name))
+
+
+def print_warnings(state: CliState, status: Status) -> None:
+    for warning in status.warnings:
+        state.err.print(Text(f"warning: {warning}"))
 
 
 def print_statuses(state: CliState, statuses: Sequence[Status], *, namespaces: bool = False) -> None:

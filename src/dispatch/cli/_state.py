@@ -11,12 +11,16 @@ import enum
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-
-from .._adapter import Adapter
 from ._jsonpath import Path, Template, TemplateError, parse_path, parse_template
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from .._adapter import Adapter
+    from .._overrides import ConfigOverrides
 
 
 class Output(enum.StrEnum):
@@ -97,37 +101,86 @@ class Settings:
     no_headers: bool = False
     request_timeout: float | None = None
     """Seconds a single request (with its retries) may take; None: the library's own bounds."""
+    overrides: ConfigOverrides | None = None
+    """kubectl's client flags (``--server``, ``--token``, ``--as``, ...), laid over the kubeconfig."""
+    verbosity: int = 0
+    """kubectl's ``-v``: from 6 on, each request and its answer is printed to stderr."""
 
 
 def connect_adapter(settings: Settings) -> Adapter:
     """The product's adapter factory: a real connection from the kubeconfig."""
-    return Adapter.connect(
+    from .._adapter import Adapter
+
+    adapter = Adapter.connect(
         settings.namespace,
         kubeconfig=settings.kubeconfig,
         context=settings.context,
         read_only=settings.read_only,
         request_timeout=settings.request_timeout,
+        overrides=settings.overrides,
     )
+    if settings.verbosity >= REQUEST_LOG_LEVEL:
+        log_requests(adapter)
+    return adapter
+
+
+REQUEST_LOG_LEVEL = 6
+"""kubectl's ``-v=6`` logs each request's method, URL, status and time."""
+
+
+def log_requests(adapter: Adapter) -> None:
+    """Print each request and its answer to stderr, as kubectl's ``-v=6`` does: ``GET URL 200 OK in 12 ms``."""
+    import time
+
+    started: dict[int, float] = {}
+
+    async def on_request(request: object) -> None:
+        started[id(request)] = time.monotonic()
+
+    async def on_response(response: object) -> None:
+        request = getattr(response, "request", None)
+        ms = (time.monotonic() - started.pop(id(request), time.monotonic())) * 1000
+        print(f"{getattr(request, 'method', '?')} {getattr(request, 'url', '?')} "
+              f"{getattr(response, 'status_code', '?')} {getattr(response, 'reason_phrase', '')} in {ms:.0f} ms",
+              file=sys.stderr, flush=True)
+
+    adapter.core.kube.observe(on_request, on_response)
 
 
 def make_console(*, stderr: bool) -> Console:
     """A console for people. Piped into a file or a log, lines are not cut at 80 columns (160 unless
     COLUMNS says otherwise); errors are never wrapped, so each stays one line."""
+    from rich.console import Console
+
     stream = sys.stderr if stderr else sys.stdout
     piped = not (hasattr(stream, "isatty") and stream.isatty())
     width = 160 if piped and "COLUMNS" not in os.environ else None
     return Console(stderr=stderr, soft_wrap=stderr, width=width)
 
 
-@dataclass
 class CliState:
-    """Per-invocation state, carried as the click context's ``obj``."""
+    """Per-invocation state, carried as the click context's ``obj``. The consoles are made on first use,
+    so that rich is loaded only by a command that prints through it."""
 
-    connect: Callable[[Settings], Adapter] = connect_adapter
-    settings: Settings = field(default_factory=Settings)
-    out: Console = field(default_factory=lambda: make_console(stderr=False))
-    err: Console = field(default_factory=lambda: make_console(stderr=True))
-    _adapter: Adapter | None = None
+    def __init__(self, connect: Callable[[Settings], Adapter] = connect_adapter, settings: Settings | None = None,
+                 out: Console | None = None, err: Console | None = None) -> None:
+        self.connect = connect
+        self.settings = settings if settings is not None else Settings()
+        self._out = out
+        self._err = err
+        self._adapter: Adapter | None = None
+
+    @property
+    def out(self) -> Console:
+        if self._out is None:
+            self._out = make_console(stderr=False)
+        return self._out
+
+    @property
+    def err(self) -> Console:
+        if self._err is None:
+            self._err = make_console(stderr=True)
+        return self._err
 
     def adapter(self) -> Adapter:
         """Connect on first use (so ``--help`` and usage errors never touch the cluster)."""

@@ -30,7 +30,16 @@ def keeper_pass(cluster: FakeCluster, namespace: str | None = None, *, settle: b
     that one), then a settle: what an installed controller does by itself. dispatch's pod finalizer is
     freed by the controller alone (the writer role may not patch pods), so a plain-mode test that runs no
     controller calls this where a pod's end is proven. Needs the ``controller`` extra. Returns, per
-    ``namespace/pod``, what the keeper did (the proof, ``unproven``, ``deleted``, ...)."""
-    from ..controller.testing import keeper_pass as one_pass
+    ``namespace/pod``, what the keeper did (the proof, ``unproven``, ``deleted``, ...).
+
+    Without the extra it raises ``ModuleNotFoundError`` naming the extra to install; the rest of
+    ``dispatch.testing`` needs no extra."""
+    try:
+        from ..controller.testing import keeper_pass as one_pass
+    except ModuleNotFoundError as exc:
+        missing = exc.name or str(exc)
+        raise ModuleNotFoundError(
+            f"dispatch.testing.keeper_pass runs dispatch's controller, which needs the controller extra ({missing} "
+            "is not installed): pip install 'trainjob-dispatch[controller]'", name=exc.name) from exc
 
     return one_pass(cluster, namespace, settle=settle)

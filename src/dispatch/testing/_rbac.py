@@ -19,8 +19,9 @@ import yaml
 
 from .._api import Obj
 
-SHIPPED_RBAC = Path(__file__).resolve().parents[3] / "deploy" / "base" / "rbac.yaml"
-"""The roles dispatch ships, where a source checkout keeps them."""
+SHIPPED_RBAC = Path(__file__).resolve().parent / "shipped" / "rbac.yaml"
+"""The roles dispatch ships (``deploy/base/rbac.yaml``), inside the package, so that an installed
+``dispatch.testing`` runs with them too; ``tests/unit/test_shipped_data.py`` holds the copy equal to deploy/."""
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 
@@ -169,11 +170,11 @@ class Policy:
 
     @classmethod
     def load(cls, source: str | Path | None = None) -> Policy:
-        """Parse a manifest: a path, YAML text, or (None) the shipped ``deploy/base/rbac.yaml``."""
+        """Parse a manifest: a path, YAML text, or (None) the shipped roles (``deploy/base/rbac.yaml``)."""
         if source is None:
             if not SHIPPED_RBAC.is_file():
-                raise RbacError(f"the shipped roles are not at {SHIPPED_RBAC} (an installed package has no "
-                                "deploy/ tree): pass the manifest's path or text as rbac=")
+                raise RbacError(f"the shipped roles are not at {SHIPPED_RBAC} (the package is incomplete): "
+                                "reinstall trainjob-dispatch, or pass the manifest's path or text as rbac=")
             source = SHIPPED_RBAC
         text = source.read_text() if isinstance(source, Path) else source
         try:

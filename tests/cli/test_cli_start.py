@@ -1,0 +1,124 @@
+"""What each user command imports: only what it uses (issue 37: start like kubectl).
+
+Each case runs the real entry point in a fresh interpreter (as the console script does) and reads
+``sys.modules`` when the command ends. No timing is asserted here (``bench/cli_start_bench.py`` measures it):
+a command that starts importing the controller, the testbed, the fence or the docs fails this test, whatever
+the machine's speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+NEVER = ("dispatch.controller", "dispatch.testbed", "dispatch.testing", "dispatch.fence", "dispatch.cli._demo",
+         "structlog", "prometheus_client", "cryptography", "mkdocs", "griffe")
+"""Nothing of the controller, the testbed, the fake, the fence or the docs, for any user command."""
+PARSER = ("typer", "rich", "httpx2", "pydantic", "yaml", "asyncio", "msgspec", "dispatch._adapter")
+"""What ``--version`` and a TAB on a command's name need none of."""
+COMMAND_MODULES = ("dispatch.cli._open", "dispatch.cli._commands", "dispatch.cli._admin", "dispatch.cli._controller",
+                   "dispatch.cli._testbed")
+
+
+def modules_after(*args: str, tmp_path: Path) -> set[str]:
+    """The modules loaded once ``dispatch ARGS`` has run (against a kubeconfig whose server refuses
+    connections: the command fails after its imports, before any answer)."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.argv = ["dispatch", *{list(args)!r}]
+        from dispatch.cli import main
+        try:
+            main()
+        except SystemExit:
+            pass
+        sys.stdout = sys.__stdout__
+        print("MODULES:" + ",".join(sorted(sys.modules)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "KUBECONFIG": str(kubeconfig),
+                               "HOME": str(tmp_path)})
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULES:")]
+    assert line, (proc.stdout[-2000:], proc.stderr[-2000:])
+    return set(line[0].removeprefix("MODULES:").split(","))
+
+
+def loaded(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes))
+
+
+def test_version_loads_nothing_but_the_package(tmp_path: Path) -> None:
+    modules = modules_after("--version", tmp_path=tmp_path)
+    assert loaded(modules, ("dispatch",)) == ["dispatch", "dispatch.cli", "dispatch.cli._codes"]
+    assert loaded(modules, PARSER) == []
+
+
+def test_help_loads_the_parser_and_no_command(tmp_path: Path) -> None:
+    modules = modules_after("--help", tmp_path=tmp_path)
+    assert "typer" in modules
+    assert loaded(modules, (*COMMAND_MODULES, *NEVER, "rich", "httpx2", "pydantic", "dispatch._adapter")) == []
+
+
+def test_a_tab_on_a_command_name_loads_no_parser(tmp_path: Path) -> None:
+    modules = modules_after("__complete", "sta", tmp_path=tmp_path)
+    assert loaded(modules, (*PARSER, *COMMAND_MODULES, *NEVER)) == []
+
+
+@pytest.mark.parametrize("args", [
+    ("status", "x"), ("status",), ("find",), ("get", "x"), ("ceased", "x"), ("hold", "x"), ("close", "x"),
+    ("release", "x"), ("wait", "x", "--for", "Running", "--timeout", "0"), ("logs", "x"),
+    ("open", "--job-id", "j", "--submission", "s"), ("status", "--help"), ("completion", "bash"),
+    ("__complete", "status", "x"), ("admin", "workers"),
+])
+def test_a_user_command_loads_nothing_of_the_controller_testbed_fence_or_docs(args: tuple[str, ...],
+                                                                              tmp_path: Path) -> None:
+    modules = modules_after(*args, tmp_path=tmp_path)
+    assert loaded(modules, NEVER) == []
+
+
+def test_status_loads_only_its_own_command_module(tmp_path: Path) -> None:
+    modules = modules_after("status", "x", tmp_path=tmp_path)
+    assert loaded(modules, COMMAND_MODULES) == ["dispatch.cli._commands"]
+    assert loaded(modules, ("dispatch.cli._spec", "dispatch.cli._release")) == []
+
+
+def test_help_lists_each_command_as_its_own_help_would(tmp_path: Path) -> None:
+    """``--help`` reads the command list from a table; each line is what the command's own help gives."""
+    import typer
+
+    from dispatch.cli._app import load
+    from dispatch.cli._registry import COMMANDS
+
+    for name, entry in COMMANDS.items():
+        command = load(name)
+        for width in (40, 70, 200):
+            table = typer.core.TyperCommand(name=name, help=entry.help).get_short_help_str(width)
+            assert command.get_short_help_str(width) == table, name
+
+
+def test_the_command_line_uses_no_private_module_of_typer() -> None:
+    """The bound ``typer>=0.29,<1`` admits any 0.x: only typer's documented names are used (``typer.main.
+    get_command``, ``typer.core.TyperGroup``, click's own API), never a ``typer._...`` module, whose layout
+    changes between minor releases (0.29 vendored click into ``typer._click``)."""
+    import ast
+
+    used = []
+    for path in sorted((ROOT / "src" / "dispatch").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            used += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("typer._") or ".typer._" in n]
+    assert used == []
