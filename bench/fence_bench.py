@@ -76,7 +76,7 @@ def posix(base: Path, rounds: int) -> dict[str, Any]:
             fsync_dir(d)
             fsync_dir(root)
 
-        fence = Fence.at(base / "fenced", "bench", label, 1)
+        fence = Fence.at(base / "fenced", "bench", label, 1, namespace="bench")
         fence.claim()
 
         def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:
@@ -88,13 +88,13 @@ def posix(base: Path, rounds: int) -> dict[str, Any]:
 
 
 def history(root: str, entries: int, client: Any = None) -> dict[str, float]:
-    writer = Fence.at(root, "bench", "history", 1, s3_client=client)
+    writer = Fence.at(root, "bench", "history", 1, namespace="bench", s3_client=client)
     writer.claim()
     for i in range(entries - 1):
         writer._append("claim")  # a long log of cheap entries
         del i
     start = time.perf_counter()
-    Fence.at(root, "bench", "history", 2, s3_client=client).claim()
+    Fence.at(root, "bench", "history", 2, namespace="bench", s3_client=client).claim()
     return {"entries": entries, "new_execution_claim_ms": round((time.perf_counter() - start) * 1000, 1)}
 
 
@@ -137,7 +137,8 @@ def s3(rounds: int, entries: int) -> dict[str, Any]:
                     def plain(i: int, local: Path = local, label: str = label) -> None:
                         client.upload_file(str(local), "bench", f"plain/{label}/step-{i}/payload")
 
-                    fence = Fence.at(f"s3://bench/fenced-{label}", "bench", label, 1, s3_client=client)
+                    fence = Fence.at(f"s3://bench/fenced-{label}", "bench", label, 1, namespace="bench",
+                                      s3_client=client)
                     fence.claim()
 
                     def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:

@@ -211,6 +211,6 @@ def test_a_write_that_fails_leaves_nothing_behind(location: Location) -> None:
     store = location.fence(9).store
     assert [(e.kind, e.step) for e in read_log(store)] == [("claim", -1), ("commit", 1)]
     if location.kind == "posix":
-        assert [p.name[:17] for p in (Path(location.root) / "team-a" / "llama" / "s1" / "data" / "a-000000000001").iterdir()] \
-            == ["step-000000000001"]
+        data = Path(location.root) / "team-a" / "llama" / "s1" / "data" / "a-000000000001"
+        assert [p.name[:17] for p in data.iterdir()] == ["step-000000000001"]
     assert payload(location.fence(2).claim()) == "a1 s1"

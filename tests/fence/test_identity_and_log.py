@@ -77,7 +77,7 @@ def test_a_location_is_bound_to_its_first_cluster_and_refuses_another(location: 
     assert "cluster=uid-east namespace=team-a job-id=llama submission=s1" in str(err.value)
     assert "cluster=uid-west namespace=team-a job-id=llama submission=s1" in str(err.value)
     # a higher A of the other cluster is refused too, and fences nobody: the first cluster's A=1 commits on
-    with pytest.raises(Refused, match="FenceIdentity|bound to"):
+    with pytest.raises(Refused, match="is bound to cluster=uid-east"):
         Fence.from_env(location.root, environ=env("team-a", 7, cluster="uid-west"), s3_client=location.client).claim()
     first.commit(2, save("east 2"))
     again = Fence.from_env(location.root, environ=env("team-a", 2, cluster="uid-east"), s3_client=location.client)
@@ -136,7 +136,7 @@ def test_the_namespace_comes_from_the_service_account_file_or_the_fence_refuses(
     assert fence.store.location == str(tmp_path / "ckpt" / "team-c" / "llama" / "s1")
     with pytest.raises(Refused, match="the pod's namespace is unknown: neither DISPATCH_NAMESPACE"):
         Fence.from_env(tmp_path / "ckpt", environ=base, namespace_file=tmp_path / "absent")
-    with pytest.raises(Refused, match="namespace '..' cannot name a directory"):
+    with pytest.raises(Refused, match=r"namespace '\.\.' cannot name a directory"):
         Fence.from_env(tmp_path / "ckpt", environ={**base, "DISPATCH_NAMESPACE": ".."})
     assert not (tmp_path / "ckpt").exists(), "a refused fence writes nothing"
 

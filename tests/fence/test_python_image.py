@@ -60,7 +60,8 @@ def test_two_executions_fence_one_location_inside_the_image_alone(rootfs: Path) 
     (rootfs / "out").mkdir()
 
     def run(admission: int, steps: int) -> int:
-        env = {**base, "DISPATCH_NAMESPACE": "team-a", "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": str(admission),
+        env = {**base, "DISPATCH_NAMESPACE": "team-a",
+               "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": str(admission),
                "CHECKPOINT_ROOT": "/ckpt", "ORACLE_FILE": "/out/oracle.log", "FENCE_REPORT": "/out/fence.jsonl",
                "STEPS": str(steps), "COMMIT_EVERY": "0"}
         chroot = str(shutil.which("chroot"))

@@ -133,7 +133,8 @@ def run(env: dict[str, str]) -> int:
 def trace(out: Path) -> None:
     """One claim and one commit in a scratch directory; then what the interpreter had loaded."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"DISPATCH_NAMESPACE": "trace", "DISPATCH_JOB_ID": "trace", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": "1",
+        env = {"DISPATCH_NAMESPACE": "trace", "DISPATCH_JOB_ID": "trace", "DISPATCH_SUBMISSION": "s1",
+               "DISPATCH_ADMISSION": "1",
                "CHECKPOINT_ROOT": f"{tmp}/ckpt", "ORACLE_FILE": f"{tmp}/oracle/oracle.log",
                "FENCE_REPORT": f"{tmp}/oracle/fence.jsonl", "STEPS": "1", "COMMIT_EVERY": "0",
                "LINGER": "1"}
