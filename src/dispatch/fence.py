@@ -428,10 +428,10 @@ class Fence:
                 sweep()
         return self._resume
 
-    def check(self) -> None:
+    def check(self, action: str = "go on") -> None:
         """Raise :class:`Fenced` if a higher ``A`` has claimed the location by now (one cheap read)."""
         self._advance()
-        self._refuse_if_newer("go on")
+        self._refuse_if_newer(action)
 
     def commit(self, step: int, write: Callable[[Path], object]) -> Checkpoint:
         """Write a checkpoint with ``write(directory)`` and commit it, unless a higher ``A`` has claimed.
@@ -490,13 +490,17 @@ class Fence:
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint that counts now (reads the log to its end): what a new execution resumes."""
         self._advance()
-        newest = self._state().newest()
+        state = self._state()
+        self._refuse_other_identity(state)
+        newest = state.newest()
         return None if newest is None else self._checkpoint(newest)
 
     def checkpoints(self) -> list[Checkpoint]:
         """Every checkpoint that counts and was not rotated away, oldest first (reads the log to its end)."""
         self._advance()
-        return [self._checkpoint(e) for e in self._state().live.values()]
+        state = self._state()
+        self._refuse_other_identity(state)
+        return [self._checkpoint(e) for e in state.live.values()]
 
     def delete(self, checkpoint: Checkpoint) -> None:
         """Delete one checkpoint: fenced like a commit, and never the newest (the one ``resume`` would return).
