@@ -45,10 +45,11 @@ from .errors import (
     Refused,
     Unreachable,
 )
-from .fence import Checkpoint, Fence, Fenced, PosixStore, S3Store
+from .fence import Checkpoint, Fence, Fenced, FenceIdentity, PosixStore, S3Store
 
 if TYPE_CHECKING:
     from ._adapter import Adapter, AsyncAdapter, validate_spec
+    from .fencefs import FencedFileSystem
 
 _LAZY = frozenset({"Adapter", "AsyncAdapter", "validate_spec"})
 """Imported on first use: they pull in the HTTP client and asyncio (about a second), which a training
@@ -60,6 +61,10 @@ def __getattr__(name: str) -> object:
         from . import _adapter
 
         return getattr(_adapter, name)
+    if name == "FencedFileSystem":  # needs fsspec (the `fsspec` extra), which only its users install
+        from .fencefs import FencedFileSystem
+
+        return FencedFileSystem
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -98,6 +103,8 @@ __all__ = [  # noqa: RUF022
     "Fence",
     "Fenced",
     "Checkpoint",
+    "FenceIdentity",
+    "FencedFileSystem",
     "PosixStore",
     "S3Store",
     "LABEL_JOB_ID",

@@ -52,9 +52,9 @@ __all__ = [
     "ENV_SUBMISSION",
     "Checkpoint",
     "Fence",
+    "FenceIdentity",
     "FenceStore",
     "Fenced",
-    "Identity",
     "PosixStore",
     "S3Store",
 ]
@@ -139,7 +139,7 @@ class FenceStore(Protocol):
 
 
 @dataclass(frozen=True)
-class Identity:
+class FenceIdentity:
     """Whose numbers a fenced location holds: A counts per (cluster, namespace, job-id, submission).
 
     Two namespaces (or clusters) may use the same job-id and submission, and each numbers its executions from
@@ -163,8 +163,8 @@ class Identity:
                 f"submission={self.submission}")
 
     @staticmethod
-    def from_dict(raw: Mapping[str, Any]) -> Identity:
-        return Identity(namespace=str(raw["namespace"]), job_id=str(raw["job"]), submission=str(raw["submission"]),
+    def from_dict(raw: Mapping[str, Any]) -> FenceIdentity:
+        return FenceIdentity(namespace=str(raw["namespace"]), job_id=str(raw["job"]), submission=str(raw["submission"]),
                         cluster=str(raw.get("cluster", "")))
 
 
@@ -207,7 +207,7 @@ class _Entry:
     data: str = ""
     name: str = ""
     target: int = 0  # delete: the commit's seq
-    identity: Identity | None = None  # None: an entry of before identities, or a repaired (voided) one
+    identity: FenceIdentity | None = None  # None: an entry of before identities, or a repaired (voided) one
 
     def as_dict(self) -> dict[str, Any]:
         return {"seq": self.seq, "admission": self.admission, "step": self.step, "data": self.data,
@@ -218,7 +218,7 @@ class _Entry:
 class _State:
     """What the log says after some prefix of its entries: all a decision needs (and what a snapshot keeps)."""
 
-    identity: Identity | None = None
+    identity: FenceIdentity | None = None
     highest_claim: int = 0
     live: dict[int, _Entry] = field(default_factory=dict)
     """Commits that count and were not deleted, by seq, in log order."""
@@ -261,7 +261,7 @@ class _State:
             raw = json.loads(body)
             if raw["kind"] != "snapshot" or int(raw["upto"]) != upto:
                 return None
-            identity = None if raw["identity"] is None else Identity.from_dict(raw["identity"])
+            identity = None if raw["identity"] is None else FenceIdentity.from_dict(raw["identity"])
             live = {}
             for e in raw["live"]:
                 entry = _Entry(seq=int(e["seq"]), kind="commit", admission=int(e["admission"]), nonce="",
@@ -289,12 +289,12 @@ class Fence:
     process (a stale execution must stop). A fence is for one thread; every process (or rank) that commits
     needs its own, and they may share one location only if they share one ``A``.
 
-    ``identity`` binds the location (see :class:`Identity`); ``snapshot_every`` entries a snapshot of the
+    ``identity`` binds the location (see :class:`FenceIdentity`); ``snapshot_every`` entries a snapshot of the
     log's state is written (by exclusive create, like an entry), so a new execution reads a bounded number of
     entries however long the log is.
     """
 
-    def __init__(self, store: FenceStore, admission: int, *, identity: Identity | None = None,
+    def __init__(self, store: FenceStore, admission: int, *, identity: FenceIdentity | None = None,
                  snapshot_every: int = SNAPSHOT_EVERY, legacy: FenceStore | None = None) -> None:
         if isinstance(admission, bool) or not isinstance(admission, int) or admission < 1:
             raise InvalidInput(f"admission must be an integer of at least 1, not {admission!r}")
@@ -364,7 +364,7 @@ class Fence:
                 raise InvalidInput(f"{what} {value!r} cannot name a directory")
         if not isinstance(cluster, str) or "\0" in cluster:
             raise InvalidInput(f"cluster {cluster!r} is not a name")
-        identity = Identity(namespace=namespace, job_id=job_id, submission=submission, cluster=cluster)
+        identity = FenceIdentity(namespace=namespace, job_id=job_id, submission=submission, cluster=cluster)
         text = os.fspath(root)
         store: FenceStore
         legacy: FenceStore
@@ -607,7 +607,7 @@ class Fence:
     def _try_parse(self, seq: int, body: bytes) -> _Entry | None:
         try:
             raw = json.loads(body)
-            identity = None if raw.get("identity") is None else Identity.from_dict(raw["identity"])
+            identity = None if raw.get("identity") is None else FenceIdentity.from_dict(raw["identity"])
             return _Entry(seq=seq, kind=str(raw["kind"]), admission=int(raw["admission"]), nonce=str(raw["nonce"]),
                           step=int(raw.get("step", -1)), data=str(raw.get("data", "")), name=str(raw.get("name", "")),
                           target=int(raw.get("target", 0)), identity=identity)

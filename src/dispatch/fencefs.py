@@ -48,7 +48,7 @@ from .fence import (
     NAMESPACE_FILE,
     Checkpoint,
     Fence,
-    Identity,
+    FenceIdentity,
     PosixStore,
 )
 
@@ -215,7 +215,7 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
         location = "/".join(p for p in (str(path).rstrip("/"), namespace, job_id, submission) if p)
         if isinstance(fs, LocalFileSystem) and not location.startswith("/"):
             location = "/" + location
-        identity = Identity(namespace=namespace, job_id=job_id, submission=submission, cluster=cluster)
+        identity = FenceIdentity(namespace=namespace, job_id=job_id, submission=submission, cluster=cluster)
         store = FsspecStore(fs, location)
         fence = Fence(store, admission, identity=identity) if snapshot_every is None else \
             Fence(store, admission, identity=identity, snapshot_every=snapshot_every)

@@ -168,7 +168,7 @@ def test_misuse_is_refused(location: Location) -> None:
 def test_importing_the_fence_loads_no_kubernetes_or_http_client() -> None:
     code = ("import sys, dispatch.fence; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('httpx', 'httpx2', 'lightkube', 'asyncio', 'boto3', 'botocore')))")
+            "('httpx', 'httpx2', 'lightkube', 'asyncio', 'boto3', 'botocore', 'fsspec', 's3fs', 'aiohttp')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert {"Fence", "Fenced", "Checkpoint", "PosixStore", "S3Store"} <= set(dispatch.__all__)

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -85,11 +86,12 @@ def test_a_stale_execution_can_write_rename_or_delete_nothing_visible(where: FsL
     new.pipe_file("tmp-checkpoint-4/model.bin", b"A=2 step=4")
     assert new.fence.claimed
     # the stale execution: every write, rename and delete is refused, naming both A values
-    for attempt in (lambda: old.pipe_file("tmp-checkpoint-9/model.bin", b"stale"),
+    attempts: list[Callable[[], object]] = [lambda: old.pipe_file("tmp-checkpoint-9/model.bin", b"stale"),
                     lambda: old.open("checkpoint-3/extra", "wb"),
                     lambda: old.rm("checkpoint-1", recursive=True),
                     lambda: old.rotate(1),
-                    lambda: old.mkdir("tmp-checkpoint-9")):
+                    lambda: old.mkdir("tmp-checkpoint-9")]
+    for attempt in attempts:
         with pytest.raises(Fenced) as err:
             attempt()
         assert (err.value.admission, err.value.newer) == (1, 2)
@@ -114,7 +116,8 @@ def test_a_commit_that_raced_a_higher_claim_is_refused_and_its_files_never_visib
     def newer_claims_then_append(kind: str, **fields: Any) -> int:
         if kind == "commit":  # after every check the stale writer makes, just before its commit entry
             where.fs(2).fence.claim()
-        return real_append(kind, **fields)
+        seq: int = real_append(kind, **fields)
+        return seq
 
     old.fence._append = newer_claims_then_append
     with pytest.raises(Fenced) as err:
