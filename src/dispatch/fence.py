@@ -71,6 +71,9 @@ NAMESPACE_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 SNAPSHOT_EVERY = 100
 """Every this many entries the log's state is written as a snapshot: a claim reads at most about this many
 entries (plus about 2·log2 of the log's length to find its end)."""
+LISTED_MAX = 1000
+"""How many checkpoints that count the log's state lists (the newest; an older one is forgotten: its data
+stays, rotation no longer sees it). It bounds a snapshot's size; resume is always the newest."""
 TMP_MAX_AGE = 600.0
 """Seconds after which a POSIX store's temporary entry file is a dead writer's (a live one holds it for the
 milliseconds between its write and its link) and a claim removes it."""
@@ -241,6 +244,8 @@ class _State:
         elif entry.kind == "commit":
             if entry.admission >= self.highest_claim:
                 self.live[entry.seq] = entry
+                while len(self.live) > LISTED_MAX:  # the same for every reader: a function of the log alone
+                    del self.live[next(iter(self.live))]
         elif entry.kind == "delete":
             newest = self.newest()
             if entry.admission >= self.highest_claim and entry.target in self.live \

@@ -284,3 +284,24 @@ def test_two_executions_saving_at_once_killed_at_random_points(kind: str, seed: 
     assert (after.fence.resume.name if after.fence.resume else None) == (counted[-1].name if counted else None)
     print(f"seed {seed} ({kind}, {size} B): {len(entries)} entries, visible {visible}, "
           f"A=1 exit {old.returncode}, A=2 exit {new.returncode}")
+
+
+def test_the_how_to_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fsspec block of docs/how-to/fence-checkpoints.md (shown there, as the docs' runner has no fsspec)."""
+    fencefs()
+    page = (Path(__file__).resolve().parents[2] / "docs" / "how-to" / "fence-checkpoints.md").read_text()
+    blocks = [b.split("\n", 1)[1] for b in page.split("```python")[1:]]
+    code = next(b.split("```", 1)[0] for b in blocks if "FencedFileSystem.from_env" in b)
+    for name, value in {"DISPATCH_NAMESPACE": "team-a", "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1",
+                        "DISPATCH_ADMISSION": "1", "CHECKPOINT_ROOT": str(tmp_path / "ckpt")}.items():
+        monkeypatch.setenv(name, value)
+    exec(compile(code, "fence-checkpoints.md", "exec"), {})
+    # the next execution resumes from what the example left, and the stale one is refused
+    monkeypatch.setenv("DISPATCH_ADMISSION", "2")
+    exec(compile(code.replace("(100, 200, 300)", "(400,)").replace(
+        'assert fs.resume() == "checkpoint-300" and fs.ls("", detail=False) == ["checkpoint-200", "checkpoint-300"]',
+        'assert fs.resume() == "checkpoint-400" and (restore / "checkpoint-300" / "model.safetensors").exists()'),
+        "fence-checkpoints.md", "exec"), {})
+    monkeypatch.setenv("DISPATCH_ADMISSION", "1")
+    with pytest.raises(Fenced, match="execution A=2 has claimed it"):
+        exec(compile(code, "fence-checkpoints.md", "exec"), {})

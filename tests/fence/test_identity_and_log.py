@@ -372,3 +372,19 @@ def test_racing_processes_across_snapshot_boundaries(kind: str, make_location: A
     assert snapshots == len(entries) // 5  # the writer of entry 5n writes it, even if it is then fenced
     resume = Fence(store, 5, identity=location.fence(5).identity, snapshot_every=5).claim()
     assert resume is not None and (resume.admission, resume.step) == (4, 19)
+
+
+def test_a_snapshot_lists_at_most_the_newest_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits without rotation: the state (and so each snapshot) keeps the newest few, whoever reads."""
+    monkeypatch.setattr("dispatch.fence.LISTED_MAX", 4)
+    location = Location("posix", str(tmp_path / "ckpt"), {})
+    writer = Fence(location.fence(1).store, 1, identity=location.fence(1).identity, snapshot_every=5)
+    writer.claim()
+    for step in range(12):
+        writer.commit(step, save(f"a1 s{step}"))
+    assert [c.step for c in writer.checkpoints()] == [8, 9, 10, 11]
+    from_snapshot = Fence(location.fence(2).store, 2, identity=location.fence(2).identity, snapshot_every=5)
+    assert [c.step for c in from_snapshot.checkpoints()] == [8, 9, 10, 11]
+    assert from_snapshot._base_seq == 10
+    snap = json.loads((tmp_path / "ckpt" / "team-a" / "llama" / "s1" / "snap" / f"{10:012d}").read_text())
+    assert [e["step"] for e in snap["live"]] == [5, 6, 7, 8]
