@@ -121,8 +121,12 @@ def fsspec_saves(root: str, rounds: int, options: dict[str, Any] | None = None) 
         bare, base = url_to_fs(f"{root}/plain-{label}", **(options or {}))
 
         def unfenced(i: int, bare: Any = bare, base: str = base, data: bytes = data) -> None:
+            bare.makedirs(f"{base}/tmp-checkpoint-{i}", exist_ok=True)  # as a library does (no-op on S3)
             bare.pipe_file(f"{base}/tmp-checkpoint-{i}/payload", data)
-            bare.mv(f"{base}/tmp-checkpoint-{i}", f"{base}/checkpoint-{i}", recursive=True)
+            if base.startswith("/"):  # a directory: one rename
+                bare.mv(f"{base}/tmp-checkpoint-{i}", f"{base}/checkpoint-{i}", recursive=True)
+            else:  # S3 has no directories: each object is copied and deleted
+                bare.mv(f"{base}/tmp-checkpoint-{i}/payload", f"{base}/checkpoint-{i}/payload")
 
         fenced_fs = FencedFileSystem.at(f"{root}/fenced-{label}", "bench", label, 1, namespace="bench",
                                         storage_options=options)
