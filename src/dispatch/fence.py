@@ -1,14 +1,15 @@
 """Fencing at the storage: a stale execution can never commit a checkpoint.
 
 dispatch never starts two executions of one object at once, and numbers them: every trainer container of
-an execution gets ``DISPATCH_JOB_ID``, ``DISPATCH_SUBMISSION`` and ``DISPATCH_ADMISSION`` (``A``, strictly
-increasing per submission). A fence makes an overlap that happens anyway (a node tainted while its process
+an execution gets ``DISPATCH_NAMESPACE``, ``DISPATCH_JOB_ID``, ``DISPATCH_SUBMISSION`` and
+``DISPATCH_ADMISSION`` (``A``, strictly increasing per submission of a namespace). A fence makes an overlap that happens anyway (a node tainted while its process
 still runs, a copy started by hand in another cluster) harmless for checkpoints: ``A`` is a fencing token
 and the checkpoint store checks it.
 
-One location (``<root>/<job-id>/<submission>/``) holds an append-only **log** of small entries, numbered
-``1, 2, 3, ...`` with no gap, each created by a write that succeeds only if its number is still free
-(``link(2)`` on POSIX, ``If-None-Match: *`` on S3), so the log's order is the order the entries were made.
+One location (``<root>/<namespace>/<job-id>/<submission>/``, bound to its cluster too) holds an append-only
+**log** of small entries, numbered ``1, 2, 3, ...`` with no gap, each created by a write that succeeds only
+if its number is still free (``link(2)`` on POSIX, ``If-None-Match: *`` on S3), so the log's order is the
+order the entries were made.
 An execution appends a *claim* when it starts and a *commit* for every checkpoint, after the checkpoint's
 data is durable under a key no other write uses. The rule that readers apply:
 
