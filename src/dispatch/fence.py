@@ -2,9 +2,9 @@
 
 dispatch never starts two executions of one object at once, and numbers them: every trainer container of
 an execution gets ``DISPATCH_NAMESPACE``, ``DISPATCH_JOB_ID``, ``DISPATCH_SUBMISSION`` and
-``DISPATCH_ADMISSION`` (``A``, strictly increasing per submission of a namespace). A fence makes an overlap that happens anyway (a node tainted while its process
-still runs, a copy started by hand in another cluster) harmless for checkpoints: ``A`` is a fencing token
-and the checkpoint store checks it.
+``DISPATCH_ADMISSION`` (``A``, strictly increasing per submission of a namespace). A fence makes an overlap
+that happens anyway (a node tainted while its process still runs, a copy started by hand in another cluster)
+harmless for checkpoints: ``A`` is a fencing token and the checkpoint store checks it.
 
 One location (``<root>/<namespace>/<job-id>/<submission>/``, bound to its cluster too) holds an append-only
 **log** of small entries, numbered ``1, 2, 3, ...`` with no gap, each created by a write that succeeds only
