@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -200,6 +201,7 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
         self.location = location.rstrip("/")
         self.markers = frozenset(markers)
         self._staged: dict[str, str] = {}  # name -> data prefix (relative to the location) being written
+        self._lock = threading.RLock()  # a Fence is for one thread; libraries write files from thread pools
 
     # ------------------------------------------------------------------------------------------ making
 
@@ -254,7 +256,8 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _visible(self) -> dict[str, Checkpoint]:
         """Committed checkpoints by name: the newest commit of each name that counts (reads the log's new end)."""
-        return {c.name: c for c in self.fence.checkpoints() if c.name}
+        with self._lock:
+            return {c.name: c for c in self.fence.checkpoints() if c.name}
 
     def _resolve(self, path: Any) -> tuple[str, str, str]:
         """(name, rest, physical path) for a read: this process's checkpoint being written, else the committed."""
@@ -268,16 +271,18 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def _guard(self, action: str) -> None:
         """Before any write: take the claim on the first one (Fenced if a higher A has claimed), else check."""
-        if not self.fence.claimed:
-            self.fence.claim()
-        else:
-            self.fence.check(action)
+        with self._lock:
+            if not self.fence.claimed:
+                self.fence.claim()
+            else:
+                self.fence.check(action)
 
     def _stage(self, name: str) -> str:
-        if name not in self._staged:
-            label = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "x"
-            self._staged[name] = self.fence.new_prefix(label)
-        return self._staged[name]
+        with self._lock:
+            if name not in self._staged:
+                label = re.sub(r"[^A-Za-z0-9._-]", "_", name)[:80] or "x"
+                self._staged[name] = self.fence.new_prefix(label)
+            return self._staged[name]
 
     # ------------------------------------------------------------------------------------------ the fence
 
@@ -294,21 +299,25 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
             if not path.exists():
                 path.mkdir(parents=True)
             _fsync_tree(path)
-        return self.fence.commit_prefix(prefix, step=_step_of(name), name=name, action=f"commit {name}")
+        with self._lock:
+            return self.fence.commit_prefix(prefix, step=_step_of(name), name=name, action=f"commit {name}")
 
     def resume(self) -> str | None:
         """The name of the newest committed checkpoint of the highest ``A`` (None if there is none)."""
-        latest = self.fence.latest()
+        with self._lock:
+            latest = self.fence.latest()
         return None if latest is None else latest.name
 
     def checkpoints(self) -> list[Checkpoint]:
         """Committed checkpoints that count and were not rotated away, oldest first."""
-        return self.fence.checkpoints()
+        with self._lock:
+            return self.fence.checkpoints()
 
     def rotate(self, keep: int) -> list[str]:
         """Keep the newest ``keep`` checkpoints; delete older ones (fenced; see ``Fence.rotate``). Their names."""
-        self._guard("rotate")
-        return [c.name for c in self.fence.rotate(keep)]
+        with self._lock:
+            self._guard("rotate")
+            return [c.name for c in self.fence.rotate(keep)]
 
     # ------------------------------------------------------------------------------------------ fsspec
 
@@ -383,7 +392,8 @@ class FencedFileSystem(AbstractFileSystem):  # type: ignore[misc]
                 raise FileNotFoundError(one)
             if rest:
                 raise InvalidInput(f"{one!r}: a committed checkpoint is never changed; remove the whole {name!r}")
-            self.fence.delete(found)
+            with self._lock:
+                self.fence.delete(found)
 
     def rmdir(self, path: str) -> None:
         self.rm(path, recursive=True)

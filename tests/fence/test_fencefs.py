@@ -305,3 +305,22 @@ def test_the_how_to_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("DISPATCH_ADMISSION", "1")
     with pytest.raises(Fenced, match="execution A=2 has claimed it"):
         exec(compile(code, "fence-checkpoints.md", "exec"), {})
+
+
+def test_files_written_from_a_thread_pool_make_one_claim(where: FsLocation) -> None:
+    """Libraries write shards from threads (DCP's writer does): one filesystem object, one claim, one commit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fs = where.fs(1)
+
+    def shard(rank: int) -> None:
+        with fs.open(f"step-5/__{rank}_0.distcp", "wb") as f:
+            f.write(f"shard {rank}".encode())
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(shard, range(16)))
+    fs.pipe_file("step-5/.metadata.tmp", b"m")
+    fs.mv("step-5/.metadata.tmp", "step-5/.metadata")
+    entries = read_log(fs.fence.store)
+    assert [(e.kind, e.admission) for e in entries] == [("claim", 1), ("commit", 1)]
+    assert len(where.fs(2).ls("step-5", detail=False)) == 17
