@@ -680,8 +680,19 @@ class Fence:
         """Read the log from the first entry not yet read to its end."""
         if not self._loaded:
             self._load()
+        self._rebase()
         while (body := self._read(self._key(self._end + 1))) is not None:
             self._tail.append(self._parse(self._end + 1, body))
+
+    def _rebase(self) -> None:
+        """Fold all but the last ``snapshot_every`` entries read into the base state, so a decision folds a
+        bounded tail however long this execution runs (decisions look only at the end: its own newest entry)."""
+        extra = len(self._tail) - self.snapshot_every
+        if extra >= self.snapshot_every:
+            for entry in self._tail[:extra]:
+                self._base.apply(entry)
+            self._base_seq += extra
+            del self._tail[:extra]
 
     def _read_known(self, seq: int) -> None:
         """Read entries up to ``seq``, which exist (a create found ``seq`` taken)."""

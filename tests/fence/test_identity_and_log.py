@@ -388,3 +388,21 @@ def test_a_snapshot_lists_at_most_the_newest_checkpoints(tmp_path: Path, monkeyp
     assert from_snapshot._base_seq == 10
     snap = json.loads((tmp_path / "ckpt" / "team-a" / "llama" / "s1" / "snap" / f"{10:012d}").read_text())
     assert [e["step"] for e in snap["live"]] == [5, 6, 7, 8]
+
+
+def test_a_long_running_execution_folds_a_bounded_tail_and_agrees_with_a_fresh_reader(tmp_path: Path) -> None:
+    """One execution committing on and on: what it decides on stays bounded, and equals a fresh reader's view."""
+    location = Location("posix", str(tmp_path / "ckpt"), {})
+    writer = Fence(location.fence(1).store, 1, identity=location.fence(1).identity, snapshot_every=5)
+    writer.claim()
+    for step in range(60):
+        writer.commit(step, save(f"a1 s{step}"))
+        assert len(writer._tail) < 2 * 5 + 2
+    writer.rotate(3)
+    fresh = Fence(location.fence(9).store, 9, snapshot_every=10**9)
+    assert [c.seq for c in writer.checkpoints()] == [c.seq for c in fresh.checkpoints()]
+    assert [c.step for c in fresh.checkpoints()] == [57, 58, 59]
+    stale = writer
+    Fence(location.fence(2).store, 2, identity=location.fence(2).identity).claim()
+    with pytest.raises(Fenced):
+        stale.commit(60, save("stale"))
