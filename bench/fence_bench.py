@@ -10,8 +10,15 @@ For each store and payload size, ``--rounds`` (default 30) checkpoints of one fi
   ``upload_file``; *fenced* is ``commit`` (the upload, plus two ``GetObject`` that find no entry, one
   conditional ``PutObject`` and the first use's two-request probe, amortised over the rounds).
 
-Also the claim of a new execution when the log already holds ``--history`` (default 1000) entries: a new
-execution reads the whole log once; a running one reads only what is new.
+Also the claim of a new execution when the log already holds ``--history`` (default 1000) entries: it
+reads from the newest snapshot (one every 100 entries), after finding the log's end in about 2·log2 reads;
+``reads`` is how many it made.
+
+And, if fsspec is installed, a library-style save (``tmp-checkpoint-<i>/payload`` written, then the
+directory renamed to ``checkpoint-<i>``) through ``FencedFileSystem`` against the same calls on the bare
+filesystem it wraps (fsspec's local one; s3fs on MinIO, if s3fs is installed), reported as ``ratio``
+(fenced / unfenced). The fenced save adds the claim check on each write, the ``fsync`` of the files on a
+directory, and the commit entry; on S3 the bare rename is a copy and a delete, the fenced one an entry.
 
 Run: ``python -m bench.fence_bench [--rounds 30] [--dir DIR] [--no-s3]``; prints one JSON object (medians
 in milliseconds).
@@ -76,7 +83,7 @@ def posix(base: Path, rounds: int) -> dict[str, Any]:
             fsync_dir(d)
             fsync_dir(root)
 
-        fence = Fence.at(base / "fenced", "bench", label, 1)
+        fence = Fence.at(base / "fenced", "bench", label, 1, namespace="bench")
         fence.claim()
 
         def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:
@@ -88,14 +95,51 @@ def posix(base: Path, rounds: int) -> dict[str, Any]:
 
 
 def history(root: str, entries: int, client: Any = None) -> dict[str, float]:
-    writer = Fence.at(root, "bench", "history", 1, s3_client=client)
+    writer = Fence.at(root, "bench", "history", 1, namespace="bench", s3_client=client)
     writer.claim()
     for i in range(entries - 1):
         writer._append("claim")  # a long log of cheap entries
         del i
     start = time.perf_counter()
-    Fence.at(root, "bench", "history", 2, s3_client=client).claim()
-    return {"entries": entries, "new_execution_claim_ms": round((time.perf_counter() - start) * 1000, 1)}
+    newer = Fence.at(root, "bench", "history", 2, namespace="bench", s3_client=client)
+    newer.claim()
+    return {"entries": entries, "new_execution_claim_ms": round((time.perf_counter() - start) * 1000, 1),
+            "reads": newer.reads}
+
+
+def fsspec_saves(root: str, rounds: int, options: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Fenced vs unfenced library-style saves through fsspec (None if fsspec is not installed)."""
+    try:
+        from fsspec.core import url_to_fs
+
+        from dispatch.fencefs import FencedFileSystem
+    except ImportError:
+        return None
+    out: dict[str, Any] = {}
+    for label, size in SIZES.items():
+        data = os.urandom(size)
+        bare, base = url_to_fs(f"{root}/plain-{label}", **(options or {}))
+
+        def unfenced(i: int, bare: Any = bare, base: str = base, data: bytes = data) -> None:
+            bare.makedirs(f"{base}/tmp-checkpoint-{i}", exist_ok=True)  # as a library does (no-op on S3)
+            bare.pipe_file(f"{base}/tmp-checkpoint-{i}/payload", data)
+            if base.startswith("/"):  # a directory: one rename
+                bare.mv(f"{base}/tmp-checkpoint-{i}", f"{base}/checkpoint-{i}", recursive=True)
+            else:  # S3 has no directories: each object is copied and deleted
+                bare.mv(f"{base}/tmp-checkpoint-{i}/payload", f"{base}/checkpoint-{i}/payload")
+
+        fenced_fs = FencedFileSystem.at(f"{root}/fenced-{label}", "bench", label, 1, namespace="bench",
+                                        storage_options=options)
+
+        def fenced(i: int, fs: Any = fenced_fs, data: bytes = data) -> None:
+            fs.pipe_file(f"tmp-checkpoint-{i}/payload", data)
+            fs.mv(f"tmp-checkpoint-{i}", f"checkpoint-{i}")
+
+        if base.startswith("/"):
+            Path(base).mkdir(parents=True, exist_ok=True)
+        out[label] = {"unfenced_ms": median_ms(unfenced, rounds), "fenced_ms": median_ms(fenced, rounds)}
+        out[label]["ratio"] = round(out[label]["fenced_ms"] / out[label]["unfenced_ms"], 2)
+    return out
 
 
 def free_port() -> int:
@@ -137,7 +181,8 @@ def s3(rounds: int, entries: int) -> dict[str, Any]:
                     def plain(i: int, local: Path = local, label: str = label) -> None:
                         client.upload_file(str(local), "bench", f"plain/{label}/step-{i}/payload")
 
-                    fence = Fence.at(f"s3://bench/fenced-{label}", "bench", label, 1, s3_client=client)
+                    fence = Fence.at(f"s3://bench/fenced-{label}", "bench", label, 1, namespace="bench",
+                                      s3_client=client)
                     fence.claim()
 
                     def fenced(i: int, fence: Fence = fence, data: bytes = data) -> None:
@@ -146,6 +191,14 @@ def s3(rounds: int, entries: int) -> dict[str, Any]:
                     out[label] = {"plain_ms": median_ms(plain, rounds), "fenced_ms": median_ms(fenced, rounds)}
                     out[label]["extra_ms"] = round(out[label]["fenced_ms"] - out[label]["plain_ms"], 2)
             out["history"] = history("s3://bench/history", entries, client)
+            try:
+                import s3fs  # noqa: F401
+
+                options = {"key": "bench", "secret": "bench-secret",
+                           "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+                out["fsspec"] = fsspec_saves("s3://bench/fsspec", rounds, options)
+            except ImportError:
+                out["fsspec"] = None
             return out
         finally:
             server.terminate()
@@ -162,6 +215,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir=args.dir) as base:
         result: dict[str, Any] = {"posix": posix(Path(base), args.rounds)}
         result["posix"]["history"] = history(str(Path(base) / "history"), args.history)
+        result["posix"]["fsspec"] = fsspec_saves(str(Path(base) / "fsspec"), args.rounds)
     if not args.no_s3:
         result["s3"] = s3(args.rounds, args.history)
     print(json.dumps(result, indent=2))

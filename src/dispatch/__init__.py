@@ -48,7 +48,8 @@ if TYPE_CHECKING:
         Refused,
         Unreachable,
     )
-    from .fence import Checkpoint, Fence, Fenced, PosixStore, S3Store
+    from .fence import Checkpoint, Fence, Fenced, FenceIdentity, PosixStore, S3Store
+    from .fencefs import FencedFileSystem
 
 _LAZY = {
     "._adapter": ("Adapter", "AsyncAdapter", "validate_spec"),
@@ -61,7 +62,8 @@ _LAZY = {
     "._views": ("POD_FINALIZER",),
     ".errors": ("Conflict", "DispatchError", "FieldCause", "Forbidden", "InvalidInput", "NotFound", "NotServed",
                 "PodsRemain", "ReadOnly", "Refused", "Unreachable"),
-    ".fence": ("Checkpoint", "Fence", "Fenced", "PosixStore", "S3Store"),
+    ".fence": ("Checkpoint", "Fence", "Fenced", "FenceIdentity", "PosixStore", "S3Store"),
+    ".fencefs": ("FencedFileSystem",),  # needs fsspec (the `fsspec` extra), which only its users install
 }
 """Every public name is imported on first use, from the module that defines it: ``import dispatch`` (and so
 every ``dispatch`` command, whose entry point lives in this package) loads nothing until a name is asked
@@ -124,6 +126,8 @@ __all__ = [  # noqa: RUF022
     "Fence",
     "Fenced",
     "Checkpoint",
+    "FenceIdentity",
+    "FencedFileSystem",
     "PosixStore",
     "S3Store",
     "LABEL_JOB_ID",

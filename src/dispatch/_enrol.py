@@ -168,9 +168,10 @@ def _env_ops(spec: Mapping[str, Any]) -> tuple[list[Obj], str | None]:
         if found is None:
             ops.append({"op": "add", "path": "/spec/trainer/env/-", "value": var})
         elif dict(found[1]) != var:
+            path = var["valueFrom"]["fieldRef"]["fieldPath"]
+            source = f"label {path[len('metadata.labels'):]}" if path.startswith("metadata.labels") else path
             return [], (f"spec.trainer.env[{found[0]}] sets {var['name']}, which dispatch sets from the pod's "
-                        f"label {var['valueFrom']['fieldRef']['fieldPath'][len('metadata.labels'):]}; "
-                        "remove it")
+                        f"{source}; remove it")
     return ops, None
 
 

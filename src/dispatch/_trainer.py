@@ -281,9 +281,15 @@ ENV_FROM_LABELS = (
 the process can fence storage on A and can never disagree with the labels."""
 
 
+ENV_NAMESPACE = "DISPATCH_NAMESPACE"
+"""The pod's namespace (downward API): A counts per namespace, so a fenced checkpoint location includes it (a
+pod without a service-account token has no other way to learn it)."""
+
+
 def identity_env() -> list[Obj]:
-    return [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
-            for var, label in ENV_FROM_LABELS]
+    return [*({"name": var, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+              for var, label in ENV_FROM_LABELS),
+            {"name": ENV_NAMESPACE, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
 
 
 def volume_body(volume: Volume) -> Obj:

@@ -245,11 +245,14 @@ def legacy_ledger() -> FakeCluster:
     return cluster
 
 
-def _resolve(entry: dict[str, object], labels: dict[str, str]) -> str:
-    """One container env entry as the kubelet resolves it: a value, or a fieldRef to one pod label."""
+def _resolve(entry: dict[str, object], labels: dict[str, str], namespace: str) -> str:
+    """One container env entry as the kubelet resolves it: a value, or a fieldRef to one pod label or to the
+    pod's namespace."""
     if "value" in entry:
         return str(entry["value"])
     path = entry["valueFrom"]["fieldRef"]["fieldPath"]  # type: ignore[index]
+    if path == "metadata.namespace":
+        return namespace
     found = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
     assert found, f"{entry['name']}: a fieldRef the page's pod cannot resolve: {path}"
     return labels[found[1]]
@@ -264,7 +267,8 @@ def trainer_pod_environment(cluster: FakeCluster, workdir: Path) -> dict[str, st
     labels = running[0]["metadata"]["labels"]
     trainjob = cluster.server.get("trainer.kubeflow.org", "trainjobs", cluster.namespace, "llama-s1")
     assert trainjob is not None
-    env = {e["name"]: _resolve(e, labels) for e in trainjob["spec"]["trainer"].get("env", [])}
+    env = {e["name"]: _resolve(e, labels, running[0]["metadata"]["namespace"])
+           for e in trainjob["spec"]["trainer"].get("env", [])}
     podinfo = workdir / "podinfo"
     podinfo.mkdir()
     # the downward API's format: one key="value" per line, values quoted as Go quotes them

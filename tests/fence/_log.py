@@ -16,6 +16,7 @@ class Entry:
     admission: int
     step: int
     data: str
+    name: str = ""
 
 
 def read_log(store: FenceStore) -> list[Entry]:
@@ -24,7 +25,7 @@ def read_log(store: FenceStore) -> list[Entry]:
     while (body := store.read(f"log/{len(entries) + 1:012d}")) is not None:
         raw: dict[str, Any] = json.loads(body)
         entries.append(Entry(len(entries) + 1, raw["kind"], raw["admission"], raw.get("step", -1),
-                             raw.get("data", "")))
+                             raw.get("data", ""), raw.get("name", "")))
     return entries
 
 

@@ -36,6 +36,7 @@ def main() -> int:
     out["committed"] = committed
     try:
         fence = Fence.from_env(root)
+        fence.snapshot_every = int(os.environ.get("FENCE_SNAPSHOT_EVERY", fence.snapshot_every))
         resume = fence.claim()
         out["claimed"] = True
         out["resume"] = None if resume is None else [resume.admission, resume.step]

@@ -24,6 +24,7 @@ from dispatch.fence import Fence
 
 ROOT = Path(__file__).resolve().parents[2]
 USER, PASSWORD, BUCKET = "fence-test", "fence-test-secret", "checkpoints"
+NAMESPACE = "team-a"
 
 
 def unavailable(why: str) -> None:
@@ -110,7 +111,7 @@ class Location:
     client: Any = None
 
     def fence(self, admission: int) -> Fence:
-        return Fence.at(self.root, "llama", "s1", admission, s3_client=self.client)
+        return Fence.at(self.root, "llama", "s1", admission, namespace=NAMESPACE, s3_client=self.client)
 
 
 def posix_location(tmp_path: Path) -> Location:

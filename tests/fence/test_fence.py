@@ -138,7 +138,8 @@ def test_checkpoints_keep_directories(location: Location) -> None:
 
 
 def test_from_env_reads_the_variables_dispatch_sets(location: Location, monkeypatch: pytest.MonkeyPatch) -> None:
-    env = {"DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": "3"}
+    env = {"DISPATCH_NAMESPACE": "team-a", "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1",
+           "DISPATCH_ADMISSION": "3"}
     fence = Fence.from_env(location.root, environ=env, s3_client=location.client)
     assert fence.admission == 3 and fence.store.location.endswith("llama/s1")
     with pytest.raises(InvalidInput, match="DISPATCH_ADMISSION not set"):
@@ -167,7 +168,7 @@ def test_misuse_is_refused(location: Location) -> None:
 def test_importing_the_fence_loads_no_kubernetes_or_http_client() -> None:
     code = ("import sys, dispatch.fence; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('httpx', 'httpx2', 'lightkube', 'asyncio', 'boto3', 'botocore')))")
+            "('httpx', 'httpx2', 'lightkube', 'asyncio', 'boto3', 'botocore', 'fsspec', 's3fs', 'aiohttp')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
     assert {"Fence", "Fenced", "Checkpoint", "PosixStore", "S3Store"} <= set(dispatch.__all__)
@@ -210,6 +211,6 @@ def test_a_write_that_fails_leaves_nothing_behind(location: Location) -> None:
     store = location.fence(9).store
     assert [(e.kind, e.step) for e in read_log(store)] == [("claim", -1), ("commit", 1)]
     if location.kind == "posix":
-        assert [p.name[:17] for p in (Path(location.root) / "llama" / "s1" / "data" / "a-000000000001").iterdir()] \
-            == ["step-000000000001"]
+        data = Path(location.root) / "team-a" / "llama" / "s1" / "data" / "a-000000000001"
+        assert [p.name[:17] for p in data.iterdir()] == ["step-000000000001"]
     assert payload(location.fence(2).claim()) == "a1 s1"

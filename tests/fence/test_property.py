@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from dispatch.fence import Checkpoint, Fence, Fenced, FenceStore
+from dispatch.fence import SNAPSHOT_EVERY, Checkpoint, Fence, Fenced, FenceStore
 
 from .conftest import Location
 
@@ -55,7 +55,7 @@ class Interleaver:
     def create(self, key: str, body: bytes) -> bool:
         self._tick()
         made = self.store.create(key, body)
-        if made:
+        if made and key.startswith("log/"):  # snapshots are made by exclusive create too, but are no entries
             self.accepted.append({"key": key, **json.loads(body)})
         return made
 
@@ -83,7 +83,8 @@ ops = st.lists(st.tuples(st.sampled_from(ADMISSIONS), st.sampled_from(["claim", 
 schedules = st.dictionaries(st.integers(1, 40), st.sampled_from(ADMISSIONS), max_size=6)
 
 
-def run(location: Location, plan: list[tuple[int, str]], injected: dict[int, int]) -> list[str]:
+def run(location: Location, plan: list[tuple[int, str]], injected: dict[int, int],
+        snapshot_every: int = SNAPSHOT_EVERY) -> list[str]:
     """Play ``plan`` with ``injected`` claims, check every outcome against the store's order; what happened."""
     happened: list[str] = []
     base = location.fence(99).store
@@ -91,7 +92,7 @@ def run(location: Location, plan: list[tuple[int, str]], injected: dict[int, int
     claims: list[tuple[int, int, Checkpoint | None]] = []  # claims let through: (log number, A, resume)
     steps = iter(range(1_000_000))
     wrapper = Interleaver(base, {})
-    fences = {a: Fence(wrapper, a) for a in ADMISSIONS}
+    fences = {a: Fence(wrapper, a, snapshot_every=snapshot_every) for a in ADMISSIONS}
 
     def claim(fence: Fence) -> None:
         try:
@@ -102,7 +103,8 @@ def run(location: Location, plan: list[tuple[int, str]], injected: dict[int, int
             outcomes.append(("claim", fence.admission, -1, err))
 
     # An injected claim is another process's: a fence of its own (a fence is for one thread).
-    wrapper.schedule = {n: functools.partial(claim, Fence(wrapper, a)) for n, a in injected.items()}
+    wrapper.schedule = {n: functools.partial(claim, Fence(wrapper, a, snapshot_every=snapshot_every))
+                        for n, a in injected.items()}
     for a, kind in plan:
         if kind == "claim" or fences[a]._claim_seq is None:
             claim(fences[a])
@@ -157,7 +159,7 @@ def run(location: Location, plan: list[tuple[int, str]], injected: dict[int, int
     for at, a, _step in ok_commits:  # the promise itself
         assert not any(e["kind"] == "claim" and e["admission"] > a for e in accepted[:at])
 
-    latest = Fence(base, 99).latest()
+    latest = Fence(base, 99, snapshot_every=snapshot_every).latest()
     want = expected_resume(len(accepted) + 1)
     assert (None if latest is None else (latest.admission, latest.step)) == want
     if latest is not None:
@@ -182,6 +184,15 @@ def test_random_interleavings_on_a_directory(tmp_path_factory: pytest.TempPathFa
                                              make_location: Callable[[str], Location],
                                              plan: list[tuple[int, str]], injected: dict[int, int]) -> None:
     run(make_location("posix"), plan, injected)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=ops, injected=schedules, every=st.sampled_from([2, 3]))
+def test_random_interleavings_with_a_snapshot_every_few_entries(make_location: Callable[[str], Location],
+                                                               plan: list[tuple[int, str]], injected: dict[int, int],
+                                                               every: int) -> None:
+    """The same promise when every second or third entry is followed by a snapshot that new fences start from."""
+    run(make_location("posix"), plan, injected, snapshot_every=every)
 
 
 @pytest.mark.minio

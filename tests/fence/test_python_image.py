@@ -60,7 +60,8 @@ def test_two_executions_fence_one_location_inside_the_image_alone(rootfs: Path) 
     (rootfs / "out").mkdir()
 
     def run(admission: int, steps: int) -> int:
-        env = {**base, "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": str(admission),
+        env = {**base, "DISPATCH_NAMESPACE": "team-a",
+               "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": str(admission),
                "CHECKPOINT_ROOT": "/ckpt", "ORACLE_FILE": "/out/oracle.log", "FENCE_REPORT": "/out/fence.jsonl",
                "STEPS": str(steps), "COMMIT_EVERY": "0"}
         chroot = str(shutil.which("chroot"))
@@ -77,5 +78,5 @@ def test_two_executions_fence_one_location_inside_the_image_alone(rootfs: Path) 
         [("claim", 1), ("claim", 2), ("refused", 1)]
     assert next(e for e in events if e["event"] == "claim" and e["a"] == 2)["resume"]["step"] == 2
     assert [e["step"] for e in events if e["event"] == "commit" and e["a"] == 2] == [3, 4]
-    log = sorted((rootfs / "ckpt/llama/s1/log").iterdir())
+    log = sorted((rootfs / "ckpt/team-a/llama/s1/log").iterdir())
     assert [json.loads(p.read_text())["admission"] for p in log] == [1, 1, 1, 1, 2, 2, 2]

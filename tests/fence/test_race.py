@@ -20,8 +20,8 @@ WRITER = Path(__file__).with_name("_writer.py")
 
 def start(location: Location, admission: int, result: Path, steps: int, interval: float,
           go: Path | None = None, started: Path | None = None) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **location.env, "DISPATCH_JOB_ID": "llama", "DISPATCH_SUBMISSION": "s1",
-           "DISPATCH_ADMISSION": str(admission)}
+    env = {**os.environ, **location.env, "DISPATCH_NAMESPACE": "team-a", "DISPATCH_JOB_ID": "llama",
+           "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": str(admission)}
     argv = [sys.executable, str(WRITER), location.root, str(result), str(steps), str(interval),
             str(go or ""), str(started or "")]
     return subprocess.Popen(argv, env=env)

@@ -137,7 +137,7 @@ def test_a_stale_execution_on_a_node_tainted_while_it_runs_commits_nothing_that_
     cost = realnode.python_image()
     print(f"\nPython image: {cost}")
     oracle_dir, checkpoints = tmp_path / "oracle", tmp_path / "checkpoints"
-    location = checkpoints / JOB / SUBMISSION
+    location = checkpoints / ns / JOB / SUBMISSION  # the namespace is part of a location (DISPATCH_NAMESPACE)
     rt = realnode.fenced_runtime("fenced", oracle_dir, checkpoints, namespace=ns, commit_every=0.1,
                                  fenced_tries=5, tolerations=TOLERATE_LOST_NODE, grace_period_seconds=10,
                                  linger=True)
@@ -207,7 +207,7 @@ def test_a_stale_execution_on_a_node_tainted_while_it_runs_commits_nothing_that_
     for e in commits2:
         payload = (Path(e["location"].replace(realnode.CHECKPOINT_MOUNT, str(checkpoints), 1)) / "payload")
         assert payload.read_text().startswith(f"A=2 step={e['step']} ")
-    latest = Fence.at(checkpoints, JOB, SUBMISSION, 2).latest()
+    latest = Fence.at(checkpoints, JOB, SUBMISSION, 2, namespace=ns).latest()
     assert latest is not None and latest.admission == 2 and latest.step >= commits2[-1]["step"]
     term = procs["1"].termed_ms
     after_term = "" if term is None else f", {procs['2'].started_ms - term} ms after the kubelet SIGTERMed A=1"

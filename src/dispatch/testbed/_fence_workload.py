@@ -4,8 +4,8 @@ Copied into the testbed's Python image (:mod:`dispatch.testbed._pyimage`) as a s
 image's own interpreter and the project's own ``dispatch`` package, so the process on the node runs the very
 fence a user imports (``from dispatch import Fence``), not a second implementation of its protocol.
 
-It claims ``$CHECKPOINT_ROOT/<job-id>/<submission>/`` for its ``DISPATCH_ADMISSION``, resumes from the newest
-checkpoint that counts, and commits one checkpoint (a file ``payload`` naming its A, step and pid) every
+It claims ``$CHECKPOINT_ROOT/<namespace>/<job-id>/<submission>/`` for its ``DISPATCH_ADMISSION``, resumes from
+the newest checkpoint that counts, and commits one checkpoint (a file ``payload`` naming its A, step and pid) every
 ``COMMIT_EVERY`` seconds. Two records of what it did go to host directories the test reads:
 
 * the process oracle's lines (``ORACLE_FILE``, the format of ``testbed/images/workload``: START, TICK per
@@ -133,7 +133,8 @@ def run(env: dict[str, str]) -> int:
 def trace(out: Path) -> None:
     """One claim and one commit in a scratch directory; then what the interpreter had loaded."""
     with tempfile.TemporaryDirectory() as tmp:
-        env = {"DISPATCH_JOB_ID": "trace", "DISPATCH_SUBMISSION": "s1", "DISPATCH_ADMISSION": "1",
+        env = {"DISPATCH_NAMESPACE": "trace", "DISPATCH_JOB_ID": "trace", "DISPATCH_SUBMISSION": "s1",
+               "DISPATCH_ADMISSION": "1",
                "CHECKPOINT_ROOT": f"{tmp}/ckpt", "ORACLE_FILE": f"{tmp}/oracle/oracle.log",
                "FENCE_REPORT": f"{tmp}/oracle/fence.jsonl", "STEPS": "1", "COMMIT_EVERY": "0",
                "LINGER": "1"}
