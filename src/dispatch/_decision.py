@@ -26,6 +26,7 @@ from ._names import (
     MULTIKUEUE_ORIGIN_LABEL,
     PATCH_MANAGER,
     POD_KEPT_LABELS,
+    PREBUILT_WORKLOAD_LABEL,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
@@ -39,6 +40,7 @@ from ._views import (
     JobView,
     NodeView,
     PodView,
+    labels_of,
 )
 
 __all__ = [
@@ -819,7 +821,47 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     if new.token != old.token and new.admission <= old.admission:
         return (f"{what}: annotation {ANNOTATION_TOKEN} changes only with a raise of "
                 f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
+    if changed := copy_marks_changed(old, new):
+        return f"{what}: {changed}"
     return foreign_problem(new, old)
+
+
+COPY_MARKS = (MULTIKUEUE_ORIGIN_LABEL, PREBUILT_WORKLOAD_LABEL)
+"""The labels (and the annotation of the prebuilt key) that make a TrainJob a MultiKueue copy in a worker: set
+by MultiKueue when it creates the copy, and never changed on a dispatch TrainJob afterwards (the guard and the
+``dispatch-identity`` policy), so no writer turns an object into a copy, or a copy into another's."""
+COPY_PERMISSION = ("create", "dispatch.phpboyscout.uk", "multikueuecopies")
+"""(verb, group, resource) the ``dispatch-identity`` policy asks the authorizer about before a dispatch TrainJob
+carrying MultiKueue's origin label is created: held by the identity MultiKueue writes a worker with (bound by
+``deploy/worker/``) and cluster admins only (a permission no real resource has, as ``use`` or ``bind``)."""
+COPY_CREATE_DENIED = (f"a dispatch TrainJob carrying {MULTIKUEUE_ORIGIN_LABEL} is a MultiKueue copy: only the "
+                      "identity MultiKueue writes this worker with creates one (create multikueuecopies of "
+                      "dispatch.phpboyscout.uk, bound by deploy/worker)")
+"""The ``dispatch-identity`` policy's message on a copy created by anyone else."""
+
+
+def _copy_marks(tj: TrainJobView) -> tuple[str, str, str]:
+    return (tj.labels.get(MULTIKUEUE_ORIGIN_LABEL, ""), tj.labels.get(PREBUILT_WORKLOAD_LABEL, ""),
+            tj.prebuilt_workload)
+
+
+def copy_marks_changed(old: TrainJobView, new: TrainJobView) -> str | None:
+    """Why an update changes what makes a dispatch TrainJob a MultiKueue copy (``COPY_MARKS``), or None: added,
+    changed or removed, a copy mark would let the guard judge an ordinary object as a copy (whose A the
+    manager issued, with no record here) or a copy by another Workload's admission."""
+    if not old.job_id or _copy_marks(old) == _copy_marks(new):
+        return None
+    return (f"the MultiKueue marks {MULTIKUEUE_ORIGIN_LABEL} and {PREBUILT_WORKLOAD_LABEL} of a dispatch TrainJob "
+            "are kept as it was created (MultiKueue sets them on the copies it creates)")
+
+
+def copy_create_problem(new: TrainJobView, *, allowed: bool) -> str | None:
+    """Why a create of a dispatch TrainJob is refused for carrying MultiKueue's origin label (the
+    ``dispatch-identity`` policy), or None. ``allowed``: the authorizer grants the requester ``COPY_PERMISSION``
+    in the TrainJob's namespace."""
+    if not new.job_id or MULTIKUEUE_ORIGIN_LABEL not in new.labels or allowed:
+        return None
+    return f"trainjob {new.name}: {COPY_CREATE_DENIED}"
 
 
 def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView) -> str | None:
@@ -842,6 +884,8 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
             return f"{what}: {unparsed}"
         if now < was:
             return f"{what}: annotation {key} only rises; it is never lowered or removed"
+    if changed := copy_marks_changed(old, new):
+        return f"{what}: {changed}"
     return foreign_problem(new, old)
 
 
@@ -1020,16 +1064,27 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     return None
 
 
-def multikueue_copy(tj: TrainJobView) -> bool:
-    """A worker's copy of a manager's TrainJob: MultiKueue made it, and the manager's dispatch issued its A."""
-    return MULTIKUEUE_ORIGIN_LABEL in tj.labels
+def multikueue_copy(tj: TrainJobView, *, worker: bool) -> bool:
+    """A worker's copy of a manager's TrainJob: dispatch here runs as a MultiKueue worker (``worker``, the
+    controller's ``--multikueue-worker``) and the TrainJob carries MultiKueue's origin label, which only the
+    identity MultiKueue writes with may create (``copy_create_problem``) and nobody changes afterwards
+    (``copy_marks_changed``). Anywhere else the label means nothing: the object is judged as any other."""
+    return worker and MULTIKUEUE_ORIGIN_LABEL in tj.labels
+
+
+COPY_WRITES_BEFORE_START = KUEUE_WRITES_SINCE_RAISE
+"""Spec generation a copy may have before its one start: MultiKueue creates it (1), and the worker's Kueue writes
+the pod set information into its runtime patch entry, still suspended (2). A start and a stop add two more."""
 
 
 def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, workload: WorkloadView | None,
                     runtime_jobs: Sequence[str] | None) -> str | None:
     """Why a MultiKueue copy may not start in this worker, or None. The manager's dispatch issued A and read
     every worker before MultiKueue made the copy; here the guard keeps the worker's own half: the copy starts
-    only through the worker's Kueue (its Workload admitted), with the A its pods will carry."""
+    only through the worker's Kueue (the Workload MultiKueue made for it, admitted), with the A its pods will
+    carry, above the ``started`` mark, and once: MultiKueue makes a new copy for each dispatch, so a copy that
+    ran (its generation past what its creation and Kueue's pod set write make) is not started again, whoever
+    suspended it (a writer's suspend would otherwise let the worker's Kueue restart the same A)."""
     what = f"trainjob {new.name} cannot start"
     if operation == "CREATE" or old is None:
         return (f"{what}: a MultiKueue copy is created suspended and started by its worker's Kueue once it "
@@ -1039,17 +1094,28 @@ def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView,
     if new.admission < 1:
         return (f"{what}: this MultiKueue copy carries no A: the manager's dispatch raises A on the TrainJob "
                 "before MultiKueue copies it")
+    if new.admission <= old.started:
+        return (f"{what}: A={new.admission} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
+                "the manager's dispatch issues a new A and MultiKueue makes a new copy")
     if problem := _carry_problem(what, new):
         return problem
+    generation = old.ref.generation or 0
+    if generation > COPY_WRITES_BEFORE_START:
+        return (f"{what}: this MultiKueue copy has started before (generation {generation}: a start and a stop "
+                f"since its creation); a copy runs its A once, and the manager's next dispatch makes a new copy")
     if workload is None or not workload.admitted or workload.evicted or workload.finished or workload.deleting:
         name = f" {workload.ref.name}" if workload is not None else ""
         return f"{what}: this worker's Kueue has not admitted the copy's workload{name}"
+    origin = new.labels.get(MULTIKUEUE_ORIGIN_LABEL, "")
+    if labels_of(dict(workload.raw)).get(MULTIKUEUE_ORIGIN_LABEL) != origin:
+        return (f"{what}: the copy's workload {workload.ref.name} was not made by MultiKueue (it does not carry "
+                f"{MULTIKUEUE_ORIGIN_LABEL}={origin})")
     return None
 
 
 def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
           record: RecordView | None, workload: WorkloadView | None = None,
-          runtime_jobs: Sequence[str] | None = None) -> str | None:
+          runtime_jobs: Sequence[str] | None = None, *, worker: bool = False) -> str | None:
     """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
 
     Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
@@ -1071,6 +1137,9 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
       raising A (``identity_change``), and a raised A must equal the record's, which only rises.
       Kueue's unsuspend after dispatch raised A and set its check Ready passes; a bare ``kubectl
       patch`` of a held, evicted or already-run object does not.
+
+    Only where dispatch runs as a MultiKueue worker (``worker``) is a TrainJob with MultiKueue's origin label
+    judged as a copy (``_copy_not_armed``); elsewhere the label changes nothing.
     """
     if not (new.labelled or (old is not None and old.labelled)):
         return None
@@ -1090,7 +1159,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
-    if multikueue_copy(new):
+    if multikueue_copy(new, worker=worker):
         return _copy_not_armed(operation, old, new, workload, runtime_jobs)
     return _not_armed(operation, old, new, record, workload, runtime_jobs)
 
