@@ -27,7 +27,7 @@ from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import _guard as g_
-from dispatch.errors import PodsRemain
+from dispatch.errors import PodsRemain, Refused
 from dispatch.testbed.harness import (
     A,
     as_role,
@@ -293,6 +293,38 @@ async def test_kueue_preemption_readmits_through_the_guard_and_a_bare_unsuspend_
     pods = running_pods(await pods_of(kube, "low-s1"))
     assert [p["metadata"]["labels"][A] for p in pods] == ["2"]
     assert (await kube.get(k.TRAINJOBS, "low-s1"))["metadata"]["annotations"][ANNOTATION_ADMISSION] == "2"
+
+
+async def test_a_writer_cannot_make_a_kueue_object_a_multikueue_copy_and_kueue_does_not_restart_its_a(
+        g: Guarded, tmp_path: Path) -> None:
+    """Issue 35 item 3 on the real API server, CEL policy, guard and Kueue: a ``dispatch-writer``'s MultiKueue
+    marks on a running Kueue-mode object are refused (the guard here is no MultiKueue worker anyway); the
+    writer's own suspend goes through, the real Kueue then unsuspends the object whose Workload is still
+    admitted, and the guard refuses that restart of the same A."""
+    name = "mkc-s1"
+    await g.adapter.open(JobSpec(job_id="mkc", submission="s1", queue="lq"))
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    wl = await workload_of(g.kube, name)
+    assert wl is not None
+    writer = g.adapter.core.kube
+    marks = {"kueue.x-k8s.io/multikueue-origin": "multikueue",
+             "kueue.x-k8s.io/prebuilt-workload-name": wl["metadata"]["name"]}
+    with pytest.raises(Refused) as refused:
+        await writer.merge_patch(k.TRAINJOBS, name, {"metadata": {"labels": marks}})
+    print("REFUSED (the marks):", refused.value)
+    assert "MultiKueue marks kueue.x-k8s.io/multikueue-origin and kueue.x-k8s.io/prebuilt-workload-name" in str(
+        refused.value)
+    pods = await hold_pods(g.kube, name)
+    await writer.merge_patch(k.TRAINJOBS, name, {"spec": {"suspend": True}})
+    await gone(g, pods)
+    log = tmp_path / "controller.log"
+    await until(lambda: "was not raised for this admission" in log.read_text(errors="replace"), timeout=120,
+                what="the real Kueue's restart of the same A refused by the guard")
+    print("DENIED (Kueue's restart):", next(line for line in log.read_text(errors="replace").splitlines()
+                                             if "was not raised for this admission" in line))
+    tj = await g.kube.get(k.TRAINJOBS, name)
+    assert tj["spec"]["suspend"] is True
+    assert running_pods(await pods_of(g.kube, name)) == []
 
 
 async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:

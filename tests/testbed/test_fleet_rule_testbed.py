@@ -471,7 +471,8 @@ async def _worker_guards(ns: str, tmp: Path, stack: contextlib.AsyncExitStack) -
         kube = k.Kube.connect(namespace=ns, kubeconfig=path)
         stack.push_async_callback(kube.aclose)
         ctl = Controller(kube, Config(namespace=ns, guard_port=port, guard_host="127.0.0.1",
-                                      guard_cert_dir=str(certs), guard_webhook="", resync_seconds=30))
+                                      guard_cert_dir=str(certs), guard_webhook="", resync_seconds=30,
+                                      multikueue_worker=True))
         stop = asyncio.Event()
         task = asyncio.create_task(ctl.run(stop))
 
