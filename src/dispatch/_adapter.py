@@ -156,10 +156,12 @@ class AsyncAdapter:
             # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
             pods, nodes = (await self.core.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
                            if tj.labelled and tj.managed_by != MULTIKUEUE else ([], {}))
-            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes)]
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
-                                                    *gap], workload=running_in,
-                                stalled="; ".join(filter(None, stalled)) or None)
+            jobs = await self.core.jobs_of(name)
+            # a NonIndexed Job's other pods are refused by the guard while one runs: say why
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
+                       d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap],
+                                workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -169,7 +171,9 @@ class AsyncAdapter:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload, tj),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap], record=record,
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
+                                      d.nonindexed_text(f"trainjob {name} cannot start",
+                                                        d.jobs_nonindexed(snap.jobs, name))], record=record,
                             workload=workload, stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
 
     async def find(

@@ -317,8 +317,10 @@ def cessation(
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         # a rank whose pod is being deleted (its Job re-created, its namespace going) waits on that pod's end:
         # say so and name the action, as status does, rather than only "running"
-        waiting = waiting_ranks_text(trainjob, views, nodes)
-        return Cessation(False, f"{name} is admitted and running" + (f"; {waiting}" if waiting else ""), rest, proofs)
+        waiting = [waiting_ranks_text(trainjob, views, nodes),
+                   nonindexed_text(f"trainjob {name}", jobs_nonindexed(jobs, name), running=True)]
+        why = "; ".join(w for w in waiting if w)
+        return Cessation(False, f"{name} is admitted and running" + (f"; {why}" if why else ""), rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
                      jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
@@ -376,6 +378,31 @@ def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
     if not unsafe:
         return None
     return f"podReplacementPolicy is not Failed on job {', '.join(unsafe)}; " + REPLACEMENT_RISK
+
+
+def nonindexed_text(where: str, jobs: Mapping[str, int], *, running: bool = False) -> str | None:
+    """Why dispatch does not run these NonIndexed replicatedJobs (name -> parallelism), or None (issue 35 item 6).
+
+    A NonIndexed Job's pods carry no completion index, so the pod guard cannot tell a second pod of the Job,
+    which the Job controller makes while active < parallelism, from a replacement of a pod that may still run,
+    which it makes once that pod is deleting or failed (a kubelet back from a cut can even write Running over
+    such a Failed); counting the rank as the same, it would refuse every pod beyond the first while that runs.
+    ``running``: the object already runs (said by status, ceased): the guard refuses the Job's other pods."""
+    if not jobs:
+        return None
+    listed = ", ".join(f"replicatedJob {j} (completionMode: NonIndexed, parallelism {p})"
+                       for j, p in sorted(jobs.items()))
+    effect = ("the guard refuses every pod of such a Job beyond the one that runs" if running
+              else "dispatch's guard would refuse every pod of such a Job beyond the first while that one runs")
+    return (f"{where}: {listed}: the pods of a NonIndexed Job carry no completion index, so a second pod of the Job "
+            f"cannot be told from a replacement of one that may still run and {effect}; set completionMode: Indexed "
+            "(JobSet's default) on that replicatedJob's Job template, or parallelism 1")
+
+
+def jobs_nonindexed(jobs: Iterable[JobView], name: str) -> dict[str, int]:
+    """The object's child Jobs that are NonIndexed with parallelism above 1: replicatedJob -> parallelism."""
+    return {j.replicated_job or j.name: j.parallelism for j in jobs
+            if j.jobset_name == name and not j.finished and j.completion_mode == "NonIndexed" and j.parallelism > 1}
 
 
 # --------------------------------------------------------------------------- admission numbers
@@ -1254,6 +1281,13 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     same = [p.name for p in blocking if p.admission == new.admission]
     what = ("the same rank of the same execution" if len(same) == len(blocking)
             else "another execution" if not same else "another execution or the same rank")
+    if new.unindexed and len(same) == len(blocking):
+        return (f"pod {new.name or 'of ' + new.job_id + '/' + new.submission} (A={new.admission}, {new.unindexed}) "
+                f"cannot start while a pod of the same Job may still run ({remaining_detail(left)}): its Job is "
+                "NonIndexed, so its pods carry no completion index and a second pod of the Job cannot be told from a "
+                "replacement of one that may still run; dispatch does not run NonIndexed Jobs with parallelism above "
+                "1: set completionMode: Indexed (JobSet's default) on the Job template of "
+                f"{new.unindexed.split(',')[0]} in the runtime")
     parts = [f"pod {new.name or 'of ' + new.job_id + '/' + new.submission} (A={new.admission}, "
              f"{_rank_text(new)}) cannot start while a pod of {what} may still run: {remaining_detail(left)}"]
     parts.extend(text for text in (why_text(left), stuck_text(left)) if text)

@@ -236,7 +236,9 @@ class Guard:
             core.read_one(target), core.record(new.job_id, new.submission),
             (core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new))
             if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
-        return d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
+        # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
+        return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
+            or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
 
     async def decide_pod(self, request: Obj) -> str | None:
         """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read)."""

@@ -764,8 +764,9 @@ class FakeGuard:
             else:
                 workload = next((WorkloadView.from_obj(w) for w in self.server.objects(KUEUE, "workloads", ns)
                                  if (w["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL) == uid), None)
-        denial = d.guard(operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None,
-                         workload, runtime_jobs_now, worker=self.worker)
+        denial = d.nonindexed_text(f"trainjob {name} cannot start", d.jobs_nonindexed(jobs, name)) or d.guard(
+            operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None, workload,
+            runtime_jobs_now, worker=self.worker)
         if denial is None:
             self.allowed_starts += 1
         return denial
