@@ -52,6 +52,7 @@ def test_a_start_over_jobs_built_nonindexed_is_refused_and_says_why(adapter: Ada
     assert cluster.pods(NAME) == [] and cluster.refused_pods == []
     status = adapter.inspect(NAME)
     assert any(f"trainjob {NAME} cannot start: {FIELDS}" in w for w in status.warnings), status.warnings
-    denial = guard.decision("UPDATE", (tj := cluster.server.get(TRAINER, "trainjobs", "default", NAME)),
-                            {**tj, "spec": {**tj["spec"], "suspend": False}})
+    tj = cluster.server.get(TRAINER, "trainjobs", "default", NAME)
+    assert tj is not None
+    denial = guard.decision("UPDATE", tj, {**tj, "spec": {**tj["spec"], "suspend": False}})
     assert denial is not None and f"{FIELDS}" in denial, denial
