@@ -307,7 +307,7 @@ class AsyncAdapter:
             await fleet.aclose()
         ran = max(record.admission if record is not None else 0, tj.admission) > 0
         seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.of(tj))) if not r.problem
-                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down) for w, r in sorted(reads.items())
+                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down, r.removed) for w, r in sorted(reads.items())
                 if not r.problem or ran]
         verdict = d.across(local, seen)
         if not verdict.admissible:
@@ -615,8 +615,20 @@ class AsyncAdapter:
         """Confirm that MultiKueue worker ``worker``, which Kueue has lost (Active=False), is down: its pods no
         longer block an admission on the manager (needs ``dispatch-admin``). The confirmation names that
         loss, so it lapses by itself if the worker comes back and is lost again. Refused for a worker Kueue
-        still reaches: a reachable worker is read, never trusted to be down."""
-        return _worker(await Fleet(self._kube).confirm_down(worker))
+        still reaches: a reachable worker is read, never trusted to be down.
+
+        A worker no MultiKueueCluster names any more (removed from the manager) that identity records still
+        remember: every such record forgets it (``_admin.forget_worker``), which is the operator's word that it
+        runs none of their pods; NotFound when no record remembers it either."""
+        try:
+            return _worker(await Fleet(self._kube).confirm_down(worker))
+        except NotFound:
+            forgotten, armed = await _admin.forget_worker(self.core, worker)
+            if not forgotten and not armed:
+                raise NotFound(f"multikueuecluster {worker} not found, and no identity record remembers a worker "
+                               "of that name", reason="NotFound", code=404) from None
+            return Worker(worker, "Unknown", "Removed", "no MultiKueueCluster names it", "", True, removed=True,
+                          forgotten=tuple(forgotten), armed=tuple(armed))
 
     async def workers(self) -> list[Worker]:
         """The MultiKueue workers (MultiKueueClusters) as Kueue sees them; empty outside a manager."""

@@ -177,11 +177,29 @@ class WorkerVerdict:
     problem: str = ""
     confirmed_down: bool = False
     """Unreadable, and an operator confirmed that Kueue's loss of it is the machine being down."""
+    removed: bool = False
+    """No MultiKueueCluster names it any more: only the submission's identity record remembers it."""
 
 
-def unreadable_text(worker: str, problem: str) -> str:
+def unreadable_text(worker: str, problem: str, *, removed: bool = False) -> str:
+    if removed:
+        return (f"worker {worker}, which the submission's identity record remembers from the last admission, has no "
+                "MultiKueueCluster any more (removed from the manager), so its pods cannot be read: nothing proves "
+                f"the previous execution's pods there have stopped; once they are gone (the worker decommissioned, "
+                f"or its pods of this object deleted there), confirm it with `dispatch admin worker-down {worker}`, "
+                "which makes the identity records forget it")
     return (f"worker {worker} cannot be read ({problem}): nothing proves the previous execution's pods there "
             f"have stopped; if it is down, confirm it with `dispatch admin worker-down {worker}`")
+
+
+def armed_for_start(trainjob: TrainJobView, record: RecordView) -> bool:
+    """Whether a Kueue-mode object is raised for a start Kueue is about to make: suspended with the record's A,
+    its token naming a raise made no more than ``KUEUE_WRITES_SINCE_RAISE`` spec writes ago. Raising the record
+    under it would make the guard refuse that start for good (the check is already Ready)."""
+    _, sep, gen = trainjob.token.rpartition("/")
+    if not trainjob.suspended or trainjob.admission != record.admission or not sep or not gen.isdigit():
+        return False
+    return 1 <= (trainjob.ref.generation or 0) - int(gen) <= KUEUE_WRITES_SINCE_RAISE
 
 
 def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
@@ -199,7 +217,7 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
             remaining.extend(replace(p, cluster=w.worker) for p in w.verdict.remaining if not p.proven)
             blockers.extend(f"worker {w.worker}: {b}" for b in w.verdict.blockers)
         elif not w.confirmed_down:
-            blockers.append(unreadable_text(w.worker, w.problem))
+            blockers.append(unreadable_text(w.worker, w.problem, removed=w.removed))
     return Verdict(tuple(remaining), tuple(blockers))
 
 
