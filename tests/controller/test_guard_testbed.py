@@ -327,6 +327,50 @@ async def test_a_writer_cannot_make_a_kueue_object_a_multikueue_copy_and_kueue_d
     assert running_pods(await pods_of(g.kube, name)) == []
 
 
+async def test_a_nonindexed_job_with_two_pods_is_refused_at_open_and_at_its_start(g: Guarded) -> None:
+    """Issue 35 item 6 on the real Trainer, JobSet, Job controller and guard: a runtime whose node Job is
+    NonIndexed, with numNodes 2. ``open`` refuses it naming the replicatedJob and fields; a TrainJob made on it
+    anyway (by the cluster's admin, as ``open`` would have made it) gets Jobs Trainer sized to numNodes and JobSet
+    left NonIndexed, and both ``release`` and a bare unsuspend are refused naming them."""
+    from dispatch import InvalidInput
+    from dispatch._records import JobSpec as Spec
+    from dispatch._trainer import runtime_jobs, trainjob_body
+
+    kube, ns = g.kube, g.ns
+    base = await kube.get(k.CLUSTER_RUNTIMES, "torch-distributed")
+    name = f"bag-{ns}"[:63]
+    runtime = {"apiVersion": base["apiVersion"], "kind": base["kind"], "metadata": {"name": name},
+               "spec": base["spec"]}
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if rj["name"] == "node":
+            rj["template"].setdefault("spec", {})["completionMode"] = "NonIndexed"
+    await kube.create(k.CLUSTER_RUNTIMES, runtime)
+    try:
+        spec = Spec(job_id="bag", submission="s1", num_nodes=2, runtime=name)
+        with pytest.raises(InvalidInput) as refused:
+            await g.adapter.open(spec)
+        print("REFUSED (open):", refused.value)
+        fields = "replicatedJob node (completionMode: NonIndexed, parallelism 2)"
+        assert f"ClusterTrainingRuntime {name}: {fields}" in str(refused.value)
+        await kube.create(k.TRAINJOBS, trainjob_body(spec, "bag-s1", ns, runtime_jobs(runtime)))
+
+        async def built() -> bool:
+            return bool((await kube.list(k.JOBS, labels="jobset.sigs.k8s.io/jobset-name=bag-s1")).items)
+        await until(built, what="Trainer's JobSet and its Job")
+        [job] = (await kube.list(k.JOBS, labels="jobset.sigs.k8s.io/jobset-name=bag-s1")).items
+        print("JOB SPEC:", {key: job["spec"].get(key) for key in ("completionMode", "parallelism", "completions")})
+        assert (job["spec"]["completionMode"], job["spec"]["parallelism"]) == ("NonIndexed", 2), job["spec"]
+        with pytest.raises(Refused) as start:
+            await g.adapter.release("bag-s1")
+        print("REFUSED (release):", start.value)
+        assert f"trainjob bag-s1 cannot start: {fields}" in str(start.value)
+        denied = unsuspend(ns, "bag-s1")
+        print("DENIED (bare unsuspend):", denied.stderr.strip())
+        assert denied.returncode != 0 and f"{DENIED}trainjob bag-s1 cannot start: {fields}" in denied.stderr
+    finally:
+        await kube.delete(k.CLUSTER_RUNTIMES, name)
+
+
 async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:
     await g.adapter.open(JobSpec(job_id="kh", submission="s1", queue="lq"))
     await until(lambda: is_running(g.kube, "kh-s1"), what="running")
