@@ -327,6 +327,24 @@ async def test_a_writer_cannot_make_a_kueue_object_a_multikueue_copy_and_kueue_d
     assert running_pods(await pods_of(g.kube, name)) == []
 
 
+async def test_only_a_holder_of_the_copy_permission_creates_a_dispatch_trainjob_with_multikueues_origin(
+        g: Guarded) -> None:
+    """Issue 35 item 3: the real API server's ``dispatch-identity`` policy asks its authorizer whether the requester
+    may ``create`` ``multikueuecopies``: the shipped writer may not; the cluster's admin (every verb on every
+    resource, as MultiKueue's identity holds this one through deploy/worker) may."""
+    from dispatch._records import JobSpec as Spec
+    from dispatch._trainer import trainjob_body
+
+    body = trainjob_body(Spec(job_id="mkcopy", submission="s1"), "mkcopy-s1", g.ns, ["node"])
+    body["metadata"]["labels"]["kueue.x-k8s.io/multikueue-origin"] = "multikueue"
+    with pytest.raises(Refused) as refused:
+        await g.adapter.core.kube.create(k.TRAINJOBS, body)
+    print("REFUSED (a writer's copy):", refused.value)
+    assert "only the identity MultiKueue writes this worker with creates one" in str(refused.value)
+    made = await g.kube.create(k.TRAINJOBS, body)
+    assert made["metadata"]["labels"]["kueue.x-k8s.io/multikueue-origin"] == "multikueue"
+
+
 async def test_a_nonindexed_job_with_two_pods_is_refused_at_open_and_at_its_start(g: Guarded) -> None:
     """Issue 35 item 6 on the real Trainer, JobSet, Job controller and guard: a runtime whose node Job is
     NonIndexed, with numNodes 2. ``open`` refuses it naming the replicatedJob and fields; a TrainJob made on it
