@@ -160,10 +160,12 @@ class AsyncAdapter:
             # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
             pods, nodes = (await self.core.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
                            if tj.labelled and tj.managed_by != MULTIKUEUE else ([], {}))
-            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes)]
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(await self.core.jobs_of(name), name),
-                                                    *gap], workload=running_in,
-                                stalled="; ".join(filter(None, stalled)) or None)
+            jobs = await self.core.jobs_of(name)
+            # a NonIndexed Job's other pods are refused by the guard while one runs: say why
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
+                       d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap],
+                                workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
         workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
@@ -173,7 +175,9 @@ class AsyncAdapter:
             check = kq.check_of(workload, await self.core.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload, tj),
                             kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap], record=record,
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
+                                      d.nonindexed_text(f"trainjob {name} cannot start",
+                                                        d.jobs_nonindexed(snap.jobs, name))], record=record,
                             workload=workload, stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
 
     async def find(
@@ -307,7 +311,7 @@ class AsyncAdapter:
             await fleet.aclose()
         ran = max(record.admission if record is not None else 0, tj.admission) > 0
         seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.of(tj))) if not r.problem
-                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down) for w, r in sorted(reads.items())
+                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down, r.removed) for w, r in sorted(reads.items())
                 if not r.problem or ran]
         verdict = d.across(local, seen)
         if not verdict.admissible:
@@ -615,8 +619,20 @@ class AsyncAdapter:
         """Confirm that MultiKueue worker ``worker``, which Kueue has lost (Active=False), is down: its pods no
         longer block an admission on the manager (needs ``dispatch-admin``). The confirmation names that
         loss, so it lapses by itself if the worker comes back and is lost again. Refused for a worker Kueue
-        still reaches: a reachable worker is read, never trusted to be down."""
-        return _worker(await Fleet(self._kube).confirm_down(worker))
+        still reaches: a reachable worker is read, never trusted to be down.
+
+        A worker no MultiKueueCluster names any more (removed from the manager) that identity records still
+        remember: every such record forgets it (``_admin.forget_worker``), which is the operator's word that it
+        runs none of their pods; NotFound when no record remembers it either."""
+        try:
+            return _worker(await Fleet(self._kube).confirm_down(worker))
+        except NotFound:
+            forgotten, armed = await _admin.forget_worker(self.core, worker)
+            if not forgotten and not armed:
+                raise NotFound(f"multikueuecluster {worker} not found, and no identity record remembers a worker "
+                               "of that name", reason="NotFound", code=404) from None
+            return Worker(worker, "Unknown", "Removed", "no MultiKueueCluster names it", "", True, removed=True,
+                          forgotten=tuple(forgotten), armed=tuple(armed))
 
     async def workers(self) -> list[Worker]:
         """The MultiKueue workers (MultiKueueClusters) as Kueue sees them; empty outside a manager."""

@@ -1,15 +1,16 @@
-"""An admin's writes on identity: forgetting a submission (its record and floor) and migrating the old
-namespace ledger into records. Neither is part of admitting, so they live beside the core, not in it; both
-need the ``dispatch-admin`` role."""
+"""An admin's writes on identity: forgetting a submission (its record and floor), making records forget a
+MultiKueue worker removed from the manager, and migrating the old namespace ledger into records. None is part
+of admitting, so they live beside the core, not in it; all need the ``dispatch-admin`` role."""
 
 from __future__ import annotations
 
 from . import _api as api
+from . import _decision as d
 from . import _identity as ident
 from ._core import Core
 from ._read import by_identity
 from ._views import parse_count
-from .errors import NotFound, Refused
+from .errors import Conflict, NotFound, Refused
 
 
 async def forget(core: Core, job_id: str, submission: str) -> ident.RecordView | None:
@@ -70,3 +71,40 @@ async def migrate(core: Core) -> tuple[int, int]:
     if ledger is not None:
         await core.kube.delete(api.CONFIGMAPS, ident.LEGACY_LEDGER)
     return created, raised
+
+
+async def forget_worker(core: Core, worker: str) -> tuple[list[str], list[str]]:
+    """Every identity record (in every namespace) that remembers MultiKueue worker ``worker``, which no
+    MultiKueueCluster names any more, forgets it: the operator's word that the worker, removed from the manager,
+    runs none of the previous executions' pods. The CRD lets a record forget a worker only together with a raise
+    of A, so each is raised by one (the floor first, as every issue); the TrainJob it names gets a fresh A at its
+    next admission. An object raised for a start Kueue is about to make (``_decision.armed_for_start``) is left as
+    it is: raising under it would make the guard refuse that start for good. Returns (``namespace/job-id/
+    submission`` forgotten, ``namespace/trainjob`` left armed)."""
+    forgotten: list[str] = []
+    armed: list[str] = []
+    listed = await core.kube.list(api.SUBMISSION_RECORDS, all_namespaces=True)
+    for obj in listed.items:
+        record = ident.RecordView.from_obj(obj)
+        if worker not in record.clusters or not record.ref.namespace:
+            continue
+        here = Core(core.kube.in_namespace(record.ref.namespace))
+        for _ in range(3):
+            holder = await here.trainjob_or_none(record.trainjob) if record.trainjob else None
+            if holder is not None and holder.ref.uid == record.trainjob_uid and d.armed_for_start(holder, record):
+                armed.append(f"{record.ref.namespace}/{holder.name}")
+                break
+            admission = max(record.admission, await here.floor(record.job_id, record.submission)) + 1
+            await here.raise_floor(record.job_id, record.submission, admission)
+            try:
+                await here.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
+                                            ident.forget_cluster_patch(record, worker, admission))
+            except Conflict:  # changed meanwhile (an admission): read it again
+                fresh = await here.record(record.job_id, record.submission)
+                if fresh is None or worker not in fresh.clusters:
+                    break
+                record = fresh
+                continue
+            forgotten.append(f"{record.ref.namespace}/{record.job_id}/{record.submission}")
+            break
+    return forgotten, armed

@@ -135,6 +135,9 @@ class ControllerOptions:
                               "enrolment's Mutating one) whose caBundle to keep ('': none).", str)
     kueue_namespace: str = _opt("kueue-system", "--kueue-namespace", "Kueue's namespace, holding the MultiKueue "
                                 "workers' kubeconfig Secrets.", str, chart="multikueue.kueueNamespace")
+    multikueue_worker: bool = _opt(False, "--multikueue-worker", "This cluster is a MultiKueue worker: the guard "
+                                   "judges a dispatch TrainJob with MultiKueue's origin label as a manager's copy "
+                                   "(elsewhere the label means nothing).", bool, chart="multikueue.worker")
 
     def __post_init__(self) -> None:
         """Each value within its bounds (ValueError naming the option); how the options combine (secure

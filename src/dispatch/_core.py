@@ -239,6 +239,9 @@ class Core(Reader):
         problem = ("; ".join(tj.problems) if tj.problems else None) or d.record_problem(tj, record, mine)
         if problem:
             raise Refused(problem, reason="RecordInvalid")
+        unindexed = d.nonindexed_text(f"trainjob {tj.name} cannot start", d.jobs_nonindexed(snap.jobs, tj.name))
+        if unindexed:
+            raise Refused(unindexed, reason="NonIndexed")
         if record is None:
             # no record for an object that never ran (its namespace deleted and re-created since the
             # submission ran, and the claim lost): the floor says what was issued before; never count from 1

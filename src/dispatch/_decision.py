@@ -26,6 +26,7 @@ from ._names import (
     MULTIKUEUE_ORIGIN_LABEL,
     PATCH_MANAGER,
     POD_KEPT_LABELS,
+    PREBUILT_WORKLOAD_LABEL,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
 from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
@@ -39,6 +40,7 @@ from ._views import (
     JobView,
     NodeView,
     PodView,
+    labels_of,
 )
 
 __all__ = [
@@ -175,11 +177,29 @@ class WorkerVerdict:
     problem: str = ""
     confirmed_down: bool = False
     """Unreadable, and an operator confirmed that Kueue's loss of it is the machine being down."""
+    removed: bool = False
+    """No MultiKueueCluster names it any more: only the submission's identity record remembers it."""
 
 
-def unreadable_text(worker: str, problem: str) -> str:
+def unreadable_text(worker: str, problem: str, *, removed: bool = False) -> str:
+    if removed:
+        return (f"worker {worker}, which the submission's identity record remembers from the last admission, has no "
+                "MultiKueueCluster any more (removed from the manager), so its pods cannot be read: nothing proves "
+                f"the previous execution's pods there have stopped; once they are gone (the worker decommissioned, "
+                f"or its pods of this object deleted there), confirm it with `dispatch admin worker-down {worker}`, "
+                "which makes the identity records forget it")
     return (f"worker {worker} cannot be read ({problem}): nothing proves the previous execution's pods there "
             f"have stopped; if it is down, confirm it with `dispatch admin worker-down {worker}`")
+
+
+def armed_for_start(trainjob: TrainJobView, record: RecordView) -> bool:
+    """Whether a Kueue-mode object is raised for a start Kueue is about to make: suspended with the record's A,
+    its token naming a raise made no more than ``KUEUE_WRITES_SINCE_RAISE`` spec writes ago. Raising the record
+    under it would make the guard refuse that start for good (the check is already Ready)."""
+    _, sep, gen = trainjob.token.rpartition("/")
+    if not trainjob.suspended or trainjob.admission != record.admission or not sep or not gen.isdigit():
+        return False
+    return 1 <= (trainjob.ref.generation or 0) - int(gen) <= KUEUE_WRITES_SINCE_RAISE
 
 
 def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
@@ -197,7 +217,7 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
             remaining.extend(replace(p, cluster=w.worker) for p in w.verdict.remaining if not p.proven)
             blockers.extend(f"worker {w.worker}: {b}" for b in w.verdict.blockers)
         elif not w.confirmed_down:
-            blockers.append(unreadable_text(w.worker, w.problem))
+            blockers.append(unreadable_text(w.worker, w.problem, removed=w.removed))
     return Verdict(tuple(remaining), tuple(blockers))
 
 
@@ -315,8 +335,10 @@ def cessation(
     if admitted and trainjob is not None and not trainjob.complete and not trainjob.failed:
         # a rank whose pod is being deleted (its Job re-created, its namespace going) waits on that pod's end:
         # say so and name the action, as status does, rather than only "running"
-        waiting = waiting_ranks_text(trainjob, views, nodes)
-        return Cessation(False, f"{name} is admitted and running" + (f"; {waiting}" if waiting else ""), rest, proofs)
+        waiting = [waiting_ranks_text(trainjob, views, nodes),
+                   nonindexed_text(f"trainjob {name}", jobs_nonindexed(jobs, name), running=True)]
+        why = "; ".join(w for w in waiting if w)
+        return Cessation(False, f"{name} is admitted and running" + (f"; {why}" if why else ""), rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
                      jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
@@ -374,6 +396,31 @@ def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
     if not unsafe:
         return None
     return f"podReplacementPolicy is not Failed on job {', '.join(unsafe)}; " + REPLACEMENT_RISK
+
+
+def nonindexed_text(where: str, jobs: Mapping[str, int], *, running: bool = False) -> str | None:
+    """Why dispatch does not run these NonIndexed replicatedJobs (name -> parallelism), or None (issue 35 item 6).
+
+    A NonIndexed Job's pods carry no completion index, so the pod guard cannot tell a second pod of the Job,
+    which the Job controller makes while active < parallelism, from a replacement of a pod that may still run,
+    which it makes once that pod is deleting or failed (a kubelet back from a cut can even write Running over
+    such a Failed); counting the rank as the same, it would refuse every pod beyond the first while that runs.
+    ``running``: the object already runs (said by status, ceased): the guard refuses the Job's other pods."""
+    if not jobs:
+        return None
+    listed = ", ".join(f"replicatedJob {j} (completionMode: NonIndexed, parallelism {p})"
+                       for j, p in sorted(jobs.items()))
+    effect = ("the guard refuses every pod of such a Job beyond the one that runs" if running
+              else "dispatch's guard would refuse every pod of such a Job beyond the first while that one runs")
+    return (f"{where}: {listed}: the pods of a NonIndexed Job carry no completion index, so a second pod of the Job "
+            f"cannot be told from a replacement of one that may still run and {effect}; set completionMode: Indexed "
+            "(JobSet's default) on that replicatedJob's Job template, or parallelism 1")
+
+
+def jobs_nonindexed(jobs: Iterable[JobView], name: str) -> dict[str, int]:
+    """The object's child Jobs that are NonIndexed with parallelism above 1: replicatedJob -> parallelism."""
+    return {j.replicated_job or j.name: j.parallelism for j in jobs
+            if j.jobset_name == name and not j.finished and j.completion_mode == "NonIndexed" and j.parallelism > 1}
 
 
 # --------------------------------------------------------------------------- admission numbers
@@ -819,7 +866,47 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
     if new.token != old.token and new.admission <= old.admission:
         return (f"{what}: annotation {ANNOTATION_TOKEN} changes only with a raise of "
                 f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
+    if changed := copy_marks_changed(old, new):
+        return f"{what}: {changed}"
     return foreign_problem(new, old)
+
+
+COPY_MARKS = (MULTIKUEUE_ORIGIN_LABEL, PREBUILT_WORKLOAD_LABEL)
+"""The labels (and the annotation of the prebuilt key) that make a TrainJob a MultiKueue copy in a worker: set
+by MultiKueue when it creates the copy, and never changed on a dispatch TrainJob afterwards (the guard and the
+``dispatch-identity`` policy), so no writer turns an object into a copy, or a copy into another's."""
+COPY_PERMISSION = ("create", "dispatch.phpboyscout.uk", "multikueuecopies")
+"""(verb, group, resource) the ``dispatch-identity`` policy asks the authorizer about before a dispatch TrainJob
+carrying MultiKueue's origin label is created: held by the identity MultiKueue writes a worker with (bound by
+``deploy/worker/``) and cluster admins only (a permission no real resource has, as ``use`` or ``bind``)."""
+COPY_CREATE_DENIED = (f"a dispatch TrainJob carrying {MULTIKUEUE_ORIGIN_LABEL} is a MultiKueue copy: only the "
+                      "identity MultiKueue writes this worker with creates one (create multikueuecopies of "
+                      "dispatch.phpboyscout.uk, bound by deploy/worker)")
+"""The ``dispatch-identity`` policy's message on a copy created by anyone else."""
+
+
+def _copy_marks(tj: TrainJobView) -> tuple[str, str, str]:
+    return (tj.labels.get(MULTIKUEUE_ORIGIN_LABEL, ""), tj.labels.get(PREBUILT_WORKLOAD_LABEL, ""),
+            tj.prebuilt_workload)
+
+
+def copy_marks_changed(old: TrainJobView, new: TrainJobView) -> str | None:
+    """Why an update changes what makes a dispatch TrainJob a MultiKueue copy (``COPY_MARKS``), or None: added,
+    changed or removed, a copy mark would let the guard judge an ordinary object as a copy (whose A the
+    manager issued, with no record here) or a copy by another Workload's admission."""
+    if not old.job_id or _copy_marks(old) == _copy_marks(new):
+        return None
+    return (f"the MultiKueue marks {MULTIKUEUE_ORIGIN_LABEL} and {PREBUILT_WORKLOAD_LABEL} of a dispatch TrainJob "
+            "are kept as it was created (MultiKueue sets them on the copies it creates)")
+
+
+def copy_create_problem(new: TrainJobView, *, allowed: bool) -> str | None:
+    """Why a create of a dispatch TrainJob is refused for carrying MultiKueue's origin label (the
+    ``dispatch-identity`` policy), or None. ``allowed``: the authorizer grants the requester ``COPY_PERMISSION``
+    in the TrainJob's namespace."""
+    if not new.job_id or MULTIKUEUE_ORIGIN_LABEL not in new.labels or allowed:
+        return None
+    return f"trainjob {new.name}: {COPY_CREATE_DENIED}"
 
 
 def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView) -> str | None:
@@ -842,6 +929,8 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
             return f"{what}: {unparsed}"
         if now < was:
             return f"{what}: annotation {key} only rises; it is never lowered or removed"
+    if changed := copy_marks_changed(old, new):
+        return f"{what}: {changed}"
     return foreign_problem(new, old)
 
 
@@ -1020,16 +1109,27 @@ def _not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, reco
     return None
 
 
-def multikueue_copy(tj: TrainJobView) -> bool:
-    """A worker's copy of a manager's TrainJob: MultiKueue made it, and the manager's dispatch issued its A."""
-    return MULTIKUEUE_ORIGIN_LABEL in tj.labels
+def multikueue_copy(tj: TrainJobView, *, worker: bool) -> bool:
+    """A worker's copy of a manager's TrainJob: dispatch here runs as a MultiKueue worker (``worker``, the
+    controller's ``--multikueue-worker``) and the TrainJob carries MultiKueue's origin label, which only the
+    identity MultiKueue writes with may create (``copy_create_problem``) and nobody changes afterwards
+    (``copy_marks_changed``). Anywhere else the label means nothing: the object is judged as any other."""
+    return worker and MULTIKUEUE_ORIGIN_LABEL in tj.labels
+
+
+COPY_WRITES_BEFORE_START = KUEUE_WRITES_SINCE_RAISE
+"""Spec generation a copy may have before its one start: MultiKueue creates it (1), and the worker's Kueue writes
+the pod set information into its runtime patch entry, still suspended (2). A start and a stop add two more."""
 
 
 def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView, workload: WorkloadView | None,
                     runtime_jobs: Sequence[str] | None) -> str | None:
     """Why a MultiKueue copy may not start in this worker, or None. The manager's dispatch issued A and read
     every worker before MultiKueue made the copy; here the guard keeps the worker's own half: the copy starts
-    only through the worker's Kueue (its Workload admitted), with the A its pods will carry."""
+    only through the worker's Kueue (the Workload MultiKueue made for it, admitted), with the A its pods will
+    carry, above the ``started`` mark, and once: MultiKueue makes a new copy for each dispatch, so a copy that
+    ran (its generation past what its creation and Kueue's pod set write make) is not started again, whoever
+    suspended it (a writer's suspend would otherwise let the worker's Kueue restart the same A)."""
     what = f"trainjob {new.name} cannot start"
     if operation == "CREATE" or old is None:
         return (f"{what}: a MultiKueue copy is created suspended and started by its worker's Kueue once it "
@@ -1039,17 +1139,28 @@ def _copy_not_armed(operation: str, old: TrainJobView | None, new: TrainJobView,
     if new.admission < 1:
         return (f"{what}: this MultiKueue copy carries no A: the manager's dispatch raises A on the TrainJob "
                 "before MultiKueue copies it")
+    if new.admission <= old.started:
+        return (f"{what}: A={new.admission} has already started (annotation {ANNOTATION_STARTED}={old.started}); "
+                "the manager's dispatch issues a new A and MultiKueue makes a new copy")
     if problem := _carry_problem(what, new):
         return problem
+    generation = old.ref.generation or 0
+    if generation > COPY_WRITES_BEFORE_START:
+        return (f"{what}: this MultiKueue copy has started before (generation {generation}: a start and a stop "
+                f"since its creation); a copy runs its A once, and the manager's next dispatch makes a new copy")
     if workload is None or not workload.admitted or workload.evicted or workload.finished or workload.deleting:
         name = f" {workload.ref.name}" if workload is not None else ""
         return f"{what}: this worker's Kueue has not admitted the copy's workload{name}"
+    origin = new.labels.get(MULTIKUEUE_ORIGIN_LABEL, "")
+    if labels_of(dict(workload.raw)).get(MULTIKUEUE_ORIGIN_LABEL) != origin:
+        return (f"{what}: the copy's workload {workload.ref.name} was not made by MultiKueue (it does not carry "
+                f"{MULTIKUEUE_ORIGIN_LABEL}={origin})")
     return None
 
 
 def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: Verdict | None,
           record: RecordView | None, workload: WorkloadView | None = None,
-          runtime_jobs: Sequence[str] | None = None) -> str | None:
+          runtime_jobs: Sequence[str] | None = None, *, worker: bool = False) -> str | None:
     """The admission webhook's decision on one TrainJob write: the denial message, or None to allow.
 
     Only dispatch TrainJobs (identity labels, on the old or the new object) are judged. Any update
@@ -1071,6 +1182,9 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
       raising A (``identity_change``), and a raised A must equal the record's, which only rises.
       Kueue's unsuspend after dispatch raised A and set its check Ready passes; a bare ``kubectl
       patch`` of a held, evicted or already-run object does not.
+
+    Only where dispatch runs as a MultiKueue worker (``worker``) is a TrainJob with MultiKueue's origin label
+    judged as a copy (``_copy_not_armed``); elsewhere the label changes nothing.
     """
     if not (new.labelled or (old is not None and old.labelled)):
         return None
@@ -1090,7 +1204,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:
         return f"trainjob {new.name} cannot start: {verdict.detail()}"
-    if multikueue_copy(new):
+    if multikueue_copy(new, worker=worker):
         return _copy_not_armed(operation, old, new, workload, runtime_jobs)
     return _not_armed(operation, old, new, record, workload, runtime_jobs)
 
@@ -1185,6 +1299,13 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     same = [p.name for p in blocking if p.admission == new.admission]
     what = ("the same rank of the same execution" if len(same) == len(blocking)
             else "another execution" if not same else "another execution or the same rank")
+    if new.unindexed and len(same) == len(blocking):
+        return (f"pod {new.name or 'of ' + new.job_id + '/' + new.submission} (A={new.admission}, {new.unindexed}) "
+                f"cannot start while a pod of the same Job may still run ({remaining_detail(left)}): its Job is "
+                "NonIndexed, so its pods carry no completion index and a second pod of the Job cannot be told from a "
+                "replacement of one that may still run; dispatch does not run NonIndexed Jobs with parallelism above "
+                "1: set completionMode: Indexed (JobSet's default) on the Job template of "
+                f"{new.unindexed.split(',')[0]} in the runtime")
     parts = [f"pod {new.name or 'of ' + new.job_id + '/' + new.submission} (A={new.admission}, "
              f"{_rank_text(new)}) cannot start while a pod of {what} may still run: {remaining_detail(left)}"]
     parts.extend(text for text in (why_text(left), stuck_text(left)) if text)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._api import Obj
+from ._decision import nonindexed_text
 from ._names import (
     ANNOTATION_ADMISSION,
     ANNOTATION_STARTED,
@@ -47,7 +48,7 @@ from ._names import (
     TRAINER_VERSION,
     label_value_problem,
 )
-from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs
+from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs, runtime_nonindexed
 from ._views import mapping
 
 ENROL_LABEL = f"{DOMAIN}/enrol"
@@ -233,6 +234,12 @@ def enrol(obj: Mapping[str, Any], request_uid: str, runtime: Mapping[str, Any] |
     replicated = runtime_jobs(dict(runtime))
     if not replicated:
         return _refuse(name, f"spec.runtimeRef.name: {ref[0]} {ref[1]} has no replicatedJobs")
+    trainer_spec = mapping(mapping(obj.get("spec")).get("trainer"))
+    nodes = trainer_spec.get("numNodes")
+    unindexed = nonindexed_text(f"spec.runtimeRef.name: {ref[0]} {ref[1]}",
+                                runtime_nonindexed(dict(runtime), nodes if isinstance(nodes, int) else None))
+    if unindexed:
+        return _refuse(name, unindexed)
     env_ops, problem = _env_ops(spec)
     if problem:
         return _refuse(name, problem)

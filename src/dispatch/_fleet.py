@@ -121,6 +121,8 @@ class WorkerRead:
     """Why it could not be read ("" when read)."""
     confirmed_down: bool = False
     """Unreadable, and the operator confirmed this loss: its pods have stopped."""
+    removed: bool = False
+    """No MultiKueueCluster names it any more (a record remembers it): ``admin worker-down`` makes records forget it."""
 
 
 def kubeconfig_of(secret: Mapping[str, Any], where: str) -> str:
@@ -211,7 +213,8 @@ class Fleet:
     async def _read_one(self, namespace: str, targets: Sequence[Target], name: str,
                         worker: WorkerView | None) -> WorkerRead:
         if worker is None:
-            return WorkerRead(name, {}, f"multikueuecluster {name} no longer exists, so its pods cannot be read")
+            return WorkerRead(name, {}, f"multikueuecluster {name} no longer exists, so its pods cannot be read",
+                              removed=True)
         problem = worker.unreadable
         if not problem:
             try:

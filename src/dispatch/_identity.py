@@ -149,6 +149,14 @@ def raise_patch(record: RecordView, admission: int, token: str, trainjob: str, u
             "spec": spec}
 
 
+def forget_cluster_patch(record: RecordView, worker: str, admission: int) -> Obj:
+    """The record forgets MultiKueue worker ``worker`` (an operator confirmed it removed and gone), together with
+    the raise of A to ``admission`` the CRD asks for (a record forgets a worker only so), conditioned on the
+    resourceVersion. The TrainJob it names stays bound: A is issued to it again at its next admission."""
+    return {"metadata": {"resourceVersion": record.ref.resource_version},
+            "spec": {"admission": admission, "clusters": sorted(set(record.clusters) - {worker})}}
+
+
 def holder_patch(record: RecordView, trainjob: str, *, admission: int | None = None) -> Obj:
     """Hand the submission to ``trainjob`` ("" releases it), conditioned on the resourceVersion."""
     spec: Obj = {"trainJob": {"name": trainjob, "uid": ""}}

@@ -370,6 +370,12 @@ class Reader:
         shape = tr.runtime_shape(runtime)
         if not shape.jobs:
             raise InvalidInput(f"{spec.runtime_kind} {spec.runtime} has no replicatedJobs", reason="Invalid")
+        parallel = tr.runtime_nonindexed(runtime, spec.num_nodes)
+        unindexed = d.nonindexed_text(f"{spec.runtime_kind} {spec.runtime}", parallel)
+        if unindexed:
+            raise InvalidInput(unindexed, reason="Invalid", causes=[FieldCause(
+                "runtime", f"a NonIndexed Job with parallelism above 1 ({', '.join(sorted(parallel))})",
+                "FieldValueNotSupported")])
         return shape, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
                                                     tr.runtime_replacement_policies(runtime))
 

@@ -161,10 +161,19 @@ class Worker:
     """When Kueue lost it ("" while Active)."""
     confirmed_down: bool
     """An operator confirmed this loss is the worker being down: its pods no longer block admission."""
+    removed: bool = False
+    """No MultiKueueCluster names it any more (removed from the manager); identity records may remember it."""
+    forgotten: tuple[str, ...] = ()
+    """``namespace/job-id/submission`` of each identity record the confirmation of a removed worker made forget it."""
+    armed: tuple[str, ...] = ()
+    """``namespace/trainjob`` of each object left as it was: raised for a start Kueue is about to make."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "active": self.active, "reason": self.reason, "message": self.message,
-                "lostSince": self.lost_since, "confirmedDown": self.confirmed_down}
+        out = {"name": self.name, "active": self.active, "reason": self.reason, "message": self.message,
+               "lostSince": self.lost_since, "confirmedDown": self.confirmed_down}
+        if self.removed:
+            out.update(removed=True, forgotten=list(self.forgotten), armed=list(self.armed))
+        return out
 
 
 @dataclass(frozen=True)

@@ -255,6 +255,32 @@ def runtime_jobs(runtime: Obj) -> list[str]:
     return [text(rj.get("name")) for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))]
 
 
+TRAINER_STEP_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+"""Trainer's label on a runtime's replicatedJob Job template; ``trainer`` marks the job Trainer sizes by numNodes."""
+
+
+def runtime_nonindexed(runtime: Obj, num_nodes: int | None = None) -> dict[str, int]:
+    """The replicatedJobs of a runtime whose Jobs are NonIndexed and run more than one pod at once: name ->
+    parallelism. JobSet defaults a replicatedJob to Indexed, so only an explicit ``completionMode: NonIndexed``
+    counts; Trainer sets the trainer job's parallelism to the TrainJob's numNodes (``num_nodes``, else the
+    runtime's ``mlPolicy.numNodes``)."""
+    spec = mapping(runtime.get("spec"))
+    nodes = num_nodes or parse_count(mapping(spec.get("mlPolicy")).get("numNodes"))
+    out: dict[str, int] = {}
+    for rj in items(mapping(mapping(spec.get("template")).get("spec")).get("replicatedJobs")):
+        name, template = text(rj.get("name")), mapping(rj.get("template"))
+        job = mapping(template.get("spec"))
+        if not name or text(job.get("completionMode")) != "NonIndexed":
+            continue
+        step = mapping(mapping(template.get("metadata")).get("labels")).get(TRAINER_STEP_LABEL)
+        parallelism = parse_count(job.get("parallelism")) or 1
+        if nodes and (name == "node" or step == "trainer"):
+            parallelism = nodes
+        if parallelism > 1:
+            out[name] = parallelism
+    return out
+
+
 def runtime_replacement_policies(runtime: Obj) -> dict[str, str]:
     """``podReplacementPolicy`` of each replicatedJob's Job template in a runtime ("" when unset)."""
     spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))

@@ -298,6 +298,9 @@ class PodView:
     rank: tuple[str, str, str] | None = None
     """(replicatedJob, job index, completion index) from JobSet's and the Job controller's labels: the one
     process of an execution this pod runs, which a replacement pod runs again; None when any is missing."""
+    unindexed: str = ""
+    """``replicatedJob R, job J`` for a pod JobSet made whose Job gave it no completion index (a NonIndexed
+    Job): the guard cannot tell a second pod of such a Job from a replacement of one that may still run."""
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -359,6 +362,7 @@ class PodView:
             kubelet_reported_at=reported,
             foreign_mark_at=mark_at,
             rank=rank if all(rank) else None,
+            unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
         )
 
     @property
@@ -506,6 +510,11 @@ class JobView:
     job_id: str = ""
     submission: str = ""
     """dispatch's identity labels (JobSet copies them from the Job template dispatch's entry labels)."""
+    completion_mode: str = ""
+    """``spec.completionMode`` (JobSet sets Indexed unless its replicatedJob says NonIndexed)."""
+    parallelism: int = 1
+    replicated_job: str = ""
+    """JobSet's replicatedJob label: which replicatedJob of the runtime the Job was made from."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobView:
@@ -519,4 +528,7 @@ class JobView:
             condition_true(obj, "Complete") or condition_true(obj, "Failed"), started,
             text(mapping(obj.get("spec")).get("podReplacementPolicy")),
             labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""),
+            text(mapping(obj.get("spec")).get("completionMode")),
+            parse_count(mapping(obj.get("spec")).get("parallelism")) or 1,
+            labels.get(REPLICATED_JOB_LABEL, ""),
         )

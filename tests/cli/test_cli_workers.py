@@ -40,3 +40,24 @@ def test_worker_down_confirms_a_lost_worker_and_refuses_a_reachable_one() -> Non
     assert [(w["name"], w["confirmedDown"]) for w in listed] == [("worker-1", True), ("worker-2", False)]
     missing = cli("admin", "worker-down", "worker-9")
     assert missing.exit_code != 0 and "multikueuecluster worker-9 not found" in missing.output
+
+
+def test_worker_down_of_a_removed_worker_makes_the_records_that_remember_it_forget_it() -> None:
+    """Issue 35 item 5: no MultiKueueCluster names worker-1 any more, a record remembers it: the command answers
+    which records forgot it (it answered NotFound before); a name nothing remembers is still NotFound."""
+    from dispatch._identity import new_record
+
+    cli, mk = manager()
+    record = new_record("llama", "s1", "llama-s1", admission=3)
+    record["spec"]["clusters"] = ["worker-1", "worker-2"]
+    mk.manager.server.create("dispatch.phpboyscout.uk", "submissionrecords", "default", record)
+    mk.manager.server.delete("kueue.x-k8s.io", "multikueueclusters", "", "worker-1")
+    out = cli("admin", "worker-down", "worker-1")
+    assert out.exit_code == 0, out.output
+    assert "worker worker-1 has no MultiKueueCluster; identity records that forgot it: default/llama/s1" in out.stdout
+    spec = mk.manager.server.objects("dispatch.phpboyscout.uk", "submissionrecords", "default")[0]["spec"]
+    assert spec["clusters"] == ["worker-2"] and spec["admission"] == 4, spec
+    floor = mk.manager.server.objects("dispatch.phpboyscout.uk", "submissionfloors", "")[0]["spec"]
+    assert floor["admission"] == 4, floor
+    again = cli("admin", "worker-down", "worker-1")
+    assert again.exit_code != 0 and "no identity record remembers a worker of that name" in again.output

@@ -27,7 +27,7 @@ from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import _guard as g_
-from dispatch.errors import PodsRemain
+from dispatch.errors import PodsRemain, Refused
 from dispatch.testbed.harness import (
     A,
     as_role,
@@ -293,6 +293,100 @@ async def test_kueue_preemption_readmits_through_the_guard_and_a_bare_unsuspend_
     pods = running_pods(await pods_of(kube, "low-s1"))
     assert [p["metadata"]["labels"][A] for p in pods] == ["2"]
     assert (await kube.get(k.TRAINJOBS, "low-s1"))["metadata"]["annotations"][ANNOTATION_ADMISSION] == "2"
+
+
+async def test_a_writer_cannot_make_a_kueue_object_a_multikueue_copy_and_kueue_does_not_restart_its_a(
+        g: Guarded, tmp_path: Path) -> None:
+    """Issue 35 item 3 on the real API server, CEL policy, guard and Kueue: a ``dispatch-writer``'s MultiKueue
+    marks on a running Kueue-mode object are refused (the guard here is no MultiKueue worker anyway); the
+    writer's own suspend goes through, the real Kueue then unsuspends the object whose Workload is still
+    admitted, and the guard refuses that restart of the same A."""
+    name = "mkc-s1"
+    await g.adapter.open(JobSpec(job_id="mkc", submission="s1", queue="lq"))
+    await until(lambda: is_running(g.kube, name), what="running as A=1")
+    wl = await workload_of(g.kube, name)
+    assert wl is not None
+    writer = g.adapter.core.kube
+    marks = {"kueue.x-k8s.io/multikueue-origin": "multikueue",
+             "kueue.x-k8s.io/prebuilt-workload-name": wl["metadata"]["name"]}
+    with pytest.raises(Refused) as refused:
+        await writer.merge_patch(k.TRAINJOBS, name, {"metadata": {"labels": marks}})
+    print("REFUSED (the marks):", refused.value)
+    assert "MultiKueue marks kueue.x-k8s.io/multikueue-origin and kueue.x-k8s.io/prebuilt-workload-name" in str(
+        refused.value)
+    pods = await hold_pods(g.kube, name)
+    await writer.merge_patch(k.TRAINJOBS, name, {"spec": {"suspend": True}})
+    await gone(g, pods)
+    log = tmp_path / "controller.log"
+    await until(lambda: "was not raised for this admission" in log.read_text(errors="replace"), timeout=120,
+                what="the real Kueue's restart of the same A refused by the guard")
+    print("DENIED (Kueue's restart):", next(line for line in log.read_text(errors="replace").splitlines()
+                                             if "was not raised for this admission" in line))
+    tj = await g.kube.get(k.TRAINJOBS, name)
+    assert tj["spec"]["suspend"] is True
+    assert running_pods(await pods_of(g.kube, name)) == []
+
+
+async def test_only_a_holder_of_the_copy_permission_creates_a_dispatch_trainjob_with_multikueues_origin(
+        g: Guarded) -> None:
+    """Issue 35 item 3: the real API server's ``dispatch-identity`` policy asks its authorizer whether the requester
+    may ``create`` ``multikueuecopies``: the shipped writer may not; the cluster's admin (every verb on every
+    resource, as MultiKueue's identity holds this one through deploy/worker) may."""
+    from dispatch._records import JobSpec as Spec
+    from dispatch._trainer import trainjob_body
+
+    body = trainjob_body(Spec(job_id="mkcopy", submission="s1"), "mkcopy-s1", g.ns, ["node"])
+    body["metadata"]["labels"]["kueue.x-k8s.io/multikueue-origin"] = "multikueue"
+    with pytest.raises(Refused) as refused:
+        await g.adapter.core.kube.create(k.TRAINJOBS, body)
+    print("REFUSED (a writer's copy):", refused.value)
+    assert "only the identity MultiKueue writes this worker with creates one" in str(refused.value)
+    made = await g.kube.create(k.TRAINJOBS, body)
+    assert made["metadata"]["labels"]["kueue.x-k8s.io/multikueue-origin"] == "multikueue"
+
+
+async def test_a_nonindexed_job_with_two_pods_is_refused_at_open_and_at_its_start(g: Guarded) -> None:
+    """Issue 35 item 6 on the real Trainer, JobSet, Job controller and guard: a runtime whose node Job is
+    NonIndexed, with numNodes 2. ``open`` refuses it naming the replicatedJob and fields; a TrainJob made on it
+    anyway (by the cluster's admin, as ``open`` would have made it) gets Jobs Trainer sized to numNodes and JobSet
+    left NonIndexed, and both ``release`` and a bare unsuspend are refused naming them."""
+    from dispatch import InvalidInput
+    from dispatch._records import JobSpec as Spec
+    from dispatch._trainer import runtime_jobs, trainjob_body
+
+    kube, ns = g.kube, g.ns
+    base = await kube.get(k.CLUSTER_RUNTIMES, "torch-distributed")
+    name = f"bag-{ns}"[:63]
+    runtime = {"apiVersion": base["apiVersion"], "kind": base["kind"], "metadata": {"name": name},
+               "spec": base["spec"]}
+    for rj in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        if rj["name"] == "node":
+            rj["template"].setdefault("spec", {})["completionMode"] = "NonIndexed"
+    await kube.create(k.CLUSTER_RUNTIMES, runtime)
+    try:
+        spec = Spec(job_id="bag", submission="s1", num_nodes=2, runtime=name)
+        with pytest.raises(InvalidInput) as refused:
+            await g.adapter.open(spec)
+        print("REFUSED (open):", refused.value)
+        fields = "replicatedJob node (completionMode: NonIndexed, parallelism 2)"
+        assert f"ClusterTrainingRuntime {name}: {fields}" in str(refused.value)
+        await kube.create(k.TRAINJOBS, trainjob_body(spec, "bag-s1", ns, runtime_jobs(runtime)))
+
+        async def built() -> bool:
+            return bool((await kube.list(k.JOBS, labels="jobset.sigs.k8s.io/jobset-name=bag-s1")).items)
+        await until(built, what="Trainer's JobSet and its Job")
+        [job] = (await kube.list(k.JOBS, labels="jobset.sigs.k8s.io/jobset-name=bag-s1")).items
+        print("JOB SPEC:", {key: job["spec"].get(key) for key in ("completionMode", "parallelism", "completions")})
+        assert (job["spec"]["completionMode"], job["spec"]["parallelism"]) == ("NonIndexed", 2), job["spec"]
+        with pytest.raises(Refused) as start:
+            await g.adapter.release("bag-s1")
+        print("REFUSED (release):", start.value)
+        assert f"trainjob bag-s1 cannot start: {fields}" in str(start.value)
+        denied = unsuspend(ns, "bag-s1")
+        print("DENIED (bare unsuspend):", denied.stderr.strip())
+        assert denied.returncode != 0 and f"{DENIED}trainjob bag-s1 cannot start: {fields}" in denied.stderr
+    finally:
+        await kube.delete(k.CLUSTER_RUNTIMES, name)
 
 
 async def test_kueue_held_object_cannot_be_started_by_hand(g: Guarded) -> None:

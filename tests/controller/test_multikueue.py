@@ -235,3 +235,38 @@ async def test_a_reachable_worker_cannot_be_confirmed_down() -> None:
     assert "Active=True" in str(err.value) and err.value.reason == "WorkerNotLost"
     mc = manager.server.get("kueue.x-k8s.io", "multikueueclusters", "", "worker-2")
     assert mc is not None and WORKER_DOWN not in (mc["metadata"].get("annotations") or {})
+
+
+async def test_a_worker_removed_from_the_manager_is_confirmed_by_the_operator_and_the_records_forget_it() -> None:
+    """Issue 35 item 5: worker-1 is decommissioned (its MultiKueueCluster deleted) while the record remembers it
+    from A=1's admission: the check names the removed worker and the way out; ``dispatch admin worker-down
+    worker-1`` (the shipped dispatch-admin role), which answered NotFound before, makes every record that
+    remembers it forget it, and the next execution is dispatched to worker-2."""
+    manager, workers, mk = fleet(release_lost=True)
+    async with controller(manager, mk):
+        wl = await running_a1(manager, workers, mk)
+        mk.lose("worker-1")
+        mk.worker_lost_timeout()          # MultiKueue gives up on worker-1: the Workload is evicted
+        power_off(workers["worker-1"])    # decommissioned: its machines are off ...
+        manager.server.delete("kueue.x-k8s.io", "multikueueclusters", "", "worker-1")  # ... and it is removed
+        step(mk)
+        await until(lambda: "has no MultiKueueCluster any more" in entry(mk, wl)["message"], timeout=15,
+                    what="the check naming the removed worker")
+        message = entry(mk, wl)["message"]
+        assert ("worker worker-1, which the submission's identity record remembers from the last admission, has no "
+                "MultiKueueCluster any more (removed from the manager)") in message, message
+        assert "`dispatch admin worker-down worker-1`, which makes the identity records forget it" in message
+        admin = AsyncAdapter(k.Kube.connect(namespace="default", transport=manager.transport(
+            roles=("dispatch-admin",))))
+        try:
+            got = await admin.worker_down("worker-1")
+        finally:
+            await admin.aclose()
+        assert got.removed and got.forgotten == ("default/llama/s1",) and got.armed == (), got
+        await until(lambda: entry(mk, wl)["state"] == "Ready", timeout=15, what="the next A after the confirmation")
+        step(mk)
+        step(mk)
+    assert mk.dispatched[-1][1] == "worker-2" and int(mk.dispatched[-1][2]) > 1, mk.dispatched
+    record = manager.server.objects("dispatch.phpboyscout.uk", "submissionrecords", "default")[0]["spec"]
+    assert "worker-1" not in record.get("clusters", []), record
+    assert manager.server.denied == []

@@ -60,7 +60,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from dispatch import Adapter, AsyncAdapter, DispatchError, JobSpec, NotFound, PodsRemain
+from dispatch import Adapter, AsyncAdapter, DispatchError, InvalidInput, JobSpec, NotFound, PodsRemain
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import _names as n
@@ -128,6 +128,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         self.cluster.server.gc_lag = gc_lag  # garbage collection waits for the garbage_collector rule
         self.cluster.install_jobset_webhook()  # a JobSet's replicatedJobs never change (runtime edits)
         self.cluster.add_runtime(replacement_policy="Failed")
+        # issue 35 item 6: a runtime a platform team wrote with a NonIndexed node Job
+        self.cluster.add_runtime("torch-bag", replacement_policy="Failed", completion_mode="NonIndexed")
         if init_containers:  # as Trainer's Flux runtime injects one
             def with_init(obj: dict[str, Any]) -> None:
                 for rj in obj["spec"]["template"]["spec"]["replicatedJobs"]:
@@ -637,6 +639,41 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         else:
             SEEN["enrol-collision-free"] += 1
 
+    @rule(name=st.sampled_from(OBJECTS), suspend=st.booleans())
+    def copy_marks(self, name: str, suspend: bool) -> None:
+        """Issue 35 item 3: a writer adds MultiKueue's origin and prebuilt-workload labels (naming the object's
+        Workload) so that the guard would take its copy check, then (``suspend``) suspends the running object
+        itself, which Kueue's reconciler unsuspends while its Workload stays admitted. The marks are refused by
+        the ``dispatch-identity`` policy in every example; the suspend only where the guard judges everyone's
+        writes (elsewhere Kueue's restart of the same A, like the bare bypass, has only the guard against it)."""
+        tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
+        if tj is None:
+            return
+        marks = {n.MULTIKUEUE_ORIGIN_LABEL: "multikueue", n.PREBUILT_WORKLOAD_LABEL: self.workloads.get(name, name)}
+        went = self._as(WRITER, k.TRAINJOBS, name, {"metadata": {"labels": marks}})
+        assert not went, "a writer marked a dispatch TrainJob as a MultiKueue copy"
+        SEEN["copy-marks-refused"] += 1
+        if suspend and self.guard_everyone and not tj["spec"].get("suspend"):
+            went = self._as(WRITER, k.TRAINJOBS, name, {"spec": {"suspend": True}})
+            SEEN["writer-suspend-" + ("went-through" if went else "refused")] += 1
+
+    @rule(name=st.sampled_from(OBJECTS), nodes=st.sampled_from([2, 3]))
+    def nonindexed_open(self, name: str, nodes: int) -> None:
+        """Issue 35 item 6: a writer opens a submission on a runtime whose node Job is NonIndexed with more than
+        one pod at once (numNodes): refused naming the replicatedJob and its fields, and nothing is written."""
+        job_id, _ = name.split("-")
+        before = len(self.cluster.server.objects(TRAINER, "trainjobs", NS))
+        try:
+            self.adapter.open(JobSpec(job_id=job_id, submission="bag", num_nodes=nodes, runtime="torch-bag"))
+        except InvalidInput as exc:
+            assert f"replicatedJob node (completionMode: NonIndexed, parallelism {nodes})" in str(exc), exc
+            SEEN["nonindexed-open-refused"] += 1
+        except DispatchError:
+            SEEN["nonindexed-open-failed"] += 1       # an injected API error, or the namespace going
+        else:
+            raise AssertionError("a NonIndexed Job with parallelism above 1 was opened")
+        assert len(self.cluster.server.objects(TRAINER, "trainjobs", NS)) == before
+
     # ------------------------------------------------------------------ the namespace deleted and re-created (issue 25)
 
     @rule(op=st.sampled_from(["delete", "mark", "recreate"]))
@@ -964,7 +1001,14 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
         method = rng.choice(["POST", "PATCH"])
         return lambda: sm.lost_reply(path, method)
     if choice == "second-round":
-        kind, index = rng.choice(["pod", "pod", "record", "foreign", "enrol"]), rng.randint(0, 20)
+        kinds = ["pod", "pod", "record", "foreign", "enrol", "marks", "nonindexed"]
+        kind, index = rng.choice(kinds), rng.randint(0, 20)
+        if kind == "marks":
+            suspend = rng.random() < 0.5
+            return lambda: sm.copy_marks(name, suspend)
+        if kind == "nonindexed":
+            nodes = rng.choice([2, 3])
+            return lambda: sm.nonindexed_open(name, nodes)
         if kind == "pod":
             who, what = rng.choice(["writer", "editor"]), rng.choice(["relabel", "unfinalize", "force-delete"])
             return lambda: sm.pod_writer(who, what, index) if sm.cluster.pods() else None
@@ -1043,6 +1087,8 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN
     assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, SEEN
     assert SEEN["enrol-collision-refused"] >= 3, SEEN
+    # issue 35's writers: MultiKueue's marks and NonIndexed runtimes, every one refused
+    assert SEEN["copy-marks-refused"] >= 3 and SEEN["nonindexed-open-refused"] >= 3, SEEN
     # a lagging garbage collector found a closed object's Job still there; runtime edits were refused (by the
     # guard, or JobSet's webhook keeping a JobSet as it was built) or covered by a raise, and no pod of a job
     # they added ran outside dispatch's rule; interrupted closes were named and finished by `close` again

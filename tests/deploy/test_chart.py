@@ -396,7 +396,15 @@ def test_multikueue_roles_are_deploys_and_only_on_request(tools: tuple[Path, Pat
     """A manager's Secret reader and a worker's reader render only when asked for, equal to deploy/multikueue
     and deploy/worker; Kueue's namespace lands in the Role and the controller's flag."""
     plain = chart(tools)
-    assert not [d for d in plain if d["metadata"]["name"] in ("dispatch-multikueue-workers", "dispatch-worker-reader")]
+    assert not [d for d in plain if d["metadata"]["name"] in ("dispatch-multikueue-workers", "dispatch-worker-reader",
+                                                               "dispatch-multikueue-copier")]
+    assert "--multikueue-worker" not in container(plain)["args"]
+    # a worker (issue 35 item 3): the flag, and deploy/worker's roles bound to MultiKueue's service account
+    worker = chart(tools, "multikueue.worker=true")
+    assert "--multikueue-worker" in container(worker)["args"]
+    [copier] = [d for d in worker if d["kind"] == "ClusterRoleBinding"
+                and d["metadata"]["name"] == "dispatch-multikueue-copier"]
+    assert copier["subjects"] == [{"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}]
     docs = by_key(chart(tools, "multikueue.workerSecrets={worker-1-kubeconfig,worker-2-kubeconfig}",
                         "multikueue.workerReader.enabled=true"))
     _, kubectl = tools

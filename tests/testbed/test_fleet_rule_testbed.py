@@ -471,7 +471,8 @@ async def _worker_guards(ns: str, tmp: Path, stack: contextlib.AsyncExitStack) -
         kube = k.Kube.connect(namespace=ns, kubeconfig=path)
         stack.push_async_callback(kube.aclose)
         ctl = Controller(kube, Config(namespace=ns, guard_port=port, guard_host="127.0.0.1",
-                                      guard_cert_dir=str(certs), guard_webhook="", resync_seconds=30))
+                                      guard_cert_dir=str(certs), guard_webhook="", resync_seconds=30,
+                                      multikueue_worker=True))
         stop = asyncio.Event()
         task = asyncio.create_task(ctl.run(stop))
 
@@ -533,3 +534,54 @@ def test_dispatch_in_the_workers_lets_multikueues_copies_run_and_refuses_a_bypas
     finally:
         print("\n".join(record))
     assert "trainjob by-hand cannot start" in said, said
+
+
+def test_a_worker_removed_from_the_manager_waits_until_the_operator_confirms_it_and_the_records_forget_it(
+        ns: str, controller_kubeconfig: Path) -> None:
+    """Issue 35 item 5 on real control planes: A=1 runs in a worker, is held, and that worker's MultiKueueCluster
+    is deleted (decommissioned). The record remembers the worker: the check names it as removed and the way out;
+    once its old pod is gone there, ``dispatch admin worker-down`` (as the cluster's admin) makes the record forget
+    it, and the next A runs in the other worker, never beside the old one. The MultiKueueCluster is put back
+    after, for the other scenarios."""
+    name = "fleet-s6"
+    record: list[str] = []
+
+    async def story() -> None:
+        async with Story(ns, controller_kubeconfig) as s:
+            await s.adapter.open(spec("s6"))
+            with Observer(ns, name) as obs:
+                first = await s.running_in(obs, "1")
+                other = next(w for w in obs.workers if w != first)
+                saved = json.loads(fleet.kubectl("manager", "get", "multikueuecluster", first, "-o", "json").stdout)
+                await s.adapter.hold(name)
+                await _until("the copy gone", lambda: fleet.kubectl(
+                    first, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 60)
+                await _hold_done(s, name, ns, record)
+                fleet.kubectl("manager", "delete", "multikueuecluster", first)
+                try:
+                    await s.adapter.release(name)
+                    message = await _until("the check naming the removed worker", lambda: _check_text(
+                        s, name, f"worker {first}, which the submission's identity record remembers"))
+                    record.append(f"the check said: {message}")
+                    assert "has no MultiKueueCluster any more (removed from the manager)" in message, message
+                    await _until("the old pod gone in the removed worker", lambda: obs.alive(first) == [], 120)
+                    got = await s.adapter.worker_down(first)
+                    record.append(f"worker-down answered: {got.to_dict()}")
+                    assert got.removed and f"{ns}/fleet/s6" in got.forgotten, got
+
+                    def next_one() -> bool:
+                        return any(a not in ("", "1") for _, a in obs.alive(other) or [])
+                    await _until(f"the next A running in {other}", next_one, 180)
+                finally:
+                    meta = {key: saved["metadata"][key] for key in ("name", "labels", "annotations")
+                            if key in saved["metadata"]}
+                    fleet.kubectl("manager", "apply", "--server-side", "-f", "-", input=json.dumps(
+                        {"apiVersion": saved["apiVersion"], "kind": saved["kind"], "metadata": meta,
+                         "spec": saved["spec"]}))
+            assert obs.overlaps == [], obs.overlaps
+            assert obs.admissions()[0] == "1" and len(obs.admissions()) == 2, obs.seen
+
+    try:
+        asyncio.run(story())
+    finally:
+        print("\n".join(record))

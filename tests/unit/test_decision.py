@@ -348,3 +348,26 @@ def test_cessation_waits_for_an_unscheduled_live_pod_but_not_a_deleted_one() -> 
     dead = pod("b", node=None, phase="Pending", deleting=True)
     assert not d.cessation(trainjob=trainjob(), name=NAME, job_id="llama", submission="s1", pods=[live], nodes={})
     assert d.cessation(trainjob=trainjob(), name=NAME, job_id="llama", submission="s1", pods=[dead], nodes={})
+
+
+def test_status_and_ceased_say_why_a_nonindexed_jobs_other_pods_do_not_run() -> None:
+    """Issue 35 item 6: an object running a NonIndexed Job with parallelism above 1 (started before dispatch
+    refused such runtimes): ``ceased`` (and status, from the same text) says the guard refuses the Job's other
+    pods, not only that it runs."""
+    from dispatch._trainer import TrainJobView
+    from dispatch._views import JobView
+
+    job = JobView.from_obj({"metadata": {"name": "llama-s1-node-0", "labels": {
+        "jobset.sigs.k8s.io/jobset-name": "llama-s1", "jobset.sigs.k8s.io/replicatedjob-name": "node"}},
+        "spec": {"completionMode": "NonIndexed", "parallelism": 2}})
+    assert d.jobs_nonindexed([job], "llama-s1") == {"node": 2}
+    tj = TrainJobView.from_obj({"metadata": {"name": "llama-s1", "uid": "u", "labels": {
+        "dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"},
+        "annotations": {"dispatch.phpboyscout.uk/admission": "1"}}, "spec": {"suspend": False}})
+    got = d.cessation(trainjob=tj, name="llama-s1", job_id="llama", submission="s1", pods=[], nodes={}, jobs=[job])
+    assert not got.ceased and got.reason == (
+        "llama-s1 is admitted and running; trainjob llama-s1: replicatedJob node (completionMode: NonIndexed, "
+        "parallelism 2): the pods of a NonIndexed Job carry no completion index, so a second pod of the Job cannot "
+        "be told from a replacement of one that may still run and the guard refuses every pod of such a Job beyond "
+        "the one that runs; set completionMode: Indexed (JobSet's default) on that replicatedJob's Job template, or "
+        "parallelism 1"), got.reason

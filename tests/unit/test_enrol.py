@@ -350,3 +350,17 @@ def test_no_name_to_take_the_job_id_from_is_refused() -> None:
 def test_a_request_without_a_usable_uid_is_refused_unless_the_submission_is_set() -> None:
     assert "the admission request's uid '' is not a usable submission" in refused(sdk_trainjob(), uid="")
     assert e.enrol(sdk_trainjob(labels={LABEL_SUBMISSION: "s1"}), "", RUNTIME).allowed
+
+
+def test_a_runtime_whose_job_is_nonindexed_and_parallel_is_refused_at_enrolment() -> None:
+    """Issue 35 item 6: runtimes come from ClusterTrainingRuntimes any author sets; a NonIndexed Job with more
+    than one pod at once (Trainer sizes the node job by numNodes) is refused, naming the replicatedJob and fields."""
+    bag: Obj = copy.deepcopy(RUNTIME)
+    bag["spec"]["template"]["spec"]["replicatedJobs"][0]["template"] = {"spec": {"completionMode": "NonIndexed"}}
+    two = sdk_trainjob()
+    two["spec"]["trainer"]["numNodes"] = 2
+    denial = refused(two, runtime=bag)
+    assert ("spec.runtimeRef.name: ClusterTrainingRuntime torch-distributed: replicatedJob node (completionMode: "
+            "NonIndexed, parallelism 2)") in denial, denial
+    assert "set completionMode: Indexed" in denial
+    enrolled(sdk_trainjob(), runtime=bag)                 # one node: one pod at a time, nothing to tell apart

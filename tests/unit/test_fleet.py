@@ -273,3 +273,24 @@ def test_status_names_the_way_out_of_an_eviction_kueue_cannot_finish_under_multi
     released = _wl([("QuotaReserved", "False"), ("Evicted", "True")], active=False)
     assert d.workload_note(released, _tj("kueue.x-k8s.io/multikueue")) == (
         "workload deactivated (held); release reactivates it")
+
+
+def test_an_object_raised_for_a_start_kueue_is_about_to_make_is_armed() -> None:
+    """Issue 35 item 5: ``admin worker-down`` of a removed worker raises A in each record that remembers it, but
+    not under an object Kueue is about to start (its raise at most two spec writes back): the guard would refuse
+    that start for good. A stalled object (its A ran: a start and a stop since the raise) is not armed."""
+    from dispatch import _decision as d
+    from dispatch._identity import RecordView, new_record
+    from dispatch._trainer import TrainJobView
+
+    def tj(generation: int, *, suspend: bool = True, a: int = 2) -> TrainJobView:
+        return TrainJobView.from_obj({"metadata": {
+            "name": "llama-s1", "uid": "u", "generation": generation,
+            "labels": {"dispatch.phpboyscout.uk/job-id": "llama", "dispatch.phpboyscout.uk/submission": "s1"},
+            "annotations": {"dispatch.phpboyscout.uk/admission": str(a),
+                            "dispatch.phpboyscout.uk/admission-token": "wl-uid/5"}}, "spec": {"suspend": suspend}})
+    record = RecordView.from_obj(new_record("llama", "s1", "llama-s1", admission=2))
+    assert d.armed_for_start(tj(6), record) and d.armed_for_start(tj(7), record)
+    assert not d.armed_for_start(tj(9), record)                   # ran since the raise: waiting, not armed
+    assert not d.armed_for_start(tj(6, suspend=False), record)    # running
+    assert not d.armed_for_start(tj(6, a=1), record)              # the record is ahead already

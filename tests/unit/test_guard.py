@@ -48,12 +48,14 @@ def record(a: int = 3, *, uid: str = UID, holder: str = NAME) -> RecordView:
     return RecordView.from_obj(obj)
 
 
-def workload(*, admitted: bool = True, evicted: bool = False, checked: bool = True) -> WorkloadView:
+def workload(*, admitted: bool = True, evicted: bool = False, checked: bool = True,
+             labels: dict[str, str] | None = None) -> WorkloadView:
     conds = [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": str(admitted)},
              {"type": "Evicted", "status": str(evicted)}]
     checks = [{"name": "dispatch", "state": "Ready", "message": "A=3",
                "lastTransitionTime": "2026-01-01T00:00:00Z"}] if checked else []
-    return WorkloadView.from_obj({"metadata": {"name": "trainjob-llama-s1-abc", "namespace": "ns", "uid": WL_UID},
+    return WorkloadView.from_obj({"metadata": {"name": "trainjob-llama-s1-abc", "namespace": "ns", "uid": WL_UID,
+                                               "labels": labels or {}},
                                   "spec": {"active": True},
                                   "status": {"conditions": conds, "admissionChecks": checks}})
 
@@ -394,16 +396,70 @@ def copy_start(a: int = 3, patch_a: int | None = None) -> tuple[TrainJobView, Tr
             tj(suspend=False, a=a, patch_a=patch_a, labels=COPY_LABELS, token="manager-wl/5", generation=3))
 
 
+def copy_workload(**kw: Any) -> WorkloadView:
+    """The Workload MultiKueue made in the worker for the copy (it carries MultiKueue's origin label too)."""
+    return workload(labels={"kueue.x-k8s.io/multikueue-origin": "multikueue"}, **kw)
+
+
 def test_a_copy_started_by_its_workers_kueue_is_allowed_without_a_record_there() -> None:
     old, new = copy_start()
-    assert d.multikueue_copy(new) and not d.multikueue_copy(tj())
-    assert d.guard("UPDATE", old, new, CLEAR, None, workload(checked=False)) is None
+    assert d.multikueue_copy(new, worker=True) and not d.multikueue_copy(tj(), worker=True)
+    assert d.guard("UPDATE", old, new, CLEAR, None, copy_workload(checked=False), worker=True) is None
 
 
 def test_a_copy_keeps_the_local_rule() -> None:
     old, new = copy_start()
-    assert d.guard("UPDATE", old, new, PODS, None, workload()) == (
+    assert d.guard("UPDATE", old, new, PODS, None, copy_workload(), worker=True) == (
         "trainjob llama-s1 cannot start: remaining pods: llama-s1-node-0-0-x on node-1 (Ready)")
+
+
+def test_multikueue_labels_make_no_copy_where_dispatch_is_not_a_worker() -> None:
+    """Issue 35 item 3: the labels are ordinary labels; only a worker's guard judges a TrainJob as a copy, so
+    elsewhere an object carrying them is judged as any other (here: no record issued this A, and Kueue's
+    restart of a suspended object that ran is refused by the generation rule)."""
+    old, new = copy_start()
+    assert not d.multikueue_copy(new, worker=False)
+    msg = d.guard("UPDATE", old, new, CLEAR, None, copy_workload())
+    assert msg is not None and "is missing, so no A was issued to it" in msg, msg
+    token = kueue_token(workload(), 5)       # raised on generation 5; a start and a stop since (9): the
+    kold = tj(a=3, started=0, token=token, generation=9, labels=COPY_LABELS)   # restart Kueue makes
+    knew = tj(suspend=False, a=3, started=0, token=token, generation=10, labels=COPY_LABELS)
+    msg = d.guard("UPDATE", kold, knew, CLEAR, record(3), copy_workload())
+    assert msg is not None and "was not raised for this admission" in msg, msg
+
+
+def test_a_copy_runs_its_a_once() -> None:
+    """Issue 35 item 3: a copy suspended after it ran (a writer in the worker, or its Kueue) is not started
+    again with the same A by the worker's Kueue; nor is an A at or below its started mark."""
+    old = tj(a=3, labels=COPY_LABELS, token="manager-wl/5", generation=4)
+    new = tj(suspend=False, a=3, labels=COPY_LABELS, token="manager-wl/5", generation=5)
+    msg = d.guard("UPDATE", old, new, CLEAR, None, copy_workload(), worker=True)
+    assert msg is not None and "this MultiKueue copy has started before (generation 4" in msg, msg
+    old = tj(a=3, started=3, labels=COPY_LABELS, token="manager-wl/5", generation=2)
+    new = tj(suspend=False, a=3, started=3, labels=COPY_LABELS, token="manager-wl/5", generation=3)
+    msg = d.guard("UPDATE", old, new, CLEAR, None, copy_workload(), worker=True)
+    assert msg is not None and "A=3 has already started" in msg, msg
+
+
+def test_a_copy_starts_only_through_the_workload_multikueue_made() -> None:
+    old, new = copy_start()
+    msg = d.guard("UPDATE", old, new, CLEAR, None, workload(), worker=True)
+    assert msg is not None and "was not made by MultiKueue" in msg, msg
+
+
+def test_the_copy_marks_are_kept_and_a_copy_is_created_only_by_multikueue() -> None:
+    """Issue 35 item 3: the marks of a copy are neither added to, changed on nor removed from a dispatch
+    TrainJob (guard and CEL policy); a dispatch TrainJob with the origin label is created only by a holder of
+    the copy permission (the CEL policy, through the authorizer)."""
+    plain, marked = tj(), tj(labels=COPY_LABELS)
+    other = tj(labels={**COPY_LABELS, "kueue.x-k8s.io/prebuilt-workload-name": "another"})
+    for before, after in ((plain, marked), (marked, plain), (marked, other)):
+        for msg in (d.guard("UPDATE", before, after, None, None), d.identity_policy("UPDATE", before, after)):
+            assert msg is not None and "MultiKueue marks" in msg, msg
+    assert d.identity_policy("UPDATE", marked, tj(labels=COPY_LABELS, a=3)) is None
+    assert d.copy_create_problem(marked, allowed=False) == f"trainjob {NAME}: {d.COPY_CREATE_DENIED}"
+    assert d.copy_create_problem(marked, allowed=True) is None
+    assert d.copy_create_problem(plain, allowed=False) is None
 
 
 @pytest.mark.parametrize(("case", "expected"), [
@@ -417,8 +473,8 @@ def test_a_copy_keeps_the_local_rule() -> None:
 def test_a_copy_that_is_not_armed_is_denied(case: str, expected: str) -> None:
     old, new = copy_start(a=0) if case == "no A" else copy_start(patch_a=2) if case == "pods carry another A" \
         else copy_start()
-    wl = {"not admitted": workload(admitted=False), "evicted": workload(evicted=True),
-          "no workload": None}.get(case, workload())
+    wl = {"not admitted": copy_workload(admitted=False), "evicted": copy_workload(evicted=True),
+          "no workload": None}.get(case, copy_workload())
     operation, before = ("CREATE", None) if case == "created running" else ("UPDATE", old)
-    msg = d.guard(operation, before, new, CLEAR, None, wl)
+    msg = d.guard(operation, before, new, CLEAR, None, wl, worker=True)
     assert msg is not None and expected in msg, msg

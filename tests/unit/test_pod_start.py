@@ -210,3 +210,23 @@ def test_ceased_of_a_running_object_names_the_waiting_rank_as_status_does() -> N
     plain = d.cessation(trainjob=running_tj(), name="llama-s1", job_id="llama", submission="s1",
                         pods=[other], nodes={"n1": READY})
     assert plain.reason == "llama-s1 is admitted and running"
+
+
+# --------------------------------------------------------------------------- a NonIndexed Job (issue 35 item 6)
+
+
+def test_a_pod_of_a_nonindexed_job_refused_says_why() -> None:
+    """Its pods carry no completion index: the guard cannot tell a second pod of the Job from a replacement of one
+    that may still run, so it is refused; the denial names the Job's replicatedJob and what to set."""
+    unindexed = {"metadata": {"labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1", LABEL_ADMISSION: "1",
+                                         JOBSET_NAME_LABEL: "llama-s1", REPLICATED_JOB_LABEL: "node",
+                                         JOB_INDEX_LABEL: "0"}}}
+    first = pod("llama-s1-node-0-x-1", rank=None, extra=unindexed)
+    second = pod("llama-s1-node-0-x-2", rank=None, phase="Pending", node=None, extra=unindexed)
+    assert second.rank is None and second.unindexed == "replicatedJob node, job 0"
+    msg = problem(first, new=second)
+    assert msg is not None and msg.startswith(
+        "pod llama-s1-node-0-x-2 (A=1, replicatedJob node, job 0) cannot start while a pod of the same Job may still "
+        "run (remaining pods: llama-s1-node-0-x-1 on n1 (Ready=True)): its Job is NonIndexed"), msg
+    assert msg.endswith("set completionMode: Indexed (JobSet's default) on the Job template of replicatedJob node "
+                        "in the runtime"), msg

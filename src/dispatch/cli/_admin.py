@@ -97,12 +97,24 @@ def admin_worker_down(
     and nodes are gone for good), this is the proof. It is written on the MultiKueueCluster and names the
     loss Kueue saw (its Active=False transition), so it lapses by itself when the worker comes back.
     Refused for a worker Kueue still reaches.
+
+    A worker removed from the manager (no MultiKueueCluster names it) that identity records still remember: each
+    such record, in every namespace, forgets it (with the raise of A its CRD asks for), which is your word that the
+    worker runs none of their pods any more. An object Kueue is about to start is left as it is; run this again
+    once it has started.
     """
     state = _state(ctx, output, None)
     with guard(state):
         w = state.adapter().worker_down(worker)
 
     def human() -> None:
+        if w.removed:
+            state.out.print(f"worker {escape(w.name)} has no MultiKueueCluster; identity records that forgot it: "
+                            f"{escape(', '.join(w.forgotten) or 'none')}")
+            if w.armed:
+                state.out.print(f"left as they were (Kueue is about to start them; run this again once they have "
+                                f"started): {escape(', '.join(w.armed))}")
+            return
         state.out.print(f"worker {escape(w.name)} confirmed down (Kueue lost it at {escape(w.lost_since)}: "
                         f"{escape(w.reason)})")
 

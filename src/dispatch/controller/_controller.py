@@ -98,6 +98,8 @@ class Config:
     """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
     kueue_namespace: str = _O.kueue_namespace
     """Kueue's namespace, where the Secrets holding MultiKueue workers' kubeconfigs are."""
+    multikueue_worker: bool = _O.multikueue_worker
+    """This cluster is a MultiKueue worker: the guard judges MultiKueue's copies as copies (``_decision.guard``)."""
     guard_hosts: tuple[str, ...] = ()
     """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
     the guard Service in the controller's own namespace)."""
@@ -113,6 +115,7 @@ class Config:
             foreign="ready" if o.foreign == "ready" else "ignore", controller_name=o.controller_name,
             metrics_serving=metrics_serving, guard_port=o.guard_port, guard_cert_dir=o.guard_cert_dir,
             guard_webhook=o.guard_webhook, kueue_namespace=o.kueue_namespace,
+            multikueue_worker=o.multikueue_worker,
         )
 
 
@@ -382,7 +385,8 @@ class Controller:
         if c.guard_port is not None:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
                                      hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace),
-                                     webhook=c.guard_webhook, registry=self.metrics.registry)
+                                     webhook=c.guard_webhook, registry=self.metrics.registry,
+                                     worker=c.multikueue_worker)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]

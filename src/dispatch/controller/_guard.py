@@ -204,8 +204,10 @@ def response(uid: str, denial: str | None, patch: Sequence[Obj] = (), warnings: 
 class Guard:
     """Answers AdmissionReviews of TrainJob writes with ``_decision.guard`` over a fresh read."""
 
-    def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, kube: k.Kube, registry: CollectorRegistry | None = None, *, worker: bool = False) -> None:
         self.kube = kube
+        self.worker = worker
+        """This cluster is a MultiKueue worker (``--multikueue-worker``): copies are judged as copies."""
         self._core = Cores(kube)
         self.reviews = 0
         self.denials = 0
@@ -232,9 +234,11 @@ class Guard:
         target = Target.of(new)
         snap, record, workload, jobs = await asyncio.gather(
             core.read_one(target), core.record(new.job_id, new.submission),
-            (core.copy_workload(new) if d.multikueue_copy(new) else core.workload_of(new))
+            (core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new))
             if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
-        return d.guard(operation, old, new, snap.verdict(target), record, workload, jobs)
+        # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
+        return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
+            or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
 
     async def decide_pod(self, request: Obj) -> str | None:
         """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read)."""
@@ -506,14 +510,15 @@ async def _upkeep(running: Running, every: float) -> None:
 
 async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
                 webhook: str, registry: CollectorRegistry | None = None,
-                every: float = REPUBLISH_SECONDS) -> Running:
+                every: float = REPUBLISH_SECONDS, worker: bool = False) -> Running:
     """Serve the guard on ``host:port`` (0: any free port), keep its certificate fresh and, when
-    ``webhook`` names the configuration, keep this replica's CA in its caBundle."""
+    ``webhook`` names the configuration, keep this replica's CA in its caBundle. ``worker``: this cluster is a
+    MultiKueue worker (``Guard.worker``)."""
     certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts, renew=bool(webhook))
     if renewal_due(certs.cert, before=dt.timedelta(0)):
         log.warning("guard certificate has expired: the API server will refuse to call the guard",
                     cert=str(certs.cert))
-    guard = Guard(kube, registry)
+    guard = Guard(kube, registry, worker=worker)
     context = tls_context(certs)
     server = await serve(guard, host, port, certs, context)
     sock = server.sockets[0] if server.sockets else None

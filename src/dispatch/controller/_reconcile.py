@@ -366,7 +366,7 @@ class Reconciler:
                 if not r.problem:
                     seen.append(d.WorkerVerdict(name, r.snapshots[tj.name].verdict(Target.of(tj))))
                 elif ran:
-                    seen.append(d.WorkerVerdict(name, None, r.problem, r.confirmed_down))
+                    seen.append(d.WorkerVerdict(name, None, r.problem, r.confirmed_down, r.removed))
             c.clusters = tuple(sorted(workers))
             out[c.name] = d.across(local[c.name], seen)
         return out

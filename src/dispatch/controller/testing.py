@@ -33,7 +33,8 @@ from .._kueue import WorkloadView
 from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
 from ..testing import ApiFailure, Binding, FakeCluster, Policy
-from ..testing._rbac import SHIPPED_RBAC
+from ..testing._rbac import SHIPPED_RBAC, Attributes
+from ..testing._server import requester
 
 KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
@@ -645,10 +646,13 @@ class FakeGuard:
     policy (``_decision.identity_policy``) refuses in either case, as the API server enforces it itself.
     """
 
-    def __init__(self, cluster: FakeCluster, *, enforce: Callable[[], bool] = lambda: True) -> None:
+    def __init__(self, cluster: FakeCluster, *, enforce: Callable[[], bool] = lambda: True,
+                 worker: bool = False) -> None:
         self.cluster = cluster
         self.server = cluster.server
         self.enforce = enforce
+        self.worker = worker
+        """The controller's ``--multikueue-worker``: MultiKueue's copies are judged as copies."""
         self.denied: list[str] = []
         """Each denial that refused a write."""
         self.unenforced: list[str] = []
@@ -699,6 +703,10 @@ class FakeGuard:
         return nodes
 
     def _admit(self, operation: str, old: Obj | None, new: Obj) -> str | None:
+        copier = copy_policy(operation, new)  # the dispatch-identity policy's authorizer rule: always in force
+        if copier is not None:
+            self.denied.append(copier)
+            return copier
         denial = self.decision(operation, old, new)
         if denial is None:
             return None
@@ -748,13 +756,38 @@ class FakeGuard:
         workload = None
         if operation == "UPDATE":
             uid = new_view.ref.uid
-            workload = next((WorkloadView.from_obj(w) for w in self.server.objects(KUEUE, "workloads", ns)
-                             if (w["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL) == uid), None)
-        denial = d.guard(operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None,
-                         workload, runtime_jobs_now)
+            if d.multikueue_copy(new_view, worker=self.worker):  # ``Reader.copy_workload``: by the prebuilt name
+                prebuilt = new_view.labels.get(n.PREBUILT_WORKLOAD_LABEL) or new_view.prebuilt_workload
+                got = self.server.get(KUEUE, "workloads", ns, prebuilt) if prebuilt else None
+                view = WorkloadView.from_obj(got) if got is not None else None
+                workload = view if view is not None and view.owner is not None and view.owner.uid == uid else None
+            else:
+                workload = next((WorkloadView.from_obj(w) for w in self.server.objects(KUEUE, "workloads", ns)
+                                 if (w["metadata"].get("labels") or {}).get(n.KUEUE_JOB_UID_LABEL) == uid), None)
+        denial = d.nonindexed_text(f"trainjob {name} cannot start", d.jobs_nonindexed(jobs, name)) or d.guard(
+            operation, old_view, new_view, verdict, RecordView.from_obj(rec) if rec else None, workload,
+            runtime_jobs_now, worker=self.worker)
         if denial is None:
             self.allowed_starts += 1
         return denial
+
+
+def copy_policy(operation: str, new: Obj) -> str | None:
+    """The ``dispatch-identity`` policy's authorizer rule on a TrainJob create (``deploy/base/guard.yaml``), worded
+    as the API server words a policy's denial (None: allowed): a dispatch TrainJob carrying MultiKueue's origin
+    label is created only by a requester the authorizer lets ``create`` ``multikueuecopies`` in its namespace.
+    The test acting as admin and the cluster's own controllers (MultiKueue's fake) are unrestricted."""
+    if operation != "CREATE":
+        return None
+    view = TrainJobView.from_obj(new)
+    who = requester()
+    verb, group, resource = d.COPY_PERMISSION
+    namespace = str(new.get("metadata", {}).get("namespace") or "")
+    allowed = who is None or who.allows(Attributes(verb, "", True, group, "v1alpha1", resource, "", namespace, ""))
+    problem = d.copy_create_problem(view, allowed=allowed)
+    if problem is None:
+        return None
+    return f"ValidatingAdmissionPolicy 'dispatch-identity' with binding 'dispatch-identity' denied request: {problem}"
 
 
 # ------------------------------------------------------------------ TokenReview / SubjectAccessReview

@@ -64,6 +64,9 @@ def _number(text: str | None) -> int | None:
     return int(text) if text and text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
+COMPLETION = "batch.kubernetes.io/job-completion-index"
+
+
 @dataclass
 class Process:
     """What a running pod stands for: a process that ends only when something proves it ended."""
@@ -243,7 +246,7 @@ class FakeCluster:
         self.frozen: set[str] = set()
         self.deleted_nodes: set[str] = set()
         self._pod_seq = 0
-        self.refused_pods: list[tuple[str, int, str]] = []
+        self.refused_pods: list[tuple[str, int | None, str]] = []
         """(Job, completion index, message) of each pod create an admission webhook refused, in order."""
         self._processes: dict[str, Process] = {}
         self._finish_requested: dict[str, str] = {}
@@ -299,10 +302,13 @@ class FakeCluster:
     # ------------------------------------------------------------------ fixtures
 
     def add_runtime(self, name: str = "torch-distributed", replicated: tuple[str, ...] = ("node",), *,
-                    replacement_policy: str | None = None) -> None:
+                    replacement_policy: str | None = None, completion_mode: str | None = None) -> None:
         """A ClusterTrainingRuntime; ``replacement_policy`` sets its Jobs' ``podReplacementPolicy``
-        (unset, as in the runtimes Trainer ships: the Job API then defaults it to TerminatingOrFailed)."""
+        (unset, as in the runtimes Trainer ships: the Job API then defaults it to TerminatingOrFailed);
+        ``completion_mode`` their ``completionMode`` (unset: JobSet's webhook makes it Indexed)."""
         job_spec: Obj = {} if replacement_policy is None else {"podReplacementPolicy": replacement_policy}
+        if completion_mode is not None:
+            job_spec["completionMode"] = completion_mode
         self.server.create(TRAINER, "clustertrainingruntimes", "", {
             "metadata": {"name": name},
             "spec": {"template": {"spec": {"replicatedJobs": [
@@ -465,9 +471,9 @@ class FakeCluster:
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
             job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
             admission=_number(adm) if adm is not None else None, started=self.history.tick(),
-            rank=(f"{labels['batch.kubernetes.io/job-name']}#"
-                  f"{labels.get('batch.kubernetes.io/job-completion-index', '')}"
-                  if labels.get("batch.kubernetes.io/job-name") else ""),
+            # a NonIndexed Job's pods have no rank: its siblings run side by side by design
+            rank=(f"{labels['batch.kubernetes.io/job-name']}#{labels[COMPLETION]}"
+                  if labels.get("batch.kubernetes.io/job-name") and labels.get(COMPLETION) else ""),
             trainjob_uid=tj_uid, run=run,
             reported=self._reported.get((tj_uid, run)) if run is not None else None,
         )
@@ -638,6 +644,8 @@ class FakeCluster:
                                                           "kind": "JobSet", "name": name, "uid": meta["uid"],
                                                           "controller": True}]},
                         "spec": {"suspend": suspend, "parallelism": rj["template"]["spec"].get("parallelism", 1),
+                                 # JobSet's webhook defaults every replicatedJob to Indexed
+                                 "completionMode": rj["template"]["spec"].get("completionMode") or "Indexed",
                                  # The API's default without a podFailurePolicy.
                                  "podReplacementPolicy": rj["template"]["spec"].get("podReplacementPolicy")
                                  or "TerminatingOrFailed",
@@ -701,7 +709,12 @@ class FakeCluster:
                 occupied = active + succeeded
                 if job["spec"].get("podReplacementPolicy") == "Failed":
                     occupied = occupied + terminating
-                if not _cond(job, "Complete"):
+                if not _cond(job, "Complete") and job["spec"].get("completionMode") == "NonIndexed":
+                    # NonIndexed: pods with no completion index, made while fewer than parallelism occupy it
+                    for _ in range(max(0, want - len(occupied))):
+                        if self._create_pod(job, None):
+                            active.append({})
+                elif not _cond(job, "Complete"):
                     for index in range(want):
                         if any(_labels(p).get("batch.kubernetes.io/job-completion-index") == str(index)
                                for p in occupied):
@@ -723,15 +736,18 @@ class FakeCluster:
             except ApiFailure:
                 pass
 
-    def _create_pod(self, job: Obj, index: int) -> bool:
+    def _create_pod(self, job: Obj, index: int | None) -> bool:
+        """A pod of ``job``: its completion ``index`` labelled (None: a NonIndexed Job's pod, which has none)."""
         self._pod_seq += 1
         template = job["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
-        labels["batch.kubernetes.io/job-completion-index"] = str(index)
+        if index is not None:
+            labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
         body = {
-            "metadata": {"name": f"{job['metadata']['name']}-{index}-{self._pod_seq:05d}", "labels": labels,
+            "metadata": {"name": f"{job['metadata']['name']}-{'x' if index is None else index}-{self._pod_seq:05d}",
+                         "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
                          "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
                          "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
