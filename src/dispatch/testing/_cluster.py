@@ -23,6 +23,7 @@ from .. import _decision as d
 from .._api import Obj
 from .._names import (
     ANNOTATION_ADMISSION,
+    ANNOTATION_MARK_SEEN,
     JOB_INDEX_LABEL,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
@@ -32,7 +33,7 @@ from .._names import (
     REPLICATED_JOB_LABEL,
 )
 from .._trainer import patch_entries, patch_pod_templates
-from .._views import TERMINATED_BY_KUBELET, labels_of
+from .._views import TERMINATED_BY_KUBELET, annotations_of, labels_of
 from ._rbac import Attributes, Binding, Policy
 from ._server import ApiFailure, FakeApiServer, _now_text, requester
 
@@ -226,7 +227,9 @@ def pod_policy(operation: str, old: Obj | None, new: Obj) -> str | None:
     may = who is None or who.allows(Attributes(verb, "", True, group, "v1", resource, "", ns, ""))
     old_fin = [str(f) for f in (old.get("metadata") or {}).get("finalizers") or []]
     new_fin = [str(f) for f in (new.get("metadata") or {}).get("finalizers") or []]
-    problem = d.pod_write_problem(old_labels, new_labels, old_fin, new_fin, may_release=may)
+    problem = d.pod_write_problem(old_labels, new_labels, old_fin, new_fin, may_release=may,
+                                  old_mark=annotations_of(old).get(ANNOTATION_MARK_SEEN),
+                                  new_mark=annotations_of(new).get(ANNOTATION_MARK_SEEN))
     if problem is None:
         return None
     return f"ValidatingAdmissionPolicy '{POD_POLICY}' with binding '{POD_POLICY}' denied request: {problem}"
