@@ -1173,6 +1173,25 @@ def _conflicts(new: PodView, other: PodView) -> bool:
     return other.rank is None or new.rank is None or other.rank == new.rank
 
 
+def pod_create_problem(new: PodView) -> str | None:
+    """Why a pod carrying dispatch's job-id label may not be created whatever else runs, or None: without
+    dispatch's finalizer it could leave the API (a force delete, PodGC) while its process runs, unseen by the
+    rule; with a ``MarkSeen`` record already on it, the operator's word could count before its kubelet wrote
+    anything. dispatch's runtime patch entry gives every pod the finalizer, so a pod without it was built
+    from a template someone changed (another manager's entry, a mutating webhook)."""
+    if not new.job_id:
+        return None
+    who = f"pod {new.name or 'of ' + new.job_id + '/' + new.submission}"
+    if not new.ours:
+        return (f"{who} carries dispatch's label {LABEL_JOB_ID} but not dispatch's finalizer {POD_FINALIZER}, "
+                "which keeps a pod visible until its end is proven; dispatch's runtime patch entry adds it to "
+                "every pod, so whatever built this pod's template removed it")
+    if new.mark_seen is not None:
+        return (f"{who} is created with dispatch's record {ANNOTATION_MARK_SEEN}, which only dispatch writes on "
+                "a pod it has read marked terminal; remove it from the pod template")
+    return None
+
+
 def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> str | None:
     """Why a pod of a dispatch object may not be created now (the guard's pod review), or None.
 
@@ -1182,7 +1201,12 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     grace period. So a new pod of a submission (dispatch's identity labels) is refused while another pod of
     the submission (``pods``, by the same labels) may still run, its end not proven as the rule proves it
     (``PodView.end`` with its Node from ``nodes``), unless that pod runs another rank of the same execution:
-    the ranks of one execution run side by side by design."""
+    the ranks of one execution run side by side by design. A pod labelled as a dispatch object's (the
+    guard sees only those) must carry dispatch's finalizer, which keeps it visible until its end is proven,
+    and no ``MarkSeen`` record, which only dispatch writes on a pod it has read (``pod_create_problem``)."""
+    problem = pod_create_problem(new)
+    if problem is not None:
+        return problem
     if not new.job_id or not new.submission:
         return None
     blocking = sorted((p for p in pods if p.uid != new.uid and p.job_id == new.job_id

@@ -256,6 +256,10 @@ class FakeCluster:
         """Nodes cut off from the API server whose kubelets go on (see ``partition``)."""
         self._rejecting: dict[str, tuple[str, str]] = {}  # node -> (reason, message) its kubelet rejects with
         self._init_hangs: set[str] = set()  # nodes where pods' init containers never finish
+        self.node_clock_offset: dict[str, float] = {}
+        """Seconds each node's clock is ahead of the control plane's (negative: behind). A kubelet writes its
+        times (containers' ``startedAt``/``finishedAt``, its conditions' ``lastTransitionTime``, its Node's
+        Ready) with its node's clock; the control plane's writers (PodGC, Kueue) with the cluster's."""
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
@@ -295,6 +299,10 @@ class FakeCluster:
         controllers are unrestricted here, as the real cluster's are not bound by dispatch's roles)."""
         self.server.add_admission("pods", pod_policy)
 
+    def kubelet_time(self, node: str | None) -> str:
+        """Now, as the kubelet of ``node`` writes it (``node_clock_offset``)."""
+        return _now_text(self.now + timedelta(seconds=self.node_clock_offset.get(node or "", 0.0)))
+
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""
         self.now += timedelta(seconds=seconds)
@@ -327,7 +335,8 @@ class FakeCluster:
             for c in obj.setdefault("status", {}).setdefault("conditions", []):
                 if c.get("type") == "Ready" and c.get("status") != status:
                     c["status"] = status
-                    c["lastTransitionTime"] = _now_text(self.now)
+                    # True: its kubelet writes it back (its clock); Unknown: the node controller (the control plane's)
+                    c["lastTransitionTime"] = self.kubelet_time(name) if status == "True" else _now_text(self.now)
         self.server.update("", "nodes", "", name, mutate, status=True)
 
     def freeze_node(self, name: str) -> None:
@@ -411,7 +420,7 @@ class FakeCluster:
             st["containerStatuses"] = [
                 {"name": c.get("name", ""), "restartCount": self._restarts(o, c.get("name", "")),
                  "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
-                                          "finishedAt": _now_text(self.now)}}}
+                                          "finishedAt": self.kubelet_time(node)}}}
                 for c in (o.get("spec") or {}).get("containers") or []]
             if not restarts:
                 st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
@@ -844,12 +853,13 @@ class FakeCluster:
                 if self._may_restart(pod):
                     self._crashed.pop(uid)
 
-                    def restart(obj: Obj) -> None:
+                    def restart(obj: Obj, node: str = node) -> None:
                         st = obj.setdefault("status", {})
                         st["containerStatuses"] = [
                             {"name": c.get("name", ""), "restartCount": self._restarts(obj, c.get("name", "")) + 1,
-                             "state": {"running": {}}}
+                             "state": {"running": {"startedAt": self.kubelet_time(node)}}}
                             for c in (obj.get("spec") or {}).get("containers") or []]
+                        self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True)
                     self.server.update("", "pods", ns, name, restart, status=True)
                     self._start(pod)
                 continue
@@ -859,28 +869,33 @@ class FakeCluster:
                     continue
                 inits = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
                 if inits and node in self._init_hangs:
-                    def initialising(obj: Obj, inits: list[Obj] = inits) -> None:
+                    def initialising(obj: Obj, inits: list[Obj] = inits, node: str = node) -> None:
                         st = obj.setdefault("status", {})
-                        st["startTime"] = _now_text(self.now)
+                        st["startTime"] = self.kubelet_time(node)
                         st["initContainerStatuses"] = [
-                            {"name": c.get("name", ""), "state": {"running": {}} if i == 0 else
-                             {"waiting": {"reason": "PodInitializing"}}} for i, c in enumerate(inits)]
+                            {"name": c.get("name", ""), "state": {"running": {"startedAt": self.kubelet_time(node)}}
+                             if i == 0 else {"waiting": {"reason": "PodInitializing"}}} for i, c in enumerate(inits)]
+                        self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True, Initialized=False,
+                                                     ContainersReady=False)
                         st["containerStatuses"] = [
                             {"name": c.get("name", ""), "state": {"waiting": {"reason": "PodInitializing"}}}
                             for c in (obj.get("spec") or {}).get("containers") or []]
                     self.server.update("", "pods", ns, name, initialising, status=True)
                     continue
 
-                def run(obj: Obj, inits: list[Obj] = inits) -> None:
+                def run(obj: Obj, inits: list[Obj] = inits, node: str = node) -> None:
                     st = obj.setdefault("status", {})
                     st["phase"] = "Running"
-                    st["startTime"] = _now_text(self.now)
+                    st["startTime"] = self.kubelet_time(node)
                     if inits:
                         st["initContainerStatuses"] = [
                             {"name": c.get("name", ""),
                              "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}} for c in inits]
-                    st["containerStatuses"] = [{"name": c.get("name", ""), "state": {"running": {}}}
+                    st["containerStatuses"] = [{"name": c.get("name", ""),
+                                                "state": {"running": {"startedAt": self.kubelet_time(node)}}}
                                                for c in (obj.get("spec") or {}).get("containers") or []]
+                    self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True, Initialized=True,
+                                                 ContainersReady=True)
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
         for node in [n for n in self.back if n not in self.frozen and n not in self.partitioned]:
@@ -906,25 +921,33 @@ class FakeCluster:
         goes) and no container statuses. The pod never runs."""
         def rejected(obj: Obj) -> None:
             obj["status"] = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message,
-                             "qosClass": "BestEffort", "startTime": _now_text(self.now)}
+                             "qosClass": "BestEffort",
+                             "startTime": self.kubelet_time((pod.get("spec") or {}).get("nodeName"))}
         self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], rejected, status=True)
 
     def _sandbox_gone(self, pod: Obj) -> None:
         """The kubelet tears down a terminal pod whose containers are not running: its sandbox goes, and it
         reports ``PodReadyToStartContainers=False`` (a real kubelet did so once it learned a Failed phase
         written by someone else)."""
-        now = _now_text(self.now)
+        node = (pod.get("spec") or {}).get("nodeName")
 
         def gone(obj: Obj) -> None:
-            conds = obj.setdefault("status", {}).setdefault("conditions", [])
-            for c in conds:
-                if c.get("type") == "PodReadyToStartContainers":
-                    if c.get("status") != "False":
-                        c.update(status="False", lastTransitionTime=now)
-                    return
-            conds.append({"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": now})
+            self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=False)
         with contextlib.suppress(ApiFailure):
             self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], gone, status=True)
+
+    def _set_kubelet_conditions(self, obj: Obj, node: str | None, **states: bool) -> None:
+        """Set the kubelet's own pod conditions (``PodReadyToStartContainers``, ``Initialized``,
+        ``ContainersReady``) as a real kubelet does: a changed status gets a new ``lastTransitionTime``, in
+        its node's clock."""
+        conds = obj.setdefault("status", {}).setdefault("conditions", [])
+        for ctype, ok in states.items():
+            value = "True" if ok else "False"
+            found = next((c for c in conds if c.get("type") == ctype), None)
+            if found is None:
+                conds.append({"type": ctype, "status": value, "lastTransitionTime": self.kubelet_time(node)})
+            elif found.get("status") != value:
+                found.update(status=value, lastTransitionTime=self.kubelet_time(node))
 
     def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
         """The kubelet reports the pod's containers stopped, as a real one does on its way out: a
@@ -932,9 +955,11 @@ class FakeCluster:
         ``exit_code``; one already terminated kept; one that never started (the pod was rejected, or
         its image never came) ``ContainerStatusUnknown``/137 by its last step; and, if the pod never
         finished its init containers, the running init container killed while the containers stay
-        ``waiting: PodInitializing`` for good. The process ends."""
+        ``waiting: PodInitializing`` for good. Its sandbox goes (``PodReadyToStartContainers=False``), and
+        every time it writes is its node's clock, as in each recorded real ending. The process ends."""
         meta = pod["metadata"]
         running = meta["uid"] in self._processes
+        node = (pod.get("spec") or {}).get("nodeName")
 
         def stopped(obj: Obj) -> None:
             st = obj.setdefault("status", {})
@@ -944,10 +969,17 @@ class FakeCluster:
             inits = st.get("initContainerStatuses") or []
             # the kubelet's hasPodInitialized: every init container exited 0
             initialised = all(((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for c in inits)
+            self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=False, ContainersReady=False)
             if not initialised:
+                # as recorded (init-then-deleted-held): the running init container killed, Error/137, with
+                # its start and end; the containers stay waiting; Initialized stays False
                 for c in inits:
-                    if "running" in (c.get("state") or {}):
-                        c["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+                    state = c.get("state") or {}
+                    if "running" in state:
+                        started = (state.get("running") or {}).get("startedAt")
+                        c["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": started,
+                                                     "finishedAt": self.kubelet_time(node)}}
+                self._set_kubelet_conditions(obj, node, Initialized=False)
                 return
             out = []
             for c in (obj.get("spec") or {}).get("containers") or []:
@@ -956,7 +988,7 @@ class FakeCluster:
                 if "terminated" in state and not running:
                     out.append(old[name])
                 elif "running" in state or running:
-                    out.append({"name": name, "state": {"terminated": {"finishedAt": _now_text(self.now),
+                    out.append({"name": name, "state": {"terminated": {"finishedAt": self.kubelet_time(node),
                                                                        "exitCode": exit_code, "reason": "Error"
                                                                        if exit_code else "Completed"}}})
                 else:
@@ -1027,9 +1059,20 @@ class FakeCluster:
         if self.server.get("", "pods", ns, pod) is not None:
             self.server.update("", "pods", ns, pod, failed, status=True)
 
+    def _podgc_failed(self, pod: str, namespace: str) -> None:
+        """PodGC's out-of-service path (``markFailedAndDeletePod``, v1.37.2): phase Failed and nothing else,
+        no condition, the containers as they were."""
+        def failed(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            if st.get("phase") not in ("Succeeded", "Failed"):
+                st["phase"] = "Failed"
+        with contextlib.suppress(ApiFailure):
+            self.server.update("", "pods", namespace, pod, failed, status=True)
+
     def pod_gc(self) -> None:
-        """PodGC: pods of deleted nodes, and Terminating pods on not-Ready out-of-service nodes, are
-        marked Failed (phase only, as the real PodGC does) and force-deleted."""
+        """PodGC: pods of deleted nodes are marked Failed with ``DisruptionTarget``/``DeletionByPodGC``
+        (``gcOrphaned``), Terminating pods on not-Ready out-of-service nodes Failed with no condition
+        (``gcTerminating``), as the real PodGC writes them (v1.37.2); each is then force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
@@ -1043,7 +1086,10 @@ class FakeCluster:
                                              for c in (nobj.get("status") or {}).get("conditions") or [])
             if nobj is None or (oos and not ready and pod["metadata"].get("deletionTimestamp")):
                 if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                    self.mark_failed(name, ns)
+                    if nobj is None:
+                        self.mark_failed(name, ns)
+                    else:
+                        self._podgc_failed(name, ns)
                 if not (pod["metadata"].get("deletionTimestamp")
                         and int(pod["metadata"].get("deletionGracePeriodSeconds") or 0) == 0):
                     try:
