@@ -542,9 +542,10 @@ class PodView:
                     f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service")
         if self.phase in TERMINAL_PHASES and self.foreign_mark:
             restartable = [c.name for c in self.containers if not c.final(self.restart_policy)]
-            return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and under restartPolicy "
-                    f"{self.restart_policy} its kubelet may still start "
-                    f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}; "
+            still = (f"container {', '.join(self.running)} is reported running" if self.running else
+                     f"under restartPolicy {self.restart_policy} its kubelet may still start "
+                     f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
+            return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
                     f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
                     f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                     f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")

@@ -207,3 +207,77 @@ def test_only_dispatch_writes_the_mark_record(adapter: Adapter, cluster: FakeClu
     assert ANNOTATION_MARK_SEEN not in (only_pod(cluster)["metadata"].get("annotations") or {})
     assert keeper_pass(cluster) == {f"default/{first}": "unproven"}  # the controller may
     assert ANNOTATION_MARK_SEEN in only_pod(cluster)["metadata"]["annotations"]
+
+
+def test_a_running_debug_container_keeps_a_pod_from_ending(adapter: Adapter, cluster: FakeCluster,
+                                                           ) -> None:
+    """``kubectl debug`` added an ephemeral container, still reported running when the pod's own container
+    ended and its node was cut off: a process of A=1's pod runs on, so nothing may read the pod as ended."""
+    first = started(adapter, cluster)
+
+    def debug(obj: dict[str, Any]) -> None:
+        obj["spec"]["ephemeralContainers"] = [{"name": "debugger", "image": "example.invalid/busybox",
+                                               "targetContainerName": "node"}]
+    cluster.server.update("", "pods", "default", first, debug, status=None)
+
+    def debugging(obj: dict[str, Any]) -> None:
+        obj["status"]["ephemeralContainerStatuses"] = [
+            {"name": "debugger", "state": {"running": {"startedAt": cluster.kubelet_time("node-0")}}}]
+    cluster.server.update("", "pods", "default", first, debugging, status=True)
+    cluster.crash(first, 0)  # its own container completes: its kubelet writes Succeeded
+    cluster.partition("node-0")  # ... and is cut off before it stops the debug container
+    adapter.hold(NAME)
+    cluster.settle()
+    assert only_pod(cluster)["status"]["phase"] == "Succeeded"
+    with pytest.raises(PodsRemain, match="container debugger is reported running"):
+        adapter.release(NAME)
+    cessation = adapter.ceased(NAME)
+    assert not cessation.ceased and [e.proof for e in cessation.ends] == ["unproven"]
+    assert keeper_pass(cluster) == {f"default/{first}": "unproven"}
+    cluster.heal("node-0")
+    cluster.settle()  # its kubelet stops the debug container with the pod
+    assert keeper_pass(cluster) == {f"default/{first}": "kubelet-confirmed"}
+    assert adapter.release(NAME).admission == 2
+    cluster.history.check()
+
+
+def test_podgc_s_out_of_service_failed_is_no_kubelet_proof_once_a_wrong_taint_is_gone(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    """An operator taints a node that is only cut off (its kubelet goes on) out-of-service, PodGC writes
+    Failed with no condition over the pod's crash report and force-deletes it, and the taint is taken off again.
+    The Failed is PodGC's, not its kubelet's: under OnFailure the cut-off kubelet restarted the container."""
+    first = started(adapter, cluster)
+    cluster.crash(first, 1)  # reported: terminated, exit 1; OnFailure restarts it
+    cluster.partition("node-0")
+    adapter.hold(NAME)
+    cluster.settle()  # the cut-off kubelet restarts the container: A=1 runs again
+    assert [p.admission for p in cluster.running_processes()] == [1]
+
+    def taint(on: bool) -> None:
+        def mutate(obj: dict[str, Any]) -> None:
+            spec = obj.setdefault("spec", {})
+            taints = [t for t in spec.get("taints") or [] if t["key"] != "node.kubernetes.io/out-of-service"]
+            if on:
+                taints.append({"key": "node.kubernetes.io/out-of-service", "value": "nodeshutdown",
+                               "effect": "NoExecute"})
+            spec["taints"] = taints
+        cluster.server.update("", "nodes", "", "node-0", mutate, status=False)
+    taint(True)  # wrong: the machine is not shut down
+    cluster.pod_gc()
+    pod = only_pod(cluster)
+    assert pod["status"]["phase"] == "Failed" and pod["metadata"]["deletionGracePeriodSeconds"] == 0
+    # as the real PodGC's out-of-service path (markFailedAndDeletePod) writes it: no condition of its own
+    assert {c["type"] for c in pod["status"]["conditions"]} <= {
+        "PodReadyToStartContainers", "Initialized", "ContainersReady", "Ready", "PodScheduled"}
+    taint(False)  # the operator takes it back; the node is still cut off (Ready=Unknown)
+    with pytest.raises(PodsRemain, match="marked Failed by PodGC or another writer"):
+        adapter.release(NAME)
+    assert not adapter.ceased(NAME).ceased
+    assert keeper_pass(cluster) == {f"default/{first}": "unproven"}  # and the mark is recorded
+    cluster.heal("node-0")
+    cluster.settle()  # its kubelet learns the phase, stops A=1 and tears the sandbox down: its own end
+    assert cluster.running_processes() == []
+    assert keeper_pass(cluster) == {f"default/{first}": "kubelet-confirmed"}
+    assert adapter.release(NAME).admission == 2
+    cluster.settle()
+    cluster.history.check()

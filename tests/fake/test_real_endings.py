@@ -189,7 +189,7 @@ def test_process_gone_waits_for_the_kubelets_first_report_after_it_is_back(
     cluster.advance(30)
     cluster.heal("node-0")  # Ready=True; its kubelet has not synced its pods yet
     with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin:
-        with pytest.raises(Refused, match="its kubelet has not written pod .*'s status since") as err:
+        with pytest.raises(Refused, match=r"its kubelet has not written pod .*'s status since") as err:
             admin.release_pod(first, process_gone=True)
         assert err.value.reason == "KubeletNotReported"
         cluster.settle()  # its first sync: the container runs once more, is stopped, and its end reported

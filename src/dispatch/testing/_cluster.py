@@ -422,8 +422,9 @@ class FakeCluster:
                  "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
                                           "finishedAt": self.kubelet_time(node)}}}
                 for c in (o.get("spec") or {}).get("containers") or []]
-            if not restarts:
+            if not restarts:  # the pod ends: its kubelet stops it, sandbox included, and writes the phase
                 st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+                self._set_kubelet_conditions(o, node, PodReadyToStartContainers=False, ContainersReady=False)
         self.server.update("", "pods", ns, pod, crashed, status=True)
         if not restarts:
             self._crashed.pop(uid, None)
@@ -835,6 +836,11 @@ class FakeCluster:
                     self._kubelet_stopped(pod, phase, 137)
                     continue
                 self._sandbox_gone(pod)
+            if phase in ("Succeeded", "Failed") and any(
+                    "running" in (c.get("state") or {})
+                    for c in (pod.get("status") or {}).get("ephemeralContainerStatuses") or []):
+                self._kubelet_stopped(pod, phase, 137)  # a terminal pod's ``kubectl debug`` container is killed too
+                continue
             if meta.get("deletionTimestamp"):
                 deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
                 if honour_grace and self.now < deadline:
@@ -970,6 +976,12 @@ class FakeCluster:
             # the kubelet's hasPodInitialized: every init container exited 0
             initialised = all(((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for c in inits)
             self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=False, ContainersReady=False)
+            for c in st.get("ephemeralContainerStatuses") or []:  # killed with the pod (TerminatePod leaves them)
+                state = c.get("state") or {}
+                if "running" in state:
+                    c["state"] = {"terminated": {"exitCode": 137, "reason": "Error",
+                                                 "startedAt": (state.get("running") or {}).get("startedAt"),
+                                                 "finishedAt": self.kubelet_time(node)}}
             if not initialised:
                 # as recorded (init-then-deleted-held): the running init container killed, Error/137, with
                 # its start and end; the containers stay waiting; Initialized stays False
