@@ -3,6 +3,7 @@ branch: which other pods of the submission stop it, which do not, and what the d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -210,3 +211,24 @@ def test_ceased_of_a_running_object_names_the_waiting_rank_as_status_does() -> N
     plain = d.cessation(trainjob=running_tj(), name="llama-s1", job_id="llama", submission="s1",
                         pods=[other], nodes={"n1": READY})
     assert plain.reason == "llama-s1 is admitted and running"
+
+
+def test_a_labelled_pod_without_dispatch_s_finalizer_is_refused_whatever_else_runs() -> None:
+    """Issue 35, item 10: the guard accepted it; without the finalizer the pod can leave the API (a force
+    delete, PodGC) while its process runs, unseen by the rule."""
+    bare = pod("llama-s1-node-0-0-bare", phase="Pending", node=None, extra={"metadata": {"finalizers": []}})
+    said = problem(new=bare)
+    assert said == ("pod llama-s1-node-0-0-bare carries dispatch's label dispatch.phpboyscout.uk/job-id but not "
+                    f"dispatch's finalizer {POD_FINALIZER}, which keeps a pod visible until its end is proven; "
+                    "dispatch's runtime patch entry adds it to every pod, so whatever built this pod's template "
+                    "removed it")
+    # ... even with no submission label (the guard's objectSelector asks for the job-id alone)
+    assert problem(new=dataclasses.replace(bare, submission="")) is not None
+    assert problem(new=pod("llama-s1-node-0-0-ok", phase="Pending", node=None)) is None
+
+
+def test_a_pod_created_with_dispatch_s_mark_record_is_refused() -> None:
+    forged = pod("llama-s1-node-0-0-f", phase="Pending", node=None, extra={"metadata": {"annotations": {
+        "dispatch.phpboyscout.uk/mark-seen": "1/" + "0" * 32}}})
+    said = problem(new=forged)
+    assert said is not None and "is created with dispatch's record dispatch.phpboyscout.uk/mark-seen" in said
