@@ -216,7 +216,7 @@ has torn the pod down: that container will never run again."""
 KUBELET_CONDITIONS = frozenset({"PodReadyToStartContainers", "Initialized", "ContainersReady"})
 """Pod conditions only the kubelet sets: a change of one is a report of the kubelet's. Not ``Ready`` (the
 node lifecycle controller's ``MarkPodsNotReady`` writes it too) nor ``PodScheduled`` (the scheduler's)."""
-FOREIGN_UNMARKED = "PodGC or another writer (no condition, and its sandbox still reported ready)"
+FOREIGN_UNMARKED = "PodGC or another writer (its sandbox still reported ready)"
 """Who wrote a terminal phase that carries no writer's condition while the pod's sandbox is still reported
 ready (``PodReadyToStartContainers=True``): not its kubelet, which writes a terminal phase only once it has
 stopped the pod, sandbox included (every recorded kubelet ending reports it False). PodGC's out-of-service
