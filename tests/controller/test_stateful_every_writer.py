@@ -748,6 +748,10 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                                      pod["metadata"]["labels"].get(n.JOBSET_NAME_LABEL, ""))
         if tj is not None and tj["spec"].get("suspend"):
             self.cluster.mark_failed(pod["metadata"]["name"])
+            # the installed controller's pod watch sees the mark at once and records it (MarkSeen), before
+            # the pod's kubelet acts on it at its next sync (issue 35: "after the mark" is ordered by the
+            # pod's resourceVersion, so the record must precede the kubelet's write to count it)
+            asyncio.run(self._release_finalizers())
 
     # ------------------------------------------------------------------ kubelets as real ones end pods
 
@@ -779,6 +783,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                 if p["spec"].get("nodeName") in c.partitioned and p["metadata"].get("deletionTimestamp"):
                     c.mark_failed(p["metadata"]["name"], reason="KueueForcefullyDeleted")
                     c.force_delete(p["metadata"]["name"])
+                    asyncio.run(self._release_finalizers())  # the controller sees the mark (see above)
                     SEEN["failure-recovery"] += 1
                     break
 
