@@ -232,3 +232,19 @@ def test_a_pod_created_with_dispatch_s_mark_record_is_refused() -> None:
         "dispatch.phpboyscout.uk/mark-seen": "1/" + "0" * 32}}})
     said = problem(new=forged)
     assert said is not None and "is created with dispatch's record dispatch.phpboyscout.uk/mark-seen" in said
+
+
+@pytest.mark.parametrize("kind", ["debug", "sidecar"])
+def test_an_ended_pod_with_a_debug_or_sidecar_container_running_blocks_its_rank(kind: str) -> None:
+    """Issue 35, item 9: the guard read a pod whose own container ended as ended, beside a `kubectl debug`
+    (ephemeral) or native sidecar container still reported running."""
+    if kind == "debug":
+        extra = {"spec": {"ephemeralContainers": [{"name": "debugger"}]},
+                 "status": {"ephemeralContainerStatuses": [{"name": "debugger", "state": {"running": {}}}]}}
+    else:
+        extra = {"spec": {"initContainers": [{"name": "proxy", "restartPolicy": "Always"}]},
+                 "status": {"initContainerStatuses": [{"name": "proxy", "state": {"running": {}}}]}}
+    old = pod("llama-s1-node-0-0-old", phase="Succeeded", deleting=True, extra=extra)
+    said = problem(old)
+    assert said is not None and "llama-s1-node-0-0-old" in said
+    assert problem(pod("llama-s1-node-0-0-old", phase="Succeeded", deleting=True)) is None
