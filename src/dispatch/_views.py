@@ -351,7 +351,8 @@ class PodView:
     """``spec.ephemeralContainers`` (``kubectl debug``) with their states: a process of the pod too, which
     no restart policy governs and the kubelet's last step never rewrites."""
     kubelet_fingerprint: str = field(default="", compare=False)
-    """``kubelet_fingerprint`` of its status as read."""
+    """``kubelet_fingerprint`` of its status as read, for a pod with a ``foreign_mark`` (else ``""``: the
+    digest costs a third of a parse, and only a foreign mark's record reads it)."""
     mark_seen: MarkSeen | None = None
     """dispatch's record of when it first saw ``foreign_mark`` (``ANNOTATION_MARK_SEEN``), if any."""
     rank: tuple[str, str, str] | None = None
@@ -418,7 +419,7 @@ class PodView:
             foreign_mark=mark,
             deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
             ephemeral=debug,
-            kubelet_fingerprint=kubelet_fingerprint(status),
+            kubelet_fingerprint=kubelet_fingerprint(status) if mark else "",  # read only for a foreign mark
             mark_seen=MarkSeen.parse(annotations_of(obj).get(ANNOTATION_MARK_SEEN)),
             rank=rank if all(rank) else None,
         )
@@ -439,7 +440,7 @@ class PodView:
         (an integer, KEP-5504) whose kubelet-owned fields differ from the record's (``MarkSeen``)."""
         now = parse_count(self.resource_version)
         seen = self.mark_seen
-        return (seen is not None and now is not None and now > seen.resource_version
+        return (bool(self.foreign_mark) and seen is not None and now is not None and now > seen.resource_version
                 and self.kubelet_fingerprint != seen.fingerprint)
 
     @property
