@@ -546,10 +546,17 @@ class PodView:
             still = (f"container {', '.join(self.running)} is reported running" if self.running else
                      f"under restartPolicy {self.restart_policy} its kubelet may still start "
                      f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
-            return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
-                    f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
-                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
-                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
+            out = (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
+                   f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+                   f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
+                   f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
+            seen = self.mark_seen
+            if seen is not None and not self.kubelet_wrote_since_mark and node is not None and node.ready == "True":
+                out += (f", which counts once its kubelet writes the pod's status after dispatch saw the mark "
+                        f"(resourceVersion {seen.resource_version}); a kubelet that wrote it before writes nothing "
+                        f"more: then shut {where} down and run `dispatch admin release-pod {self.name} "
+                        "--node-confirmed-down`")
+            return out
         return ""
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:

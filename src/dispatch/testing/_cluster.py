@@ -455,6 +455,14 @@ class FakeCluster:
             if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 self._kubelet_stopped(pod, "Failed", 137)
 
+    def shut_down(self, name: str) -> None:
+        """The operator shuts the machine down: its processes end and its kubelet stops reporting
+        (Ready=Unknown once the node controller notices); ``thaw_node`` boots it again."""
+        self.freeze_node(name)
+        for proc in list(self._processes.values()):
+            if proc.node == name:
+                self._end(proc)
+
     def delete_node(self, name: str) -> None:
         """The Node object is deleted (the machine is gone with it)."""
         self.server.delete("", "nodes", "", name)
@@ -1041,14 +1049,15 @@ class FakeCluster:
 
     def force_delete(self, pod: str, namespace: str | None = None) -> None:
         """``kubectl delete --force --grace-period=0``. On a reachable node the kubelet kills it (and
-        reports so); on a lost node it may run on. A finalizer keeps the object, with a deletionTimestamp."""
+        reports so); on a lost node (frozen, or partitioned: its kubelet hears nothing from the API until it
+        is back) it may run on. A finalizer keeps the object, with a deletionTimestamp."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        if node and node not in self.frozen and node not in self.deleted_nodes:
+        if node and node not in self.frozen and node not in self.deleted_nodes and node not in self.partitioned:
             self._kubelet_stopped(obj, "Failed", 137)
 
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
