@@ -281,3 +281,32 @@ def test_podgc_s_out_of_service_failed_is_no_kubelet_proof_once_a_wrong_taint_is
     assert adapter.release(NAME).admission == 2
     cluster.settle()
     cluster.history.check()
+
+
+def test_a_kubelet_that_wrote_before_dispatch_saw_the_mark_leaves_the_shut_down_node_as_the_way_out(
+        adapter: Adapter, cluster: FakeCluster) -> None:
+    """A mark on a pod whose kubelet hears of it at once (no controller running, or its kubelet faster than the
+    controller's watch): the kubelet stops the pod and writes nothing more, so no later write exists to order
+    after dispatch's record. The word is refused for good, and status and the refusal say so and name the way
+    out that needs no kubelet write: the node shut down, then its word."""
+    first = started(adapter, cluster)
+    adapter.hold(NAME)
+    cluster.mark_failed(first, reason="KueueForcefullyDeleted")
+    cluster.settle(honour_grace=False)  # its kubelet stops the pod at once (Error/137 under OnFailure: no proof)
+    with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin:
+        with pytest.raises(Refused) as err:
+            admin.release_pod(first, process_gone=True)  # records the mark now: after the kubelet's last write
+        assert err.value.reason == "KubeletNotReported"
+        assert "if it came back before dispatch saw the mark and so writes nothing more, shut the node down" in str(
+            err.value)
+        cessation = adapter.ceased(NAME)
+        assert not cessation.ceased
+        assert (f"a kubelet that wrote it before writes nothing more: then shut node-0 down and run "
+                f"`dispatch admin release-pod {first} --node-confirmed-down`") in cessation.reason
+        cluster.settle()
+        with pytest.raises(Refused):
+            admin.release_pod(first, process_gone=True)  # still: the kubelet wrote nothing since
+        cluster.shut_down("node-0")
+        assert admin.release_pod(first, node_confirmed_down=True).proof == "operator-confirmed"
+    assert adapter.release(NAME).admission == 2
+    cluster.history.check()
