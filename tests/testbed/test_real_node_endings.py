@@ -564,12 +564,16 @@ def test_a_pod_marked_failed_during_its_init_container_gets_a_kubelet_write_afte
                 *pod["status"].get("conditions", []),
                 {"type": "KueueFailureRecovery", "status": "True", "reason": "KueueForcefullyDeleted",
                  "message": "the pod was on an unreachable node"}]}}))
-        assert keeper_pass(ns, controller_kubeconfig) == {f"{ns}/{name}": "unproven"}
-        marked = get("pod", name, "-n", ns)
+        for _ in range(3):  # a pod with a container not yet reported is deleted first (so its kubelet ends it)
+            assert set(keeper_pass(ns, controller_kubeconfig).values()) <= {"unproven", "deleted"}
+            marked = get("pod", name, "-n", ns)
+            if "dispatch.phpboyscout.uk/mark-seen" in (marked["metadata"].get("annotations") or {}):
+                break
         assert "dispatch.phpboyscout.uk/mark-seen" in marked["metadata"]["annotations"]
         with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin, pytest.raises(Refused) as early:
             admin.release_pod(name, process_gone=True)
-        assert early.value.reason in ("KubeletNotReported", "NodeNotReady"), early.value
+        # its init container was reported running when the kubelet froze: refused naming it (or the node)
+        assert early.value.reason in ("Unproven", "NodeNotReady"), early.value
     finally:
         testbed.thaw(node)
 
