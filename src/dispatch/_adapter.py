@@ -593,6 +593,10 @@ class AsyncAdapter:
             proof, refusal = d.release_pod_proof(view, nodes.get(view.node) if view.node else None,
                                                  node_confirmed_down=node_confirmed_down,
                                                  process_gone=process_gone)
+            if refusal is not None and view.needs_mark_record:
+                # First sight of the mark (no controller recorded it): record it, then judge the pod afresh.
+                await self.core.record_mark(view)
+                continue
             if refusal is not None:
                 raise Refused(refusal[0], reason=refusal[1])
             if proof == d.OPERATOR_CONFIRMED and not view.deleting:

@@ -26,8 +26,9 @@ from . import _identity as ident
 from . import _kueue as kq
 from . import _trainer as tr
 from ._kube import Kube
+from ._names import ANNOTATION_MARK_SEEN
 from ._read import Reader, Snapshot, Target, _no_record_kind
-from ._views import POD_FINALIZER, NodeView, PodView
+from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
@@ -92,6 +93,20 @@ class Core(Reader):
             if forbidden_ok:
                 return False
             raise
+        return True
+
+    async def record_mark(self, pod: PodView) -> bool:
+        """Record on ``pod`` that dispatch saw it marked terminal by someone other than its kubelet
+        (``MarkSeen``): the resourceVersion read and the kubelet's fingerprint at it, in one merge patch
+        conditioned on that resourceVersion, so the record describes exactly the version it names. False if
+        the pod changed meanwhile (409) or is gone: read it again."""
+        seen = MarkSeen(parse_count(pod.resource_version) or 0, pod.kubelet_fingerprint)
+        patch = {"metadata": {"resourceVersion": pod.resource_version,
+                              "annotations": {ANNOTATION_MARK_SEEN: seen.text()}}}
+        try:
+            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+        except (NotFound, Conflict):
+            return False
         return True
 
     # ------------------------------------------------------------------ the identity record

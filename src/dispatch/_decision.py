@@ -18,6 +18,7 @@ from ._identity import ADMISSION_LIMIT, RecordView, describe_missing
 from ._kueue import WAITING_PREFIX, CheckEntry, Owner, WorkloadView
 from ._names import (
     ANNOTATION_ADMISSION,
+    ANNOTATION_MARK_SEEN,
     ANNOTATION_STARTED,
     ANNOTATION_TOKEN,
     LABEL_ADMISSION,
@@ -1243,22 +1244,30 @@ POD_LABELS_KEPT = ("the labels that say whose a dispatch pod is are kept (dispat
 POD_FINALIZER_KEPT = (f"dispatch's pod finalizer {POD_FINALIZER} is removed only by dispatch's controller once the "
                       "pod's end is proven, or by `dispatch admin release-pod`")
 """The ``dispatch-pods`` policy's message when a caller without ``POD_RELEASE_PERMISSION`` removes the finalizer."""
+POD_MARK_KEPT = (f"dispatch's record {ANNOTATION_MARK_SEEN} of when it first saw a pod's terminal mark is written only "
+                 "by dispatch's controller or `dispatch admin release-pod`")
+"""The ``dispatch-pods`` policy's message when a caller without ``POD_RELEASE_PERMISSION`` writes ``MarkSeen``:
+a forged record would let the operator's word count before the pod's kubelet wrote anything."""
 
 
 def pod_write_problem(old_labels: Mapping[str, str], new_labels: Mapping[str, str],
                       old_finalizers: Sequence[str], new_finalizers: Sequence[str], *,
-                      may_release: bool) -> str | None:
+                      may_release: bool, old_mark: str | None = None, new_mark: str | None = None) -> str | None:
     """Why an update of a dispatch pod is refused (the ``dispatch-pods`` CEL policy's message), or None.
 
     A pod that may still run must stay visible to both selections of the rule and keep its A: the labels
     of ``POD_KEPT_LABELS`` never change. dispatch's finalizer keeps a force-deleted pod in the API until
     its end is proven; only a caller holding ``POD_RELEASE_PERMISSION`` (the controller's finalizer keeper,
     ``dispatch admin release-pod``) removes it. A terminal phase in the object proves nothing by itself
-    (Kueue and PodGC write Failed over a process that may run), so no state of the pod lets anyone else."""
+    (Kueue and PodGC write Failed over a process that may run), so no state of the pod lets anyone else. The
+    same callers alone write ``ANNOTATION_MARK_SEEN`` (``old_mark``/``new_mark``), which orders the kubelet's
+    writes after a foreign terminal mark."""
     if any(old_labels.get(key) != new_labels.get(key) for key in POD_KEPT_LABELS):
         return POD_LABELS_KEPT
     if POD_FINALIZER in old_finalizers and POD_FINALIZER not in new_finalizers and not may_release:
         return POD_FINALIZER_KEPT
+    if old_mark != new_mark and not may_release:
+        return POD_MARK_KEPT
     return None
 
 
@@ -1278,6 +1287,25 @@ def _conflicts(new: PodView, other: PodView) -> bool:
     return other.rank is None or new.rank is None or other.rank == new.rank
 
 
+def pod_create_problem(new: PodView) -> str | None:
+    """Why a pod carrying dispatch's job-id label may not be created whatever else runs, or None: without
+    dispatch's finalizer it could leave the API (a force delete, PodGC) while its process runs, unseen by the
+    rule; with a ``MarkSeen`` record already on it, the operator's word could count before its kubelet wrote
+    anything. dispatch's runtime patch entry gives every pod the finalizer, so a pod without it was built
+    from a template someone changed (another manager's entry, a mutating webhook)."""
+    if not new.job_id:
+        return None
+    who = f"pod {new.name or 'of ' + new.job_id + '/' + new.submission}"
+    if not new.ours:
+        return (f"{who} carries dispatch's label {LABEL_JOB_ID} but not dispatch's finalizer {POD_FINALIZER}, "
+                "which keeps a pod visible until its end is proven; dispatch's runtime patch entry adds it to "
+                "every pod, so whatever built this pod's template removed it")
+    if new.mark_seen is not None:
+        return (f"{who} is created with dispatch's record {ANNOTATION_MARK_SEEN}, which only dispatch writes on "
+                "a pod it has read marked terminal; remove it from the pod template")
+    return None
+
+
 def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> str | None:
     """Why a pod of a dispatch object may not be created now (the guard's pod review), or None.
 
@@ -1287,7 +1315,12 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     grace period. So a new pod of a submission (dispatch's identity labels) is refused while another pod of
     the submission (``pods``, by the same labels) may still run, its end not proven as the rule proves it
     (``PodView.end`` with its Node from ``nodes``), unless that pod runs another rank of the same execution:
-    the ranks of one execution run side by side by design."""
+    the ranks of one execution run side by side by design. A pod labelled as a dispatch object's (the
+    guard sees only those) must carry dispatch's finalizer, which keeps it visible until its end is proven,
+    and no ``MarkSeen`` record, which only dispatch writes on a pod it has read (``pod_create_problem``)."""
+    problem = pod_create_problem(new)
+    if problem is not None:
+        return problem
     if not new.job_id or not new.submission:
         return None
     blocking = sorted((p for p in pods if p.uid != new.uid and p.job_id == new.job_id
@@ -1350,31 +1383,37 @@ def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_dow
     terminal pod once it has learned the phase, and ``process_gone`` is the operator's word that the process
     it left is gone. A kubelet back from a cut learns it only on its first sync: a real one (v1.37) wrote its
     own Running over the Failed and started the container once more before it did, so the word counts only
-    once the kubelet reported the pod after the terminal mark was written (``kubelet_reported_at`` not before
-    ``foreign_mark_at``, or the node's return when the mark has no time)."""
+    once the kubelet wrote the pod's status after dispatch first saw the mark (``PodView.kubelet_wrote_since_mark``:
+    a later resourceVersion, as the API server orders writes, never a comparison of the node's clock with the
+    control plane's)."""
     if not pod.ours:
         return "", (f"pod {pod.name} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
                     "NotHeld")
     proof = pod.end(node)
     if proof != PROOF_UNPROVEN:
         return proof, None
-    if process_gone:
-        if pod.phase not in TERMINAL_PHASES or any(c.state == "running" for c in pod.containers):
-            return "", (f"pod {pod.name} is {pod.phase} with a container reported running: only its kubelet or "
-                        "its node's shutdown ends it", "Unproven")
+    if process_gone and pod.foreign_mark:
+        if pod.phase not in TERMINAL_PHASES:
+            return "", (f"pod {pod.name} is {pod.phase} again (its kubelet wrote it over the mark): only its "
+                        "kubelet's report of its end or its node's shutdown ends it", "Unproven")
+        if pod.running:
+            return "", (f"pod {pod.name} is {pod.phase} with container {', '.join(pod.running)} reported running: "
+                        "only its kubelet or its node's shutdown ends it", "Unproven")
         if node is None or not node.readable or not node.exists or node.ready != "True":
             state = node.state_text() if node else "not readable"
             return "", (f"node {pod.node or '(none)'} is {state}: its kubelet is not back, so it may still start "
                         f"a container of pod {pod.name}; once the node is confirmed shut down, pass "
                         "--node-confirmed-down", "NodeNotReady")
-        since = pod.foreign_mark_at if pod.foreign_mark_at is not None else node.ready_since
-        if since is None or pod.kubelet_reported_at is None or pod.kubelet_reported_at < since:
-            return "", (f"node {pod.node} is Ready=True but its kubelet has not reported pod {pod.name} since "
-                        f"it was marked {pod.phase}: a kubelet that comes back may write Running over the "
-                        f"{pod.phase} and start a container once more before it learns the phase (seen on a "
-                        "real kubelet); run this again once the pod's status changes (it does within seconds "
-                        "of the node's return), or shut the node down and pass --node-confirmed-down",
-                        "KubeletNotReported")
+        if not pod.kubelet_wrote_since_mark:
+            seen = pod.mark_seen
+            since = (f"dispatch first saw it marked {pod.phase} (resourceVersion {seen.resource_version})"
+                     if seen is not None else f"it was marked {pod.phase}")
+            return "", (f"node {pod.node} is Ready=True but its kubelet has not written pod {pod.name}'s status since "
+                        f"{since}: a kubelet that comes back may write Running over the {pod.phase} and start a "
+                        "container once more before it learns the phase (seen on a real kubelet); run this again "
+                        "once its kubelet has written the pod's status (a kubelet back from a cut does on its first "
+                        "sync), or, if it came back before dispatch saw the mark and so writes nothing more, shut "
+                        "the node down and pass --node-confirmed-down", "KubeletNotReported")
         return OPERATOR_CONFIRMED, None
     if not node_confirmed_down:
         why = pod.unproven_why(node)

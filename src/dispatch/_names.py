@@ -20,6 +20,10 @@ ANNOTATION_ADMISSION = f"{DOMAIN}/admission"
 """On the TrainJob: its current A (0 before the first admission)."""
 ANNOTATION_TOKEN = f"{DOMAIN}/admission-token"
 """Written with each raise of A: a retry of the same admission finds its own raise and reuses A."""
+ANNOTATION_MARK_SEEN = f"{DOMAIN}/mark-seen"
+"""On a pod someone other than its kubelet marked terminal: ``<resourceVersion>/<fingerprint>``, the pod's
+resourceVersion when dispatch first read it with that mark and a digest of what only its kubelet writes
+at that version; a later kubelet write is one that changed the digest (``_views.MarkSeen``)."""
 ANNOTATION_STARTED = f"{DOMAIN}/started"
 """The highest A that dispatch's own unsuspend started: an A raised but never started may be reused."""
 PATCH_MANAGER = f"{DOMAIN}/dispatch"

@@ -9,12 +9,15 @@ Trainer- and Kueue-shaped objects have their views in ``_trainer`` and ``_kueue`
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from ._names import (
+    ANNOTATION_MARK_SEEN,
     COMPLETION_INDEX_LABEL,
     DOMAIN,
     JOB_INDEX_LABEL,
@@ -208,10 +211,64 @@ those pods are proven by their Node (or have none)."""
 REJECTED_PREFIX = "Pod was rejected: "
 """How the kubelet's admission rejection (``rejectPod``) begins its message: the pod never ran there."""
 TERMINATED_BY_KUBELET = "The container could not be located when the pod was terminated"
-KUBELET_CONDITIONS = frozenset({"PodReadyToStartContainers", "Initialized", "Ready", "ContainersReady"})
-"""Pod conditions only the kubelet sets: a change of one is a report of the kubelet's."""
 """The message of the kubelet's last step for a terminal pod (``TerminatePod``), written only once it
 has torn the pod down: that container will never run again."""
+KUBELET_CONDITIONS = frozenset({"PodReadyToStartContainers", "Initialized", "ContainersReady"})
+"""Pod conditions only the kubelet sets: a change of one is a report of the kubelet's. Not ``Ready`` (the
+node lifecycle controller's ``MarkPodsNotReady`` writes it too) nor ``PodScheduled`` (the scheduler's)."""
+FOREIGN_UNMARKED = "PodGC or another writer (its sandbox still reported ready)"
+"""Who wrote a terminal phase that carries no writer's condition while the pod's sandbox is still reported
+ready (``PodReadyToStartContainers=True``): not its kubelet, which writes a terminal phase only once it has
+stopped the pod, sandbox included (every recorded kubelet ending reports it False). PodGC's out-of-service
+path (``markFailedAndDeletePod``) writes Failed with no condition over the kubelet's last running report."""
+
+
+def _unmarked_foreign(status: Mapping[str, Any]) -> bool:
+    """A terminal phase beside a sandbox still reported ready: written by someone other than the kubelet."""
+    return text(status.get("phase")) in TERMINAL_PHASES and any(
+        text(c.get("type")) == "PodReadyToStartContainers" and text(c.get("status")) == "True"
+        for c in items(status.get("conditions")))
+
+
+def kubelet_fingerprint(status: Mapping[str, Any]) -> str:
+    """A digest of what only the pod's kubelet writes into ``status``: every container status (regular,
+    init, ephemeral), the conditions of ``KUBELET_CONDITIONS`` and ``observedGeneration``. Another writer
+    of a terminal phase (PodGC, Kueue) leaves these as they were, so a change of the digest between two
+    resourceVersions of one pod is a write of its kubelet's between them (``MarkSeen``)."""
+    owned = {
+        "containers": status.get("containerStatuses"),
+        "init": status.get("initContainerStatuses"),
+        "ephemeral": status.get("ephemeralContainerStatuses"),
+        "conditions": sorted((c for c in items(status.get("conditions")) if text(c.get("type")) in KUBELET_CONDITIONS),
+                             key=lambda c: text(c.get("type"))),
+        "observedGeneration": status.get("observedGeneration"),
+    }
+    blob = json.dumps(owned, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class MarkSeen:
+    """dispatch's record on a pod someone other than its kubelet marked terminal (``ANNOTATION_MARK_SEEN``):
+    the pod's resourceVersion when dispatch first read it with the mark (the record's write is conditioned
+    on it) and the ``kubelet_fingerprint`` at that version. Resource versions of one resource type are
+    ordered integers (Kubernetes 1.35+, KEP-5504), so "written after the mark" is a question the API
+    server answers, not a comparison of the node's clock with the control plane's."""
+
+    resource_version: int
+    fingerprint: str
+
+    @staticmethod
+    def parse(value: str | None) -> MarkSeen | None:
+        """The record, or None when absent or malformed (a malformed record is no record)."""
+        rv, _, fp = (value or "").partition("/")
+        number = parse_count(rv)
+        if number is None or len(fp) != 32 or not all(ch in "0123456789abcdef" for ch in fp):
+            return None
+        return MarkSeen(number, fp)
+
+    def text(self) -> str:
+        return f"{self.resource_version}/{self.fingerprint}"
 
 
 @dataclass(frozen=True)
@@ -290,11 +347,14 @@ class PodView:
     deletion_grace: int | None = None
     """``deletionGracePeriodSeconds``: 0 once the pod was force-deleted (or PodGC or its kubelet deleted it
     for good); then only a finalizer keeps it in the API."""
-    kubelet_reported_at: float | None = field(default=None, compare=False)
-    """The latest time its kubelet wrote into its status: a container's start or end, or a change of a
-    condition only the kubelet sets (``KUBELET_CONDITIONS``)."""
-    foreign_mark_at: float | None = field(default=None, compare=False)
-    """When the condition behind ``foreign_mark`` was written (its ``lastTransitionTime``)."""
+    ephemeral: tuple[ContainerView, ...] = ()
+    """``spec.ephemeralContainers`` (``kubectl debug``) with their states: a process of the pod too, which
+    no restart policy governs and the kubelet's last step never rewrites."""
+    kubelet_fingerprint: str = field(default="", compare=False)
+    """``kubelet_fingerprint`` of its status as read, for a pod with a ``foreign_mark`` (else ``""``: the
+    digest costs a third of a parse, and only a foreign mark's record reads it)."""
+    mark_seen: MarkSeen | None = None
+    """dispatch's record of when it first saw ``foreign_mark`` (``ANNOTATION_MARK_SEEN``), if any."""
     rank: tuple[str, str, str] | None = None
     """(replicatedJob, job index, completion index) from JobSet's and the Job controller's labels: the one
     process of an execution this pod runs, which a replacement pod runs again; None when any is missing."""
@@ -322,20 +382,22 @@ class PodView:
         for c in items(spec.get("initContainers")):
             view = ContainerView.parse(text(c.get("name")), init.get(text(c.get("name"))))
             (sidecars if text(c.get("restartPolicy")) == "Always" else inits).append(view)
+        ephemeral = statuses("ephemeralContainerStatuses")
+        debug = tuple(ContainerView.parse(text(c.get("name")), ephemeral.get(text(c.get("name"))))
+                      for c in items(spec.get("ephemeralContainers")))
         policy = text(spec.get("restartPolicy"))
-        mark, mark_at = "", None
+        mark = ""
         rank = (labels.get(REPLICATED_JOB_LABEL, ""), labels.get(JOB_INDEX_LABEL, ""),
                 labels.get(COMPLETION_INDEX_LABEL) or annotations_of(obj).get(COMPLETION_INDEX_LABEL, ""))
-        reported = latest(*(c.reported_at for c in (*containers, *inits, *sidecars)))
         for cond in items(status.get("conditions")):
-            if text(cond.get("type")) in KUBELET_CONDITIONS:
-                reported = latest(reported, instant(cond.get("lastTransitionTime")))
             if text(cond.get("status")) != "True":
                 continue
             ctype, creason = text(cond.get("type")), text(cond.get("reason"))
             found = FOREIGN_TERMINAL_MARKS.get((ctype, creason)) or FOREIGN_TERMINAL_MARKS.get((ctype, ""))
             if found:
-                mark, mark_at = found, instant(cond.get("lastTransitionTime"))
+                mark = found
+        if not mark and _unmarked_foreign(status):
+            mark = FOREIGN_UNMARKED
         return PodView(
             name=text(m.get("name")),
             uid=text(m.get("uid")) or text(m.get("name")),
@@ -359,11 +421,41 @@ class PodView:
             message=text(status.get("message"))[:512],
             foreign_mark=mark,
             deletion_grace=parse_count(m.get("deletionGracePeriodSeconds")),
-            kubelet_reported_at=reported,
-            foreign_mark_at=mark_at,
+            ephemeral=debug,
+            kubelet_fingerprint=kubelet_fingerprint(status) if mark else "",  # read only for a foreign mark
+            mark_seen=MarkSeen.parse(annotations_of(obj).get(ANNOTATION_MARK_SEEN)),
             rank=rank if all(rank) else None,
             unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
         )
+
+    @property
+    def processes(self) -> tuple[ContainerView, ...]:
+        """Every container of the pod that runs a process: regular, init, sidecar and ephemeral."""
+        return (*self.containers, *self.init_containers, *self.sidecars, *self.ephemeral)
+
+    @property
+    def running(self) -> tuple[str, ...]:
+        """The names of its containers of any kind reported running: a pod with one is not ended."""
+        return tuple(c.name for c in self.processes if c.state == "running")
+
+    @property
+    def kubelet_wrote_since_mark(self) -> bool:
+        """Its kubelet wrote the pod's status after dispatch first saw ``foreign_mark``: a later resourceVersion
+        (an integer, KEP-5504) whose kubelet-owned fields differ from the record's (``MarkSeen``)."""
+        now = parse_count(self.resource_version)
+        seen = self.mark_seen
+        return (bool(self.foreign_mark) and seen is not None and now is not None and now > seen.resource_version
+                and self.kubelet_fingerprint != seen.fingerprint)
+
+    @property
+    def needs_mark_record(self) -> bool:
+        """A pod of ours marked terminal by someone other than its kubelet, not proven ended, without a record
+        of when dispatch first saw the mark (or with one naming a resourceVersion above the pod's own, which
+        was not written on this pod as it is): ``MarkSeen`` is due, so a later kubelet write can be told."""
+        if not self.ours or not self.foreign_mark or self.phase not in TERMINAL_PHASES or self.kubelet_confirmed:
+            return False
+        now = parse_count(self.resource_version)
+        return self.mark_seen is None or (now is not None and self.mark_seen.resource_version > now)
 
     @property
     def containers_terminated(self) -> bool:
@@ -377,7 +469,7 @@ class PodView:
         pod workers, so nothing finishes it until it is deleted (then its kubelet writes every container
         terminated) or its kubelet restarts."""
         return (self.phase == "Failed" and self.message.startswith(REJECTED_PREFIX)
-                and all(c.state == "" for c in (*self.containers, *self.init_containers, *self.sidecars)))
+                and all(c.state == "" for c in self.processes))
 
     @property
     def needs_delete(self) -> bool:
@@ -385,7 +477,7 @@ class PodView:
         not yet deleted: only a delete makes its kubelet finish it and write every container's end."""
         return (self.phase == "Failed" and not self.deleting
                 and any(c.state == "" for c in self.containers)
-                and not any(c.state == "running" for c in (*self.containers, *self.init_containers, *self.sidecars)))
+                and not self.running)
 
     @property
     def kubelet_confirmed(self) -> bool:
@@ -402,8 +494,7 @@ class PodView:
         default, a container that exited non-zero may be restarted by a partitioned kubelet)."""
         if self.phase not in TERMINAL_PHASES or not self.containers:
             return False
-        every = (*self.containers, *self.init_containers, *self.sidecars)
-        if any(c.state == "running" for c in every):
+        if self.running:  # a sidecar, an init container or an ephemeral (``kubectl debug``) one too
             return False
         if self.foreign_mark:
             return not self.sidecars and all(c.final(self.restart_policy) for c in self.containers)
@@ -450,14 +541,26 @@ class PodView:
         if node is not None and node.readable and node.exists and node.out_of_service and node.ready == "True":
             return (f"{where} is tainted out-of-service but its kubelet still reports Ready=True, so the taint "
                     "proves nothing; shut the node down (it then stops reporting) or remove the taint")
+        if self.phase in TERMINAL_PHASES and self.running and not self.foreign_mark:
+            return (f"{self.phase} but container {', '.join(self.running)} is reported running (a sidecar or a "
+                    f"`kubectl debug` container runs beside the pod's own); its kubelet reports its end, or "
+                    f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service")
         if self.phase in TERMINAL_PHASES and self.foreign_mark:
             restartable = [c.name for c in self.containers if not c.final(self.restart_policy)]
-            return (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and under restartPolicy "
-                    f"{self.restart_policy} its kubelet may still start "
-                    f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}; "
-                    f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
-                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
-                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
+            still = (f"container {', '.join(self.running)} is reported running" if self.running else
+                     f"under restartPolicy {self.restart_policy} its kubelet may still start "
+                     f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
+            out = (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
+                   f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+                   f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
+                   f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
+            seen = self.mark_seen
+            if seen is not None and not self.kubelet_wrote_since_mark and node is not None and node.ready == "True":
+                out += (f", which counts once its kubelet writes the pod's status after dispatch saw the mark "
+                        f"(resourceVersion {seen.resource_version}); a kubelet that wrote it before writes nothing "
+                        f"more: then shut {where} down and run `dispatch admin release-pod {self.name} "
+                        "--node-confirmed-down`")
+            return out
         return ""
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:

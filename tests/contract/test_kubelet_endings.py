@@ -106,3 +106,55 @@ def test_a_crash_under_on_failure_keeps_the_phase_and_the_kubelet_restarts_it(fa
     assert shape["phase"] == "Running" and shape["containerStatuses"] == [("terminated", "Error", 1, "")]
     fake.kubelet_sync()
     assert len(fake.running_processes()) == 1, "restarted, as a real kubelet restarts it under OnFailure"
+
+
+def _kubelet_owned(status: dict[str, Any]) -> dict[str, Any]:
+    """What dispatch's ``MarkSeen`` digest reads of the kubelet's own conditions, and whether each
+    container's end carries times (the recorded ``finishedAt: null`` of a container that never ran, or a time)."""
+    conds = {c["type"]: c["status"] for c in status.get("conditions") or []
+             if c["type"] in ("PodReadyToStartContainers", "Initialized", "ContainersReady")}
+    times = [tuple(bool(((c.get("state") or {}).get("terminated") or {}).get(k)) for k in ("startedAt", "finishedAt"))
+             for key in ("initContainerStatuses", "containerStatuses") for c in status.get(key) or []
+             if "terminated" in (c.get("state") or {})]
+    return {"conditions": conds, "times": times}
+
+
+def test_a_pod_stopped_during_its_init_containers_carries_the_kubelet_s_times_and_conditions(fake: FakeCluster) -> None:
+    """Issue 35, item 7: the fake's kubelet wrote the killed init container with no times and none of its own
+    conditions, so nothing the kubelet wrote after a mark could be told; the real one writes both (recorded
+    ``init-then-deleted-held``: init Error/137 with its start and end, the sandbox gone, not initialised)."""
+    fake.init_containers_hang("node-0")
+    bare_pod(fake, "p", init=True)
+    fake.kubelet_sync()
+    fake.server.delete("", "pods", "default", "p", grace=0)
+    fake.kubelet_sync()
+    assert _kubelet_owned(status_of(fake, "p")) == _kubelet_owned(RECORDED["init-then-deleted-held"]["status"])
+
+
+@pytest.mark.parametrize("ending", ["rejected-then-deleted-held", "never-started-then-deleted",
+                                    "init-then-deleted-held"])
+def test_every_recorded_kubelet_ending_reports_the_sandbox_gone(ending: str) -> None:
+    """dispatch reads a terminal phase beside a sandbox still reported ready as written by someone other than
+    the kubelet (PodGC's out-of-service path adds no condition): every ending a real kubelet wrote has it False."""
+    assert _kubelet_owned(RECORDED[ending]["status"])["conditions"]["PodReadyToStartContainers"] == "False"
+
+
+def test_podgc_s_out_of_service_path_writes_failed_and_no_condition(fake: FakeCluster) -> None:
+    """PodGC's ``gcTerminating`` (``markFailedAndDeletePod``, Kubernetes v1.37.2, read from its source) writes
+    phase Failed with no condition and deletes with grace 0; its orphan path (``gcOrphaned``) adds
+    ``DisruptionTarget``/``DeletionByPodGC``. The fake added the condition on both."""
+    bare_pod(fake, "p")
+    fake.kubelet_sync()
+
+    def down(obj: dict[str, Any]) -> None:
+        obj.setdefault("spec", {})["taints"] = [{"key": "node.kubernetes.io/out-of-service", "effect": "NoExecute"}]
+        for c in obj["status"]["conditions"]:
+            c["status"] = "Unknown"
+    fake.server.update("", "nodes", "", "node-0", down, status=None)
+    fake.server.delete("", "pods", "default", "p")
+    fake.pod_gc()
+    status = status_of(fake, "p")
+    assert status["phase"] == "Failed"
+    assert ending_shape(status)["foreignMarks"] == []
+    assert {c["type"] for c in status.get("conditions") or []} <= {"PodReadyToStartContainers", "Initialized",
+                                                                   "ContainersReady"}

@@ -60,12 +60,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
 
-from dispatch import Adapter, AsyncAdapter, DispatchError, InvalidInput, JobSpec, NotFound, PodsRemain
+from dispatch import Adapter, AsyncAdapter, DispatchError, InvalidInput, JobSpec, NotFound, PodsRemain, Refused
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import _names as n
 from dispatch._identity import record_name
-from dispatch._views import POD_FINALIZER
+from dispatch._views import POD_FINALIZER, PodView
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._guard import Guard
@@ -139,6 +139,18 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                                        status=None)
         for node in ("node-0", "node-1", "node-2"):
             self.cluster.add_node(node)
+        sync = self.cluster.kubelet_sync
+
+        def kubelet_sync_after_the_controller_saw(*, honour_grace: bool = True) -> None:
+            """The installed controller's pod watch sees a terminal mark someone else wrote (Kueue, PodGC, any
+            writer) and records it (MarkSeen) before the pod's kubelet acts on it at its next sync: "written
+            after the mark" is ordered by the pod's resourceVersion (issue 35), so only a record before the
+            kubelet's write lets the operator's word count. (A kubelet that wins that race, or a mark written
+            while no controller runs, leaves only a shut-down node's word: tests/fake/test_process_gone.py.)"""
+            if any(PodView.from_obj(p).needs_mark_record for p in self.cluster.pods()):
+                asyncio.run(self._release_finalizers())
+            sync(honour_grace=honour_grace)
+        self.cluster.kubelet_sync = kubelet_sync_after_the_controller_saw  # type: ignore[method-assign]
         self.kueue = FakeKueue(self.cluster, manage_jobs_without_queue_name="kueue-without-queue-name" in ways)
         self.kueue.install()
         self.bypassing = False
@@ -928,6 +940,16 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                                   node_confirmed_down=flag == "--node-confirmed-down")
             except NotFound:
                 pass
+            except Refused as exc:
+                # Its kubelet wrote the pod's end before dispatch saw the mark (it raced the controller's
+                # watch, or the mark came with the kubelet's own stop): it writes nothing more, so the word is
+                # refused for good, and the status names the other way out: the node shut down, then its word.
+                assert exc.reason == "KubeletNotReported" and node, exc
+                assert f"release-pod {pod} --node-confirmed-down" in reason, reason
+                c.shut_down(node)
+                self.tainted.add(node)  # down for good in this walk: its pods are the operator's to release
+                admin.release_pod(pod, node_confirmed_down=True)
+                SEEN["healed-by-shutdown"] += 1
             SEEN["healed-by-action"] += 1
 
     # ------------------------------------------------------------------ the promise

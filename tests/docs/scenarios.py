@@ -99,7 +99,8 @@ def held_gone() -> FakeCluster:
 def failure_recovered() -> FakeCluster:
     """llama-s1's container crashed (exit 1, restartPolicy OnFailure), node-0 was cut off from the API
     before its kubelet restarted it, the object was held, Kueue's failure recovery marked the pod Failed
-    and force-deleted it; the partition has since healed and the kubelet stopped the container."""
+    and force-deleted it (dispatch's controller recorded the mark); the partition has since healed and the
+    kubelet stopped the container."""
     cluster = running()
     pod = cluster.pods("llama-s1")[0]["metadata"]["name"]
     cluster.crash(pod, 1)
@@ -108,6 +109,7 @@ def failure_recovered() -> FakeCluster:
     cluster.settle()
     cluster.mark_failed(pod, reason="KueueForcefullyDeleted")
     cluster.force_delete(pod)
+    keeper_pass(cluster)  # the installed controller sees the mark and records it (the pod's resourceVersion)
     cluster.heal("node-0")
     cluster.settle()
     return cluster

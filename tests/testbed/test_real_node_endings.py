@@ -246,6 +246,10 @@ def test_a_failed_written_by_another_client_over_a_crash_looping_container_is_no
         refused = release_or_remaining(adapter, "crl-s1")
         assert isinstance(refused, str) and "marked Failed by Kueue's failure recovery, not its kubelet" in refused
         assert not adapter.ceased("crl-s1").ceased
+        # dispatch's controller would record the mark as soon as it reads it; here the operator's first try
+        # does (refused: the kubelet has written nothing since), before the kubelet comes back
+        with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin, pytest.raises(Refused):
+            admin.release_pod(name, process_gone=True)
     finally:
         testbed.thaw(node)
 
@@ -532,4 +536,64 @@ def test_a_kubelet_back_from_a_freeze_may_run_a_crashed_container_of_a_pod_marke
     assert all(p.ended_ms is not None and p.ended_ms <= taken_ms[0] for p in again), [str(p) for p in again]
     assert wait_for("A=2 admitted", lambda: (lambda r: r if isinstance(r, int) else None)(
         release_or_remaining(adapter, "thw-s1")), 60) == 2
+    oracle.assert_no_overlap(oracle.read(tmp_path))
+
+
+def test_a_pod_marked_failed_during_its_init_container_gets_a_kubelet_write_after_the_mark(
+        adapter: Adapter, ns: str, node: str, tmp_path: Path, controller_kubeconfig: Path,
+        admin_kubeconfig: str) -> None:
+    """Issue 35, item 7, on the real kubelet: a pod still in its init container, its kubelet frozen, held and
+    marked Failed by Kueue's failure recovery (phase and condition, containers untouched). The controller records
+    the mark (the pod's resourceVersion and the kubelet's fields then); once thawed, the kubelet kills the init
+    container and writes the pod's status, a write after the mark, so the operator's word counts; before, it is
+    refused. What the kubelet wrote is printed, and the fake's init stop is held to it (tests/contract)."""
+    runtime(ns, tmp_path, grace_period_seconds=2,
+            init={"env": [{"name": "LINGER", "value": "1"}, {"name": "ORACLE_FILE", "value": realnode.ORACLE_FILE},
+                          {"name": "POD_NAME", "value": "init"}],
+                  "volumeMounts": [{"name": realnode.ORACLE_VOLUME, "mountPath": realnode.ORACLE_MOUNT}]})
+    adapter.open(spec("inm-s1"))
+    assert adapter.release("inm-s1").admission == 1
+    wait_for("the init container runs", lambda: any(r.pod == "init" for r in oracle.read(tmp_path)), 60)
+    pod = pods(ns, "inm-s1")[0]
+    name = pod["metadata"]["name"]
+    testbed.freeze(node)
+    try:
+        adapter.hold("inm-s1")
+        testbed.kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
+            {"status": {"phase": "Failed", "conditions": [
+                *pod["status"].get("conditions", []),
+                {"type": "KueueFailureRecovery", "status": "True", "reason": "KueueForcefullyDeleted",
+                 "message": "the pod was on an unreachable node"}]}}))
+        for _ in range(3):  # a pod with a container not yet reported is deleted first (so its kubelet ends it)
+            assert set(keeper_pass(ns, controller_kubeconfig).values()) <= {"unproven", "deleted"}
+            marked = get("pod", name, "-n", ns)
+            if "dispatch.phpboyscout.uk/mark-seen" in (marked["metadata"].get("annotations") or {}):
+                break
+        assert "dispatch.phpboyscout.uk/mark-seen" in marked["metadata"]["annotations"]
+        with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin, pytest.raises(Refused) as early:
+            admin.release_pod(name, process_gone=True)
+        # its init container was reported running when the kubelet froze: refused naming it (or the node)
+        assert early.value.reason in ("Unproven", "NodeNotReady"), early.value
+    finally:
+        testbed.thaw(node)
+
+    def killed() -> Obj | None:
+        got = get("pod", name, "-n", ns)
+        inits = got["status"].get("initContainerStatuses") or [{}]
+        return got if all("terminated" in (c.get("state") or {}) for c in inits) else None
+    after = wait_for("its kubelet kills the init container and writes the pod's status", killed, 60)
+    print("AFTER THE THAW:", json.dumps(after["status"], indent=1))
+    assert after["status"]["containerStatuses"][0]["state"].keys() == {"waiting"}
+
+    def accepted() -> str | None:
+        with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin:
+            try:
+                return admin.release_pod(name, process_gone=True).proof
+            except Refused as exc:
+                assert exc.reason in ("KubeletNotReported", "NodeNotReady", "Unproven"), exc
+                return None
+    assert wait_for("the operator's word taken after the kubelet's write", accepted, 60) == "operator-confirmed"
+    assert not any(p.alive for p in oracle.processes(oracle.read(tmp_path)))
+    assert wait_for("A=2 admitted", lambda: (lambda r: r if isinstance(r, int) else None)(
+        release_or_remaining(adapter, "inm-s1")), 60) == 2
     oracle.assert_no_overlap(oracle.read(tmp_path))

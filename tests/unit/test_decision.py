@@ -35,13 +35,17 @@ SELECTIONS = {
 }
 
 
-CONTAINERS = ["kubelet", "running", "none", "exit137", "waiting"]
+CONTAINERS = ["kubelet", "running", "none", "exit137", "waiting", "sidecar-running", "debug-running"]
 """What the pod's container statuses say: terminated with exit 0 (what its kubelet reports once it stopped
 a container that exited cleanly), still running (what PodGC or Kueue leave when they write Failed onto a
 pod of an unreachable node), no statuses at all (a pod its kubelet rejected), terminated with exit 137
-(killed), or ``waiting: PodInitializing`` (a pod that ended before its init containers finished)."""
-WRITERS = ["kubelet", "PodGC", "KueueFailureRecovery"]
-"""Who wrote the pod's phase, as the conditions they add tell: the kubelet adds none of these."""
+(killed), ``waiting: PodInitializing`` (a pod that ended before its init containers finished), or its own
+container ended (exit 0) beside a native sidecar (restartable init container) or a ``kubectl debug``
+(ephemeral) container still reported running (issue 35, item 9)."""
+WRITERS = ["kubelet", "PodGC", "KueueFailureRecovery", "PodGC-out-of-service"]
+"""Who wrote the pod's phase, as the conditions they add tell: the kubelet adds none of these. PodGC's
+out-of-service path adds none either (issue 35, item 10): its Failed sits beside the sandbox its kubelet last
+reported ready (``PodReadyToStartContainers=True``), which a kubelet's own terminal phase never does."""
 POLICIES = ["OnFailure", "Never", "Always"]
 
 
@@ -74,11 +78,21 @@ def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", 
         status["containerStatuses"] = [{"name": "node", "state": {"waiting": {"reason": "PodInitializing"}}}]
     elif containers == "running":
         status["containerStatuses"] = [{"name": "node", "state": {"running": {}}}]
+    elif containers == "sidecar-running":
+        spec["initContainers"] = [{"name": "proxy", "image": "example.invalid/proxy", "restartPolicy": "Always"}]
+        status["initContainerStatuses"] = [{"name": "proxy", "state": {"running": {}}}]
+        status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 0}}}]
+    elif containers == "debug-running":
+        spec["ephemeralContainers"] = [{"name": "debugger", "image": "example.invalid/busybox"}]
+        status["ephemeralContainerStatuses"] = [{"name": "debugger", "state": {"running": {}}}]
+        status["containerStatuses"] = [{"name": "node", "state": {"terminated": {"exitCode": 0}}}]
     if writer == "PodGC":
         status["conditions"] = [{"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}]
     elif writer == "KueueFailureRecovery":
         status["conditions"] = [{"type": "KueueFailureRecovery", "status": "True",
                                  "reason": "KueueForcefullyDeleted"}]
+    elif writer == "PodGC-out-of-service":
+        status["conditions"] = [{"type": "PodReadyToStartContainers", "status": "True"}]
     return {"metadata": meta, "spec": spec, "status": status}
 
 
@@ -86,7 +100,7 @@ def ended(phase: str, containers: str, writer: str, policy: str) -> bool:
     """The expected proof, stated apart from the code: a terminal phase its kubelet wrote ends the pod
     unless a container is running or lacks a status; one written by someone else ends it only if every
     container terminated and its restart policy never starts it again."""
-    if phase not in ("Succeeded", "Failed") or containers in ("running", "none"):
+    if phase not in ("Succeeded", "Failed") or containers in ("running", "none", "sidecar-running", "debug-running"):
         return False
     if writer == "kubelet":
         return True

@@ -3,6 +3,7 @@ branch: which other pods of the submission stop it, which do not, and what the d
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -230,3 +231,40 @@ def test_a_pod_of_a_nonindexed_job_refused_says_why() -> None:
         "run (remaining pods: llama-s1-node-0-x-1 on n1 (Ready=True)): its Job is NonIndexed"), msg
     assert msg.endswith("set completionMode: Indexed (JobSet's default) on the Job template of replicatedJob node "
                         "in the runtime"), msg
+
+
+def test_a_labelled_pod_without_dispatch_s_finalizer_is_refused_whatever_else_runs() -> None:
+    """Issue 35, item 10: the guard accepted it; without the finalizer the pod can leave the API (a force
+    delete, PodGC) while its process runs, unseen by the rule."""
+    bare = pod("llama-s1-node-0-0-bare", phase="Pending", node=None, extra={"metadata": {"finalizers": []}})
+    said = problem(new=bare)
+    assert said == ("pod llama-s1-node-0-0-bare carries dispatch's label dispatch.phpboyscout.uk/job-id but not "
+                    f"dispatch's finalizer {POD_FINALIZER}, which keeps a pod visible until its end is proven; "
+                    "dispatch's runtime patch entry adds it to every pod, so whatever built this pod's template "
+                    "removed it")
+    # ... even with no submission label (the guard's objectSelector asks for the job-id alone)
+    assert problem(new=dataclasses.replace(bare, submission="")) is not None
+    assert problem(new=pod("llama-s1-node-0-0-ok", phase="Pending", node=None)) is None
+
+
+def test_a_pod_created_with_dispatch_s_mark_record_is_refused() -> None:
+    forged = pod("llama-s1-node-0-0-f", phase="Pending", node=None, extra={"metadata": {"annotations": {
+        "dispatch.phpboyscout.uk/mark-seen": "1/" + "0" * 32}}})
+    said = problem(new=forged)
+    assert said is not None and "is created with dispatch's record dispatch.phpboyscout.uk/mark-seen" in said
+
+
+@pytest.mark.parametrize("kind", ["debug", "sidecar"])
+def test_an_ended_pod_with_a_debug_or_sidecar_container_running_blocks_its_rank(kind: str) -> None:
+    """Issue 35, item 9: the guard read a pod whose own container ended as ended, beside a `kubectl debug`
+    (ephemeral) or native sidecar container still reported running."""
+    if kind == "debug":
+        extra = {"spec": {"ephemeralContainers": [{"name": "debugger"}]},
+                 "status": {"ephemeralContainerStatuses": [{"name": "debugger", "state": {"running": {}}}]}}
+    else:
+        extra = {"spec": {"initContainers": [{"name": "proxy", "restartPolicy": "Always"}]},
+                 "status": {"initContainerStatuses": [{"name": "proxy", "state": {"running": {}}}]}}
+    old = pod("llama-s1-node-0-0-old", phase="Succeeded", deleting=True, extra=extra)
+    said = problem(old)
+    assert said is not None and "llama-s1-node-0-0-old" in said
+    assert problem(pod("llama-s1-node-0-0-old", phase="Succeeded", deleting=True)) is None

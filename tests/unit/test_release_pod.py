@@ -8,7 +8,8 @@ import pytest
 
 from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER
 from dispatch import _decision as d
-from dispatch._views import NodeView, PodView
+from dispatch._names import ANNOTATION_MARK_SEEN
+from dispatch._views import NodeView, PodView, kubelet_fingerprint
 
 
 def view(*, ours: bool = True, phase: str = "Running", node: str | None = "n") -> PodView:
@@ -63,48 +64,96 @@ def test_the_refusals_say_why_and_what_to_do() -> None:
         "NodeReady")
 
 
-def marked(*, mark_at: str | None, finished_at: str | None, sandbox_at: str | None = None) -> PodView:
-    """train-0 under OnFailure, its container's last report an exit 1, marked Failed by Kueue's failure
-    recovery at ``mark_at``; ``finished_at`` and ``sandbox_at`` are its kubelet's later reports."""
-    terminated: dict[str, Any] = {"exitCode": 1, **({"finishedAt": finished_at} if finished_at else {})}
+def marked(**kw: Any) -> PodView:
+    return PodView.from_obj(marked_obj(**kw))
+
+
+def marked_obj(*, finished_at: str = "2026-12-02T08:10:05Z", sandbox: str | None = None, ready: str = "False",
+           rv: str = "12", seen: str | None = None, seen_from: dict[str, Any] | None = None,
+           mark_at: str = "2026-12-02T08:10:20Z", sidecar: str | None = None,
+           debug: str | None = None) -> dict[str, Any]:
+    """train-0 under OnFailure, its container's last report an exit 1 (``finished_at``, the node's clock),
+    marked Failed by Kueue's failure recovery at ``mark_at`` (the control plane's clock), read at resourceVersion
+    ``rv``. ``seen`` is dispatch's record as written; ``seen_from`` writes a record at resourceVersion 10 of the
+    pod as it then was (those keyword arguments), so a change of the kubelet's fields since shows."""
+    terminated: dict[str, Any] = {"exitCode": 1, "finishedAt": finished_at}
     conds: list[dict[str, Any]] = [{"type": "KueueFailureRecovery", "status": "True",
-                                    "reason": "KueueForcefullyDeleted",
-                                    **({"lastTransitionTime": mark_at} if mark_at else {})}]
-    if sandbox_at:
-        conds.append({"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": sandbox_at})
-    return PodView.from_obj({
-        "metadata": {"name": "train-0", "uid": "u", "finalizers": [POD_FINALIZER]},
-        "spec": {"nodeName": "n", "restartPolicy": "OnFailure", "containers": [{"name": "node", "image": "x"}]},
-        "status": {"phase": "Failed", "conditions": conds,
-                   "containerStatuses": [{"name": "node", "state": {"terminated": terminated}}]},
-    })
+                                    "reason": "KueueForcefullyDeleted", "lastTransitionTime": mark_at},
+                                   {"type": "Ready", "status": ready, "lastTransitionTime": "2026-12-02T08:10:21Z"}]
+    if sandbox:
+        conds.append({"type": "PodReadyToStartContainers", "status": sandbox,
+                      "lastTransitionTime": "2026-12-02T08:00:00Z"})
+    if seen_from is not None:
+        seen = f"10/{kubelet_fingerprint(marked_obj(**seen_from)['status'])}"
+    spec: dict[str, Any] = {"nodeName": "n", "restartPolicy": "OnFailure",
+                            "containers": [{"name": "node", "image": "x"}]}
+    status: dict[str, Any] = {"phase": "Failed", "conditions": conds,
+                              "containerStatuses": [{"name": "node", "state": {"terminated": terminated}}]}
+    if sidecar:
+        spec["initContainers"] = [{"name": "proxy", "image": "x", "restartPolicy": "Always"}]
+        status["initContainerStatuses"] = [{"name": "proxy", "state": {sidecar: {}}}]
+    if debug:
+        spec["ephemeralContainers"] = [{"name": "debugger", "image": "x"}]
+        status["ephemeralContainerStatuses"] = [{"name": "debugger", "state": {debug: {}}}]
+    obj = {"metadata": {"name": "train-0", "uid": "u", "finalizers": [POD_FINALIZER], "resourceVersion": rv,
+                        "annotations": {ANNOTATION_MARK_SEEN: seen} if seen else {}},
+           "spec": spec, "status": status}
+    return obj
 
 
 BACK = NodeView.from_obj({"metadata": {"name": "n"}, "status": {"conditions": [
     {"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-02T08:10:30Z"}]}})
+EARLY, LATE = "2026-12-02T08:10:05Z", "2026-12-02T08:10:31Z"
+"""Container end times before and after the mark's 08:10:20 as wall clocks read them; they no longer decide."""
 
 
 @pytest.mark.parametrize(("pod", "node", "reason"), [
-    # its last report predates the mark: the kubelet has not learned the Failed and may restart the container
-    (marked(mark_at="2026-12-02T08:10:20Z", finished_at="2026-12-02T08:10:05Z"), BACK, "KubeletNotReported"),
-    # it stopped the container (or tore the sandbox down) after the mark: it has learned the phase
-    (marked(mark_at="2026-12-02T08:10:20Z", finished_at="2026-12-02T08:10:31Z"), BACK, None),
-    (marked(mark_at="2026-12-02T08:10:20Z", finished_at="2026-12-02T08:10:05Z",
-            sandbox_at="2026-12-02T08:10:32Z"), BACK, None),
-    # a mark without a time: the node's return is the line instead
-    (marked(mark_at=None, finished_at="2026-12-02T08:10:25Z"), BACK, "KubeletNotReported"),
-    (marked(mark_at=None, finished_at="2026-12-02T08:10:30Z"), BACK, None),
-    # no time known at all: nothing proves the kubelet learned it
-    (marked(mark_at=None, finished_at=None), UP, "KubeletNotReported"),
-    (marked(mark_at="2026-12-02T08:10:20Z", finished_at=None), BACK, "KubeletNotReported"),
-    # a malformed time is no time
-    (marked(mark_at="yesterday", finished_at="2026-12-02T08:10:31"), BACK, "KubeletNotReported"),
+    # no record of when dispatch saw the mark: nothing orders the kubelet's writes after it
+    (marked(), BACK, "KubeletNotReported"),
+    (marked(finished_at=LATE), BACK, "KubeletNotReported"),  # a node clock ahead made this count before
+    # the record, and nothing the kubelet owns changed since: not reported, whatever its clock says
+    (marked(seen_from={}), BACK, "KubeletNotReported"),
+    (marked(finished_at=LATE, seen_from={"finished_at": LATE}), BACK, "KubeletNotReported"),
+    # Ready is not the kubelet's alone (the node lifecycle controller's MarkPodsNotReady writes it)
+    (marked(ready="True", seen_from={"ready": "False"}), BACK, "KubeletNotReported"),
+    # the kubelet wrote after the record: its container's end, or its sandbox going; a node clock behind
+    # (an end time before the mark's) refused this for good before
+    (marked(finished_at=EARLY, seen_from={"finished_at": "2026-12-02T08:09:00Z"}), BACK, None),
+    (marked(sandbox="False", seen_from={"sandbox": "True"}), BACK, None),
+    # a record that names a later resourceVersion than the pod's, or a malformed one, is no record
+    (marked(rv="9", seen_from={"sandbox": "True"}, sandbox="False"), BACK, "KubeletNotReported"),
+    (marked(seen="10/not-a-digest", sandbox="False"), BACK, "KubeletNotReported"),
+    (marked(rv="opaque", seen_from={"sandbox": "True"}, sandbox="False"), BACK, "KubeletNotReported"),
+    # a running sidecar or `kubectl debug` container: the pod has not ended
+    (marked(sidecar="running", seen_from={"sidecar": "terminated"}), BACK, "Unproven"),
+    (marked(debug="running", seen_from={"debug": "waiting"}), BACK, "Unproven"),
+    (marked(debug="terminated", seen_from={"debug": "running"}), BACK, None),
+    # the node not back: refused whatever was written
+    (marked(sandbox="False", seen_from={"sandbox": "True"}), NodeView("n", ready="Unknown"), "NodeNotReady"),
 ])
-def test_the_operators_word_that_the_process_is_gone_waits_for_the_kubelets_report_after_the_mark(
+def test_the_operators_word_that_the_process_is_gone_waits_for_a_kubelet_write_after_the_mark(
         pod: PodView, node: NodeView, reason: str | None) -> None:
     proof, refusal = d.release_pod_proof(pod, node, node_confirmed_down=False, process_gone=True)
     assert (refusal[1] if refusal else None) == reason, refusal
     assert proof == ("" if reason else d.OPERATOR_CONFIRMED)
-    if refusal:
-        assert "has not reported pod train-0 since it was marked Failed" in refusal[0]
+    if reason == "KubeletNotReported" and refusal:
+        assert "its kubelet has not written pod train-0's status since" in refusal[0]
+        assert "run this again once its kubelet has written the pod's status" in refusal[0]
         assert "--node-confirmed-down" in refusal[0]
+    if reason == "Unproven" and refusal:
+        assert "reported running" in refusal[0]
+
+
+def test_a_record_is_due_on_first_sight_of_the_mark_and_again_for_one_that_names_a_later_version() -> None:
+    assert marked().needs_mark_record
+    assert not marked(seen_from={}).needs_mark_record
+    assert marked(rv="9", seen_from={}).needs_mark_record
+    assert marked(seen="garbage").needs_mark_record
+    refusal = d.release_pod_proof(marked(seen_from={}), BACK, node_confirmed_down=False, process_gone=True)[1]
+    assert refusal is not None and "since dispatch first saw it marked Failed (resourceVersion 10)" in refusal[0]
+
+
+def test_process_gone_is_for_a_pod_someone_else_marked() -> None:
+    """On a pod no other writer marked the word does not apply: the ordinary refusal says what ends the wait."""
+    got, refusal = d.release_pod_proof(view(), UP, node_confirmed_down=False, process_gone=True)
+    assert got == "" and refusal is not None and refusal[1] == "Unproven"

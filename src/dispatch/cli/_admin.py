@@ -71,8 +71,9 @@ def admin_release_pod(
     or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
     proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
     while the pod's Node is Ready. --process-gone is for a pod Kueue's failure recovery or PodGC marked
-    Failed while its node was unreachable, once the node's kubelet is back: check the process is gone
-    on the node, then give it.
+    Failed while its node was unreachable, once the node's kubelet is back and has written the pod's
+    status since dispatch first saw the mark (the first run records the mark on the pod if dispatch's
+    controller has not): check the process is gone on the node, then give it.
     """
     state = _state(ctx, output, namespace)
     with guard(state):

@@ -86,13 +86,13 @@ class FinalizerKeeper:
             self._forget(key)
             self.node_of[key] = node
             self.on_node_of.setdefault(node, set()).add(key)
-        signature = (node, pod.kubelet_confirmed, pod.deleting, pod.needs_delete)
+        signature = (node, pod.kubelet_confirmed, pod.deleting, pod.needs_delete, pod.needs_mark_record)
         if self.signatures.get(key) == signature:
             return
         self.signatures[key] = signature
         # Worth a look: ended as its kubelet reports, being deleted (its node may be proven down; a
         # running pod's node proven down is routed by ``on_node``), or rejected by its kubelet.
-        if pod.kubelet_confirmed or pod.deleting or pod.needs_delete:
+        if pod.kubelet_confirmed or pod.deleting or pod.needs_delete or pod.needs_mark_record:
             self.queue.add(key)
 
     def list_pods(self, items: Iterable[Obj]) -> None:
@@ -169,6 +169,14 @@ class FinalizerKeeper:
                 self._metrics.writes.labels("pod-delete").inc()
                 log.info("pod deleted so that its kubelet confirms its end", pod=key, reason=pod.reason)
                 return "deleted", pod
+            if pod.needs_mark_record:
+                # Someone else marked it terminal: record the resourceVersion at which dispatch first saw the
+                # mark, so `release-pod --process-gone` can tell a later kubelet write (``MarkSeen``).
+                if not await core.record_mark(pod):
+                    return "conflict", pod
+                self._metrics.writes.labels("pod-mark-seen").inc()
+                log.info("pod's terminal mark recorded", pod=key, mark=pod.foreign_mark)
+                return "unproven", pod
             return "unproven", pod
         if not await core.remove_finalizer(pod, forbidden_ok=False):
             return "conflict", pod

@@ -246,8 +246,9 @@ class Guard:
         if str(request.get("operation") or "") != "CREATE" or not isinstance(obj, dict):
             return None  # the configuration sends creates only
         new = PodView.from_obj(obj)
-        if not new.job_id or not new.submission:
-            return None
+        problem = d.pod_create_problem(new)  # judged on the pod alone, before any read
+        if problem is not None or not new.job_id or not new.submission:
+            return problem
         core = self._core(str(request.get("namespace") or new.namespace))
         pods, nodes = await core.submission_pods(new.job_id, new.submission)
         return d.pod_start_problem(new, pods, nodes)

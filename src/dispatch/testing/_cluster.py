@@ -23,6 +23,7 @@ from .. import _decision as d
 from .._api import Obj
 from .._names import (
     ANNOTATION_ADMISSION,
+    ANNOTATION_MARK_SEEN,
     JOB_INDEX_LABEL,
     JOBSET_NAME_LABEL,
     LABEL_ADMISSION,
@@ -32,7 +33,7 @@ from .._names import (
     REPLICATED_JOB_LABEL,
 )
 from .._trainer import patch_entries, patch_pod_templates
-from .._views import TERMINATED_BY_KUBELET, labels_of
+from .._views import TERMINATED_BY_KUBELET, annotations_of, labels_of
 from ._rbac import Attributes, Binding, Policy
 from ._server import ApiFailure, FakeApiServer, _now_text, requester
 
@@ -229,7 +230,9 @@ def pod_policy(operation: str, old: Obj | None, new: Obj) -> str | None:
     may = who is None or who.allows(Attributes(verb, "", True, group, "v1", resource, "", ns, ""))
     old_fin = [str(f) for f in (old.get("metadata") or {}).get("finalizers") or []]
     new_fin = [str(f) for f in (new.get("metadata") or {}).get("finalizers") or []]
-    problem = d.pod_write_problem(old_labels, new_labels, old_fin, new_fin, may_release=may)
+    problem = d.pod_write_problem(old_labels, new_labels, old_fin, new_fin, may_release=may,
+                                  old_mark=annotations_of(old).get(ANNOTATION_MARK_SEEN),
+                                  new_mark=annotations_of(new).get(ANNOTATION_MARK_SEEN))
     if problem is None:
         return None
     return f"ValidatingAdmissionPolicy '{POD_POLICY}' with binding '{POD_POLICY}' denied request: {problem}"
@@ -256,6 +259,10 @@ class FakeCluster:
         """Nodes cut off from the API server whose kubelets go on (see ``partition``)."""
         self._rejecting: dict[str, tuple[str, str]] = {}  # node -> (reason, message) its kubelet rejects with
         self._init_hangs: set[str] = set()  # nodes where pods' init containers never finish
+        self.node_clock_offset: dict[str, float] = {}
+        """Seconds each node's clock is ahead of the control plane's (negative: behind). A kubelet writes its
+        times (containers' ``startedAt``/``finishedAt``, its conditions' ``lastTransitionTime``, its Node's
+        Ready) with its node's clock; the control plane's writers (PodGC, Kueue) with the cluster's."""
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
@@ -295,6 +302,10 @@ class FakeCluster:
         controllers are unrestricted here, as the real cluster's are not bound by dispatch's roles)."""
         self.server.add_admission("pods", pod_policy)
 
+    def kubelet_time(self, node: str | None) -> str:
+        """Now, as the kubelet of ``node`` writes it (``node_clock_offset``)."""
+        return _now_text(self.now + timedelta(seconds=self.node_clock_offset.get(node or "", 0.0)))
+
     def advance(self, seconds: float) -> None:
         """Move the cluster's clock (grace periods are measured on it)."""
         self.now += timedelta(seconds=seconds)
@@ -330,7 +341,8 @@ class FakeCluster:
             for c in obj.setdefault("status", {}).setdefault("conditions", []):
                 if c.get("type") == "Ready" and c.get("status") != status:
                     c["status"] = status
-                    c["lastTransitionTime"] = _now_text(self.now)
+                    # True: its kubelet writes it back (its clock); Unknown: the node controller (the control plane's)
+                    c["lastTransitionTime"] = self.kubelet_time(name) if status == "True" else _now_text(self.now)
         self.server.update("", "nodes", "", name, mutate, status=True)
 
     def freeze_node(self, name: str) -> None:
@@ -414,10 +426,11 @@ class FakeCluster:
             st["containerStatuses"] = [
                 {"name": c.get("name", ""), "restartCount": self._restarts(o, c.get("name", "")),
                  "state": {"terminated": {"exitCode": exit_code, "reason": "Error" if exit_code else "Completed",
-                                          "finishedAt": _now_text(self.now)}}}
+                                          "finishedAt": self.kubelet_time(node)}}}
                 for c in (o.get("spec") or {}).get("containers") or []]
-            if not restarts:
+            if not restarts:  # the pod ends: its kubelet stops it, sandbox included, and writes the phase
                 st["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+                self._set_kubelet_conditions(o, node, PodReadyToStartContainers=False, ContainersReady=False)
         self.server.update("", "pods", ns, pod, crashed, status=True)
         if not restarts:
             self._crashed.pop(uid, None)
@@ -447,6 +460,14 @@ class FakeCluster:
         for pod in self.server.objects("", "pods"):
             if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
                 self._kubelet_stopped(pod, "Failed", 137)
+
+    def shut_down(self, name: str) -> None:
+        """The operator shuts the machine down: its processes end and its kubelet stops reporting
+        (Ready=Unknown once the node controller notices); ``thaw_node`` boots it again."""
+        self.freeze_node(name)
+        for proc in list(self._processes.values()):
+            if proc.node == name:
+                self._end(proc)
 
     def delete_node(self, name: str) -> None:
         """The Node object is deleted (the machine is gone with it)."""
@@ -839,6 +860,11 @@ class FakeCluster:
                     self._kubelet_stopped(pod, phase, 137)
                     continue
                 self._sandbox_gone(pod)
+            if phase in ("Succeeded", "Failed") and any(
+                    "running" in (c.get("state") or {})
+                    for c in (pod.get("status") or {}).get("ephemeralContainerStatuses") or []):
+                self._kubelet_stopped(pod, phase, 137)  # a terminal pod's ``kubectl debug`` container is killed too
+                continue
             if meta.get("deletionTimestamp"):
                 deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
                 if honour_grace and self.now < deadline:
@@ -857,12 +883,13 @@ class FakeCluster:
                 if self._may_restart(pod):
                     self._crashed.pop(uid)
 
-                    def restart(obj: Obj) -> None:
+                    def restart(obj: Obj, node: str = node) -> None:
                         st = obj.setdefault("status", {})
                         st["containerStatuses"] = [
                             {"name": c.get("name", ""), "restartCount": self._restarts(obj, c.get("name", "")) + 1,
-                             "state": {"running": {}}}
+                             "state": {"running": {"startedAt": self.kubelet_time(node)}}}
                             for c in (obj.get("spec") or {}).get("containers") or []]
+                        self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True)
                     self.server.update("", "pods", ns, name, restart, status=True)
                     self._start(pod)
                 continue
@@ -872,28 +899,33 @@ class FakeCluster:
                     continue
                 inits = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") != "Always"]
                 if inits and node in self._init_hangs:
-                    def initialising(obj: Obj, inits: list[Obj] = inits) -> None:
+                    def initialising(obj: Obj, inits: list[Obj] = inits, node: str = node) -> None:
                         st = obj.setdefault("status", {})
-                        st["startTime"] = _now_text(self.now)
+                        st["startTime"] = self.kubelet_time(node)
                         st["initContainerStatuses"] = [
-                            {"name": c.get("name", ""), "state": {"running": {}} if i == 0 else
-                             {"waiting": {"reason": "PodInitializing"}}} for i, c in enumerate(inits)]
+                            {"name": c.get("name", ""), "state": {"running": {"startedAt": self.kubelet_time(node)}}
+                             if i == 0 else {"waiting": {"reason": "PodInitializing"}}} for i, c in enumerate(inits)]
+                        self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True, Initialized=False,
+                                                     ContainersReady=False)
                         st["containerStatuses"] = [
                             {"name": c.get("name", ""), "state": {"waiting": {"reason": "PodInitializing"}}}
                             for c in (obj.get("spec") or {}).get("containers") or []]
                     self.server.update("", "pods", ns, name, initialising, status=True)
                     continue
 
-                def run(obj: Obj, inits: list[Obj] = inits) -> None:
+                def run(obj: Obj, inits: list[Obj] = inits, node: str = node) -> None:
                     st = obj.setdefault("status", {})
                     st["phase"] = "Running"
-                    st["startTime"] = _now_text(self.now)
+                    st["startTime"] = self.kubelet_time(node)
                     if inits:
                         st["initContainerStatuses"] = [
                             {"name": c.get("name", ""),
                              "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}} for c in inits]
-                    st["containerStatuses"] = [{"name": c.get("name", ""), "state": {"running": {}}}
+                    st["containerStatuses"] = [{"name": c.get("name", ""),
+                                                "state": {"running": {"startedAt": self.kubelet_time(node)}}}
                                                for c in (obj.get("spec") or {}).get("containers") or []]
+                    self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=True, Initialized=True,
+                                                 ContainersReady=True)
                 self.server.update("", "pods", ns, name, run, status=True)
                 self._start(pod)
         for node in [n for n in self.back if n not in self.frozen and n not in self.partitioned]:
@@ -919,25 +951,33 @@ class FakeCluster:
         goes) and no container statuses. The pod never runs."""
         def rejected(obj: Obj) -> None:
             obj["status"] = {"phase": "Failed", "reason": reason, "message": "Pod was rejected: " + message,
-                             "qosClass": "BestEffort", "startTime": _now_text(self.now)}
+                             "qosClass": "BestEffort",
+                             "startTime": self.kubelet_time((pod.get("spec") or {}).get("nodeName"))}
         self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], rejected, status=True)
 
     def _sandbox_gone(self, pod: Obj) -> None:
         """The kubelet tears down a terminal pod whose containers are not running: its sandbox goes, and it
         reports ``PodReadyToStartContainers=False`` (a real kubelet did so once it learned a Failed phase
         written by someone else)."""
-        now = _now_text(self.now)
+        node = (pod.get("spec") or {}).get("nodeName")
 
         def gone(obj: Obj) -> None:
-            conds = obj.setdefault("status", {}).setdefault("conditions", [])
-            for c in conds:
-                if c.get("type") == "PodReadyToStartContainers":
-                    if c.get("status") != "False":
-                        c.update(status="False", lastTransitionTime=now)
-                    return
-            conds.append({"type": "PodReadyToStartContainers", "status": "False", "lastTransitionTime": now})
+            self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=False)
         with contextlib.suppress(ApiFailure):
             self.server.update("", "pods", pod["metadata"]["namespace"], pod["metadata"]["name"], gone, status=True)
+
+    def _set_kubelet_conditions(self, obj: Obj, node: str | None, **states: bool) -> None:
+        """Set the kubelet's own pod conditions (``PodReadyToStartContainers``, ``Initialized``,
+        ``ContainersReady``) as a real kubelet does: a changed status gets a new ``lastTransitionTime``, in
+        its node's clock."""
+        conds = obj.setdefault("status", {}).setdefault("conditions", [])
+        for ctype, ok in states.items():
+            value = "True" if ok else "False"
+            found = next((c for c in conds if c.get("type") == ctype), None)
+            if found is None:
+                conds.append({"type": ctype, "status": value, "lastTransitionTime": self.kubelet_time(node)})
+            elif found.get("status") != value:
+                found.update(status=value, lastTransitionTime=self.kubelet_time(node))
 
     def _kubelet_stopped(self, pod: Obj, phase: str, exit_code: int) -> None:
         """The kubelet reports the pod's containers stopped, as a real one does on its way out: a
@@ -945,9 +985,11 @@ class FakeCluster:
         ``exit_code``; one already terminated kept; one that never started (the pod was rejected, or
         its image never came) ``ContainerStatusUnknown``/137 by its last step; and, if the pod never
         finished its init containers, the running init container killed while the containers stay
-        ``waiting: PodInitializing`` for good. The process ends."""
+        ``waiting: PodInitializing`` for good. Its sandbox goes (``PodReadyToStartContainers=False``), and
+        every time it writes is its node's clock, as in each recorded real ending. The process ends."""
         meta = pod["metadata"]
         running = meta["uid"] in self._processes
+        node = (pod.get("spec") or {}).get("nodeName")
 
         def stopped(obj: Obj) -> None:
             st = obj.setdefault("status", {})
@@ -957,10 +999,23 @@ class FakeCluster:
             inits = st.get("initContainerStatuses") or []
             # the kubelet's hasPodInitialized: every init container exited 0
             initialised = all(((c.get("state") or {}).get("terminated") or {}).get("exitCode") == 0 for c in inits)
+            self._set_kubelet_conditions(obj, node, PodReadyToStartContainers=False, ContainersReady=False)
+            for c in st.get("ephemeralContainerStatuses") or []:  # killed with the pod (TerminatePod leaves them)
+                state = c.get("state") or {}
+                if "running" in state:
+                    c["state"] = {"terminated": {"exitCode": 137, "reason": "Error",
+                                                 "startedAt": (state.get("running") or {}).get("startedAt"),
+                                                 "finishedAt": self.kubelet_time(node)}}
             if not initialised:
+                # as recorded (init-then-deleted-held): the running init container killed, Error/137, with
+                # its start and end; the containers stay waiting; Initialized stays False
                 for c in inits:
-                    if "running" in (c.get("state") or {}):
-                        c["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+                    state = c.get("state") or {}
+                    if "running" in state:
+                        started = (state.get("running") or {}).get("startedAt")
+                        c["state"] = {"terminated": {"exitCode": 137, "reason": "Error", "startedAt": started,
+                                                     "finishedAt": self.kubelet_time(node)}}
+                self._set_kubelet_conditions(obj, node, Initialized=False)
                 return
             out = []
             for c in (obj.get("spec") or {}).get("containers") or []:
@@ -969,7 +1024,7 @@ class FakeCluster:
                 if "terminated" in state and not running:
                     out.append(old[name])
                 elif "running" in state or running:
-                    out.append({"name": name, "state": {"terminated": {"finishedAt": _now_text(self.now),
+                    out.append({"name": name, "state": {"terminated": {"finishedAt": self.kubelet_time(node),
                                                                        "exitCode": exit_code, "reason": "Error"
                                                                        if exit_code else "Completed"}}})
                 else:
@@ -1010,14 +1065,15 @@ class FakeCluster:
 
     def force_delete(self, pod: str, namespace: str | None = None) -> None:
         """``kubectl delete --force --grace-period=0``. On a reachable node the kubelet kills it (and
-        reports so); on a lost node it may run on. A finalizer keeps the object, with a deletionTimestamp."""
+        reports so); on a lost node (frozen, or partitioned: its kubelet hears nothing from the API until it
+        is back) it may run on. A finalizer keeps the object, with a deletionTimestamp."""
         ns = namespace or self.namespace
         obj = self.server.get("", "pods", ns, pod)
         if obj is None:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        if node and node not in self.frozen and node not in self.deleted_nodes:
+        if node and node not in self.frozen and node not in self.deleted_nodes and node not in self.partitioned:
             self._kubelet_stopped(obj, "Failed", 137)
 
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
@@ -1040,9 +1096,20 @@ class FakeCluster:
         if self.server.get("", "pods", ns, pod) is not None:
             self.server.update("", "pods", ns, pod, failed, status=True)
 
+    def _podgc_failed(self, pod: str, namespace: str) -> None:
+        """PodGC's out-of-service path (``markFailedAndDeletePod``, v1.37.2): phase Failed and nothing else,
+        no condition, the containers as they were."""
+        def failed(obj: Obj) -> None:
+            st = obj.setdefault("status", {})
+            if st.get("phase") not in ("Succeeded", "Failed"):
+                st["phase"] = "Failed"
+        with contextlib.suppress(ApiFailure):
+            self.server.update("", "pods", namespace, pod, failed, status=True)
+
     def pod_gc(self) -> None:
-        """PodGC: pods of deleted nodes, and Terminating pods on not-Ready out-of-service nodes, are
-        marked Failed (phase only, as the real PodGC does) and force-deleted."""
+        """PodGC: pods of deleted nodes are marked Failed with ``DisruptionTarget``/``DeletionByPodGC``
+        (``gcOrphaned``), Terminating pods on not-Ready out-of-service nodes Failed with no condition
+        (``gcTerminating``), as the real PodGC writes them (v1.37.2); each is then force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
@@ -1056,7 +1123,10 @@ class FakeCluster:
                                              for c in (nobj.get("status") or {}).get("conditions") or [])
             if nobj is None or (oos and not ready and pod["metadata"].get("deletionTimestamp")):
                 if (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-                    self.mark_failed(name, ns)
+                    if nobj is None:
+                        self.mark_failed(name, ns)
+                    else:
+                        self._podgc_failed(name, ns)
                 if not (pod["metadata"].get("deletionTimestamp")
                         and int(pod["metadata"].get("deletionGracePeriodSeconds") or 0) == 0):
                     try:
