@@ -38,7 +38,7 @@ from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
-from ._views import PodView, annotations_of, labels_of, name_of
+from ._views import NodeView, PodView, annotations_of, labels_of, name_of
 from .errors import Conflict, FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
@@ -147,6 +147,12 @@ class AsyncAdapter:
             cluster=workload.cluster_name if workload is not None else "",
         )
 
+    def _keeper_idle(self, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+        """Whether ended pods wait for a controller that is not freeing them, on the API server's own clock
+        (the Date of its last answer, the clock its deletion times are on); no answer dated, no warning."""
+        now = self.core.kube.server_time
+        return d.keeper_idle_warning(pods, nodes, now) if now is not None else None
+
     async def inspect(self, name: str) -> Status:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
@@ -164,7 +170,8 @@ class AsyncAdapter:
             # a NonIndexed Job's other pods are refused by the guard while one runs: say why
             stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
                        d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap],
+            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
+                                                    self._keeper_idle(pods, nodes)],
                                 workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
         snap = await self.core.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
@@ -177,8 +184,10 @@ class AsyncAdapter:
                             kueue=workload is not None or bool(tj.queue),
                             warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
                                       d.nonindexed_text(f"trainjob {name} cannot start",
-                                                        d.jobs_nonindexed(snap.jobs, name))], record=record,
-                            workload=workload, stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
+                                                        d.jobs_nonindexed(snap.jobs, name)),
+                                      self._keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
+                            record=record, workload=workload,
+                            stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
 
     async def find(
         self,

@@ -41,6 +41,7 @@ from ._views import (
     JobView,
     NodeView,
     PodView,
+    instant,
     labels_of,
 )
 
@@ -388,6 +389,36 @@ def runtime_replacement_warning(kind: str, name: str, policies: Mapping[str, str
         return None
     return (f"{kind} {name}: replicatedJob{'s' if len(unsafe) > 1 else ''} {', '.join(unsafe)} "
             f"{'do' if len(unsafe) > 1 else 'does'} not set podReplacementPolicy: Failed; " + REPLACEMENT_RISK)
+
+
+KEEPER_GRACE_SECONDS = 60.0
+"""How long after its deletion a pod whose end is proven may still carry dispatch's finalizer before status
+says the controller is not freeing it (its keeper does within seconds while it runs)."""
+
+
+def keeper_idle_warning(pods: Iterable[PodView], nodes: Mapping[str, NodeView], now: float,
+                        after: float = KEEPER_GRACE_SECONDS) -> str | None:
+    """Pods deleted over ``after`` seconds ago whose end is proven but that still carry dispatch's finalizer:
+    only dispatch's controller removes it on its own, so it is not running for this namespace (or cannot
+    write there). ``now`` is the API server's clock (the Date of its answer), the one its deletion times are
+    on; a hint's timing only, nothing is decided by it."""
+    late: list[tuple[str, str]] = []
+    for p in pods:
+        deleted = instant(p.deletion_timestamp)
+        if not p.ours or deleted is None or now - deleted < after:
+            continue
+        end = p.end(nodes.get(p.node) if p.node else None)
+        if end in PROVEN:
+            late.append((p.name, f"{p.name} ({end}, deleted {int(now - deleted)}s ago)"))
+    if not late:
+        return None
+    late.sort()
+    first = late[0][0]
+    return (f"pods whose end is proven still carry dispatch's finalizer {POD_FINALIZER}: "
+            f"{', '.join(text for _, text in late)}; only dispatch's controller removes it by itself, within "
+            "seconds while it runs, so it is not running for this namespace (runbook: The controller is down); "
+            "until it is back, the object's next release, open or close frees them, or a dispatch-admin runs "
+            f"`dispatch admin release-pod {first}` for each")
 
 
 def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:

@@ -9,6 +9,7 @@ carries, which patch type a custom resource gets. Errors are mapped here, once, 
 from __future__ import annotations
 
 import asyncio
+import email.utils
 import json
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
@@ -183,6 +184,17 @@ class ListResult:
     requests: int
 
 
+def http_date(value: str | None) -> float | None:
+    """An HTTP ``Date`` header (RFC 9110's IMF-fixdate) in seconds since the epoch; None for anything else."""
+    if not value or len(value) > 64:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when.timestamp() if when.tzinfo is not None else None
+
+
 class Kube:
     """Async JSON access to one cluster. Used by the adapter and the controller, never elsewhere."""
 
@@ -199,6 +211,14 @@ class Kube:
         per-attempt timeout bounds it."""
         self.requests = 0
         self.bytes_received = 0
+        self._date: str | None = None
+
+    @property
+    def server_time(self) -> float | None:
+        """The API server's clock, from the ``Date`` of its last answer (seconds since the epoch): the clock its
+        own timestamps (deletion, creation) are on, so comparing them needs no second clock. None before any
+        answer, or for one without a valid ``Date``."""
+        return http_date(self._date)
 
     # ------------------------------------------------------------------ construction
 
@@ -332,6 +352,7 @@ class Kube:
                 )
             else:
                 self.bytes_received += len(response.content)
+                self._date = response.headers.get("date")
                 if response.status_code < 400:
                     try:
                         result = _decode(response.content) if response.content else {}

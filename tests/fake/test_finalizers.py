@@ -341,3 +341,29 @@ def test_with_replacement_policy_failed_a_deleting_pod_is_not_replaced_until_it_
         assert len(cluster.running_processes(NAME)) == 1  # the replacement, on the other node
         assert {p.node for p in cluster.running_processes(NAME)} != {node}
         cluster.history.check()
+
+
+# ---------------------------------------------------------------- issue 38 item 6: a controller that is not running
+
+
+def test_status_names_ended_pods_that_wait_for_a_controller_that_is_not_running(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """Plain mode without a controller: the kubelet confirmed the pod's end, but dispatch's finalizer stays, so
+    the pod (and its namespace's deletion) waits. Status says so once a minute has passed on the API server's
+    clock since its deletion, and not before, nor once the keeper (the controller) has freed it."""
+    first = running(adapter, cluster)
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(31)
+    cluster.settle()  # the kubelet confirms: Failed; the finalizer keeps the object
+    assert pod(cluster, first)["metadata"]["finalizers"] == [POD_FINALIZER]  # type: ignore[index]
+    assert not any("finalizer" in w for w in adapter.inspect(NAME).warnings), "too early to say"
+    cluster.advance(61)
+    [said] = [w for w in adapter.inspect(NAME).warnings if "finalizer" in w]
+    assert said.startswith(f"pods whose end is proven still carry dispatch's finalizer {POD_FINALIZER}: "
+                           f"{first} (kubelet-confirmed, deleted ")
+    assert "dispatch's controller removes it by itself" in said and "The controller is down" in said
+    assert f"`dispatch admin release-pod {first}`" in said
+    assert keeper_pass(cluster) == {f"default/{first}": "kubelet-confirmed"}
+    assert not any("finalizer" in w for w in adapter.inspect(NAME).warnings)

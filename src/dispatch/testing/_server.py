@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -1022,7 +1023,8 @@ class FakeApiServer:
     def _json(self, code: int, body: Obj) -> httpx2.Response:
         data = json.dumps(body).encode()
         self.bytes_sent += len(data)
-        return httpx2.Response(code, content=data, headers={"Content-Type": "application/json"})
+        return httpx2.Response(code, content=data, headers={"Content-Type": "application/json",
+                                                           "Date": format_datetime(self.clock(), usegmt=True)})
 
     async def _dispatch(self, method: str, path: str, params: dict[str, str],
                         request: httpx2.Request) -> httpx2.Response:
