@@ -221,6 +221,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         """One pass of the controller's finalizer keeper, as the Kueue machine's, with the controller's role."""
         kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
         keeper = FinalizerKeeper(kube, Metrics.create())
+        for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+            keeper.on_node(etype, node)
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
             for key in sorted(keeper.signatures):
@@ -798,6 +800,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         for node in list(c.frozen):
             if node not in self.tainted:
                 c.thaw_node(node)
+        for node in sorted(c.deleted_nodes - c.machines_gone):
+            c.restart_kubelet(node)  # the runbook's way out of a Node deleted while its kubelet lived
         for node in ("node-0", "node-1", "node-2"):
             c.kubelet_admits(node)
             c.init_containers_hang(node, False)

@@ -134,6 +134,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         """One pass of the controller's finalizer keeper over every pod it would watch."""
         kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
         keeper = FinalizerKeeper(kube, Metrics.create())
+        for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+            keeper.on_node(etype, node)
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
             for key in sorted(keeper.signatures):
@@ -218,10 +220,17 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
             self.tainted.add(node)
             c.taint_out_of_service(node)
         elif event == "delete" and node not in c.deleted_nodes:
-            c.delete_node(node)
+            # An operator deletes a lost node's Node (the machine is gone, as they assert), or a live node's
+            # by mistake: its kubelet runs on and does not register again (issue 40).
+            if node in c.frozen:
+                c.remove_machine(node)
+            else:
+                c.delete_node(node)
             self.tainted.discard(node)
+        elif event == "replace" and node in c.machines_gone:
+            c.add_node(node)  # another machine under the same name
         elif event == "replace" and node in c.deleted_nodes:
-            c.add_node(node)
+            c.restart_kubelet(node)  # the way out of a mistaken delete: it registers again
 
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20), event=st.sampled_from(["Succeeded", "Failed", "force-deleted"]))
