@@ -367,6 +367,23 @@ def runtime_replacement_warning(kind: str, name: str, policies: Mapping[str, str
             f"{'do' if len(unsafe) > 1 else 'does'} not set podReplacementPolicy: Failed; " + REPLACEMENT_RISK)
 
 
+def runtime_restarts_warning(kind: str, name: str, found: Iterable[tuple[str, str, str]]) -> str | None:
+    """Warn when a runtime's containers set their own restart policy or rules (ContainerRestartRules, 1.35+):
+    their kubelet restarts them inside the same pod whatever the pod's restartPolicy, so dispatch reads each
+    container's own policy where it judges a pod's end. The promise holds (a restart runs the same execution,
+    its A unchanged); what it costs is the proof of a Failed written by someone other than the kubelet (Kueue's
+    failure recovery, PodGC): none for such a container, so a lost node's pods wait for the node to be
+    confirmed down."""
+    listed = [f"{job}/{container} ({what})" for job, container, what in found]
+    if not listed:
+        return None
+    return (f"{kind} {name}: container{'s' if len(listed) > 1 else ''} {', '.join(listed)} "
+            f"{'set their' if len(listed) > 1 else 'sets its'} own restart policy or rules, so its kubelet restarts "
+            "it inside the same pod whatever the pod's restartPolicy (the same execution, its A unchanged); a "
+            "Failed written by someone other than its kubelet (Kueue's failure recovery, PodGC) proves nothing "
+            "for it, so a lost node's pods wait until the node is confirmed down (docs: cessation)")
+
+
 def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
     """Warn when a child Job of the object replaces deleting pods at once (TerminatingOrFailed)."""
     unsafe = sorted(f"{j.name} ({j.replacement_policy or 'unset'})" for j in jobs

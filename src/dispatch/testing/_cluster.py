@@ -464,6 +464,7 @@ class FakeCluster:
         (``pod_gc``). ``remove_machine`` is a machine that is really gone."""
         self.server.delete("", "nodes", "", name)
         self.deleted_nodes.add(name)
+        self._orphaned_at.setdefault(name, self.now)  # PodGC's informer sees the deletion at once
 
     def remove_machine(self, name: str) -> None:
         """The machine is shut down for good (its processes end, its kubelet never runs again), then its
