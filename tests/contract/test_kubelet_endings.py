@@ -110,7 +110,7 @@ def test_a_crash_under_on_failure_keeps_the_phase_and_the_kubelet_restarts_it(fa
 
 # ---------------------------------------------------------------- issue 41: a container's own restart policy
 
-OWN_RESTARTS = {
+OWN_RESTARTS: dict[str, tuple[str, dict[str, Any], int]] = {
     # pod restartPolicy, the container's own fields, exit code: what a real kubelet v1.37.2 did (issue 41's
     # measurements on the testbed's real node, re-run by tests/testbed/test_real_node_restarts.py)
     "own-on-failure": ("Never", {"restartPolicy": "OnFailure"}, 1),

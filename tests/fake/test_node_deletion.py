@@ -67,7 +67,8 @@ def test_a_node_deleted_while_its_kubelet_lives_proves_nothing_until_the_kubelet
 
     cluster.advance(20)
     cluster.settle()  # PodGC waits its 40 s quarantine
-    assert cluster.server.get("", "pods", "default", first)["metadata"].get("deletionGracePeriodSeconds") != 0
+    during = cluster.server.get("", "pods", "default", first)
+    assert during is not None and during["metadata"].get("deletionGracePeriodSeconds") != 0
     cluster.advance(25)
     cluster.settle()  # PodGC marks it Failed and deletes it for good; dispatch's finalizer keeps it visible
     left = cluster.server.get("", "pods", "default", first)
