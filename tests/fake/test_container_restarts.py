@@ -106,6 +106,7 @@ def test_a_container_whose_own_policy_never_restarts_it_under_a_pod_on_failure_i
     (pod,) = cluster.pods(NAME)
     first = pod["metadata"]["name"]
     cluster.crash(first, 1)
-    assert (cluster.server.get("", "pods", "default", first) or {})["status"]["phase"] == "Failed", "its kubelet ended it"
+    ended = cluster.server.get("", "pods", "default", first) or {}
+    assert ended["status"]["phase"] == "Failed", "its kubelet ended it"
     assert cluster.running_processes() == []
     assert [e.proof for e in adapter.ceased(NAME).ends if e.name == first] == ["kubelet-confirmed"]
