@@ -756,11 +756,11 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
     @rule(event=st.sampled_from(["freeze", "thaw", "taint-out-of-service", "delete", "replace"]),
           node=st.sampled_from(NODES))
     def node_event(self, event: str, node: str) -> None:
-        """The Kueue machine's Node events, counted: a ``delete`` of a node that is not frozen deletes the Node
-        of a live kubelet (issue 40: its containers run on, PodGC takes its pods 40 s on, and nothing may
+        """The Kueue machine's Node events, counted: a ``delete`` of a node that still reports Ready deletes the
+        Node of a live kubelet (issue 40: its containers run on, PodGC takes its pods 40 s on, and nothing may
         re-admit while they run); ``replace`` of it is its kubelet restarted, registering again."""
         c = self.cluster
-        live = event == "delete" and node not in c.deleted_nodes and node not in c.frozen
+        live = event == "delete" and node not in c.deleted_nodes and node not in c.frozen and node not in c.partitioned
         again = event == "replace" and node in c.deleted_nodes and node not in c.machines_gone
         super().node_event(event, node)
         if live:

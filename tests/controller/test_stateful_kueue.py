@@ -220,9 +220,10 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
             self.tainted.add(node)
             c.taint_out_of_service(node)
         elif event == "delete" and node not in c.deleted_nodes:
-            # An operator deletes a lost node's Node (the machine is gone, as they assert), or a live node's
-            # by mistake: its kubelet runs on and does not register again (issue 40).
-            if node in c.frozen:
+            # An operator deletes a lost node's Node (Ready=Unknown: the machine is gone, as they assert, and
+            # as for the out-of-service taint the model makes the assertion true), or a live node's by mistake:
+            # its kubelet runs on and does not register again (issue 40).
+            if node in c.frozen or node in c.partitioned:
                 c.remove_machine(node)
             else:
                 c.delete_node(node)
