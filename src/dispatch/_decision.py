@@ -303,7 +303,8 @@ def cessation(
     """Whether the object's processes are proven gone.
 
     True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
-    Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
+    Node tainted out-of-service and not Ready, or deleted while last seen Ready=Unknown (known only to a
+    watcher: the controller), or deleted before it was ever scheduled. A Node that could
     not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
     per pod how. The layers below are judged as the rule judges them: a JobSet or child Job that has not
     acted on the suspension could still start a pod, so nothing has ceased while one lags.

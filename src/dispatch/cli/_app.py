@@ -551,7 +551,8 @@ def admin_release_pod(
     """Remove dispatch's finalizer from a pod, so its deletion completes.
 
     Without --node-confirmed-down only a pod whose end is proven is released (its kubelet confirmed it,
-    or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
+    or its Node is tainted out-of-service and not Ready; a deleted Node proves nothing by itself: its
+    kubelet may run on). With it, your word that the node is down is the
     proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
     while the pod's Node is Ready. --process-gone is for a pod Kueue's failure recovery or PodGC marked
     Failed while its node was unreachable, once the node's kubelet is back: check the process is gone
@@ -799,8 +800,8 @@ def _watch_rows(state: CliState, statuses: list[Status], *, namespaces: bool, he
 def ceased(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
     """Whether the object's processes are proven gone (writes nothing; needs get on Nodes).
 
-    True once every remaining pod is finished or sits on a Node that is deleted or tainted
-    node.kubernetes.io/out-of-service. The answer is printed and is the exit code, as grep -q's is:
+    True once every remaining pod is finished or sits on a Node tainted node.kubernetes.io/out-of-service
+    that no longer reports Ready (a deleted Node proves nothing here: its kubelet may run on). The answer is printed and is the exit code, as grep -q's is:
     0 ceased, 1 not ceased, so `if dispatch ceased NAME; then ...` acts only on a proven end.
     """
     state = _state(ctx, output, namespace)
