@@ -565,7 +565,8 @@ class AsyncAdapter:
 
         Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
         Node is out-of-service and not Ready; a Node found deleted proves nothing by itself) is released.
-        With it, the operator's word that the pod's node is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
+        With it, the operator's word that the pod's node is shut down is the proof (Kubernetes'
+        non-graceful shutdown asks the same before the
         out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
         the pod's end itself. ``process_gone`` is the word for the one end a Ready kubelet does not
         confirm: a terminal phase someone else wrote over a container that could have restarted while
