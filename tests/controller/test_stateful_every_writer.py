@@ -221,10 +221,10 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         """One pass of the controller's finalizer keeper, as the Kueue machine's, with the controller's role."""
         kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
         keeper = FinalizerKeeper(kube, Metrics.create())
-        for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
-            keeper.on_node(etype, node)
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             for key in sorted(keeper.signatures):
                 try:
                     await keeper.release(key)

@@ -134,10 +134,10 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         """One pass of the controller's finalizer keeper over every pod it would watch."""
         kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport())
         keeper = FinalizerKeeper(kube, Metrics.create())
-        for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
-            keeper.on_node(etype, node)
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             for key in sorted(keeper.signatures):
                 try:
                     await keeper.release(key)

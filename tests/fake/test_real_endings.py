@@ -38,10 +38,10 @@ def keeper_pass(cluster: FakeCluster) -> dict[str, str]:
     async def go() -> dict[str, str]:
         kube = k.Kube.connect(namespace="default", transport=cluster.transport("dispatch-controller"))
         keeper = FinalizerKeeper(kube, Metrics.create())
-        for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them, deletions too
-            keeper.on_node(etype, node)
         try:
             keeper.list_pods(cluster.server.objects("", "pods"))
+            for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
         finally:
             await kube.aclose()

@@ -81,8 +81,8 @@ class FinalizerKeeper:
         self.signatures.pop(key, None)
         self.held.pop(key, None)
         node = self.node_of.pop(key, None)
-        if node is not None:
-            unindex(self.on_node_of, node, key)
+        if node is not None and unindex(self.on_node_of, node, key):
+            self.deleted_nodes.pop(node, None)  # remembered only while a pod of ours sits on it
 
     def on_pod(self, etype: str, obj: Obj) -> None:
         pod = PodView.from_obj(obj)
@@ -117,7 +117,8 @@ class FinalizerKeeper:
             seen = self.last_seen.pop(name, None)
             view = (NodeView.deleted(obj) if conditions(obj) or seen is None
                     else dataclasses.replace(seen, exists=False))
-            self.deleted_nodes[name] = view
+            if name in self.on_node_of:
+                self.deleted_nodes[name] = view
         else:
             view = NodeView.from_obj(obj)
             self.last_seen[name] = view

@@ -57,11 +57,11 @@ def keeper_pass(cluster: FakeCluster, namespace: str | None = None, *, settle: b
         kube = k.Kube.connect(namespace=namespace or cluster.namespace,
                               transport=cluster.transport("dispatch-controller"))
         keeper = FinalizerKeeper(kube, Metrics.create())
-        for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them, deletions too
-            keeper.on_node(etype, node)
         try:
             keeper.list_pods([p for p in cluster.server.objects("", "pods")
                               if namespace is None or (p.get("metadata") or {}).get("namespace") == namespace])
+            for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
         finally:
             await kube.aclose()
