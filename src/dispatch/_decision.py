@@ -187,7 +187,8 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     in, each worker's pods named ``<worker>/<pod>``; a worker that cannot be read blocks unless it was
     confirmed down.
 
-    A worker's pod whose end is proven (its node deleted or out-of-service) does not count: here such a
+    A worker's pod whose end is proven (its node out-of-service; a deletion read here, without the
+    Node's last state, proves nothing) does not count: here such a
     pod waits only for dispatch's controller to remove dispatch's finalizer, but no dispatch controller
     runs in a worker (the manager's only reads it), so there it would wait for good."""
     remaining = list(local.remaining)
