@@ -342,11 +342,11 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        body, warning = await self._body(spec, name)
+        body, warnings = await self._body(spec, name)
         if spec.termination_grace_period_seconds is not None:
             await self.core.check_grace_kept(body)
         return await self._create(body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
-                                  warning=warning)
+                                  warnings=warnings)
 
     async def open_manifest(self, manifest: Mapping[str, Any], *, hold: bool = True) -> Status:
         """Create a whole TrainJob manifest as dispatch's, exactly as enrolment brings a TrainJob created in
@@ -361,7 +361,7 @@ class AsyncAdapter:
         self._writer("open")
         body, job_id, submission = await self._manifest_body(manifest)
         kueue = bool(labels_of(body).get(n.KUEUE_QUEUE_LABEL))
-        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warning=None)
+        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warnings=())
 
     async def open_manifest_dry_run(self, manifest: Mapping[str, Any], *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open_manifest`` would create, and nothing written (as ``open_dry_run``)."""
@@ -383,7 +383,7 @@ class AsyncAdapter:
         return enr.apply_patch(manifest, got.patch), got.job_id, got.submission
 
     async def _create(self, body: Obj, name: str, job_id: str, submission: str, *, hold: bool,
-                      warning: str | None) -> Status:
+                      warnings: tuple[str, ...]) -> Status:
         """``open``'s writes after its body is built: the submission claimed, the TrainJob created, and
         (``hold`` False) released through the same check as ``release``."""
         if not hold:
@@ -408,18 +408,17 @@ class AsyncAdapter:
         if hold:
             if not created.queue:  # plain mode tells its story in Events, as Kueue mode does
                 await ev.record(self._kube, ev.opened(created))
-            return self._status(created, d.Verdict((), ()), warnings=[warning])
+            return self._status(created, d.Verdict((), ()), warnings=warnings)
         await self.release(name)
         status = await self.inspect(name)
-        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
-                                                                         *status.warnings])))
+        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*warnings, *status.warnings])))
 
-    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, str | None]:
+    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
         """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
-        warning; what of the spec the runtime cannot take is refused naming the field, before any write."""
-        shape, warning = await self.core.runtime_shape(spec)
+        warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
+        shape, warnings = await self.core.runtime_shape(spec)
         n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
-        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warning
+        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
 
     async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
@@ -582,8 +581,9 @@ class AsyncAdapter:
         """Remove dispatch's finalizer from one pod, so its deletion can complete.
 
         Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
-        Node is deleted or out-of-service) is released. With it, the operator's word that the pod's node
-        is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
+        Node is out-of-service and not Ready; a Node found deleted proves nothing by itself) is released.
+        With it, the operator's word that the pod's node is shut down is the proof (Kubernetes'
+        non-graceful shutdown asks the same before the
         out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
         the pod's end itself. ``process_gone`` is the word for the one end a Ready kubelet does not
         confirm: a terminal phase someone else wrote over a container that could have restarted while

@@ -209,7 +209,8 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     in, each worker's pods named ``<worker>/<pod>``; a worker that cannot be read blocks unless it was
     confirmed down.
 
-    A worker's pod whose end is proven (its node deleted or out-of-service) does not count: here such a
+    A worker's pod whose end is proven (its node out-of-service; a deletion read here, without the
+    Node's last state, proves nothing) does not count: here such a
     pod waits only for dispatch's controller to remove dispatch's finalizer, but no dispatch controller
     runs in a worker (the manager's only reads it), so there it would wait for good."""
     remaining = list(local.remaining)
@@ -325,7 +326,8 @@ def cessation(
     """Whether the object's processes are proven gone.
 
     True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
-    Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
+    Node tainted out-of-service and not Ready, or deleted while last seen Ready=Unknown (known only to a
+    watcher: the controller), or deleted before it was ever scheduled. A Node that could
     not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
     per pod how. The layers below are judged as the rule judges them: a JobSet or child Job that has not
     acted on the suspension could still start a pod, so nothing has ceased while one lags.
@@ -419,6 +421,23 @@ def keeper_idle_warning(pods: Iterable[PodView], nodes: Mapping[str, NodeView], 
             "seconds while it runs, so it is not running for this namespace (runbook: The controller is down); "
             "until it is back, the object's next release, open or close frees them, or a dispatch-admin runs "
             f"`dispatch admin release-pod {first}` for each")
+
+
+def runtime_restarts_warning(kind: str, name: str, found: Iterable[tuple[str, str, str]]) -> str | None:
+    """Warn when a runtime's containers set their own restart policy or rules (ContainerRestartRules, 1.35+):
+    their kubelet restarts them inside the same pod whatever the pod's restartPolicy, so dispatch reads each
+    container's own policy where it judges a pod's end. The promise holds (a restart runs the same execution,
+    its A unchanged); what it costs is the proof of a Failed written by someone other than the kubelet (Kueue's
+    failure recovery, PodGC): none for such a container, so a lost node's pods wait for the node to be
+    confirmed down."""
+    listed = [f"{job}/{container} ({what})" for job, container, what in found]
+    if not listed:
+        return None
+    return (f"{kind} {name}: container{'s' if len(listed) > 1 else ''} {', '.join(listed)} "
+            f"{'set their' if len(listed) > 1 else 'sets its'} own restart policy or rules, so its kubelet restarts "
+            "it inside the same pod whatever the pod's restartPolicy (the same execution, its A unchanged); a "
+            "Failed written by someone other than its kubelet (Kueue's failure recovery, PodGC) proves nothing "
+            "for it, so a lost node's pods wait until the node is confirmed down (docs: cessation)")
 
 
 def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:

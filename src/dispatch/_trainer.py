@@ -288,6 +288,28 @@ def runtime_replacement_policies(runtime: Obj) -> dict[str, str]:
             for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))}
 
 
+def runtime_container_restarts(runtime: Obj) -> list[tuple[str, str, str]]:
+    """(replicatedJob, container, what) for each container of a runtime's pod templates that sets its own
+    ``restartPolicy`` or ``restartPolicyRules`` (sidecars, init containers with ``restartPolicy: Always``,
+    are left out: they restart by design, and dispatch reads them so)."""
+    out = []
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    for rj in items(spec.get("replicatedJobs")):
+        pod = mapping(mapping(mapping(mapping(rj.get("template")).get("spec")).get("template")).get("spec"))
+        inits = [(c, True) for c in items(pod.get("initContainers"))]
+        for c, init in [(c, False) for c in items(pod.get("containers"))] + inits:
+            rules = items(c.get("restartPolicyRules"))
+            own = text(c.get("restartPolicy"))
+            if (not own and not rules) or (init and own == "Always" and not rules):
+                continue
+            what = ", ".join([*([f"restartPolicy {own}"] if own else []),
+                              *(f"{text(r.get('action')) or '?'} on exit codes "
+                                f"{text(mapping(r.get('exitCodes')).get('operator')) or '?'} "
+                                f"{list(mapping(r.get('exitCodes')).get('values') or [])}" for r in rules)])
+            out.append((text(rj.get("name")), text(c.get("name")), what))
+    return out
+
+
 def identity_labels(job_id: str, submission: str, admission: int | None = None) -> dict[str, str]:
     """The labels every pod of an execution carries (and the TrainJob, without A)."""
     out = {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission}

@@ -74,7 +74,7 @@ from dispatch.controller._reconcile import Reconciler
 from dispatch.controller.testing import FakeGuard, FakeKueue
 from dispatch.testing import ApiFailure, FakeCluster
 
-from .test_stateful_kueue import OBJECTS, NeverTwoExecutionsUnderKueue
+from .test_stateful_kueue import NODES, OBJECTS, NeverTwoExecutionsUnderKueue
 from .test_stateful_kueue import _step as kueue_walk_step
 
 NS = "default"
@@ -237,6 +237,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         keeper = FinalizerKeeper(kube, Metrics.create())
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             for key in sorted(keeper.signatures):
                 try:
                     await keeper.release(key)
@@ -798,6 +800,23 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         if tj is not None and tj["spec"].get("suspend"):
             self.cluster.mark_failed(pod["metadata"]["name"])
 
+    # ------------------------------------------------------------------ Nodes deleted under live kubelets
+
+    @rule(event=st.sampled_from(["freeze", "thaw", "taint-out-of-service", "delete", "replace"]),
+          node=st.sampled_from(NODES))
+    def node_event(self, event: str, node: str) -> None:
+        """The Kueue machine's Node events, counted: a ``delete`` of a node that still reports Ready deletes the
+        Node of a live kubelet (issue 40: its containers run on, PodGC takes its pods 40 s on, and nothing may
+        re-admit while they run); ``replace`` of it is its kubelet restarted, registering again."""
+        c = self.cluster
+        live = event == "delete" and node not in c.deleted_nodes and node not in c.frozen and node not in c.partitioned
+        again = event == "replace" and node in c.deleted_nodes and node not in c.machines_gone
+        super().node_event(event, node)
+        if live:
+            SEEN["node-deleted-live"] += 1
+        if again:
+            SEEN["kubelet-registered-again"] += 1
+
     # ------------------------------------------------------------------ kubelets as real ones end pods
 
     @rule(outcome=st.sampled_from(["reject", "admit", "init-hangs", "init-finishes", "crash", "partition", "heal",
@@ -847,6 +866,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         for node in list(c.frozen):
             if node not in self.tainted:
                 c.thaw_node(node)
+        for node in sorted(c.deleted_nodes - c.machines_gone):
+            c.restart_kubelet(node)  # the runbook's way out of a Node deleted while its kubelet lived
         for node in ("node-0", "node-1", "node-2"):
             c.kubelet_admits(node)
             c.init_containers_hang(node, False)
@@ -1104,6 +1125,8 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     assert SEEN["bypass-refused"] >= 50, SEEN
     # the kubelet outcomes and the healing phase are reached too
     assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, SEEN
+    # Nodes of live kubelets were deleted (their processes ran on, unseen by a plain read) and registered again
+    assert SEEN["node-deleted-live"] >= 5 and SEEN["kubelet-registered-again"] >= 1, SEEN
     assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, SEEN
     # issue 25's writers are reached, and every one that could hide a pod or reuse an A was refused
     assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN

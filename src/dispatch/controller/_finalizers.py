@@ -3,8 +3,10 @@
 Every pod of a dispatch object carries ``dispatch.phpboyscout.uk/execution`` (from dispatch's runtime
 patch), so a pod that may still run stays in the API, even after ``kubectl delete --force``, and stays
 visible to the rule. This part of the controller removes it once the pod's end is proven: its kubelet
-reported the pod's end (``PodView.kubelet_confirmed``), or its Node is deleted or tainted
-out-of-service and no longer Ready (or it was deleted before it was ever scheduled). A pod its kubelet
+reported the pod's end (``PodView.kubelet_confirmed``), or its Node is tainted out-of-service and no
+longer Ready, or was deleted while this keeper last saw it ``Ready=Unknown`` (or tainted and not Ready;
+a deletion alone proves nothing: a live kubelet whose Node is deleted runs on), or it was deleted before
+it was ever scheduled. A pod its kubelet
 rejected at admission never ran but has no container status, and nothing else ever deletes it: the
 keeper deletes it (conditioned on what it read), so that its kubelet writes every container's end.
 Plain-mode objects get the same service: the pod informers select by labels, not by Kueue.
@@ -18,6 +20,7 @@ finalizer) is looked at again, never overwritten. A pod whose end stays unproven
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import sys
 from collections.abc import Iterable
@@ -28,7 +31,7 @@ from .. import _api as api
 from .._api import Obj
 from .._core import Cores
 from .._kube import Kube
-from .._views import PROVEN, NodeView, PodView, name_of
+from .._views import PROVEN, NodeView, PodView, conditions, name_of
 from ..errors import DispatchError
 from ._informer import Pages, feed
 from ._metrics import Metrics
@@ -55,6 +58,12 @@ class FinalizerKeeper:
         self.released = 0
         self._nodes_seen: set[str] = set()
         self.node_sink = Pages(begin=self.nodes_begin, page=self.nodes_page, end=self.nodes_end)
+        self.last_seen: dict[str, NodeView] = {}
+        """Each Node as last seen, so that its deletion is judged by what it was then."""
+        self.deleted_nodes: dict[str, NodeView] = {}
+        """Nodes seen deleted, as last seen (``NodeView.deleted``): a plain read finds only that they are
+        gone, and a deletion proves an end only of a Node last seen not answering. A Node registered again
+        under the name is forgotten here (it is another object, and what it says is read afresh)."""
         self.held: dict[str, dt.datetime] = {}
         """Pods being deleted whose end is unproven, so our finalizer keeps them: when each was deleted."""
         metrics.held_pods.set_function(lambda: len(self.held))
@@ -72,8 +81,8 @@ class FinalizerKeeper:
         self.signatures.pop(key, None)
         self.held.pop(key, None)
         node = self.node_of.pop(key, None)
-        if node is not None:
-            unindex(self.on_node_of, node, key)
+        if node is not None and unindex(self.on_node_of, node, key):
+            self.deleted_nodes.pop(node, None)  # remembered only while a pod of ours sits on it
 
     def on_pod(self, etype: str, obj: Obj) -> None:
         pod = PodView.from_obj(obj)
@@ -100,8 +109,20 @@ class FinalizerKeeper:
             self.on_pod("ADDED", obj)
 
     def on_node(self, etype: str, obj: Obj) -> None:
-        """A Node deleted or tainted out-of-service proves the end of every pod on it."""
-        view = NodeView.gone(name_of(obj)) if etype == "DELETED" else NodeView.from_obj(obj)
+        """A Node tainted out-of-service and not Ready, or deleted while last seen not answering, proves
+        the end of every pod on it. A DELETED event carries the Node's last state; a Node found missing
+        from a list is judged by what this keeper last saw of it."""
+        name = name_of(obj)
+        if etype == "DELETED":
+            seen = self.last_seen.pop(name, None)
+            view = (NodeView.deleted(obj) if conditions(obj) or seen is None
+                    else dataclasses.replace(seen, exists=False))
+            if name in self.on_node_of:
+                self.deleted_nodes[name] = view
+        else:
+            view = NodeView.from_obj(obj)
+            self.last_seen[name] = view
+            self.deleted_nodes.pop(name, None)
         if view.proven_down:
             for key in sorted(self.on_node_of.get(view.name, ())):
                 self.queue.add(key)
@@ -159,6 +180,8 @@ class FinalizerKeeper:
             return "not-ours", pod
         nodes = await core.nodes([pod])
         node = nodes.get(pod.node) if pod.node else None
+        if node is not None and node.readable and not node.exists and pod.node in self.deleted_nodes:
+            node = self.deleted_nodes[pod.node]  # gone: judged by what it was when it was deleted
         proof = pod.end(node)
         if proof not in PROVEN:
             if pod.needs_delete and node is not None and node.readable and node.exists:

@@ -248,6 +248,10 @@ class FakeCluster:
         self.history = History()
         self.frozen: set[str] = set()
         self.deleted_nodes: set[str] = set()
+        """Nodes whose Node object is deleted (their machine may run on: ``machines_gone`` says)."""
+        self.machines_gone: set[str] = set()
+        """Nodes whose machine is shut down for good (``remove_machine``): no kubelet, no process."""
+        self._orphaned_at: dict[str, datetime] = {}  # node -> when PodGC first found it missing
         self._pod_seq = 0
         self.refused_pods: list[tuple[str, int | None, str]] = []
         """(Job, completion index, message) of each pod create an admission webhook refused, in order."""
@@ -330,11 +334,22 @@ class FakeCluster:
         })
 
     def add_node(self, name: str) -> None:
+        """A machine registers a Node ``name`` (Ready=True). Under the name of a deleted Node it is a new
+        object (a new uid, a later creationTimestamp); where the old machine still runs, use
+        ``restart_kubelet`` (its kubelet registering again) instead."""
+        assert name not in self.deleted_nodes or name in self.machines_gone, (
+            f"fake cluster: node {name}'s old machine still runs; restart_kubelet registers it again")
+        self._register(name)
+
+    def _register(self, name: str) -> None:
         self.server.create("", "nodes", "", {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": _now_text(self.now)}]},
         })
         self.deleted_nodes.discard(name)
+        self.machines_gone.discard(name)
+        self._orphaned_at.pop(name, None)
 
     def _node_ready(self, name: str, status: str) -> None:
         def mutate(obj: Obj) -> None:
@@ -380,7 +395,7 @@ class FakeCluster:
         meanwhile (the kubelet had not learned it yet), and stopped at once: a brief process, then its end
         reported."""
         self.partitioned.discard(name)
-        if name not in self.deleted_nodes and name not in self.frozen:
+        if name not in self.deleted_nodes and name not in self.frozen and name not in self.machines_gone:
             self._node_ready(name, "True")
             self.back.add(name)
 
@@ -416,10 +431,9 @@ class FakeCluster:
         self._end(proc)
         self._crashed[uid] = exit_code
         node = obj["spec"].get("nodeName")
-        if node in self.frozen or node in self.partitioned or node in self.deleted_nodes:
+        if node in self.frozen or node in self.partitioned or node in self.machines_gone:
             return
-        policy = obj["spec"].get("restartPolicy") or "Always"
-        restarts = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+        restarts = bool(self._restart_action(obj, exit_code))
 
         def crashed(o: Obj) -> None:
             st = o.setdefault("status", {})
@@ -470,14 +484,38 @@ class FakeCluster:
                 self._end(proc)
 
     def delete_node(self, name: str) -> None:
-        """The Node object is deleted (the machine is gone with it)."""
+        """``kubectl delete node``: only the Node object goes. As on a real kubelet v1.37 whose Node was
+        deleted, the machine runs on: its kubelet keeps running (and ending, and restarting by policy) its
+        pods and writing their status, and it does not register its Node again until it restarts
+        (``restart_kubelet``). A frozen or partitioned node stays so. PodGC deletes its pods 40 s on
+        (``pod_gc``). ``remove_machine`` is a machine that is really gone."""
         self.server.delete("", "nodes", "", name)
         self.deleted_nodes.add(name)
+        self._orphaned_at.setdefault(name, self.now)  # PodGC's informer sees the deletion at once
+
+    def remove_machine(self, name: str) -> None:
+        """The machine is shut down for good (its processes end, its kubelet never runs again), then its
+        Node is deleted: what an operator does about a dead machine."""
+        self.machines_gone.add(name)
         self.frozen.discard(name)
         self.partitioned.discard(name)
         for proc in list(self._processes.values()):
             if proc.node == name:
                 self._end(proc)
+        if name not in self.deleted_nodes:
+            self.delete_node(name)
+
+    def restart_kubelet(self, name: str) -> None:
+        """The node's kubelet restarts (thawed if it was frozen): with its Node deleted it registers it again,
+        a new object (a new uid), Ready=True, and acts on its pods as the API now says on its next sync."""
+        assert name not in self.machines_gone, f"fake cluster: node {name}'s machine is gone"
+        self.frozen.discard(name)
+        self.partitioned.discard(name)
+        if name in self.deleted_nodes:
+            self._register(name)
+        else:
+            self._node_ready(name, "True")
+        self.back.add(name)
 
     # ------------------------------------------------------------------ processes
 
@@ -842,7 +880,7 @@ class FakeCluster:
         for pod in self.server.objects("", "pods"):
             meta, spec = pod["metadata"], pod["spec"]
             node = spec.get("nodeName")
-            if not node or node in self.frozen or node in self.deleted_nodes:
+            if not node or node in self.frozen or node in self.machines_gone:
                 continue
             ns, name = meta["namespace"], meta["name"]
             phase = (pod.get("status") or {}).get("phase")
@@ -854,8 +892,8 @@ class FakeCluster:
                     self._start(pod)
                 continue
             if phase in ("Succeeded", "Failed") and uid in self._crashed:
-                self._crashed.pop(uid)  # a terminal pod's containers are never started again, once it knows
-                if node in self.back and self._may_restart(pod):
+                code = self._crashed.pop(uid)  # a terminal pod's containers never start again, once it knows
+                if node in self.back and self._restart_action(pod, code):
                     self._start(pod)  # ... but its first sync back still restarts it (observed), then stops it
                     self._kubelet_stopped(pod, phase, 137)
                     continue
@@ -940,10 +978,39 @@ class FakeCluster:
                     self._start(pod)
                     self._end(self._processes[uid])
 
+    def _may_restart(self, pod: Obj) -> bool:
+        """Whether the kubelet restarts the pod's crashed container (its last exit code in ``_crashed``)."""
+        return bool(self._restart_action(pod, self._crashed.get(pod["metadata"]["uid"], 1)))
+
     @staticmethod
-    def _may_restart(pod: Obj) -> bool:
-        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
-        return policy in ("Always", "OnFailure")
+    def _restart_action(pod: Obj, exit_code: int) -> str:
+        """What a real kubelet (1.35 to 1.38, ``ContainerShouldRestart``) does after the pod's containers exit
+        with ``exit_code``: ``"RestartAllContainers"``, ``"Restart"`` or ``""``. Per container: its
+        ``restartPolicyRules`` first, only when it sets its own ``restartPolicy`` (the first rule whose exit
+        codes match acts; an unknown operator matches nothing, an unknown action falls through), then its own
+        ``restartPolicy``, then the pod's. The fake runs one process per pod: it restarts when any container
+        would."""
+        spec = pod.get("spec") or {}
+        pod_policy = spec.get("restartPolicy") or "Always"
+        out = ""
+        for c in spec.get("containers") or []:
+            own = c.get("restartPolicy")
+            action = ""
+            if own:
+                for rule in c.get("restartPolicyRules") or []:
+                    codes = rule.get("exitCodes") or {}
+                    found = exit_code in (codes.get("values") or [])
+                    matched = found if codes.get("operator") == "In" else (
+                        not found if codes.get("operator") == "NotIn" else False)
+                    if matched and rule.get("action") in ("Restart", "RestartAllContainers"):
+                        action = str(rule["action"])
+                        break
+            if not action:
+                policy = own or pod_policy
+                action = "Restart" if policy == "Always" or (policy == "OnFailure" and exit_code != 0) else ""
+            if action == "RestartAllContainers" or not out:
+                out = action or out
+        return out
 
     def _reject(self, pod: Obj, reason: str, message: str) -> None:
         """What a real kubelet's admission rejection writes (reference: real-node-statuses A, B, C2):
@@ -1073,7 +1140,7 @@ class FakeCluster:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        if node and node not in self.frozen and node not in self.deleted_nodes and node not in self.partitioned:
+        if node and node not in self.frozen and node not in self.machines_gone and node not in self.partitioned:
             self._kubelet_stopped(obj, "Failed", 137)
 
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
@@ -1106,16 +1173,27 @@ class FakeCluster:
         with contextlib.suppress(ApiFailure):
             self.server.update("", "pods", namespace, pod, failed, status=True)
 
+    ORPHAN_QUARANTINE = 40.0
+    """Seconds PodGC waits after it finds a pod's Node missing before it deletes the pod (``quarantineTime``
+    in its controller; seen on the testbed: ~40 s after ``kubectl delete node``)."""
+
     def pod_gc(self) -> None:
-        """PodGC: pods of deleted nodes are marked Failed with ``DisruptionTarget``/``DeletionByPodGC``
-        (``gcOrphaned``), Terminating pods on not-Ready out-of-service nodes Failed with no condition
-        (``gcTerminating``), as the real PodGC writes them (v1.37.2); each is then force-deleted."""
+        """PodGC: pods of a Node missing for ``ORPHAN_QUARANTINE`` seconds (whether or not its machine still
+        runs) are marked Failed with ``DisruptionTarget``/``DeletionByPodGC`` (``gcOrphaned``), Terminating pods
+        on not-Ready out-of-service nodes Failed with no condition (``gcTerminating``), as the real PodGC writes
+        them (v1.37.2); each is then force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
+        for name in [n for n in self._orphaned_at if n in nodes]:
+            del self._orphaned_at[name]
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
             if not node:
                 continue
             nobj = nodes.get(node)
+            if nobj is None:
+                since = self._orphaned_at.setdefault(node, self.now)
+                if (self.now - since).total_seconds() < self.ORPHAN_QUARANTINE:
+                    continue
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
             oos = nobj is not None and any(t.get("key") == OUT_OF_SERVICE_TAINT
                                            for t in (nobj.get("spec") or {}).get("taints") or [])
