@@ -247,6 +247,8 @@ class FakeCluster:
         self.namespace = namespace
         self.history = History()
         self.frozen: set[str] = set()
+        self._kill_deadline: dict[str, datetime] = {}
+        """Per pod uid, the end of the grace period its kubelet first saw when the pod was deleted."""
         self.deleted_nodes: set[str] = set()
         """Nodes whose Node object is deleted (their machine may run on: ``machines_gone`` says)."""
         self.machines_gone: set[str] = set()
@@ -904,7 +906,10 @@ class FakeCluster:
                 self._kubelet_stopped(pod, phase, 137)  # a terminal pod's ``kubectl debug`` container is killed too
                 continue
             if meta.get("deletionTimestamp"):
-                deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
+                # The first deadline it saw holds: a later delete with a shorter grace (PodGC's grace 0 of an
+                # orphaned pod) does not hurry a kill already under way (seen on kubelet v1.37.2, issue 40).
+                deadline = self._kill_deadline.setdefault(
+                    uid, datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00")))
                 if honour_grace and self.now < deadline:
                     continue
                 self.confirm_termination(name, ns)
