@@ -257,6 +257,7 @@ class FakeCluster:
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        self._identities: dict[str, tuple[str, str]] = {}  # TrainJob uid -> its (job-id, submission) labels
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
         self._jobset_runs: dict[str, tuple[str, int]] = {}
         self._job_runs: dict[str, tuple[str, int]] = {}
@@ -461,10 +462,13 @@ class FakeCluster:
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
         tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
+        # The submission is the TrainJob's, whatever the pod's labels say: a pod a runtime patch stripped of
+        # dispatch's labels is still a process of that submission (the oracle's overlap is per submission).
+        job_id, submission = self._identities.get(tj_uid, ("", ""))
         proc = Process(
             pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
-            job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
+            job_id=labels.get(LABEL_JOB_ID, "") or job_id, submission=labels.get(LABEL_SUBMISSION, "") or submission,
             admission=_number(adm) if adm is not None else None, started=self.history.tick(),
             rank=(f"{labels['batch.kubernetes.io/job-name']}#"
                   f"{labels.get('batch.kubernetes.io/job-completion-index', '')}"
@@ -533,6 +537,8 @@ class FakeCluster:
                 runs += 1
                 adm = ((meta.get("annotations") or {}).get(ANNOTATION_ADMISSION))
                 self._reported[(meta["uid"], runs)] = _number(adm) if adm is not None else None
+                tj_labels = meta.get("labels") or {}
+                self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
             desired = self._jobset_spec(tj)

@@ -339,12 +339,12 @@ def _merge_map(original: dict[str, Any] | None, patch: dict[str, Any], path: Pat
                 else:
                     del out[key]
             continue
-        field = (*path, key)
+        where = (*path, key)
         if isinstance(value, dict):
-            out[key] = _merge_map(out[key], value, field)
+            out[key] = _merge_map(out[key], value, where)
         elif isinstance(value, list):
-            merge_key = MERGE_KEYS.get(field)
-            out[key] = _merge_slice(out[key], value, field, merge_key, delete_list) \
+            merge_key = MERGE_KEYS.get(where)
+            out[key] = _merge_slice(out[key], value, where, merge_key or "", delete_list) \
                 if merge_key is not None or delete_list else value
         else:
             kept, keep = _remove_directives(value)
