@@ -1,8 +1,9 @@
 """Kubernetes' strategic merge patch, as Trainer applies a runtime patch entry to a replicatedJob's Job template.
 
-Trainer (v2.3 ``mergeRuntimePatches``; v2.2 per replicatedJob) merges each entry's
-``replicatedJobs[].template`` into the runtime's Job template with apimachinery's
-``strategicpatch.StrategicMergePatch`` over ``batchv1.JobTemplateSpec``, entry after entry. This is that
+Trainer v2.2 (``mergeRuntimePatches``) merges each entry's ``replicatedJobs[].template`` into the runtime's
+Job template with apimachinery's ``strategicpatch.StrategicMergePatch`` over ``batchv1.JobTemplateSpec``, entry
+after entry; v2.3 merges the entry's whole JobSet spec over ``jobsetv1alpha2.JobSetSpec``, whose replicatedJobs
+merge by name, so each template meets the same merge (the fake builds as v2.2 does). This is that
 algorithm (``mergeMap`` and ``mergeSlice`` of ``k8s.io/apimachinery/pkg/util/strategicpatch``), ported for
 the fields of a Job template the fake models: maps merge key by key and recursively, a null value deletes its
 key, ``$patch: replace`` / ``delete`` on a map, ``$retainKeys``, ``$deleteFromPrimitiveList/<list>``,
