@@ -14,7 +14,8 @@ apimachinery made of each case, and ``tests/contract/test_strategic_merge.py`` h
 
 What a real Trainer never sees is left to ``trainer_patch``: the TrainJob CRD's structural schema prunes
 unknown fields at the API server, and Trainer decodes each entry into its typed ``JobTemplatePatch`` before
-merging, so a directive survives only as a key of a string map (labels, annotations, nodeSelector).
+merging, so a directive survives only as a key of a string map (of those the fake models: labels, annotations,
+nodeSelector; the CRD keeps one in a volume's or an affinity's string maps too, where it touches no identity).
 """
 
 from __future__ import annotations
