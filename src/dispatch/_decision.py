@@ -30,7 +30,14 @@ from ._names import (
     PREBUILT_WORKLOAD_LABEL,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
-from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
+from ._trainer import (
+    OWN_POD_LABELS,
+    TrainJobView,
+    directive_phrases,
+    effective_pod_labels,
+    foreign_settings,
+    uncovered,
+)
 from ._views import (
     POD_FINALIZER,
     PROOF_KUBELET,
@@ -919,7 +926,7 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
                 f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
     if changed := copy_marks_changed(old, new):
         return f"{what}: {changed}"
-    return foreign_problem(new, old)
+    return directive_problem(new, old) or foreign_problem(new, old)
 
 
 COPY_MARKS = (MULTIKUEUE_ORIGIN_LABEL, PREBUILT_WORKLOAD_LABEL)
@@ -967,7 +974,7 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
     mark only rise (a value that is not a number fails the rule), and no changed entry of another manager
     sets what is dispatch's (``foreign_problem``). Fakes that run without the webhook run this."""
     if operation == "CREATE":
-        return foreign_problem(new) if new.job_id else None
+        return (directive_problem(new, deep=False) or foreign_problem(new)) if new.job_id else None
     if operation != "UPDATE" or old is None or not old.job_id:
         return None  # the policy's match condition: a create, or an update of an object with the job-id label
     what = f"trainjob {new.name}"
@@ -982,7 +989,24 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
             return f"{what}: annotation {key} only rises; it is never lowered or removed"
     if changed := copy_marks_changed(old, new):
         return f"{what}: {changed}"
-    return foreign_problem(new, old)
+    return directive_problem(new, old, deep=False) or foreign_problem(new, old)
+
+
+DIRECTIVE_REFUSED = ("Trainer merges every runtime patch entry into the pods as a strategic merge patch, so a "
+                     "directive could remove dispatch's identity labels from them (and hide them from the rule): "
+                     "no runtime patch entry of a dispatch TrainJob carries a key starting with $")
+
+
+def directive_problem(new: TrainJobView, old: TrainJobView | None = None, *, deep: bool = True) -> str | None:
+    """Why a write may not leave a strategic-merge directive in a runtime patch entry of a dispatch TrainJob
+    (any manager's, dispatch's own included; an entry the write left as it was is not judged), or None.
+    ``deep``: at any depth of the entry (the webhook, enrolment and ``open -f``); else only where the CRD keeps
+    it and Trainer's merge reads it (``_trainer.entry_directives``), as the CEL policy judges."""
+    found = directive_phrases(new.patches, old.patches if old is not None else (), deep=deep)
+    if not found:
+        return None
+    return (f"trainjob {new.name}: {'; '.join(found[:3])}{' (and more)' if len(found) > 3 else ''}; "
+            f"{DIRECTIVE_REFUSED}")
 
 
 def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str | None:
@@ -1244,7 +1268,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         if change:
             return change
     if operation == "CREATE" and new.labelled:
-        foreign = foreign_problem(new)
+        foreign = directive_problem(new) or foreign_problem(new)
         if foreign:
             return foreign
     if not starts_execution(operation, old, new):

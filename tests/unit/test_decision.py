@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER
 from dispatch import _decision as d
 from dispatch._identity import ADMISSION_LIMIT
 from dispatch._records import Cause, State
@@ -192,7 +192,7 @@ def test_every_ending_under_the_containers_own_restart_policy_and_rules(
     cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
     assert [e.proof for e in cessation.ends] == ["kubelet-confirmed" if proof else "unproven"]
     new = pod_obj("new", phase="Pending", node=None)
-    new["metadata"]["finalizers"] = [d.POD_FINALIZER]  # dispatch's entry puts it on every pod of its objects
+    new["metadata"]["finalizers"] = [POD_FINALIZER]  # dispatch's entry puts it on every pod of its objects
     assert d.pod_start_problem(d.PodView.from_obj(new), [the_pod], nodes) is None or not proof
     if not proof and phase in ("Succeeded", "Failed") and writer != "kubelet" and containers not in ("running", "none"):
         running = containers in ("sidecar-running", "debug-running")  # named as running, not as restartable

@@ -32,10 +32,11 @@ from .._names import (
     OUT_OF_SERVICE_TAINT,
     REPLICATED_JOB_LABEL,
 )
-from .._trainer import patch_entries, patch_pod_templates
+from .._trainer import patch_entries
 from .._views import TERMINATED_BY_KUBELET, annotations_of, labels_of
 from ._rbac import Attributes, Binding, Policy
 from ._server import ApiFailure, FakeApiServer, _now_text, requester
+from ._smp import PatchError, strategic_merge, trainer_patch
 
 TRAINER = "trainer.kubeflow.org"
 JOBSET = "jobset.x-k8s.io"
@@ -272,6 +273,7 @@ class FakeCluster:
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        self._identities: dict[str, tuple[str, str]] = {}  # TrainJob uid -> its (job-id, submission) labels
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
         self._jobset_runs: dict[str, tuple[str, int]] = {}
         self._job_runs: dict[str, tuple[str, int]] = {}
@@ -527,10 +529,13 @@ class FakeCluster:
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
         tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
+        # The submission is the TrainJob's, whatever the pod's labels say: a pod a runtime patch stripped of
+        # dispatch's labels is still a process of that submission (the oracle's overlap is per submission).
+        job_id, submission = self._identities.get(tj_uid, ("", ""))
         proc = Process(
             pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
-            job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
+            job_id=labels.get(LABEL_JOB_ID, "") or job_id, submission=labels.get(LABEL_SUBMISSION, "") or submission,
             admission=_number(adm) if adm is not None else None, started=self.history.tick(),
             # a NonIndexed Job's pods have no rank: its siblings run side by side by design
             rank=(f"{labels['batch.kubernetes.io/job-name']}#{labels[COMPLETION]}"
@@ -599,6 +604,8 @@ class FakeCluster:
                 runs += 1
                 adm = ((meta.get("annotations") or {}).get(ANNOTATION_ADMISSION))
                 self._reported[(meta["uid"], runs)] = _number(adm) if adm is not None else None
+                tj_labels = meta.get("labels") or {}
+                self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
             desired = self._jobset_spec(tj)
@@ -637,6 +644,10 @@ class FakeCluster:
         return out
 
     def _jobset_spec(self, tj: Obj) -> Obj | None:
+        """The JobSet spec Trainer builds: the runtime's, with each runtime patch entry's Job template patches
+        merged in list order as Trainer merges them (``mergeRuntimePatches``: a strategic merge patch over each
+        replicatedJob's Job template, ``_smp``). None while the runtime is missing, or when a merge fails (the
+        real Trainer's reconcile errors and it builds no JobSet)."""
         ref = (tj.get("spec") or {}).get("runtimeRef") or {}
         runtime = self.server.get(TRAINER, "clustertrainingruntimes", "", ref.get("name", ""))
         if runtime is None:
@@ -644,35 +655,19 @@ class FakeCluster:
         spec: Obj = copy.deepcopy(runtime["spec"]["template"]["spec"])
         name = tj["metadata"]["name"]
         for rj in spec["replicatedJobs"]:
-            pod_meta = rj["template"]["spec"]["template"].setdefault("metadata", {})
-            labels = pod_meta.setdefault("labels", {})
-            grace = None
             for patch in patch_entries(tj):
                 for prj in ((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {})
                             .get("replicatedJobs") or []):
-                    job_labels = ((prj.get("template") or {}).get("metadata") or {}).get("labels")
-                    if prj.get("name") == rj["name"] and job_labels:  # the Job template's labels
-                        rj["template"].setdefault("metadata", {}).setdefault("labels", {}).update(job_labels)
-                ptmpl = patch_pod_templates(patch).get(rj["name"])
-                if ptmpl is not None:
-                    labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
-                    for fin in (ptmpl.get("metadata") or {}).get("finalizers") or []:
-                        if fin not in pod_meta.setdefault("finalizers", []):
-                            pod_meta["finalizers"].append(fin)
-                    annotations = (ptmpl.get("metadata") or {}).get("annotations")
-                    if annotations:
-                        pod_meta.setdefault("annotations", {}).update(annotations)
-                    selector = (ptmpl.get("spec") or {}).get("nodeSelector")
-                    if selector:
-                        rj["template"]["spec"]["template"].setdefault("spec", {})["nodeSelector"] = dict(selector)
-                    _merge_pod_settings(rj["template"]["spec"]["template"].setdefault("spec", {}),
-                                        ptmpl.get("spec") or {})
-                    grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
-            labels[JOBSET_NAME_LABEL] = name
+                    if prj.get("name") != rj["name"] or not isinstance(prj.get("template"), dict):
+                        continue
+                    try:
+                        rj["template"] = strategic_merge(rj["template"], trainer_patch(prj["template"]))
+                    except PatchError:
+                        return None
+            pod_template = rj["template"].setdefault("spec", {}).setdefault("template", {})
+            pod_template.setdefault("metadata", {}).setdefault("labels", {})[JOBSET_NAME_LABEL] = name
             # JobSet's webhook defaults every pod template's restartPolicy to OnFailure.
-            rj["template"]["spec"]["template"].setdefault("spec", {}).setdefault("restartPolicy", "OnFailure")
-            if grace is not None:
-                rj["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = grace
+            pod_template.setdefault("spec", {}).setdefault("restartPolicy", "OnFailure")
             num = (tj.get("spec") or {}).get("trainer", {}).get("numNodes")
             if num and rj["name"] == "node":
                 rj["template"]["spec"]["parallelism"] = num
@@ -1238,25 +1233,3 @@ class FakeCluster:
 
 
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
-
-
-def _merge_pod_settings(pod: Obj, patch: Obj) -> None:
-    """What Trainer merges from a runtime patch's pod spec into the JobSet's pod template: a strategic
-    merge patch over the runtime's (``mergeRuntimePatches``), so the service account is set, image pull
-    secrets and volumes merge by name, each named container's volume mounts by mount path, and
-    tolerations (a list without a merge key in the Pod API) replace the runtime's."""
-    if "serviceAccountName" in patch:
-        pod["serviceAccountName"] = patch["serviceAccountName"]
-    for key in ("imagePullSecrets", "volumes"):
-        if patch.get(key):
-            by_name = {item["name"]: item for item in pod.get(key) or []}
-            by_name.update({item["name"]: copy.deepcopy(item) for item in patch[key]})
-            pod[key] = list(by_name.values())
-    if patch.get("tolerations"):
-        pod["tolerations"] = copy.deepcopy(patch["tolerations"])
-    for container_patch in patch.get("containers") or []:
-        for container in pod.get("containers") or []:
-            if container.get("name") == container_patch.get("name") and container_patch.get("volumeMounts"):
-                mounts = {m["mountPath"]: m for m in container.get("volumeMounts") or []}
-                mounts.update({m["mountPath"]: copy.deepcopy(m) for m in container_patch["volumeMounts"]})
-                container["volumeMounts"] = list(mounts.values())
