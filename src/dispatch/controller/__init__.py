@@ -145,7 +145,7 @@ def run_from_cli(options: ControllerOptions) -> int:
     async def main() -> int:
         try:
             kube = k.Kube.connect(namespace=o.namespace, kubeconfig=Path(o.kubeconfig) if o.kubeconfig else None,
-                                  context=o.context)
+                                  context=o.context, qps=o.kube_api_qps or 0.0, burst=o.kube_api_burst)
         except Refused as exc:
             log.error("cannot connect", error=str(exc))
             return 1
