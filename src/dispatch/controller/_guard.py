@@ -275,7 +275,7 @@ class Guard:
             log.info("guard denied", kind="Pod" if pod else "TrainJob", operation=request.get("operation"),
                      namespace=request.get("namespace"),
                      name=request.get("name") or obj.get("metadata", {}).get("name"),
-                     user=(request.get("userInfo") or {}).get("username"), message=denial)
+                     user=(request.get("userInfo") or {}).get("username"), denial=denial)
         return response(uid, denial)
 
     async def enrolment(self, request: Obj) -> e.Enrolment:
@@ -326,7 +326,7 @@ class Guard:
         if got.denial is not None:
             self.denials += 1
             log.info("enrolment denied", namespace=request.get("namespace"), name=name,
-                     user=(request.get("userInfo") or {}).get("username"), message=got.denial)
+                     user=(request.get("userInfo") or {}).get("username"), denial=got.denial)
         elif got.patch:
             log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
                      submission=got.submission)
