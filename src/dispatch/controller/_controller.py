@@ -30,7 +30,7 @@ from ..errors import DispatchError, Forbidden
 from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
-from ._finalizers import FinalizerKeeper
+from ._finalizers import POD_FINALIZERS, FinalizerKeeper
 from ._guard import Running, start
 from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, Pages, Sink, Tee, error_reason
@@ -150,6 +150,20 @@ async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> N
                 task.exception()
 
 
+WORKLOADS = "workloads"
+"""The Workload reconciler's name in controller-runtime's series (its work queue's too)."""
+
+
+def _result(result: Outcome | Exception) -> str:
+    """controller-runtime's ``result`` of one Workload's reconcile: an error (raised, or a write that was
+    refused), a requeue with backoff, a requeue after a set time, or success."""
+    if isinstance(result, Exception) or result.error:
+        return "error"
+    if result.retry:
+        return "requeue"
+    return "requeue_after" if result.recheck is not None else "success"
+
+
 class Controller:
     """The admission-check controller for dispatch's AdmissionChecks: wiring and the worker loop.
 
@@ -166,7 +180,8 @@ class Controller:
         self.identity = self.config.identity or default_identity()
         self.metrics = metrics or Metrics.create()
         self.queue = WorkQueue()
-        self.queue.instrument(self.metrics.queue, "workloads")
+        self.queue.instrument(self.metrics.queue, WORKLOADS)
+        self.metrics.runtime.declare(WORKLOADS, self.config.workers)
         kube.observe(*api_hooks(self.metrics))
         self.leading = asyncio.Event()
         self.http_port: int | None = None
@@ -186,7 +201,7 @@ class Controller:
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
-        self.finalizers.queue.instrument(self.metrics.queue, "pod-finalizers")
+        self.finalizers.queue.instrument(self.metrics.queue, POD_FINALIZERS)
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
@@ -262,12 +277,15 @@ class Controller:
         # not read these caches, so an informer that cannot list (readyz names it) delays them only so long.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._all_synced(), self.config.sync_wait_seconds)
+        active = self.metrics.runtime.active.labels(WORKLOADS)
         while True:
             await self.leading.wait()
             keys = await self.queue.get_batch(self.config.batch)
+            active.inc()
             try:
                 await self._process_many(keys)
             finally:
+                active.dec()
                 for key in keys:
                     self.queue.done(key)
                 self._gauges()
@@ -277,10 +295,19 @@ class Controller:
         namespace = keys[0].split("/", 1)[0]
         known = self.router.known_in(namespace) if len(keys) > 1 else 0
         hints = {key.split("/", 1)[1]: self.router.workloads[key].hint for key in keys if key in self.router.workloads}
-        results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
-                                                       known=known, hints=hints)
+        started = time.perf_counter()
+        try:
+            results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
+                                                           known=known, hints=hints)
+        except BaseException:
+            for _ in keys:
+                self.metrics.runtime.reconciled(WORKLOADS, "error")
+            raise
+        share = (time.perf_counter() - started) / len(keys)   # one shared read decided them all
         for key in keys:
-            self._settled(key, results[key.split("/", 1)[1]])
+            result = results[key.split("/", 1)[1]]
+            self._settled(key, result)
+            self.metrics.runtime.reconciled(WORKLOADS, _result(result), share)
 
     def _settled(self, key: str, result: Outcome | Exception) -> None:
         if isinstance(result, DispatchError):
