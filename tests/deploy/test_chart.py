@@ -451,3 +451,130 @@ def test_every_controller_option_the_chart_sets_reaches_the_controller_as_its_va
     got = parse(container(chart(tools, *sets))["args"], environ=[])
     for o, path, v in changed:
         assert getattr(got, o.name) == o.check(v), (o.flag, path, v)
+
+
+# ------------------------------------------------------------------ the knobs of Kueue's and JobSet's charts
+
+
+def test_common_labels_and_name_override(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "commonLabels.team=ml-platform", "commonLabels.cost-center=42")
+    for obj in docs:
+        if obj["kind"] != "CustomResourceDefinition":          # crds/ is never templated
+            assert obj["metadata"]["labels"]["team"] == "ml-platform", key(obj)
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["metadata"]["labels"]["cost-center"] == "42"
+    assert dep["spec"]["selector"]["matchLabels"] == SELECTOR          # labels never reach the selector
+
+    named = chart(tools, "nameOverride=dispatch-a")
+    selector = {**SELECTOR, "app.kubernetes.io/name": "dispatch-a"}
+    [dep] = [d for d in named if d["kind"] == "Deployment"]
+    assert dep["spec"]["selector"]["matchLabels"] == selector
+    assert dep["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+    for svc in (d for d in named if d["kind"] == "Service"):       # both Services still find the pods
+        assert svc["spec"]["selector"] == selector, svc["metadata"]["name"]
+    [pdb] = [d for d in named if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_extra_env_volumes_host_network_and_probe_timings(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "env[0].name=HTTPS_PROXY", "env[0].value=http://proxy:3128",
+                 "envFrom[0].secretRef.name=dispatch-extra", "volumes[0].name=ca",
+                 "volumes[0].configMap.name=corp-ca", "volumeMounts[0].name=ca",
+                 "volumeMounts[0].mountPath=/etc/ssl/corp", "hostNetwork=true",
+                 "probes.liveness.periodSeconds=20", "probes.liveness.failureThreshold=6",
+                 "probes.readiness.timeoutSeconds=7")
+    c, spec = container(docs), pod_spec(docs)
+    assert c["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert [e["name"] for e in c["env"][:2]] == ["POD_NAME", "POD_NAMESPACE"]     # the controller's own stay
+    assert c["envFrom"] == [{"secretRef": {"name": "dispatch-extra"}}]
+    assert c["volumeMounts"] == [GUARD_MOUNT, {"name": "ca", "mountPath": "/etc/ssl/corp"}]
+    assert spec["volumes"][-1] == {"name": "ca", "configMap": {"name": "corp-ca"}}
+    assert (spec["hostNetwork"], spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert c["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "probes"}, "initialDelaySeconds": 5,
+                                  "periodSeconds": 20, "timeoutSeconds": 3, "failureThreshold": 6}
+    assert c["readinessProbe"]["timeoutSeconds"] == 7
+    plain = pod_spec(chart(tools))
+    assert "hostNetwork" not in plain and "envFrom" not in container(chart(tools))
+
+
+def test_a_network_policy_only_on_request_admitting_the_controllers_ports(tools: tuple[Path, Path]) -> None:
+    assert not [d for d in chart(tools) if d["kind"] == "NetworkPolicy"]
+    docs = chart(tools, "networkPolicy.enabled=true", "networkPolicy.guard.from[0].ipBlock.cidr=10.0.0.0/24",
+                 "networkPolicy.metrics.from[0].namespaceSelector.matchLabels.name=monitoring")
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": SELECTOR}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    guard, metrics, probes = policy["spec"]["ingress"]
+    assert guard == {"ports": [{"port": "guard", "protocol": "TCP"}], "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]}
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}],
+                       "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}
+    assert probes == {"ports": [{"port": "probes", "protocol": "TCP"}]}          # the kubelet's, from anywhere
+    ports = {p["name"] for p in container(docs)["ports"]}
+    assert {"guard", "metrics", "probes"} <= ports                            # the named ports exist
+    off = [d for d in chart(tools, "networkPolicy.enabled=true", "guard.enabled=false", "metrics.mode=plain")
+           if d["kind"] == "NetworkPolicy"]
+    assert [r["ports"][0]["port"] for r in off[0]["spec"]["ingress"]] == ["probes"]
+
+
+def test_the_client_qps_and_burst(tools: tuple[Path, Path]) -> None:
+    assert not [a for a in container(chart(tools))["args"] if a.startswith("--kube-api")]
+    c = container(chart(tools, "controller.kubeAPI.qps=20", "controller.kubeAPI.burst=40"))
+    assert "--kube-api-qps=20" in c["args"] and "--kube-api-burst=40" in c["args"]
+
+
+def test_metrics_with_cert_manager_and_a_verifying_service_monitor(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "metrics.certManager.enabled=true", "monitoring.serviceMonitor.enabled=true")
+    [cert] = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["metadata"]["name"] == "dispatch-metrics" and cert["spec"]["secretName"] == "dispatch-metrics-tls"
+    assert cert["spec"]["dnsNames"] == [f"dispatch-controller-metrics.{NAMESPACE}.svc",
+                                        f"dispatch-controller-metrics.{NAMESPACE}.svc.cluster.local"]
+    assert cert["spec"]["issuerRef"] == {"name": "dispatch-metrics-selfsigned", "kind": "Issuer"}
+    c = container(docs)
+    assert "--metrics-cert-dir=/etc/dispatch/metrics-certs" in c["args"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "dispatch-metrics-tls"}} in pod_spec(docs)["volumes"]
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["tlsConfig"] == {
+        "ca": {"secret": {"name": "dispatch-metrics-tls", "key": "ca.crt"}},
+        "serverName": f"dispatch-controller-metrics.{NAMESPACE}.svc"}             # verified, not skipped
+
+    both = chart(tools, "metrics.certManager.enabled=true", "guard.certManager.enabled=true",
+                 "metrics.certManager.issuerRef.name=corp-ca", "metrics.certManager.issuerRef.kind=ClusterIssuer")
+    certs = {d["metadata"]["name"]: d["spec"]["issuerRef"] for d in both if d["kind"] == "Certificate"}
+    assert certs == {"dispatch-metrics": {"name": "corp-ca", "kind": "ClusterIssuer"},
+                     "dispatch-guard": {"name": "dispatch-guard-selfsigned", "kind": "Issuer"}}
+    got = render(tools, "metrics.certManager.enabled=true", "metrics.mode=plain", check=False)
+    assert got.returncode != 0 and "metrics.certManager is for metrics.mode=secure" in got.stderr
+    got = render(tools, "metrics.certManager.enabled=true", "metrics.certSecret=x", check=False)
+    assert got.returncode != 0 and "metrics.certManager and metrics.certSecret" in got.stderr
+
+
+def test_the_service_monitors_authorization_and_tls_are_values(tools: tuple[Path, Path]) -> None:
+    default = [d for d in chart(tools, "monitoring.serviceMonitor.enabled=true") if d["kind"] == "ServiceMonitor"]
+    endpoint = default[0]["spec"]["endpoints"][0]
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True} and "bearerTokenFile" in endpoint
+    docs = chart(tools, "monitoring.serviceMonitor.enabled=true",
+                 "monitoring.serviceMonitor.authorization.type=Bearer",
+                 "monitoring.serviceMonitor.authorization.credentials.name=prometheus-token",
+                 "monitoring.serviceMonitor.authorization.credentials.key=token",
+                 "monitoring.serviceMonitor.tlsConfig.ca.configMap.name=corp-ca",
+                 "monitoring.serviceMonitor.tlsConfig.ca.configMap.key=ca.crt",
+                 "monitoring.serviceMonitor.tlsConfig.serverName=metrics.example")
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    endpoint = sm["spec"]["endpoints"][0]
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-token", "key": "token"}}
+    assert endpoint["tlsConfig"] == {"ca": {"configMap": {"name": "corp-ca", "key": "ca.crt"}},
+                                     "serverName": "metrics.example"}
+
+
+def test_alerts_link_the_runbook_base_and_name_the_releases_namespace(tools: tuple[Path, Path]) -> None:
+    helm, _ = tools
+    text = subprocess.run([str(helm), "template", "dispatch", str(CHART), "--namespace", "ml-platform",
+                           "--set", "monitoring.prometheusRule.enabled=true", "--set",
+                           "monitoring.prometheusRule.runbookBaseURL=https://wiki.example/dispatch/"],
+                          capture_output=True, text=True, check=True).stdout
+    [rule] = [d for d in _docs(text) if d["kind"] == "PrometheusRule"]
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/dispatch/") for r in rules)
+    texts = json.dumps(rule)
+    assert "dispatch-system" not in texts and "kubectl -n ml-platform get pods" in texts
