@@ -271,6 +271,8 @@ class Pacing:
     limit: RateLimit | None = field(init=False, default=None)
     throttled: int = field(init=False, default=0)
     """429 responses this connection met (the API server's Priority and Fairness, or max-in-flight)."""
+    sent: int = field(init=False, default=0)
+    """Requests this connection sent, retries included (``Kube.requests`` counts one copy's)."""
 
     def __post_init__(self) -> None:
         n.check(pacing_problems(self.qps, self.burst, self.retry_seconds))
@@ -472,6 +474,7 @@ class Kube:
             throttled = False
             try:
                 self.requests += 1
+                pacing.sent += 1
                 response = await self._client.request(
                     method,
                     path,
@@ -690,6 +693,7 @@ class Kube:
         if self.pacing.limit is not None:
             await self.pacing.limit.wait()
         self.requests += 1
+        self.pacing.sent += 1
         timeout = httpx2.Timeout(15.0, read=timeout_seconds + 30)
         try:
             async with self._client.stream(
