@@ -457,12 +457,12 @@ def test_every_controller_option_the_chart_sets_reaches_the_controller_as_its_va
 
 
 def test_common_labels_and_name_override(tools: tuple[Path, Path]) -> None:
-    docs = chart(tools, "commonLabels.team=ml-platform", "commonLabels.cost-center=42")
+    docs = chart(tools, "commonLabels.team=ml-platform", "commonLabels.cost-center=c42")
     for obj in docs:
         if obj["kind"] != "CustomResourceDefinition":          # crds/ is never templated
             assert obj["metadata"]["labels"]["team"] == "ml-platform", key(obj)
     [dep] = [d for d in docs if d["kind"] == "Deployment"]
-    assert dep["spec"]["template"]["metadata"]["labels"]["cost-center"] == "42"
+    assert dep["spec"]["template"]["metadata"]["labels"]["cost-center"] == "c42"
     assert dep["spec"]["selector"]["matchLabels"] == SELECTOR          # labels never reach the selector
 
     named = chart(tools, "nameOverride=dispatch-a")
