@@ -131,6 +131,8 @@ class ControllerOptions:
                                   chart="guard.port")
     guard_cert_dir: str = _opt("", "--guard-cert-dir", "tls.crt/tls.key to serve the guard with (else a CA and "
                                "certificate are made there).", str)
+    guard_service: str = _opt("dispatch-guard", "--guard-service", "The guard's Service in --lease-namespace: the "
+                              "names a certificate the controller makes is valid for.", str)
     guard_webhook: str = _opt("dispatch-guard", "--guard-webhook", "ValidatingWebhookConfiguration (and "
                               "enrolment's Mutating one) whose caBundle to keep ('': none).", str)
     kube_api_qps: float | None = _opt(

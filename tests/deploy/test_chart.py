@@ -578,3 +578,44 @@ def test_alerts_link_the_runbook_base_and_name_the_releases_namespace(tools: tup
     assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/dispatch/") for r in rules)
     texts = json.dumps(rule)
     assert "dispatch-system" not in texts and "kubectl -n ml-platform get pods" in texts
+
+
+def test_fullname_override_renames_the_releases_objects_and_what_refers_to_them(tools: tuple[Path, Path]) -> None:
+    everything = ("guard.certManager.enabled=true", "metrics.certManager.enabled=true", "networkPolicy.enabled=true",
+                  "multikueue.workerSecrets={w}", "monitoring.serviceMonitor.enabled=true",
+                  "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true")
+    docs = chart(tools, "fullnameOverride=ml-dispatch", *everything)
+    default = chart(tools, *everything)
+    mine = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == NAMESPACE}
+    assert mine and all(name.startswith("ml-dispatch-") for _, name in mine), sorted(mine)
+    assert {(d["kind"], d["metadata"]["name"]) for d in default
+            if d["metadata"].get("namespace") == NAMESPACE} == {(kind, "dispatch-" + name[len("ml-dispatch-"):])
+                                                                 for kind, name in mine}
+    cluster_scoped = sorted((d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"])
+    assert cluster_scoped == sorted((d["kind"], d["metadata"]["name"]) for d in default
+                                    if "namespace" not in d["metadata"])       # documented names stay
+    spec = pod_spec(docs)
+    assert spec["serviceAccountName"] == "ml-dispatch-controller"
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        for subject in binding["subjects"]:
+            if subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE:
+                assert subject["name"] == "ml-dispatch-controller", binding["metadata"]["name"]
+    for hook in (d for d in docs if d["kind"].endswith("WebhookConfiguration")):
+        assert {w["clientConfig"]["service"]["name"] for w in hook["webhooks"]} == {"ml-dispatch-guard"}
+        assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/ml-dispatch-guard"
+    certs = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Certificate"}
+    assert certs["ml-dispatch-guard"]["dnsNames"][0] == f"ml-dispatch-guard.{NAMESPACE}.svc"
+    assert certs["ml-dispatch-metrics"]["dnsNames"][0] == f"ml-dispatch-controller-metrics.{NAMESPACE}.svc"
+    assert {"name": "guard-certs", "secret": {"secretName": "ml-dispatch-guard-tls"}} in spec["volumes"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "ml-dispatch-metrics-tls"}} in spec["volumes"]
+    # the controller makes its own guard certificate for the renamed Service when cert-manager does not
+    from dispatch._controller_options import parse
+    from dispatch.controller._controller import Config, guard_hosts_in
+    own = parse(container(chart(tools, "fullnameOverride=ml-dispatch"))["args"], environ=[])
+    config = Config.from_options(own)
+    assert guard_hosts_in(config.lease_namespace, config.guard_service)[0] == "ml-dispatch-guard.dispatch-system.svc"
+    rule = json.dumps([d for d in docs if d["kind"] == "PrometheusRule"])
+    assert 'job=\\"ml-dispatch-controller-metrics\\"' in rule and 'endpoint=\\"ml-dispatch-guard\\"' in rule
+    assert "dispatch-controller-metrics" not in rule.replace("ml-dispatch-controller-metrics", "")
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["tlsConfig"]["serverName"] == f"ml-dispatch-controller-metrics.{NAMESPACE}.svc"

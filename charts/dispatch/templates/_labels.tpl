@@ -3,6 +3,11 @@
 {{- .Values.nameOverride | default "dispatch" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The prefix of the release's namespaced objects' names: "dispatch" (as deploy/) unless fullnameOverride. */}}
+{{- define "dispatch.fullname" -}}
+{{- .Values.fullnameOverride | default "dispatch" | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
 {{/* Labels on every object: the same app.kubernetes.io/name as deploy/, plus Helm's own and commonLabels. */}}
 {{- define "dispatch.labels" -}}
 app.kubernetes.io/name: {{ include "dispatch.name" . }}

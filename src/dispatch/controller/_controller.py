@@ -98,9 +98,11 @@ class Config:
     """The ValidatingWebhookConfiguration whose caBundle the controller keeps ("": someone else does)."""
     kueue_namespace: str = _O.kueue_namespace
     """Kueue's namespace, where the Secrets holding MultiKueue workers' kubeconfigs are."""
+    guard_service: str = _O.guard_service
+    """The guard's Service (in ``lease_namespace``), whose names a generated serving certificate carries."""
     guard_hosts: tuple[str, ...] = ()
-    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
-    the guard Service in the controller's own namespace)."""
+    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace,
+    guard_service)``, the guard Service in the controller's own namespace)."""
 
     @classmethod
     def from_options(cls, o: ControllerOptions, *, metrics_serving: MetricsServing | None = None) -> Config:
@@ -112,17 +114,18 @@ class Config:
             resync_seconds=o.resync_seconds, metrics_port=o.metrics_port,
             foreign="ready" if o.foreign == "ready" else "ignore", controller_name=o.controller_name,
             metrics_serving=metrics_serving, guard_port=o.guard_port, guard_cert_dir=o.guard_cert_dir,
-            guard_webhook=o.guard_webhook, kueue_namespace=o.kueue_namespace,
+            guard_webhook=o.guard_webhook, guard_service=o.guard_service, kueue_namespace=o.kueue_namespace,
         )
 
 
 GUARD_SERVICE = "dispatch-guard"
 
 
-def guard_hosts_in(namespace: str) -> tuple[str, ...]:
+def guard_hosts_in(namespace: str, service: str = GUARD_SERVICE) -> tuple[str, ...]:
     """The names the API server may call the guard by: its Service in ``namespace`` (where the controller
-    runs, so a Helm release in another namespace still gets a certificate that matches), and loopback."""
-    svc = f"{GUARD_SERVICE}.{namespace}.svc"
+    runs, so a Helm release in another namespace, or under another name, still gets a certificate that
+    matches), and loopback."""
+    svc = f"{service}.{namespace}.svc"
     return svc, f"{svc}.cluster.local", "localhost", "127.0.0.1"
 
 
@@ -408,7 +411,7 @@ class Controller:
         c = self.config
         if c.guard_port is not None:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
-                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace),
+                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace, c.guard_service),
                                      webhook=c.guard_webhook, registry=self.metrics.registry)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
