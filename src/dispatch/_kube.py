@@ -470,6 +470,9 @@ class Kube:
             attempt += 1
             if pacing.limit is not None:
                 await pacing.limit.wait()
+            if self._client.is_closed:      # closed while this call waited (a controller stopping)
+                raise Unreachable(f"the connection to the API server{self._server()} was closed before "
+                                  f"{method} {path.split('?')[0]} was sent", reason="Closed")
             pause: float | None = None
             throttled = False
             try:

@@ -203,3 +203,26 @@ def test_the_controller_options() -> None:
         ControllerOptions(kube_api_burst=0)
     with pytest.raises(ValueError, match="--kube-api-qps: must be at least 0"):
         ControllerOptions(kube_api_qps=-1.0)
+
+
+def test_a_call_waiting_for_a_token_when_the_connection_closes_fails_retryably() -> None:
+    """A controller stopping closes its connection while calls (best-effort Events) wait for tokens: each
+    fails as ``Unreachable``, which its caller handles, not as the HTTP client's RuntimeError."""
+    clock = Clock()
+    kb, seen = kube(ok, clock, qps=1.0, burst=1)
+
+    async def calls() -> None:
+        await kb.get(k.PODS, "p")                       # the burst
+        real_sleep = clock.sleep
+
+        async def close_meanwhile(seconds: float) -> None:
+            await kb.aclose()
+            await real_sleep(seconds)
+        kb.pacing.sleep = close_meanwhile
+        assert kb.pacing.limit is not None
+        kb.pacing.limit._sleep = close_meanwhile
+        with pytest.raises(Unreachable, match="was closed before GET"):
+            await kb.get(k.PODS, "p")
+
+    asyncio.run(calls())
+    assert len(seen) == 1
