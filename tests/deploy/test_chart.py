@@ -262,7 +262,11 @@ def test_bad_values_fail_naming_them(tools: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.parametrize("sets", [(), ("metrics.mode=localhost",), ("metrics.certSecret=dispatch-metrics-tls",
-                                                                     "controller.namespace=default")])
+                                                                     "controller.namespace=default"),
+                                  ("fullnameOverride=ml-dispatch", "networkPolicy.enabled=true", "hostNetwork=true",
+                                   "commonLabels.team=ml", "env[0].name=HTTPS_PROXY", "env[0].value=http://p:3128",
+                                   "networkPolicy.guard.from[0].ipBlock.cidr=10.0.0.0/8",
+                                   "controller.kubeAPI.qps=20", "probes.liveness.failureThreshold=6")])
 def test_the_api_server_accepts_what_the_chart_renders(
     tools: tuple[Path, Path], testbed_kubeconfig: str, sets: tuple[str, ...]
 ) -> None:
