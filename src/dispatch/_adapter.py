@@ -87,18 +87,28 @@ class AsyncAdapter:
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
         overrides: ConfigOverrides | None = None,
+        qps: float = k.DEFAULT_QPS,
+        burst: int = k.DEFAULT_BURST,
+        retry_seconds: float = k.RETRY_SECONDS,
     ) -> AsyncAdapter:
         """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster).
 
         ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``);
         ``overrides`` are kubectl's client flags (``--server``, ``--token``, ``--as``, ...) laid over the
-        kubeconfig."""
+        kubeconfig. ``qps`` and ``burst`` are client-go's client-side rate limit (0 QPS, the default: none, the
+        API server's Priority and Fairness paces the client through 429s and their ``Retry-After``, which are
+        always honoured); ``retry_seconds`` bounds how long one call may retry before it fails with
+        ``Unreachable``."""
         if namespace is not None:
             problem = n.dns1123_subdomain_problem(namespace)
             if problem:
                 n.check([FieldCause("namespace", f"{namespace!r} {problem}", "FieldValueInvalid")])
+        problems = k.pacing_problems(qps, burst, retry_seconds)
+        if problems:
+            n.check(problems)
         kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport,
-                              request_timeout=request_timeout, overrides=overrides)
+                              request_timeout=request_timeout, overrides=overrides, qps=qps, burst=burst,
+                              retry_seconds=retry_seconds)
         return cls(kube, read_only=read_only)
 
     @property
@@ -772,7 +782,11 @@ class Adapter:
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
         overrides: ConfigOverrides | None = None,
+        qps: float = k.DEFAULT_QPS,
+        burst: int = k.DEFAULT_BURST,
+        retry_seconds: float = k.RETRY_SECONDS,
     ) -> Adapter:
+        """Connect (``AsyncAdapter.connect``'s arguments) and run the adapter on a loop of its own."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="dispatch-loop", daemon=True)
         thread.start()
@@ -780,7 +794,7 @@ class Adapter:
         async def build() -> AsyncAdapter:
             return AsyncAdapter.connect(
                 namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport,
-                request_timeout=request_timeout, overrides=overrides,
+                request_timeout=request_timeout, overrides=overrides, qps=qps, burst=burst, retry_seconds=retry_seconds,
             )
 
         try:

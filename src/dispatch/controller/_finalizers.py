@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import datetime as dt
 import sys
+import time
 from collections.abc import Iterable
 
 import structlog
@@ -42,6 +43,10 @@ log = structlog.get_logger("dispatch.controller")
 
 
 
+POD_FINALIZERS = "pod-finalizers"
+"""The keeper's name in controller-runtime's series (its work queue's too)."""
+
+
 class FinalizerKeeper:
     """Watches pods that carry dispatch's finalizer and removes it once each one's end is proven."""
 
@@ -51,6 +56,7 @@ class FinalizerKeeper:
         self._core = Cores(kube)
         self.workers = workers
         self.queue = WorkQueue()
+        metrics.runtime.declare(POD_FINALIZERS, max(1, workers))
         self.on_node_of: dict[str, set[str]] = {}
         """Pod keys (``namespace/name``) carrying our finalizer, by the Node they sit on."""
         self.node_of: dict[str, str] = {}
@@ -209,9 +215,14 @@ class FinalizerKeeper:
         return proof, pod
 
     async def _worker(self, leading: asyncio.Event) -> None:
+        runtime = self._metrics.runtime
+        active = runtime.active.labels(POD_FINALIZERS)
         while True:
             await leading.wait()
             key = await self.queue.get()
+            active.inc()
+            started = time.perf_counter()
+            result = "error"
             try:
                 outcome = await self.release(key)
             except DispatchError as exc:
@@ -223,10 +234,14 @@ class FinalizerKeeper:
                 self.queue.add_after(key, self.queue.backoff(key))
             else:
                 if outcome == "conflict":
+                    result = "requeue"
                     self.queue.add_after(key, self.queue.backoff(key))
                 else:
+                    result = "success"
                     self.queue.forget(key)
             finally:
+                active.dec()
+                runtime.reconciled(POD_FINALIZERS, result, time.perf_counter() - started)
                 self.queue.done(key)
 
     async def run(self, leading: asyncio.Event) -> None:
