@@ -386,8 +386,14 @@ class Campaign:
             return await self._apiserver_restart(op)
         elif kind == "leader_kill":
             name = await self.current(op.target)
-            if name is not None:  # something for the leader to admit: a Kueue-mode release
+            if name is not None:  # something for the leader to admit: held, its pods gone, then released
                 self.desired[op.target] = "running"
+                with contextlib.suppress(Exception):
+                    await self.writers[0].hold(name)
+
+                    async def gone() -> bool:
+                        return not await self.pods(op.target)
+                    await harness.until(gone, timeout=30, what="its pods gone", poll=0.2)
                 with contextlib.suppress(Exception):
                     await self.writers[0].release(name)
             await asyncio.sleep(float(op.arg or 0))
@@ -703,6 +709,9 @@ class Campaign:
                 await self.liveness()
                 for text in self.observe():
                     self.log(f"ORACLE {text}")
+                assert self.admin is not None
+                for e in (await self.admin.list(api.EVENTS)).items:
+                    self.report.events[f"{e.get('reason', '?')}"] += int(e.get("count") or 1)
             finally:
                 await self._heal_everything()
         self.report.minutes = (time.monotonic() - t0) / 60

@@ -448,6 +448,9 @@ class Report:
     """Starts tried while no replica answered: ``refused``, ``accepted`` (a violation); other writes: ``other
     passed``, ``other refused`` (a violation: nothing else may be affected)."""
     liveness_actions: Counter[str] = field(default_factory=Counter)
+    events: Counter[str] = field(default_factory=Counter)
+    """The namespace's Events by reason at the end (what the controllers said they did: Kueue's preemptions,
+    the Job controller's refused pod creates, dispatch's delayed admissions)."""
     processes: int = 0
     executions: int = 0
     commits: int = 0
@@ -474,7 +477,7 @@ class Report:
                 "findings": {kind: sorted(getattr(self.judgement, kind).values())
                              for kind in Judgement.KINDS},
                 "stalls": self.stalls, "guard_down": dict(self.guard_down),
-                "liveness_actions": dict(self.liveness_actions),
+                "liveness_actions": dict(self.liveness_actions), "events": dict(sorted(self.events.items())),
                 "processes": self.processes, "executions": self.executions, "commits": self.commits,
                 "fenced": self.fenced, "notes": self.findings, "schedule": self.schedule_file}
 
@@ -486,6 +489,7 @@ class Report:
                  f"{self.commits} commits, {self.fenced} refused by the fence",
                  line("actions", self.actions), line("faults", self.faults), line("outcomes", self.outcomes),
                  line("guard down", self.guard_down), line("liveness actions", self.liveness_actions),
+                 line("events", self.events),
                  line("oracles", self.counts())]
         for kind in Judgement.KINDS:
             lines += [f"  {kind}: {t}" for t in sorted(getattr(self.judgement, kind).values())]
