@@ -375,6 +375,8 @@ class Campaign:
             await asyncio.to_thread(testbed.stop_component, kind.split("_")[0])
         elif kind == "node_delete":
             await self.admin.delete(k.NODES, NODE)
+        elif kind == "power_off":
+            await asyncio.to_thread(testbed.power_off, NODE)
         elif kind == "oos_taint":
             state = "frozen" if "freeze" in self.active else self.ready(await self.node())
             await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}=nodeshutdown:NoExecute",
@@ -489,6 +491,8 @@ class Campaign:
             await asyncio.to_thread(testbed.start_component, kind.split("_")[0])
         elif kind == "node_delete":
             await self._node_back()
+        elif kind == "power_off":
+            await asyncio.to_thread(testbed.power_on, NODE)
         elif kind == "oos_taint":
             await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}-", check=False)
             self.taint_windows = [(a, b if b is not None else _now_ms()) for a, b in self.taint_windows]
@@ -516,7 +520,7 @@ class Campaign:
     async def _heal_everything(self) -> None:
         """Every fault healed, whatever the schedule did: the node thawed, untainted, its kubelet and containerd
         running and Ready; both replicas up. Also after a failure: the testbed is shared."""
-        for kind in ("freeze", "oos_taint", "kubelet_restart", "containerd_restart", "node_delete",
+        for kind in ("freeze", "oos_taint", "power_off", "kubelet_restart", "containerd_restart", "node_delete",
                      "leader_kill", "replicas_down"):
             if kind in self.active:
                 try:

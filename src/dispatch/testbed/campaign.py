@@ -48,11 +48,12 @@ ACTIONS: dict[str, float] = {
 two names); the deletes are a user of Kubernetes' built-in ``edit`` role (``kubectl delete``, ``--force``)."""
 FAULTS: dict[str, float] = {
     "freeze": 1.0, "kubelet_restart": 1.0, "containerd_restart": 0.8, "node_delete": 0.7, "oos_taint": 0.7,
+    "power_off": 0.5,
     "apiserver_restart": 0.4, "leader_kill": 1.0, "replicas_down": 0.7,
 }
 """The faults and their weights. Each but ``apiserver_restart`` (stopped and started within its op, while a
 release is on its way) is injected by one op and healed by a ``heal`` op one to three rounds later."""
-NODE_FAULTS = frozenset({"freeze", "kubelet_restart", "containerd_restart", "node_delete"})
+NODE_FAULTS = frozenset({"freeze", "kubelet_restart", "containerd_restart", "node_delete", "power_off"})
 """At most one of these at a time: each stops or removes the one real kubelet's view of its node."""
 CONTROLLER_FAULTS = frozenset({"leader_kill", "replicas_down"})
 """At most one of these at a time: both stop controller replicas."""
