@@ -308,7 +308,11 @@ class Campaign:
         adapter = self.writers[op.who % len(self.writers)]
         sub = op.target
         if op.kind == "open" or (op.kind == "preempt" and await self.current(sub) is None):
-            await adapter.open(self.spec(sub, op.arg or "a"), hold=False)
+            try:
+                await adapter.open(self.spec(sub, op.arg or "a"), hold=False)
+            except PodsRemain:  # opened, held while the previous execution's pods go
+                self.desired[sub] = "running"
+                raise
             self.desired[sub] = "running"
             return "ok"
         if op.kind == "edit_runtime":
@@ -555,10 +559,11 @@ class Campaign:
         logs = self._read_logs()
         found = judge(records, procs, events, logs)
         by_run = {p.run: p for p in procs}
-        for key in list(found.overlaps):
-            first, second = (by_run[r] for r in key.split("+"))
-            if excused_by_taint(first, second, self.taint_windows):
-                self.excused[key] = found.overlaps.pop(key)
+        for kind in (found.overlaps, found.same_a_overlaps):
+            for key in list(kind):
+                first, second = (by_run[r] for r in key.split("+"))
+                if excused_by_taint(first, second, self.taint_windows):
+                    self.excused[key] = kind.pop(key)
         new = self.report.judgement.merge(found)
         r = self.report
         r.processes = len(procs)
