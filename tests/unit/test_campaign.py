@@ -231,3 +231,10 @@ def test_the_report_counts_and_fails_on_any_finding_or_stall() -> None:
     g = c.Report(seed=5)
     g.guard_down["accepted"] += 1
     assert g.failed
+
+
+def test_the_first_round_opens_the_work_with_both_writers() -> None:
+    first = c.generate(9, 3).rounds[0]
+    assert [(o.kind, o.target) for o in first.ops] == [("open", s) for s in (*c.PLAIN, *c.KUEUE)]
+    assert {o.who for o in first.ops} == {0, 1}
+    assert c.generate(9, 0).rounds == ()

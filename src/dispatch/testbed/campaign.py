@@ -128,7 +128,7 @@ def _pick(rng: random.Random, weights: Mapping[str, float]) -> str:
 def generate(seed: int, rounds: int, *, faults: Iterable[str] = tuple(FAULTS), fault_rate: float = 0.25) -> Schedule:
     """The schedule of ``rounds`` rounds drawn from ``seed`` (the same seed, the same schedule, on any machine).
 
-    Each round starts one to three ops at once and then pauses one to six seconds. An op is a fault with
+    The first round opens every low submission (two writers at once). Each later round starts one to three ops at once and then pauses one to six seconds. An op is a fault with
     probability ``fault_rate`` (of the kinds in ``faults`` not already in force and compatible with those that
     are), else an action. A fault is healed one to three rounds later; a last round heals what is still in
     force, so no fault outlives the schedule."""
@@ -141,7 +141,9 @@ def generate(seed: int, rounds: int, *, faults: Iterable[str] = tuple(FAULTS), f
     rng = random.Random(seed)
     active: dict[str, int] = {}  # fault kind -> round its heal is due
     out: list[Round] = []
-    for i in range(rounds):
+    if rounds:  # the work first: every low submission opened (released) by one writer or the other
+        out.append(Round(tuple(Op("open", sub, "a", i % 2) for i, sub in enumerate((*PLAIN, *KUEUE))), 5.0))
+    for i in range(1, rounds):
         ops = [Op("heal", kind) for kind, due in sorted(active.items()) if due == i]
         for op in ops:
             del active[op.target]
