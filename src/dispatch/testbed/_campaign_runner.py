@@ -346,7 +346,15 @@ class Campaign:
                 return "skipped (no Job)"
             await self.editor.delete(k.JOBS, jobs[0], propagation="Background")
         elif op.kind == "delete_jobset":
-            await self.editor.delete(k.JOBSETS, name, propagation="Background")
+            try:
+                await self.editor.delete(k.JOBSETS, name, propagation="Background")
+            except Refused as e:
+                if e.code != 403:
+                    raise
+                # the built-in edit role covers no JobSets unless JobSet's install aggregates a role to it
+                # (the testbed's does not): the operator deletes it instead
+                await self.admin.delete(k.JOBSETS, name, propagation="Background")
+                return "ok (by the operator: edit may not delete JobSets)"
         else:
             raise ValueError(f"unknown action {op.kind}")
         return "ok"
