@@ -648,8 +648,39 @@ class Campaign:
             await asyncio.sleep(3)
         for sub in sorted(waiting):
             self.report.stalls[sub] = last.get(sub, "?")
+            try:
+                where = await self.diagnose(sub)
+                self.report.stalls[sub] += f" (what the cluster held: {where})"
+            except Exception as e:
+                self.log(f"diagnose {sub}: {e!r}")
         self.log(f"liveness: {len(want) - len(waiting)} of {len(want)} running "
                  f"{time.monotonic() - t0:.0f} s after healing")
+
+    async def diagnose(self, sub: str) -> str:
+        """What the cluster holds of a stalled submission (its TrainJob, JobSet, Jobs, pods and their Events),
+        written to ``stall-<sub>.json``; returns the file's name and a one-line summary of the pods and Jobs."""
+        assert self.admin is not None
+        name = await self.current(sub)
+        out: dict[str, Any] = {"trainjob": None, "jobset": None, "jobs": [], "pods": [], "events": []}
+        if name is not None:
+            out["trainjob"] = await self.admin.get_or_none(k.TRAINJOBS, name)
+            out["jobset"] = await self.admin.get_or_none(k.JOBSETS, name)
+            out["jobs"] = (await self.admin.list(k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items
+        pods = (await self.admin.list(k.PODS, labels=f"{LABEL_JOB_ID}={sub}")).items
+        out["pods"] = pods
+        names = {name, *(j["metadata"]["name"] for j in out["jobs"]), *(p["metadata"]["name"] for p in pods)}
+        out["events"] = [e for e in (await self.admin.list(api.EVENTS)).items
+                         if (e.get("involvedObject") or {}).get("name") in names]
+        path = self.workdir / f"stall-{sub}.json"
+        path.write_text(json.dumps(out, indent=1, default=str))
+        said = [f"pod {p['metadata']['name']} {(p.get('status') or {}).get('phase')}"
+                f"{' deleting' if p['metadata'].get('deletionTimestamp') else ''}"
+                f" A={p['metadata'].get('labels', {}).get('dispatch.phpboyscout.uk/admission')}" for p in pods]
+        said += [f"Job {j['metadata']['name']} active={(j.get('status') or {}).get('active', 0)} "
+                 f"failed={(j.get('status') or {}).get('failed', 0)}" for j in out["jobs"]]
+        last = sorted(out["events"], key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))[-3:]
+        said += [f"{e.get('reason')}: {str(e.get('message'))[:160]}" for e in last]
+        return f"{path.name}: " + "; ".join(said)
 
     async def _liveness_action(self, sub: str, why: str) -> None:
         name = await self.current(sub)
