@@ -130,8 +130,9 @@ def generate(seed: int, rounds: int, *, faults: Iterable[str] = tuple(FAULTS), f
 
     The first round opens every low submission (two writers at once). Each later round starts one to three
     ops at once and then pauses one to six seconds. An op is a fault with probability ``fault_rate`` (of the
-    kinds in ``faults`` not already in force and compatible with those that are), else an action. A fault is healed one to three rounds later; a last round heals what is still in
-    force, so no fault outlives the schedule."""
+    kinds in ``faults`` not already in force and compatible with those that are), else an action. A fault is
+    healed one to three rounds later; a last round heals what is still in force, so no fault outlives the
+    schedule."""
     allowed = tuple(f for f in FAULTS if f in set(faults))
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown:
