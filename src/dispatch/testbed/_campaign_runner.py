@@ -391,6 +391,8 @@ class Campaign:
             await asyncio.to_thread(testbed.power_off, NODE)
         elif kind == "oos_taint":
             state = "frozen" if "freeze" in self.active else self.ready(await self.node())
+            if state == "gone":
+                return "skipped (no Node to taint)"
             await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}=nodeshutdown:NoExecute",
                                     "--overwrite")
             self.taint_windows.append((_now_ms(), None))
