@@ -614,8 +614,9 @@ class Campaign:
         return True, f"A={a}"
 
     async def liveness(self) -> None:
-        """Once every fault is healed: each submission the writers left running runs again within the bound, or
-        its status names what to do (release it; a Failed one closed and opened again), which the runner does."""
+        """Once every fault is healed: every submission (but the preemptor, held so the queue has room) runs
+        within the bound, the runner doing what its status names (open a closed one, release a held one; a
+        Failed one closed and opened again)."""
         assert self.admin is not None
         await self._heal_everything()
         async def node_ready() -> bool:
@@ -632,7 +633,13 @@ class Campaign:
                     await self.writers[0].hold(name)
                     self.report.liveness_actions["hold the preemptor"] += 1
             self.desired[PREEMPTOR] = "held"
-        want = sorted(s for s, d in self.desired.items() if d == "running")
+        # every object, not only those the writers left running: the held ones released, the closed ones
+        # opened again (each an action the runner takes, counted), then each must run within the bound
+        want = sorted(s for s in SUBMISSIONS if s != PREEMPTOR)
+        for sub in want:
+            if self.desired.get(sub) != "running":
+                self.report.liveness_actions[f"bring {self.desired.get(sub, 'unopened')} back"] += 1
+                self.desired[sub] = "running"
         last: dict[str, str] = {}
         t0 = time.monotonic()
         waiting = set(want)
