@@ -50,6 +50,10 @@ def test_every_fault_is_healed_later_and_no_two_node_faults_are_in_force_at_once
                 assert op.kind not in active
                 active.add(op.kind)
         assert len(active & c.NODE_FAULTS) <= 1, active
+        healed = {op.target for op in rnd.ops if op.kind == "heal"}
+        injected = {op.kind for op in rnd.ops if op.kind in c.FAULTS}
+        for group in (c.NODE_FAULTS, c.CONTROLLER_FAULTS):
+            assert not (healed & group and injected & group), f"a heal and a fault of one group at once: {rnd}"
         assert len(active & c.CONTROLLER_FAULTS) <= 1, active
         assert 1 <= rnd.pause <= 6
     assert not active, f"left in force at the end: {active}"

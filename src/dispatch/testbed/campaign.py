@@ -148,10 +148,11 @@ def generate(seed: int, rounds: int, *, faults: Iterable[str] = tuple(FAULTS), f
         ops = [Op("heal", kind) for kind, due in sorted(active.items()) if due == i]
         for op in ops:
             del active[op.target]
+        busy = {op.target for op in ops}  # a heal runs beside this round's other ops: nothing of its group now
         for _ in range(rng.choices((1, 2, 3), (5, 3, 2))[0]):
             eligible = {f: FAULTS[f] for f in allowed if f not in active
-                        and not (f in NODE_FAULTS and NODE_FAULTS & set(active))
-                        and not (f in CONTROLLER_FAULTS and CONTROLLER_FAULTS & set(active))}
+                        and not (f in NODE_FAULTS and NODE_FAULTS & (set(active) | busy))
+                        and not (f in CONTROLLER_FAULTS and CONTROLLER_FAULTS & (set(active) | busy))}
             if eligible and rng.random() < fault_rate:
                 kind = _pick(rng, eligible)
                 if kind == "apiserver_restart":
