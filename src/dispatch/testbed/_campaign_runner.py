@@ -200,7 +200,8 @@ class Campaign:
             for res in got["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
                 if res["name"] == "pods":
                     res["nominalQuota"] = str(len(KUEUE))  # the preemptor needs a low one's place
-            await kube.replace(harness.CLUSTERQUEUES, cq, got)
+            # a merge patch of the whole list (no resourceVersion): Kueue writes the queue's status meanwhile
+            await kube.merge_patch(harness.CLUSTERQUEUES, cq, {"spec": {"resourceGroups": got["spec"]["resourceGroups"]}})
             await asyncio.to_thread(realnode.python_image)
             rt = realnode.fenced_runtime(RUNTIME, self.oracle_dir, self.checkpoints, namespace=ns, commit_every=1.0,
                                          fenced_tries=2, grace_period_seconds=5)
