@@ -201,7 +201,8 @@ class Campaign:
                 if res["name"] == "pods":
                     res["nominalQuota"] = str(len(KUEUE))  # the preemptor needs a low one's place
             # a merge patch of the whole list (no resourceVersion): Kueue writes the queue's status meanwhile
-            await kube.merge_patch(harness.CLUSTERQUEUES, cq, {"spec": {"resourceGroups": got["spec"]["resourceGroups"]}})
+            groups = got["spec"]["resourceGroups"]
+            await kube.merge_patch(harness.CLUSTERQUEUES, cq, {"spec": {"resourceGroups": groups}})
             await asyncio.to_thread(realnode.python_image)
             rt = realnode.fenced_runtime(RUNTIME, self.oracle_dir, self.checkpoints, namespace=ns, commit_every=1.0,
                                          fenced_tries=2, grace_period_seconds=5)
