@@ -1,4 +1,5 @@
-"""What the controller's API request metrics (``rest_client_*``, hooks on the HTTP client) cost per request.
+"""What the controller's API request metrics (``rest_client_*`` and ``dispatch_api_*``, hooks on the HTTP
+client) cost per request.
 
 The same requests (GETs of one pod, and lists of one label-selected pod) go through two ``Kube``s over
 one in-process fake, one with the controller's hooks installed and one without, in alternating rounds
@@ -56,7 +57,7 @@ async def main(requests: int, rounds: int) -> dict[str, object]:
             without_s.append(t_plain / requests)
             ratios.append(t_hooked / t_plain)
         counted = metrics.registry.get_sample_value(
-            "rest_client_requests_total", {"code": "200", "method": "GET", "resource": "pods"}) or 0
+            "dispatch_api_requests_total", {"code": "200", "method": "GET", "resource": "pods"}) or 0
     finally:
         await plain.aclose()
         await hooked.aclose()

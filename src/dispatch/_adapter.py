@@ -87,18 +87,28 @@ class AsyncAdapter:
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
         overrides: ConfigOverrides | None = None,
+        qps: float = k.DEFAULT_QPS,
+        burst: int = k.DEFAULT_BURST,
+        retry_seconds: float = k.RETRY_SECONDS,
     ) -> AsyncAdapter:
         """Connect with a kubeconfig (default: KUBECONFIG, ~/.kube/config, then in-cluster).
 
         ``request_timeout`` bounds each request with its retries, in seconds (kubectl's ``--request-timeout``);
         ``overrides`` are kubectl's client flags (``--server``, ``--token``, ``--as``, ...) laid over the
-        kubeconfig."""
+        kubeconfig. ``qps`` and ``burst`` are client-go's client-side rate limit (0 QPS, the default: none, the
+        API server's Priority and Fairness paces the client through 429s and their ``Retry-After``, which are
+        always honoured); ``retry_seconds`` bounds how long one call may retry before it fails with
+        ``Unreachable``."""
         if namespace is not None:
             problem = n.dns1123_subdomain_problem(namespace)
             if problem:
                 n.check([FieldCause("namespace", f"{namespace!r} {problem}", "FieldValueInvalid")])
+        problems = k.pacing_problems(qps, burst, retry_seconds)
+        if problems:
+            n.check(problems)
         kube = k.Kube.connect(namespace=namespace, kubeconfig=kubeconfig, context=context, transport=transport,
-                              request_timeout=request_timeout, overrides=overrides)
+                              request_timeout=request_timeout, overrides=overrides, qps=qps, burst=burst,
+                              retry_seconds=retry_seconds)
         return cls(kube, read_only=read_only)
 
     @property
@@ -342,11 +352,11 @@ class AsyncAdapter:
         """
         name = validate_spec(spec)
         self._writer("open")
-        body, warning = await self._body(spec, name)
+        body, warnings = await self._body(spec, name)
         if spec.termination_grace_period_seconds is not None:
             await self.core.check_grace_kept(body)
         return await self._create(body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
-                                  warning=warning)
+                                  warnings=warnings)
 
     async def open_manifest(self, manifest: Mapping[str, Any], *, hold: bool = True) -> Status:
         """Create a whole TrainJob manifest as dispatch's, exactly as enrolment brings a TrainJob created in
@@ -361,7 +371,7 @@ class AsyncAdapter:
         self._writer("open")
         body, job_id, submission = await self._manifest_body(manifest)
         kueue = bool(labels_of(body).get(n.KUEUE_QUEUE_LABEL))
-        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warning=None)
+        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warnings=())
 
     async def open_manifest_dry_run(self, manifest: Mapping[str, Any], *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open_manifest`` would create, and nothing written (as ``open_dry_run``)."""
@@ -383,7 +393,7 @@ class AsyncAdapter:
         return enr.apply_patch(manifest, got.patch), got.job_id, got.submission
 
     async def _create(self, body: Obj, name: str, job_id: str, submission: str, *, hold: bool,
-                      warning: str | None) -> Status:
+                      warnings: tuple[str, ...]) -> Status:
         """``open``'s writes after its body is built: the submission claimed, the TrainJob created, and
         (``hold`` False) released through the same check as ``release``."""
         if not hold:
@@ -408,18 +418,17 @@ class AsyncAdapter:
         if hold:
             if not created.queue:  # plain mode tells its story in Events, as Kueue mode does
                 await ev.record(self._kube, ev.opened(created))
-            return self._status(created, d.Verdict((), ()), warnings=[warning])
+            return self._status(created, d.Verdict((), ()), warnings=warnings)
         await self.release(name)
         status = await self.inspect(name)
-        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*([warning] if warning else []),
-                                                                         *status.warnings])))
+        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*warnings, *status.warnings])))
 
-    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, str | None]:
+    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
         """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
-        warning; what of the spec the runtime cannot take is refused naming the field, before any write."""
-        shape, warning = await self.core.runtime_shape(spec)
+        warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
+        shape, warnings = await self.core.runtime_shape(spec)
         n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
-        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warning
+        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
 
     async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
@@ -582,8 +591,9 @@ class AsyncAdapter:
         """Remove dispatch's finalizer from one pod, so its deletion can complete.
 
         Without ``node_confirmed_down`` only a pod whose end is proven (its kubelet confirmed it, or its
-        Node is deleted or out-of-service) is released. With it, the operator's word that the pod's node
-        is shut down is the proof (Kubernetes' non-graceful shutdown asks the same before the
+        Node is out-of-service and not Ready; a Node found deleted proves nothing by itself) is released.
+        With it, the operator's word that the pod's node is shut down is the proof (Kubernetes'
+        non-graceful shutdown asks the same before the
         out-of-service taint); refused while that Node reports Ready=True, whose kubelet will confirm
         the pod's end itself. ``process_gone`` is the word for the one end a Ready kubelet does not
         confirm: a terminal phase someone else wrote over a container that could have restarted while
@@ -772,7 +782,11 @@ class Adapter:
         transport: httpx2.AsyncBaseTransport | None = None,
         request_timeout: float | None = None,
         overrides: ConfigOverrides | None = None,
+        qps: float = k.DEFAULT_QPS,
+        burst: int = k.DEFAULT_BURST,
+        retry_seconds: float = k.RETRY_SECONDS,
     ) -> Adapter:
+        """Connect (``AsyncAdapter.connect``'s arguments) and run the adapter on a loop of its own."""
         loop = asyncio.new_event_loop()
         thread = threading.Thread(target=loop.run_forever, name="dispatch-loop", daemon=True)
         thread.start()
@@ -780,7 +794,7 @@ class Adapter:
         async def build() -> AsyncAdapter:
             return AsyncAdapter.connect(
                 namespace, kubeconfig=kubeconfig, context=context, read_only=read_only, transport=transport,
-                request_timeout=request_timeout, overrides=overrides,
+                request_timeout=request_timeout, overrides=overrides, qps=qps, burst=burst, retry_seconds=retry_seconds,
             )
 
         try:

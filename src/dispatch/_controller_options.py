@@ -131,8 +131,17 @@ class ControllerOptions:
                                   chart="guard.port")
     guard_cert_dir: str = _opt("", "--guard-cert-dir", "tls.crt/tls.key to serve the guard with (else a CA and "
                                "certificate are made there).", str)
+    guard_service: str = _opt("dispatch-guard", "--guard-service", "The guard's Service in --lease-namespace: the "
+                              "names a certificate the controller makes is valid for.", str)
     guard_webhook: str = _opt("dispatch-guard", "--guard-webhook", "ValidatingWebhookConfiguration (and "
                               "enrolment's Mutating one) whose caBundle to keep ('': none).", str)
+    kube_api_qps: float | None = _opt(
+        None, "--kube-api-qps", "Client-side limit of requests a second to the API server, client-go's token "
+        "bucket (default and 0: none, as controller-runtime since v0.21; the API server's Priority and Fairness "
+        "paces the controller through 429s, whose Retry-After is always honoured).", float, optional=True,
+        low=0.0, metavar="QPS", env="DISPATCH_KUBE_API_QPS", chart="controller.kubeAPI.qps")
+    kube_api_burst: int = _opt(30, "--kube-api-burst", "Requests sent at once before --kube-api-qps paces them.",
+                               int, low=1, env="DISPATCH_KUBE_API_BURST", chart="controller.kubeAPI.burst")
     kueue_namespace: str = _opt("kueue-system", "--kueue-namespace", "Kueue's namespace, holding the MultiKueue "
                                 "workers' kubeconfig Secrets.", str, chart="multikueue.kueueNamespace")
     multikueue_worker: bool = _opt(False, "--multikueue-worker", "This cluster is a MultiKueue worker: the guard "

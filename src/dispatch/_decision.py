@@ -30,7 +30,14 @@ from ._names import (
     PREBUILT_WORKLOAD_LABEL,
 )
 from ._records import Cause, Cessation, PodEnd, RemainingPod, State
-from ._trainer import OWN_POD_LABELS, TrainJobView, effective_pod_labels, foreign_settings, uncovered
+from ._trainer import (
+    OWN_POD_LABELS,
+    TrainJobView,
+    directive_phrases,
+    effective_pod_labels,
+    foreign_settings,
+    uncovered,
+)
 from ._views import (
     POD_FINALIZER,
     PROOF_KUBELET,
@@ -209,7 +216,8 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     in, each worker's pods named ``<worker>/<pod>``; a worker that cannot be read blocks unless it was
     confirmed down.
 
-    A worker's pod whose end is proven (its node deleted or out-of-service) does not count: here such a
+    A worker's pod whose end is proven (its node out-of-service; a deletion read here, without the
+    Node's last state, proves nothing) does not count: here such a
     pod waits only for dispatch's controller to remove dispatch's finalizer, but no dispatch controller
     runs in a worker (the manager's only reads it), so there it would wait for good."""
     remaining = list(local.remaining)
@@ -325,7 +333,8 @@ def cessation(
     """Whether the object's processes are proven gone.
 
     True once the object is not admitted and every pod's end is proven: confirmed by its kubelet, or its
-    Node deleted or tainted out-of-service (or deleted before it was ever scheduled). A Node that could
+    Node tainted out-of-service and not Ready, or deleted while last seen Ready=Unknown (known only to a
+    watcher: the controller), or deleted before it was ever scheduled. A Node that could
     not be read proves nothing, and neither does a Failed phase its kubelet did not report. ``ends`` says
     per pod how. The layers below are judged as the rule judges them: a JobSet or child Job that has not
     acted on the suspension could still start a pod, so nothing has ceased while one lags.
@@ -419,6 +428,23 @@ def keeper_idle_warning(pods: Iterable[PodView], nodes: Mapping[str, NodeView], 
             "seconds while it runs, so it is not running for this namespace (runbook: The controller is down); "
             "until it is back, the object's next release, open or close frees them, or a dispatch-admin runs "
             f"`dispatch admin release-pod {first}` for each")
+
+
+def runtime_restarts_warning(kind: str, name: str, found: Iterable[tuple[str, str, str]]) -> str | None:
+    """Warn when a runtime's containers set their own restart policy or rules (ContainerRestartRules, 1.35+):
+    their kubelet restarts them inside the same pod whatever the pod's restartPolicy, so dispatch reads each
+    container's own policy where it judges a pod's end. The promise holds (a restart runs the same execution,
+    its A unchanged); what it costs is the proof of a Failed written by someone other than the kubelet (Kueue's
+    failure recovery, PodGC): none for such a container, so a lost node's pods wait for the node to be
+    confirmed down."""
+    listed = [f"{job}/{container} ({what})" for job, container, what in found]
+    if not listed:
+        return None
+    return (f"{kind} {name}: container{'s' if len(listed) > 1 else ''} {', '.join(listed)} "
+            f"{'set their' if len(listed) > 1 else 'sets its'} own restart policy or rules, so its kubelet restarts "
+            "it inside the same pod whatever the pod's restartPolicy (the same execution, its A unchanged); a "
+            "Failed written by someone other than its kubelet (Kueue's failure recovery, PodGC) proves nothing "
+            "for it, so a lost node's pods wait until the node is confirmed down (docs: cessation)")
 
 
 def jobs_replacement_warning(jobs: Iterable[JobView], name: str) -> str | None:
@@ -900,7 +926,7 @@ def identity_change(old: TrainJobView, new: TrainJobView) -> str | None:
                 f"{ANNOTATION_ADMISSION} (A stays {new.admission})")
     if changed := copy_marks_changed(old, new):
         return f"{what}: {changed}"
-    return foreign_problem(new, old)
+    return directive_problem(new, old) or foreign_problem(new, old)
 
 
 COPY_MARKS = (MULTIKUEUE_ORIGIN_LABEL, PREBUILT_WORKLOAD_LABEL)
@@ -948,7 +974,7 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
     mark only rise (a value that is not a number fails the rule), and no changed entry of another manager
     sets what is dispatch's (``foreign_problem``). Fakes that run without the webhook run this."""
     if operation == "CREATE":
-        return foreign_problem(new) if new.job_id else None
+        return (directive_problem(new, deep=False) or foreign_problem(new)) if new.job_id else None
     if operation != "UPDATE" or old is None or not old.job_id:
         return None  # the policy's match condition: a create, or an update of an object with the job-id label
     what = f"trainjob {new.name}"
@@ -963,7 +989,24 @@ def identity_policy(operation: str, old: TrainJobView | None, new: TrainJobView)
             return f"{what}: annotation {key} only rises; it is never lowered or removed"
     if changed := copy_marks_changed(old, new):
         return f"{what}: {changed}"
-    return foreign_problem(new, old)
+    return directive_problem(new, old, deep=False) or foreign_problem(new, old)
+
+
+DIRECTIVE_REFUSED = ("Trainer merges every runtime patch entry into the pods as a strategic merge patch, so a "
+                     "directive could remove dispatch's identity labels from them (and hide them from the rule): "
+                     "no runtime patch entry of a dispatch TrainJob carries a key starting with $")
+
+
+def directive_problem(new: TrainJobView, old: TrainJobView | None = None, *, deep: bool = True) -> str | None:
+    """Why a write may not leave a strategic-merge directive in a runtime patch entry of a dispatch TrainJob
+    (any manager's, dispatch's own included; an entry the write left as it was is not judged), or None.
+    ``deep``: at any depth of the entry (the webhook, enrolment and ``open -f``); else only where the CRD keeps
+    it and Trainer's merge reads it (``_trainer.entry_directives``), as the CEL policy judges."""
+    found = directive_phrases(new.patches, old.patches if old is not None else (), deep=deep)
+    if not found:
+        return None
+    return (f"trainjob {new.name}: {'; '.join(found[:3])}{' (and more)' if len(found) > 3 else ''}; "
+            f"{DIRECTIVE_REFUSED}")
 
 
 def foreign_problem(new: TrainJobView, old: TrainJobView | None = None) -> str | None:
@@ -1225,7 +1268,7 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         if change:
             return change
     if operation == "CREATE" and new.labelled:
-        foreign = foreign_problem(new)
+        foreign = directive_problem(new) or foreign_problem(new)
         if foreign:
             return foreign
     if not starts_execution(operation, old, new):

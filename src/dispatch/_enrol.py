@@ -21,8 +21,9 @@ The identity (both label values, always valid and never rewritten):
   a (job-id, submission) pair, and an identity record never meets a second object of its submission.
 
 A label the creator set that is not a valid value, an env variable of dispatch's set to something else,
-one of dispatch's annotations, or a runtime patch entry of dispatch's manager on an object without both
-identity labels, is refused naming the field: nothing is rewritten. A TrainJob that already carries
+one of dispatch's annotations, a runtime patch entry of dispatch's manager on an object without both
+identity labels, or a strategic-merge directive (a key starting with ``$``) in any runtime patch entry, is
+refused naming the field: nothing is rewritten. A TrainJob that already carries
 both identity labels and dispatch's entry (``dispatch open``) is left exactly as it is.
 """
 
@@ -48,7 +49,7 @@ from ._names import (
     TRAINER_VERSION,
     label_value_problem,
 )
-from ._trainer import identity_env, identity_labels, patch_entry, runtime_jobs, runtime_nonindexed
+from ._trainer import entry_directives, identity_env, identity_labels, patch_entry, runtime_jobs, runtime_nonindexed
 from ._views import mapping
 
 ENROL_LABEL = f"{DOMAIN}/enrol"
@@ -93,6 +94,27 @@ def entry_index(spec: Mapping[str, Any]) -> int | None:
         if isinstance(entry, Mapping) and entry.get("manager") == PATCH_MANAGER:
             return i
     return None
+
+
+def directive_fields(spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Each strategic-merge directive (a key starting with ``$``, at any depth) of the runtime patch entries of
+    a TrainJob's spec, as (field, message) naming the entry's manager and the directive: Trainer merges every
+    entry into the pods as a strategic merge patch, so one could remove dispatch's identity labels from them."""
+    patches = spec.get("runtimePatches")
+    if not isinstance(patches, list):
+        return []
+    out: list[tuple[str, str]] = []
+    for i, entry in enumerate(patches):
+        if not isinstance(entry, Mapping):
+            continue
+        manager = entry.get("manager") if isinstance(entry.get("manager"), str) and entry.get("manager") else "(none)"
+        for path, key, value in entry_directives(entry):
+            shown = f"{key}: {value}" if value else key
+            out.append((f"spec.runtimePatches[{i}].{path}.{key}" if path else f"spec.runtimePatches[{i}].{key}",
+                        f"the entry of manager {manager} carries the strategic-merge directive {shown}; Trainer "
+                        "merges every runtime patch entry into the pods as a strategic merge patch, so it could "
+                        "remove dispatch's identity labels from them: remove it"))
+    return out
 
 
 def is_dispatch(obj: Mapping[str, Any]) -> bool:
@@ -199,6 +221,9 @@ def enrol(obj: Mapping[str, Any], request_uid: str, runtime: Mapping[str, Any] |
     if index is not None:
         return _refuse(name, f"spec.runtimePatches[{index}] has dispatch's manager {PATCH_MANAGER} but the object "
                              f"lacks {LABEL_JOB_ID} or {LABEL_SUBMISSION}; only dispatch writes that entry")
+    directives = directive_fields(spec)
+    if directives:
+        return _refuse(name, f"{directives[0][0]}: {directives[0][1]}")
     labels_raw = meta.get("labels")
     if labels_raw is not None and not isinstance(labels_raw, Mapping):
         return _refuse(name, "metadata.labels is not an object")
@@ -330,8 +355,11 @@ def manifest_problems(obj: object, namespace: str) -> list[tuple[str, str]]:
                                            "cluster?)"))
     if "status" in obj:
         out.append(("status", "is written by Trainer, not by a create; remove it"))
-    if not isinstance(obj.get("spec"), Mapping):
+    spec = obj.get("spec")
+    if not isinstance(spec, Mapping):
         out.append(("spec", "must be an object"))
+    else:
+        out.extend(directive_fields(spec))
     return out
 
 

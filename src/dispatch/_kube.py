@@ -11,9 +11,12 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import math
+import random
 import re
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -80,7 +83,7 @@ NOT_SERVED_TEXTS = ("the server could not find the requested resource", "404 pag
 __all__ = [
     "ADMISSION_CHECKS", "ALL", "CLUSTER_QUEUES", "CLUSTER_RUNTIMES", "CONFIGMAPS", "EVENTS", "JOBS", "JOBSETS",
     "LEASES", "LOCAL_QUEUES", "NAMESPACES", "NODES", "PODS", "RESOURCE_FLAVORS", "RUNTIMES", "TRAINJOBS",
-    "WORKLOADS", "Kube", "ListResult", "Res", "error_for",
+    "WORKLOADS", "Kube", "ListResult", "Pacing", "RateLimit", "Res", "error_for",
 ]
 
 _VERB_WORDS = {"GET": "get", "POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
@@ -177,15 +180,123 @@ def _words(exc: Exception) -> str:
     return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no answer in time)"
 
 
+Clock = Callable[[], float]
+Sleep = Callable[[float], Awaitable[None]]
+
+DEFAULT_QPS = 0.0
+"""No client-side limit unless asked: controller-runtime's default since v0.21 (its config getters disable
+client-go's limiter, as sig-apimachinery advises for API servers with Priority and Fairness, 1.20+); the
+server's 429s, with their ``Retry-After``, pace the client instead."""
+DEFAULT_BURST = 30
+"""The burst a limit gets when only its QPS is given (controller-runtime's former 20 QPS / 30 burst)."""
+RETRY_SECONDS = 30.0
+"""The longest one call may take with its retries (client-go's retries are bounded by the request's
+context); beyond it the call fails with ``Unreachable`` saying so."""
+READ_ATTEMPTS = 3
+"""Attempts of a read on a transient failure the server gave no ``Retry-After`` for."""
+THROTTLED_ATTEMPTS = 10
+"""Attempts of any call the server asked to retry later (429, or 5xx with ``Retry-After``): client-go's
+``maxRetries``."""
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 5.0
+
+
+class RateLimit:
+    """client-go's token bucket (``flowcontrol.NewTokenBucketRateLimiter``): ``burst`` requests at once, then
+    ``qps`` a second.
+
+    Each caller reserves its token at once (the count may go below zero) and sleeps until that token would
+    have been there (golang.org/x/time/rate's reservations): waiters are served in arrival order with no
+    lock, and a burst of concurrent calls spreads out instead of stampeding the server.
+    """
+
+    def __init__(self, qps: float, burst: int, *, clock: Clock = time.monotonic,
+                 sleep: Sleep = asyncio.sleep) -> None:
+        self.qps = qps
+        self.burst = burst
+        self._clock = clock
+        self._sleep = sleep
+        self._tokens = float(burst)
+        self._last = clock()
+        self.waits = 0
+        """Calls that had to wait for a token."""
+        self.waited = 0.0
+        """Seconds those calls waited, in all."""
+
+    def reserve(self) -> float:
+        """Take one token; the seconds to wait before sending (0: at once)."""
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + max(0.0, now - self._last) * self.qps)
+        self._last = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.qps
+
+    async def wait(self) -> float:
+        """Wait for a token; the seconds waited."""
+        delay = self.reserve()
+        if delay > 0:
+            self.waits += 1
+            self.waited += delay
+            await self._sleep(delay)
+        return delay
+
+
+def pacing_problems(qps: float, burst: int, retry_seconds: float) -> list[FieldCause]:
+    """What is wrong with a client's rate limit and retry bound (none: []), each naming its option."""
+    out = []
+    if not (isinstance(qps, int | float) and math.isfinite(qps) and qps >= 0):
+        out.append(FieldCause("qps", f"must be a finite number of requests a second, 0 or more "
+                                     f"(0: no client-side limit); got {qps!r}", "FieldValueInvalid"))
+    if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+        out.append(FieldCause("burst", f"must be a whole number of requests, at least 1; got {burst!r}",
+                              "FieldValueInvalid"))
+    if not (isinstance(retry_seconds, int | float) and math.isfinite(retry_seconds) and retry_seconds > 0):
+        out.append(FieldCause("retry_seconds", f"must be a finite number of seconds above 0; got "
+                                               f"{retry_seconds!r}", "FieldValueInvalid"))
+    return out
+
+
 @dataclass
-class ListResult:
-    items: list[Obj]
-    resource_version: str
-    requests: int
+class Pacing:
+    """How one connection paces its calls: the client-side rate limit, the retries and their bound, and the
+    clock, sleep and random source they run on (tests inject their own: nothing really waits, and nothing
+    is timed). Shared by every ``in_namespace`` copy, so a controller serving many namespaces draws from one
+    bucket, as one client-go ``rest.Config`` does."""
+
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
+    retry_seconds: float = RETRY_SECONDS
+    read_attempts: int = READ_ATTEMPTS
+    throttled_attempts: int = THROTTLED_ATTEMPTS
+    clock: Clock = time.monotonic
+    sleep: Sleep = asyncio.sleep
+    rng: random.Random = field(default_factory=random.Random)
+    limit: RateLimit | None = field(init=False, default=None)
+    throttled: int = field(init=False, default=0)
+    """429 responses this connection met (the API server's Priority and Fairness, or max-in-flight)."""
+    sent: int = field(init=False, default=0)
+    """Requests this connection sent, retries included (``Kube.requests`` counts one copy's)."""
+
+    def __post_init__(self) -> None:
+        n.check(pacing_problems(self.qps, self.burst, self.retry_seconds))
+        if self.qps > 0:
+            self.limit = RateLimit(self.qps, self.burst, clock=self.clock, sleep=self.sleep)
+
+    def backoff(self, attempt: int) -> float:
+        """The pause before retry ``attempt`` (1, 2, ...) of a failure without ``Retry-After``: exponential,
+        capped, and jittered over its upper half so that clients failed together do not return together."""
+        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2.0 ** (attempt - 1))
+        return ceiling / 2 + self.rng.random() * ceiling / 2
+
+    def after(self, seconds: float) -> float:
+        """The pause for a ``Retry-After`` of ``seconds``: never less, plus up to a fifth more (at most a
+        second), so that clients told the same second spread out."""
+        return seconds + self.rng.random() * min(1.0, seconds / 5 if seconds > 0 else 0.05)
 
 
 def http_date(value: str | None) -> float | None:
-    """An HTTP ``Date`` header (RFC 9110's IMF-fixdate) in seconds since the epoch; None for anything else."""
+    """An HTTP date (RFC 9110's IMF-fixdate: ``Date``, ``Retry-After``) in seconds since the epoch; None for
+    anything else (missing, malformed, without a zone, absurdly long)."""
     if not value or len(value) > 64:
         return None
     try:
@@ -195,20 +306,48 @@ def http_date(value: str | None) -> float | None:
     return when.timestamp() if when.tzinfo is not None else None
 
 
+def retry_after(response: httpx2.Response, now: float | None = None) -> float | None:
+    """The seconds a response's ``Retry-After`` asks for (delta-seconds or an HTTP date); None without one.
+    An HTTP date is read against the response's own ``Date`` (the server's clock, so no second clock is
+    compared), or ``now`` (this machine's) when the answer carries none."""
+    value = response.headers.get("retry-after", "").strip()
+    if not value or len(value) > 64:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    when = http_date(value)
+    if when is None:
+        return None
+    base = http_date(response.headers.get("date"))
+    if base is None:
+        base = time.time() if now is None else now
+    return max(0.0, when - base)
+
+
+@dataclass
+class ListResult:
+    items: list[Obj]
+    resource_version: str
+    requests: int
+
+
 class Kube:
     """Async JSON access to one cluster. Used by the adapter and the controller, never elsewhere."""
 
-    def __init__(self, client: httpx2.AsyncClient, namespace: str, *, retries: int = 3, where: str = "",
-                 request_timeout: float | None = None) -> None:
+    def __init__(self, client: httpx2.AsyncClient, namespace: str, *, where: str = "",
+                 request_timeout: float | None = None, pacing: Pacing | None = None) -> None:
         self._client = client
         self.namespace = namespace
-        self.retries = retries
         self.where = where
         """The server and where its settings came from (``https://host:6443 (kubeconfig F, context C)``),
         so that an unreachable or silent server is named in the error, as kubectl names it."""
         self.request_timeout = request_timeout
         """Seconds one request may take with its retries (``--request-timeout``); None: only the
-        per-attempt timeout bounds it."""
+        per-attempt timeout and the pacing's retry bound limit it."""
+        self.pacing = pacing if pacing is not None else Pacing()
+        """The rate limit and retries, shared with every ``in_namespace`` copy."""
         self.requests = 0
         self.bytes_received = 0
         self._date: str | None = None
@@ -219,6 +358,16 @@ class Kube:
         own timestamps (deletion, creation) are on, so comparing them needs no second clock. None before any
         answer, or for one without a valid ``Date``."""
         return http_date(self._date)
+
+    @property
+    def retries(self) -> int:
+        """Attempts of a read on a transient failure without ``Retry-After`` (this connection's, shared by
+        its ``in_namespace`` copies)."""
+        return self.pacing.read_attempts
+
+    @retries.setter
+    def retries(self, value: int) -> None:
+        self.pacing.read_attempts = value
 
     # ------------------------------------------------------------------ construction
 
@@ -232,11 +381,19 @@ class Kube:
         timeout: float = 15.0,
         request_timeout: float | None = None,
         overrides: ConfigOverrides | None = None,
+        qps: float = DEFAULT_QPS,
+        burst: int = DEFAULT_BURST,
+        retry_seconds: float = RETRY_SECONDS,
+        pacing: Pacing | None = None,
     ) -> Kube:
         """Build from a kubeconfig (or in-cluster credentials), or over a test transport.
 
         ``request_timeout`` bounds each request with its retries (kubectl's ``--request-timeout``);
-        ``overrides`` are kubectl's client flags laid over the kubeconfig."""
+        ``overrides`` are kubectl's client flags laid over the kubeconfig. ``qps``/``burst`` are client-go's
+        client-side limit (0 QPS: none); ``retry_seconds`` bounds the time one call may spend retrying.
+        ``pacing`` (tests: an injected clock and sleep) replaces all three."""
+        if pacing is None:
+            pacing = Pacing(qps=qps, burst=burst, retry_seconds=retry_seconds)
         if request_timeout is not None:
             timeout = min(timeout, request_timeout)
         if transport is not None:
@@ -244,7 +401,7 @@ class Kube:
                 base_url="https://fake.invalid", transport=transport, timeout=timeout
             )
             return Kube(client, namespace or "default", where="https://fake.invalid",
-                        request_timeout=request_timeout)
+                        request_timeout=request_timeout, pacing=pacing)
         from . import _kubeconfig
 
         conn = _kubeconfig.load(kubeconfig, context, overrides)
@@ -257,11 +414,14 @@ class Kube:
             **conn.client_options(),
         )
         where = f"{conn.server} ({conn.source})" if conn.source else conn.server
-        return Kube(client, namespace or conn.namespace, where=where, request_timeout=request_timeout)
+        return Kube(client, namespace or conn.namespace, where=where, request_timeout=request_timeout,
+                    pacing=pacing)
 
     @staticmethod
-    def connect_inline(text: str, source: str, *, namespace: str, timeout: float = 15.0) -> Kube:
-        """Build from a kubeconfig held in the cluster (a MultiKueue worker's Secret), inline credentials only."""
+    def connect_inline(text: str, source: str, *, namespace: str, timeout: float = 15.0,
+                       pacing: Pacing | None = None) -> Kube:
+        """Build from a kubeconfig held in the cluster (a MultiKueue worker's Secret), inline credentials only.
+        Each worker is its own API server, so it gets its own pacing (default: as ``connect``'s)."""
         from . import _kubeconfig
 
         conn = _kubeconfig.load_inline(text, source)
@@ -271,7 +431,7 @@ class Kube:
             limits=httpx2.Limits(max_connections=16, max_keepalive_connections=8, keepalive_expiry=120.0),
             **conn.client_options(),
         )
-        return Kube(client, namespace, where=f"{conn.server} ({source})")
+        return Kube(client, namespace, where=f"{conn.server} ({source})", pacing=pacing)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -288,8 +448,8 @@ class Kube:
 
         Shares the HTTP client, so only the original's ``aclose`` should be called; counters are its own.
         """
-        return Kube(self._client, namespace, retries=self.retries, where=self.where,
-                    request_timeout=self.request_timeout)
+        return Kube(self._client, namespace, where=self.where, request_timeout=self.request_timeout,
+                    pacing=self.pacing)
 
     # ------------------------------------------------------------------ core request
 
@@ -329,12 +489,26 @@ class Kube:
         retry: bool,
         list_call: bool,
     ) -> Obj:
-        attempts = self.retries if retry else 1
-        delay = 0.05
-        last: DispatchError | None = None
-        for attempt in range(attempts):
+        """Send with client-go's retry rules: a call the server asked to retry later (429 or a 5xx, with
+        ``Retry-After``: APF and max-in-flight reject so before doing anything) is retried whatever its verb,
+        after at least the time asked; a read (``retry``) is also retried on other 5xx and on lost
+        connections, with jittered backoff. Every attempt waits for the rate limit first. No call retries
+        past ``pacing.retry_seconds``: it fails with ``Unreachable`` saying how long it tried."""
+        pacing = self.pacing
+        started = pacing.clock()
+        attempt = 0
+        while True:
+            attempt += 1
+            if pacing.limit is not None:
+                await pacing.limit.wait()
+            if self._client.is_closed:      # closed while this call waited (a controller stopping)
+                raise Unreachable(f"the connection to the API server{self._server()} was closed before "
+                                  f"{method} {path.split('?')[0]} was sent", reason="Closed")
+            pause: float | None = None
+            throttled = False
             try:
                 self.requests += 1
+                pacing.sent += 1
                 response = await self._client.request(
                     method,
                     path,
@@ -343,8 +517,9 @@ class Kube:
                     headers={"Content-Type": content_type, "Accept": "application/json"},
                 )
             except httpx2.TimeoutException as exc:
-                last = Unreachable(f"timed out talking to the API server{self._server()} ({method} {path}): "
-                                   f"{_words(exc)}", reason="Timeout")
+                last: DispatchError = Unreachable(
+                    f"timed out talking to the API server{self._server()} ({method} {path}): {_words(exc)}",
+                    reason="Timeout")
             except httpx2.TransportError as exc:
                 last = Unreachable(
                     f"cannot reach the API server{self._server()} ({method} {path}): {_words(exc)}",
@@ -360,14 +535,29 @@ class Kube:
                         raise not_api(method, path, response) from None
                     return result if isinstance(result, dict) else {}
                 last = error_for(method, path, response, list_call=list_call)
-                transient = response.status_code == 429 or response.status_code >= 500
-                if not transient:
+                code = response.status_code
+                if code != 429 and code < 500:
                     raise last
-            if attempt + 1 < attempts:
-                await asyncio.sleep(delay)
-                delay *= 2
-        assert last is not None
-        raise last
+                if code == 429:
+                    pacing.throttled += 1
+                wait = retry_after(response)
+                if wait is not None:            # client-go's checkWait: 429 or 5xx, with Retry-After
+                    throttled = True
+                    pause = pacing.after(wait)
+            if not throttled and not retry:
+                raise last
+            limit = pacing.throttled_attempts if throttled else pacing.read_attempts
+            if attempt >= limit:
+                raise last
+            if pause is None:
+                pause = pacing.backoff(attempt)
+            spent = pacing.clock() - started
+            if spent + pause > pacing.retry_seconds:
+                raise Unreachable(
+                    f"{last.message}; gave up after {attempt} attempt{'s' if attempt > 1 else ''} in {spent:.1f}s: "
+                    f"the next, {pause:.1f}s later, would pass the retry bound of {pacing.retry_seconds:g}s "
+                    "(retry later)", reason=last.reason, code=last.code, causes=last.causes)
+            await pacing.sleep(pause)
 
     # ------------------------------------------------------------------ verbs
 
@@ -535,7 +725,10 @@ class Kube:
         if labels:
             params["labelSelector"] = labels
         path = res.path(ns)
+        if self.pacing.limit is not None:
+            await self.pacing.limit.wait()
         self.requests += 1
+        self.pacing.sent += 1
         timeout = httpx2.Timeout(15.0, read=timeout_seconds + 30)
         try:
             async with self._client.stream(
@@ -579,6 +772,8 @@ class Kube:
             params["previous"] = "true"
         path = PODS.path(namespace or self.namespace, pod, "log")
         timeout = httpx2.Timeout(15.0, read=None if follow else 60.0)
+        if self.pacing.limit is not None:
+            await self.pacing.limit.wait()
         try:
             async with self._client.stream("GET", path, params=params, timeout=timeout) as response:
                 if response.status_code >= 400:

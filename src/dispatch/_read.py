@@ -347,15 +347,10 @@ class Reader:
                 )],
             )
 
-    async def runtime_jobs(self, spec: JobSpec) -> tuple[list[str], str | None]:
-        """The runtime's replicatedJob names, and a warning if its Jobs replace deleting pods at once
-        (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch can only say so)."""
-        shape, warning = await self.runtime_shape(spec)
-        return list(shape.jobs), warning
-
-    async def runtime_shape(self, spec: JobSpec) -> tuple[tr.RuntimeShape, str | None]:
-        """The runtime's ``RuntimeShape`` (its jobs, containers, volumes and mounts) and the warning of
-        ``runtime_jobs``."""
+    async def runtime_shape(self, spec: JobSpec) -> tuple[tr.RuntimeShape, tuple[str, ...]]:
+        """The runtime's ``RuntimeShape`` (its jobs, containers, volumes and mounts) and its warnings: its Jobs
+        replace deleting pods at once (Trainer's runtime patches cannot set podReplacementPolicy, so dispatch
+        can only say so); its containers restart whatever the pod's restart policy says."""
         res = api.CLUSTER_RUNTIMES if spec.runtime_kind == "ClusterTrainingRuntime" else api.RUNTIMES
         try:
             runtime = await self.kube.get(res, spec.runtime)
@@ -376,8 +371,10 @@ class Reader:
             raise InvalidInput(unindexed, reason="Invalid", causes=[FieldCause(
                 "runtime", f"a NonIndexed Job with parallelism above 1 ({', '.join(sorted(parallel))})",
                 "FieldValueNotSupported")])
-        return shape, d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
-                                                    tr.runtime_replacement_policies(runtime))
+        warnings = (d.runtime_replacement_warning(spec.runtime_kind, spec.runtime,
+                                                  tr.runtime_replacement_policies(runtime)),
+                    d.runtime_restarts_warning(spec.runtime_kind, spec.runtime, tr.runtime_container_restarts(runtime)))
+        return shape, tuple(w for w in warnings if w)
 
     async def runtime_or_none(self, kind: str, name: str) -> Obj | None:
         """The (Cluster)TrainingRuntime ``kind``/``name`` as served, or None if it does not exist (what

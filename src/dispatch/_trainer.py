@@ -9,6 +9,7 @@ server-side-apply body that raises A, and capability checks such as the grace-pe
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -288,6 +289,28 @@ def runtime_replacement_policies(runtime: Obj) -> dict[str, str]:
             for rj in items(spec.get("replicatedJobs")) if text(rj.get("name"))}
 
 
+def runtime_container_restarts(runtime: Obj) -> list[tuple[str, str, str]]:
+    """(replicatedJob, container, what) for each container of a runtime's pod templates that sets its own
+    ``restartPolicy`` or ``restartPolicyRules`` (sidecars, init containers with ``restartPolicy: Always``,
+    are left out: they restart by design, and dispatch reads them so)."""
+    out = []
+    spec = mapping(mapping(mapping(runtime.get("spec")).get("template")).get("spec"))
+    for rj in items(spec.get("replicatedJobs")):
+        pod = mapping(mapping(mapping(mapping(rj.get("template")).get("spec")).get("template")).get("spec"))
+        inits = [(c, True) for c in items(pod.get("initContainers"))]
+        for c, init in [(c, False) for c in items(pod.get("containers"))] + inits:
+            rules = items(c.get("restartPolicyRules"))
+            own = text(c.get("restartPolicy"))
+            if (not own and not rules) or (init and own == "Always" and not rules):
+                continue
+            what = ", ".join([*([f"restartPolicy {own}"] if own else []),
+                              *(f"{text(r.get('action')) or '?'} on exit codes "
+                                f"{text(mapping(r.get('exitCodes')).get('operator')) or '?'} "
+                                f"{list(mapping(r.get('exitCodes')).get('values') or [])}" for r in rules)])
+            out.append((text(rj.get("name")), text(c.get("name")), what))
+    return out
+
+
 def identity_labels(job_id: str, submission: str, admission: int | None = None) -> dict[str, str]:
     """The labels every pod of an execution carries (and the TrainJob, without A)."""
     out = {LABEL_JOB_ID: job_id, LABEL_SUBMISSION: submission}
@@ -438,6 +461,62 @@ def patch_pod_labels(entry: Mapping[str, Any]) -> dict[str, dict[str, str]]:
 OWN_POD_LABELS = (LABEL_JOB_ID, LABEL_SUBMISSION, LABEL_ADMISSION)
 """The pod labels dispatch's entry sets: the execution identity the rule, the history and the fence read."""
 
+DIRECTIVE_PREFIX = "$"
+"""What a strategic-merge directive's key starts with (``$patch``, ``$retainKeys``,
+``$deleteFromPrimitiveList/...``, ``$setElementOrder/...``)."""
+STRING_MAPS = ("labels", "annotations", "nodeSelector")
+"""The fields of a runtime patch entry that are string maps in Trainer's API: the CRD's schema prunes a key it
+does not know everywhere else, so only here does a directive reach Trainer's strategic merge."""
+
+
+def _directives(value: object, path: str, out: list[tuple[str, str, str]]) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if str(key).startswith(DIRECTIVE_PREFIX):
+                out.append((path, str(key), str(item)[:40] if isinstance(item, str) else ""))
+            else:
+                _directives(item, f"{path}.{key}" if path else str(key), out)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            name = item.get("name") if isinstance(item, Mapping) else None
+            _directives(item, f"{path}[{name if isinstance(name, str) and name else i}]", out)
+
+
+_MERGED_MAPS = re.compile(
+    r"trainingRuntimeSpec\.template\.(metadata\.(labels|annotations)|spec\.replicatedJobs\[[^\]]*\]\.template\."
+    r"(metadata\.(labels|annotations)|spec\.template\.(metadata\.(labels|annotations)|spec\.nodeSelector)))")
+"""Where a directive is one the CRD keeps and Trainer reads: a key of the labels or annotations of the JobSet
+template, of a Job template or of a pod template, or of a pod's nodeSelector (what the CEL policy judges)."""
+
+
+def entry_directives(entry: Mapping[str, Any], *, deep: bool = True) -> list[tuple[str, str, str]]:
+    """The strategic-merge directives of a runtime patch entry, as (field path in the entry, key, value).
+
+    Trainer merges each entry into the pods as a strategic merge patch, so a ``$patch: replace`` (or
+    ``delete``) on a pod template's labels would remove dispatch's identity labels from the pods (checked
+    against the real merge, ``tests/contract/data/strategic-merge.json``). ``deep``: at any depth (what
+    dispatch's own checks refuse); else only where the CRD keeps a directive and the merge reads it
+    (``_MERGED_MAPS``, what the CEL policy can name)."""
+    out: list[tuple[str, str, str]] = []
+    _directives({k: v for k, v in entry.items() if k != "manager"}, "", out)
+    return out if deep else [d for d in out if _MERGED_MAPS.fullmatch(d[0])]
+
+
+def directive_phrases(entries: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]] = (), *,
+                      deep: bool = True) -> list[str]:
+    """Each directive of the ``entries`` not in ``before`` (an entry left as it was is not judged), as a phrase
+    naming the entry, its manager, the directive and where it sits."""
+    out: list[str] = []
+    for i, entry in enumerate(entries):
+        if entry in before:
+            continue
+        manager = text(entry.get("manager")) or "(none)"
+        for path, key, value in entry_directives(entry, deep=deep):
+            shown = f"{key}: {value}" if value else key
+            out.append(f"spec.runtimePatches[{i}] (manager {manager}) carries the strategic-merge directive "
+                       f"{shown} in {path or 'the entry'}")
+    return out
+
 
 def _entry_containers(tmpl: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     spec = mapping(tmpl.get("spec"))
@@ -451,7 +530,9 @@ def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list
     another manager that sets dispatch's identity labels to other values than the TrainJob's (its job-id
     and submission labels, its A annotation), any ``DISPATCH_`` variable of a container, or dispatch's pod
     finalizer, would make the pods carry an identity the record never issued (or stand in for the
-    finalizer's protection). Kueue's own entry carries dispatch's labels legitimately: the check's
+    finalizer's protection); and one that sets dispatch's job-id or submission label on the JobSet or a
+    Job to another value would hide a closed object's layers from the rule's look-up by the submission.
+    Kueue's own entry carries dispatch's labels legitimately: the check's
     ``podSetUpdates`` copy them, with the TrainJob's values. With ``old`` (the object before the write),
     entries the write left as they were are not judged: a raise of A by dispatch is not refused because
     Kueue has not yet cleared an earlier admission's labels (a start is judged on the pods Trainer will
@@ -464,6 +545,10 @@ def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list
         if manager == PATCH_MANAGER or entry in before:
             continue
         where = f"spec.runtimePatches[{i}] (manager {manager or '(none)'})"
+        for key, value in _layer_labels_of(entry):
+            if key in OWN_POD_LABELS and str(value) != wanted[key]:
+                out.append(f"{where} sets label {key}={str(value)[:40]} on the JobSet or a Job, not the "
+                           f"TrainJob's {wanted[key] or '(none)'}")
         for job, tmpl in patch_pod_templates(entry).items():
             md = mapping(tmpl.get("metadata"))
             for key, value in mapping(md.get("labels")).items():
@@ -481,17 +566,41 @@ def foreign_settings(new: TrainJobView, old: TrainJobView | None = None) -> list
     return out
 
 
+def _layer_labels_of(entry: Mapping[str, Any]) -> list[tuple[str, object]]:
+    """The labels an entry sets on the JobSet (its template's metadata) and on each Job (a replicatedJob's
+    template metadata): dispatch's job-id and submission there find a closed object's layers."""
+    root = mapping(mapping(entry.get("trainingRuntimeSpec")).get("template"))
+    out = list(mapping(mapping(root.get("metadata")).get("labels")).items())
+    for rj in _patch_replicated_jobs(entry):
+        out.extend(mapping(mapping(mapping(rj.get("template")).get("metadata")).get("labels")).items())
+    return out
+
+
 def effective_pod_labels(trainjob: TrainJobView, skip: str = "") -> dict[str, dict[str, str]]:
     """dispatch's identity labels of each replicatedJob's pods as Trainer will build them: every entry
-    applied in list order (a later one wins), for each replicatedJob dispatch's entry targets; entries of a
-    manager starting with ``skip`` (non-empty) left out."""
+    applied in list order as Trainer applies it (a strategic merge: a later entry's key wins, ``$patch:
+    replace`` on the labels drops the earlier ones, ``$patch: delete`` all of them, a null value its key), for
+    each replicatedJob dispatch's entry targets; entries of a manager starting with ``skip`` (non-empty) left
+    out."""
     out: dict[str, dict[str, str]] = {job: {} for job in trainjob.patch_targets}
     for entry in trainjob.patches:
         if skip and text(entry.get("manager")).startswith(skip):
             continue
-        for job, labels in patch_pod_labels(entry).items():
-            if job in out:
-                out[job].update({k: v for k, v in labels.items() if k in OWN_POD_LABELS})
+        for job, tmpl in patch_pod_templates(entry).items():
+            if job not in out:
+                continue
+            labels = mapping(mapping(tmpl.get("metadata")).get("labels"))
+            directive = labels.get(DIRECTIVE_PREFIX + "patch")
+            if directive in ("replace", "delete"):
+                out[job] = {}
+                if directive == "delete":
+                    continue
+            for key, value in labels.items():
+                if key in OWN_POD_LABELS:
+                    if value is None:
+                        out[job].pop(key, None)
+                    else:
+                        out[job][key] = str(value)
     return out
 
 

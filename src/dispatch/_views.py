@@ -9,6 +9,7 @@ Trainer- and Kueue-shaped objects have their views in ``_trainer`` and ``_kueue`
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping
@@ -157,9 +158,14 @@ class NodeView:
     exists: bool = True
     readable: bool = True
     ready: str | None = None
+    """Its Ready condition's status; for a deleted Node, as last seen before the deletion (None: not known)."""
     out_of_service: bool = False
     ready_since: float | None = field(default=None, compare=False)
     """When its Ready condition last changed (its kubelet's clock): for a Ready node, when it came back."""
+    uid: str = ""
+    created: float | None = field(default=None, compare=False)
+    """Its ``creationTimestamp`` (the API server's clock): a Node created after a pod is not the Node that
+    pod was bound to, but one registered again under its name (maybe by another machine)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> NodeView:
@@ -167,11 +173,26 @@ class NodeView:
         ready = text(ready_cond.get("status")) or "Unknown" if ready_cond is not None else None
         oos = any(text(t.get("key")) == OUT_OF_SERVICE_TAINT for t in items(mapping(obj.get("spec")).get("taints")))
         since = instant(ready_cond.get("lastTransitionTime")) if ready_cond is not None else None
-        return NodeView(name_of(obj), ready=ready, out_of_service=oos, ready_since=since)
+        return NodeView(name_of(obj), ready=ready, out_of_service=oos, ready_since=since,
+                        uid=text(meta(obj).get("uid")), created=instant(meta(obj).get("creationTimestamp")))
 
     @staticmethod
     def gone(name: str) -> NodeView:
+        """A Node that is not found, and nothing known of its last state (what a plain read can tell)."""
         return NodeView(name, exists=False)
+
+    @staticmethod
+    def deleted(obj: Obj) -> NodeView:
+        """A deleted Node as it was last seen (a watch's DELETED event carries its last state): its Ready
+        status then, its taint, its uid and creation."""
+        last = NodeView.from_obj(obj)
+        return NodeView(last.name, exists=False, ready=last.ready, out_of_service=last.out_of_service,
+                        ready_since=last.ready_since, uid=last.uid, created=last.created)
+
+    def made_after(self, created: float | None) -> bool:
+        """This Node object was created after ``created`` (a pod's creation): it is not the Node that pod
+        was bound to."""
+        return self.created is not None and created is not None and self.created > created
 
     @staticmethod
     def unreadable(name: str) -> NodeView:
@@ -182,7 +203,7 @@ class NodeView:
         if not self.readable:
             return "not readable"
         if not self.exists:
-            return "gone"
+            return "gone"  # what it was last seen as is said by ``PodView.unproven_why``
         out = f"Ready={self.ready or 'Unknown'}"
         if self.out_of_service:
             out += ", out-of-service"
@@ -190,11 +211,21 @@ class NodeView:
 
     @property
     def proven_down(self) -> bool:
-        """The node's processes are proven stopped: the Node is deleted, or tainted out-of-service while
-        its kubelet no longer reports Ready=True. Kubernetes' own PodGC asks the same before it deletes
-        the pods of an out-of-service node: a kubelet that still reports Ready is running, whatever the
-        taint says."""
-        return self.readable and (not self.exists or (self.out_of_service and self.ready != "True"))
+        """The node's processes are proven stopped: tainted out-of-service while its kubelet no longer
+        reports Ready=True (Kubernetes' own PodGC asks the same before it deletes the pods of an
+        out-of-service node: a kubelet that still reports Ready is running, whatever the taint says), or
+        deleted while it was last seen so (tainted and not Ready), or last seen ``Ready=Unknown``: its
+        kubelet silent past the node controller's grace period, and the deletion the operator's word that
+        the machine is gone. A deletion alone proves nothing: a live kubelet whose Node is deleted keeps
+        running its containers and does not register again (seen on a real kubelet v1.37), and a deleted
+        Node whose last state is not known (a plain read finds only that it is gone) proves nothing either."""
+        if not self.readable:
+            return False
+        if self.out_of_service and self.ready is not None and self.ready != "True":
+            return True
+        if self.exists:
+            return self.out_of_service and self.ready != "True"
+        return self.ready == "Unknown"
 
 
 # --------------------------------------------------------------------------- pods
@@ -271,9 +302,60 @@ class MarkSeen:
         return f"{self.resource_version}/{self.fingerprint}"
 
 
+RESTART = "Restart"
+RESTART_ALL = "RestartAllContainers"
+"""The actions of a container's ``restartPolicyRules`` (ContainerRestartRules, beta and on since 1.35;
+RestartAllContainersOnContainerExits, 1.36): restart this container, or every container of the pod (its
+init containers again too), inside the same pod object, whatever the pod's ``restartPolicy``."""
+
+
+@dataclass(frozen=True)
+class RestartRule:
+    """One entry of a container's ``restartPolicyRules``: ``action`` on an exit code ``operator`` (In,
+    NotIn) ``values``. An operator or action this version does not know, or a rule without exit codes,
+    is read as one that may match and restart (a newer kubelet may know it)."""
+
+    action: str
+    operator: str
+    values: frozenset[int]
+
+    @staticmethod
+    def parse(obj: Mapping[str, Any]) -> RestartRule:
+        codes = obj.get("exitCodes")
+        if not isinstance(codes, Mapping):
+            return RestartRule(text(obj.get("action")), "", frozenset())
+        values = frozenset(v for v in (codes.get("values") or []) if isinstance(v, int) and not isinstance(v, bool))
+        return RestartRule(text(obj.get("action")), text(codes.get("operator")), values)
+
+    def may_match(self, exit_code: int | None) -> bool:
+        """Whether this rule may apply to an exit with ``exit_code`` (None: not known)."""
+        if exit_code is None or self.operator not in ("In", "NotIn"):
+            return True
+        return (exit_code in self.values) == (self.operator == "In")
+
+
+def restart_after(pod_policy: str, own_policy: str, rules: tuple[RestartRule, ...], exit_code: int | None) -> str:
+    """What a kubelet may do after a container exits with ``exit_code``: ``""`` (nothing, it stays ended),
+    ``RESTART`` or ``RESTART_ALL``. The kubelet's order (``ContainerShouldRestart``, 1.35 to 1.38): the
+    container's rules first (the first that matches acts), then its own ``restartPolicy``, then the pod's.
+    Where the kubelet's reading is not certain (an unknown operator, action or policy, an exit code not
+    reported, rules without the container's policy, which the API refuses) the answer is that it may
+    restart: a proof of an end may wait, never be false."""
+    for rule in rules:
+        if rule.may_match(exit_code):
+            return RESTART_ALL if rule.action == RESTART_ALL else RESTART
+    policy = own_policy or pod_policy
+    if policy == "Never":
+        return ""
+    if policy == "OnFailure":
+        return "" if exit_code == 0 else RESTART
+    return RESTART
+
+
 @dataclass(frozen=True)
 class ContainerView:
-    """One container's last reported state: ``running``, ``waiting``, ``terminated`` or ``""`` (no status)."""
+    """One container's last reported state: ``running``, ``waiting``, ``terminated`` or ``""`` (no status),
+    and the container's own restart policy and rules from the pod's spec."""
 
     name: str
     state: str
@@ -282,9 +364,22 @@ class ContainerView:
     message: str = ""
     reported_at: float | None = field(default=None, compare=False)
     """The latest time its kubelet wrote in this state (``startedAt``, ``finishedAt``)."""
+    own_policy: str = ""
+    """The container's own ``restartPolicy`` (``""``: not set, the pod's applies)."""
+    rules: tuple[RestartRule, ...] = ()
+    """The container's ``restartPolicyRules``, in order."""
 
     @staticmethod
-    def parse(name: str, status: Mapping[str, Any] | None) -> ContainerView:
+    def parse(name: str, status: Mapping[str, Any] | None, spec: Mapping[str, Any] | None = None) -> ContainerView:
+        view = ContainerView._parse_status(name, status)
+        if spec is None:
+            return view
+        rules = tuple(RestartRule.parse(r) for r in items(spec.get("restartPolicyRules")))
+        own = text(spec.get("restartPolicy"))[:32]
+        return dataclasses.replace(view, own_policy=own, rules=rules) if own or rules else view
+
+    @staticmethod
+    def _parse_status(name: str, status: Mapping[str, Any] | None) -> ContainerView:
         if status is None:
             return ContainerView(name, "")
         state = mapping(status.get("state"))
@@ -303,14 +398,28 @@ class ContainerView:
         return ContainerView(name, "")
 
     def final(self, restart_policy: str) -> bool:
-        """This container can never run again, whoever wrote the pod's phase: terminated, and the pod's
-        restart policy would not start it again (Never; OnFailure after exit 0), or terminated by the
-        kubelet's last step for a terminal pod."""
+        """This container can never run again, whoever wrote the pod's phase: terminated, and neither its
+        rules, its own restart policy nor the pod's (``restart_policy``) would start it again
+        (``restart_after``), or terminated by the kubelet's last step for a terminal pod."""
         if self.state != "terminated":
             return False
         if self.message == TERMINATED_BY_KUBELET:
             return True
-        return restart_policy == "Never" or (restart_policy == "OnFailure" and self.exit_code == 0)
+        return not restart_after(restart_policy, self.own_policy, self.rules, self.exit_code)
+
+    def restarts_all(self, restart_policy: str) -> bool:
+        """It ended with an exit on which a ``RestartAllContainers`` rule may act: every container of the
+        pod, ended or not, may run again."""
+        return (self.state == "terminated" and self.message != TERMINATED_BY_KUBELET
+                and restart_after(restart_policy, self.own_policy, self.rules, self.exit_code) == RESTART_ALL)
+
+    @property
+    def restart_text(self) -> str:
+        """Its own restart policy and rules as a reader would write them (``""``: none)."""
+        parts = [f"restartPolicy {self.own_policy}"] if self.own_policy else []
+        parts += [f"{r.action or '?'} on exit codes {r.operator or '?'} "
+                  f"{sorted(r.values) if r.values else '[]'}" for r in self.rules]
+        return ", ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -361,6 +470,8 @@ class PodView:
     unindexed: str = ""
     """``replicatedJob R, job J`` for a pod JobSet made whose Job gave it no completion index (a NonIndexed
     Job): the guard cannot tell a second pod of such a Job from a replacement of one that may still run."""
+    created: float | None = field(default=None, compare=False)
+    """Its ``creationTimestamp`` (the API server's clock), to tell its Node from one registered again later."""
 
     @staticmethod
     def from_obj(obj: Obj) -> PodView:
@@ -375,12 +486,12 @@ class PodView:
 
         regular = statuses("containerStatuses")
         init = statuses("initContainerStatuses")
-        containers = tuple(ContainerView.parse(text(c.get("name")), regular.get(text(c.get("name"))))
+        containers = tuple(ContainerView.parse(text(c.get("name")), regular.get(text(c.get("name"))), c)
                            for c in items(spec.get("containers")))
         inits: list[ContainerView] = []
         sidecars: list[ContainerView] = []
         for c in items(spec.get("initContainers")):
-            view = ContainerView.parse(text(c.get("name")), init.get(text(c.get("name"))))
+            view = ContainerView.parse(text(c.get("name")), init.get(text(c.get("name"))), c)
             (sidecars if text(c.get("restartPolicy")) == "Always" else inits).append(view)
         ephemeral = statuses("ephemeralContainerStatuses")
         debug = tuple(ContainerView.parse(text(c.get("name")), ephemeral.get(text(c.get("name"))))
@@ -426,6 +537,7 @@ class PodView:
             mark_seen=MarkSeen.parse(annotations_of(obj).get(ANNOTATION_MARK_SEEN)),
             rank=rank if all(rank) else None,
             unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
+            created=instant(m.get("creationTimestamp")),
         )
 
     @property
@@ -497,7 +609,8 @@ class PodView:
         if self.running:  # a sidecar, an init container or an ephemeral (``kubectl debug``) one too
             return False
         if self.foreign_mark:
-            return not self.sidecars and all(c.final(self.restart_policy) for c in self.containers)
+            return (not self.sidecars and all(c.final(self.restart_policy) for c in self.containers)
+                    and not any(c.restarts_all(self.restart_policy) for c in self.init_containers))
         return all(c.state != "" for c in self.containers)
 
     @property
@@ -517,12 +630,10 @@ class PodView:
         if self.node is None:
             # Never bound: no kubelet ever started it. Once deleting, the scheduler never binds it.
             return PROOF_NOT_SCHEDULED if self.deleting else PROOF_UNPROVEN
-        if node is None or not node.readable:
-            return PROOF_UNPROVEN
-        if not node.exists:
-            return PROOF_NODE_DELETED
+        if node is None or not node.readable or node.made_after(self.created):
+            return PROOF_UNPROVEN  # a Node registered under its name after it: not what it ran on
         if node.proven_down:
-            return PROOF_OUT_OF_SERVICE
+            return PROOF_OUT_OF_SERVICE if node.exists or node.out_of_service else PROOF_NODE_DELETED
         return PROOF_UNPROVEN
 
     def unproven_why(self, node: NodeView | None) -> str:
@@ -538,7 +649,10 @@ class PodView:
                 return (f"{what}; dispatch's controller deletes it so that its kubelet confirms the end (or "
                         f"`kubectl delete pod {self.name}`)")
             return f"{what}; `kubectl delete pod {self.name}` ends the wait (nothing else deletes it)"
-        if node is not None and node.readable and node.exists and node.out_of_service and node.ready == "True":
+        replaced = node is not None and node.readable and node.made_after(self.created)
+        deleted = node is not None and node.readable and not node.exists and not replaced
+        if (not replaced and node is not None and node.readable and node.exists and node.out_of_service
+                and node.ready == "True"):
             return (f"{where} is tainted out-of-service but its kubelet still reports Ready=True, so the taint "
                     "proves nothing; shut the node down (it then stops reporting) or remove the taint")
         if self.phase in TERMINAL_PHASES and self.running and not self.foreign_mark:
@@ -546,12 +660,15 @@ class PodView:
                     f"`kubectl debug` container runs beside the pod's own); its kubelet reports its end, or "
                     f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service")
         if self.phase in TERMINAL_PHASES and self.foreign_mark:
-            restartable = [c.name for c in self.containers if not c.final(self.restart_policy)]
+            restartable = [c.name + (f" ({c.restart_text})" if c.restart_text else "") for c in
+                           [*(c for c in self.containers if not c.final(self.restart_policy)),
+                            *(c for c in self.init_containers if c.restarts_all(self.restart_policy))]]
             still = (f"container {', '.join(self.running)} is reported running" if self.running else
                      f"under restartPolicy {self.restart_policy} its kubelet may still start "
                      f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
+            down = ("" if replaced or deleted else "taint it node.kubernetes.io/out-of-service or ")
             out = (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
-                   f"once {where} is confirmed down, taint it node.kubernetes.io/out-of-service or run "
+                   f"once {where} is confirmed down, {down}run "
                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
             seen = self.mark_seen
@@ -560,7 +677,21 @@ class PodView:
                         f"(resourceVersion {seen.resource_version}); a kubelet that wrote it before writes nothing "
                         f"more: then shut {where} down and run `dispatch admin release-pod {self.name} "
                         "--node-confirmed-down`")
-            return out
+            return out + (f" ({where} was deleted: restart its kubelet and it registers again)" if deleted else "")
+        if replaced:
+            return (f"node {where} was registered again after the pod was created (a new Node object, maybe "
+                    "another machine), so its state says nothing of the machine that ran the pod; if that "
+                    "machine is this one (its kubelet restarted), its kubelet ends the pod itself; once that "
+                    f"machine is confirmed shut down, run `dispatch admin release-pod {self.name} "
+                    "--node-confirmed-down`")
+        if deleted:
+            last = f" (last seen Ready={node.ready})" if node is not None and node.ready else ""
+            return (f"node {where} was deleted{last}, which proves nothing by itself: a kubelet whose Node is "
+                    "deleted keeps running its containers and does not register again; dispatch's controller "
+                    "takes the deletion as proof only of a Node it saw Ready=Unknown when deleted. Once the "
+                    f"machine is confirmed shut down, run `dispatch admin release-pod {self.name} "
+                    "--node-confirmed-down`; if the Node was deleted by mistake, restart its kubelet: it "
+                    "registers again and ends the pod itself")
         return ""
 
     def selected(self, *, name: str, job_id: str, submission: str) -> bool:

@@ -158,3 +158,90 @@ def test_podgc_s_out_of_service_path_writes_failed_and_no_condition(fake: FakeCl
     assert ending_shape(status)["foreignMarks"] == []
     assert {c["type"] for c in status.get("conditions") or []} <= {"PodReadyToStartContainers", "Initialized",
                                                                    "ContainersReady"}
+
+
+# ---------------------------------------------------------------- issue 41: a container's own restart policy
+
+OWN_RESTARTS: dict[str, tuple[str, dict[str, Any], int]] = {
+    # pod restartPolicy, the container's own fields, exit code: what a real kubelet v1.37.2 did between two runs
+    # is recorded in data/kubelet-endings.json as "<case>-between-runs" (tests/testbed/test_real_node_endings.py
+    # records it again on every run)
+    "own-on-failure": ("Never", {"restartPolicy": "OnFailure"}, 1),
+    "restart-all-containers": ("Never", {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "In", "values": [1]}}]}, 1),
+    "own-always-exit-0": ("OnFailure", {"restartPolicy": "Always"}, 0),
+}
+
+
+def own_pod(cluster: FakeCluster, name: str, pod_policy: str, own: dict[str, Any]) -> None:
+    cluster.server.create("", "pods", "default", {
+        "metadata": {"name": name, "finalizers": [POD_FINALIZER]},
+        "spec": {"nodeName": "node-0", "restartPolicy": pod_policy,
+                 "containers": [{"name": "main", "image": "example.invalid/train", **own}]},
+        "status": {"phase": "Pending"}})
+
+
+@pytest.mark.parametrize("case", OWN_RESTARTS)
+def test_a_container_s_own_policy_or_rule_restarts_it_whatever_the_pod_s_policy(fake: FakeCluster, case: str) -> None:
+    """Between runs the phase stays Running and the container reads terminated with its exit code; the kubelet
+    then starts it again (restartCount 0, 1, 2, ...), as the real one did for each case."""
+    pod_policy, own, code = OWN_RESTARTS[case]
+    own_pod(fake, "p", pod_policy, own)
+    fake.kubelet_sync()
+    for restarts in (1, 2):
+        assert len(fake.running_processes()) == 1
+        fake.crash("p", code)
+        assert ending_shape(status_of(fake, "p")) == ending_shape(RECORDED[f"{case}-between-runs"]["status"])
+        fake.kubelet_sync()
+        assert len(fake.running_processes()) == 1, "started again"
+        assert status_of(fake, "p")["containerStatuses"][0]["restartCount"] == restarts
+
+
+def test_a_container_s_own_never_ends_the_pod_under_on_failure(fake: FakeCluster) -> None:
+    own_pod(fake, "p", "OnFailure", {"restartPolicy": "Never"})
+    fake.kubelet_sync()
+    fake.crash("p", 1)
+    assert ending_shape(status_of(fake, "p"))["phase"] == "Failed"
+    fake.kubelet_sync()
+    assert fake.running_processes() == []
+
+
+def test_a_rule_that_does_not_match_the_exit_leaves_the_container_s_own_policy(fake: FakeCluster) -> None:
+    own_pod(fake, "p", "Never", {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]})
+    fake.kubelet_sync()
+    fake.crash("p", 1)
+    assert ending_shape(status_of(fake, "p"))["phase"] == "Failed"
+    fake.kubelet_sync()
+    assert fake.running_processes() == []
+
+
+# ---------------------------------------------------------------- issue 40: a Node deleted under a live kubelet
+
+
+def test_a_deleted_node_s_kubelet_runs_on_unregistered_and_podgc_takes_its_pods_40_s_on(fake: FakeCluster) -> None:
+    """What the testbed's real node showed (kubelet v1.37.2, issue 40): after ``kubectl delete node`` its
+    kubelet went on running its containers and did not register its Node again (for minutes, until it was
+    restarted); about 40 s after the delete PodGC marked the pod Failed (``DisruptionTarget``/
+    ``DeletionByPodGC``) and deleted it for good, which dispatch's finalizer turns into Terminating."""
+    bare_pod(fake, "p")
+    fake.kubelet_sync()
+    fake.delete_node("node-0")
+    for _ in range(3):
+        fake.advance(10)
+        fake.step()
+        assert fake.server.get("", "nodes", "", "node-0") is None, "it does not register again"
+        assert len(fake.running_processes()) == 1, "its containers run on"
+        assert ending_shape(status_of(fake, "p"))["foreignMarks"] == [], "PodGC waits its quarantine"
+    fake.advance(11)
+    fake.pod_gc()
+    pod = fake.server.get("", "pods", "default", "p")
+    assert pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 0
+    assert ending_shape(pod["status"])["foreignMarks"] == [("DisruptionTarget", "DeletionByPodGC")]
+    assert pod["status"]["phase"] == "Failed"
+    fake.step()  # its live kubelet ends the pod deleted for good, and writes the container's end
+    assert fake.running_processes() == []
+    assert ending_shape(status_of(fake, "p")) == ending_shape(RECORDED["node-deleted-podgc-then-grace-end"]["status"])
+    fake.restart_kubelet("node-0")
+    node = fake.server.get("", "nodes", "", "node-0")
+    assert node is not None, "a restarted kubelet registers its Node again"

@@ -81,3 +81,73 @@ async def test_routing_queues_pods_of_a_node_that_becomes_proven_down() -> None:
     keeper.on_pod("ADDED", foreign)
     assert "default/q" not in keeper.signatures  # without dispatch's finalizer: not ours
     await kube.aclose()
+
+
+async def test_the_controller_keeps_the_pod_of_a_node_deleted_while_its_kubelet_lives(
+    adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube
+) -> None:
+    """Issue 40: the Node deleted while Ready=True; its kubelet runs the pod on (the fake's, as the real one did).
+    The keeper, which saw it Ready when deleted, frees nothing until the kubelet itself ends the pod."""
+    await adapter.open(PLAIN)
+    await adapter.release("plain-s1")
+    cluster.settle()
+    first = cluster.pods("plain-s1")[0]["metadata"]["name"]
+    async with running(kube) as ctl:
+        await adapter.hold("plain-s1")
+        cluster.settle()
+        await until(lambda: f"default/{first}" in ctl.finalizers.signatures, what="the keeper sees the pod")
+        cluster.delete_node("node-0")
+        await until(lambda: "node-0" in ctl.finalizers.deleted_nodes, what="the keeper sees the deletion")
+        assert ctl.finalizers.deleted_nodes["node-0"].ready == "True"
+        await quiet(0.5)
+        assert pod_of(cluster, first) is not None and ctl.finalizers.released == 0
+        assert cluster.running_processes("plain-s1"), "its process runs on"
+        cluster.advance(31)
+        cluster.settle()  # its live kubelet ends the pod after its grace period: its own end is the proof
+        await until(lambda: pod_of(cluster, first) is None, what="freed once its kubelet ended it")
+    cluster.history.check()
+
+
+async def test_the_controller_frees_the_pod_of_a_node_deleted_once_it_was_seen_unknown(
+    adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube
+) -> None:
+    await adapter.open(PLAIN)
+    await adapter.release("plain-s1")
+    cluster.settle()
+    first = cluster.pods("plain-s1")[0]["metadata"]["name"]
+    async with running(kube) as ctl:
+        cluster.freeze_node("node-0")
+        cluster.force_delete(first)
+        await until(lambda: f"default/{first}" in ctl.finalizers.signatures, what="the keeper sees the pod")
+        await until(lambda: ctl.finalizers.last_seen.get("node-0") is not None
+                    and ctl.finalizers.last_seen["node-0"].ready == "Unknown", what="the keeper sees it Unknown")
+        cluster.remove_machine("node-0")  # the machine is gone, and the operator deletes its Node
+        await until(lambda: pod_of(cluster, first) is None, what="freed: node-deleted")
+        assert ctl.finalizers.deleted_nodes == {}, "forgotten once no pod of ours sits on it"
+    cluster.history.check()
+
+
+def test_the_keeper_remembers_a_deleted_node_only_while_a_pod_of_ours_sits_on_it() -> None:
+    cluster = FakeCluster()
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport())
+    keeper = FinalizerKeeper(kube, Metrics.create())
+    unknown = {"metadata": {"name": "n", "uid": "u1"}, "status": {"conditions": [{"type": "Ready",
+                                                                                   "status": "Unknown"}]}}
+    keeper.on_node("DELETED", unknown)
+    assert keeper.deleted_nodes == {}, "no pod of ours on it: nothing to remember"
+    pod = {"metadata": {"name": "p", "namespace": "default", "finalizers": [POD_FINALIZER], "resourceVersion": "1"},
+           "spec": {"nodeName": "n", "containers": [{"name": "c"}]},
+           "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
+    keeper.on_pod("ADDED", pod)
+    keeper.on_node("ADDED", unknown)
+    keeper.on_node("DELETED", {"metadata": {"name": "n"}})  # a relist found it missing: its last state is known
+    assert keeper.deleted_nodes["n"].ready == "Unknown" and keeper.deleted_nodes["n"].proven_down
+    assert len(keeper.queue) == 1, "its pods are looked at"
+    keeper.on_node("ADDED", {"metadata": {"name": "n", "uid": "u2"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"}]}})
+    assert keeper.deleted_nodes == {}, "registered again: another object, read afresh"
+    keeper.on_node("DELETED", {"metadata": {"name": "n", "uid": "u2"}, "status": {"conditions": [
+        {"type": "Ready", "status": "True"}]}})
+    assert not keeper.deleted_nodes["n"].proven_down, "deleted while Ready: its kubelet may run on"
+    keeper.on_pod("DELETED", pod)
+    assert keeper.deleted_nodes == {}

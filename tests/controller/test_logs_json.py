@@ -58,7 +58,8 @@ def test_a_stop_during_an_api_outage_logs_only_json(tmp_path: Path) -> None:
     bare = [line for line in lines if not line.startswith("{")]
     assert bare == [], "\n".join(bare[:20])
     events = [json.loads(line) for line in lines]
-    assert {"list/watch failed", "controller stopped"} <= {e["event"] for e in events}
+    assert {"list/watch failed", "controller stopped"} <= {e["msg"] for e in events}
+    assert not [e for e in events if "event" in e or "message" in e]     # the message is under msg alone
     assert not [e for e in events if "Traceback" in json.dumps(e)]
 
 
@@ -85,5 +86,23 @@ def test_the_standard_librarys_records_are_json_too(capsys: pytest.CaptureFixtur
     logging.getLogger("httpx").info("HTTP Request: GET ...")      # a library's chatter: only warnings and worse
     [line] = capsys.readouterr().err.splitlines()
     got = json.loads(line)
-    assert (got["event"], got["level"], got["logger"]) == ("Task exception was never retrieved", "error", "asyncio")
+    assert (got["msg"], got["level"], got["logger"]) == ("Task exception was never retrieved", "error", "asyncio")
+    assert "event" not in got and "message" not in got
     assert got["exception"].startswith("Traceback") and got["exception"].endswith("ZeroDivisionError: division by zero")
+
+
+def test_the_message_is_under_msg_and_nothing_else_is(capsys: pytest.CaptureFixture[str],
+                                                      restored_logging: None) -> None:
+    """Log pipelines (Loki, Elasticsearch, Kubernetes' own klog JSON) take one key for the line's message;
+    a field a caller names ``message`` or ``msg`` (a check's message, a denial) must not pass for it."""
+    configure_logging("info")
+    log = structlog.get_logger("dispatch.controller")
+    log.info("admission waits", workload="ns/w", check_message="waiting for pods of the previous execution")
+    log.info("guard denied", message="a pod of the previous execution may still run", msg="not the message")
+    waits, denied = (json.loads(line) for line in capsys.readouterr().err.splitlines())
+    assert waits["msg"] == "admission waits" and waits["check_message"].startswith("waiting for pods")
+    assert denied["msg"] == "guard denied"
+    moved = {v for key, v in denied.items() if key.startswith("detail")}
+    assert moved == {"a pod of the previous execution may still run", "not the message"}
+    for got in (waits, denied):
+        assert "event" not in got and "message" not in got

@@ -99,16 +99,20 @@ async def test_the_standard_controller_series_are_exported_without_created(
 
     async with running(kube, BASE, metrics_port=0) as ctl:
         value = ctl.metrics.registry.get_sample_value
-        await until(lambda: (value("rest_client_requests_total",
+        host = {"host": "fake.invalid"}
+        await until(lambda: (value("dispatch_api_requests_total",
                                    {"code": "200", "method": "GET", "resource": "pods"}) or 0) >= 1)
-        assert (value("rest_client_request_duration_seconds_count", {"verb": "GET", "resource": "pods"}) or 0) >= 1
+        assert (value("dispatch_api_request_duration_seconds_count", {"verb": "GET", "resource": "pods"}) or 0) >= 1
+        assert (value("rest_client_requests_total", {"code": "200", "method": "GET", **host}) or 0) >= 1
+        assert (value("rest_client_request_duration_seconds_count", {"verb": "GET", **host}) or 0) >= 1
         assert value("leader_election_master_status", {"name": ctl.config.lease_name}) == 1
         for name in ("workloads", "pod-finalizers"):
-            assert value("workqueue_depth", {"name": name}) is not None
+            assert value("workqueue_depth", {"name": name, "controller": name}) is not None
+        wl = {"name": "workloads", "controller": "workloads"}
         ctl.queue.add("default/w-1")                     # one key through the queue, as a worker takes it
-        await until(lambda: value("workqueue_queue_duration_seconds_count", {"name": "workloads"}) == 1)
-        assert value("workqueue_adds_total", {"name": "workloads"}) == 1
-        await until(lambda: value("workqueue_work_duration_seconds_count", {"name": "workloads"}) == 1)
+        await until(lambda: value("workqueue_queue_duration_seconds_count", wl) == 1)
+        assert value("workqueue_adds_total", wl) == 1
+        await until(lambda: value("workqueue_work_duration_seconds_count", wl) == 1)
         text = generate_latest(ctl.metrics.registry).decode()
     assert "_created" not in text, [line for line in text.splitlines() if "_created" in line][:3]
 

@@ -26,8 +26,9 @@ injected API errors) gains every other writer here:
   from the API server whose kubelet goes on restarting them, and Kueue's failure recovery writing Failed
   over such a pod and force-deleting it;
 * issue 25's writers: pod label and finalizer writers, record writers, other managers' runtime patch
-  entries, enrolment collisions, a lagging garbage collector, runtime edits after ``open`` (JobSet's
-  webhook keeping a JobSet as it was built), interrupted closes, and the namespace deleted (the namespace
+  entries (and issue 35's: entries carrying a strategic-merge directive), enrolment collisions, a lagging
+  garbage collector, runtime edits after ``open`` (JobSet's webhook keeping a JobSet as it was built),
+  interrupted closes, and the namespace deleted (the namespace
   controller deleting its content, dispatch's finalizer holding it Terminating while a pod may run) and
   re-created, its submissions opened again.
 
@@ -56,6 +57,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import initialize, invariant, precondition, rule
@@ -74,7 +76,7 @@ from dispatch.controller._reconcile import Reconciler
 from dispatch.controller.testing import FakeGuard, FakeKueue
 from dispatch.testing import ApiFailure, FakeCluster
 
-from .test_stateful_kueue import OBJECTS, NeverTwoExecutionsUnderKueue
+from .test_stateful_kueue import NODES, OBJECTS, NeverTwoExecutionsUnderKueue
 from .test_stateful_kueue import _step as kueue_walk_step
 
 NS = "default"
@@ -101,6 +103,29 @@ WAYS = ("plain", "kueue", "kueue-unlabelled", "kueue-without-queue-name")
 """How an object is managed: by dispatch alone; by Kueue through the queue-name label; through the label,
 removed while suspended; or without a label by a Kueue with ``manageJobsWithoutQueueName``."""
 EXAMPLES = int(os.environ.get("DISPATCH_EVERY_WRITER_EXAMPLES", "2000" if os.environ.get("CI") else "100"))
+
+def _directive_entry(pod: dict[str, Any] | None = None, *, job: dict[str, Any] | None = None,
+                     jobset: dict[str, Any] | None = None) -> Callable[[str], dict[str, Any]]:
+    def make(manager: str) -> dict[str, Any]:
+        rj: dict[str, Any] = {"name": "node", "template": {"spec": {"template": copy.deepcopy(pod or {})}}}
+        if job is not None:
+            rj["template"]["metadata"] = {"labels": dict(job)}
+        template: dict[str, Any] = {"spec": {"replicatedJobs": [rj]}}
+        if jobset is not None:
+            template["metadata"] = {"labels": dict(jobset)}
+        return {"manager": manager, "trainingRuntimeSpec": {"template": template}}
+    return make
+
+
+DIRECTIVE_ENTRIES: dict[str, Callable[[str], dict[str, Any]]] = {
+    "pod-labels-replace": _directive_entry({"metadata": {"labels": {"$patch": "replace", "team": "a"}}}),
+    "pod-labels-delete": _directive_entry({"metadata": {"labels": {"$patch": "delete"}}}),
+    "job-labels-replace": _directive_entry(job={"$patch": "replace"}),
+    "jobset-labels": _directive_entry(jobset={"$patch": "replace"}),
+    "node-selector-delete": _directive_entry({"spec": {"nodeSelector": {"$patch": "delete"}}}),
+}
+"""Runtime patch entries with a strategic-merge directive where the CRD keeps it and Trainer's merge reads it
+(issue 35, item 1), by the manager that writes them."""
 
 SEEN: Counter[str] = Counter()
 """What the schedules reached (the walks assert it, so a machine that stops reaching them fails)."""
@@ -237,6 +262,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         keeper = FinalizerKeeper(kube, Metrics.create())
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             for key in sorted(keeper.signatures):
                 try:
                     await keeper.release(key)
@@ -546,6 +573,42 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         went = self._as(WRITER, k.TRAINJOBS, name, {"spec": {"runtimePatches": [*patches, entry]}})
         SEEN["foreign-entry-" + ("went-through" if went else "refused")] += 1
 
+    @rule(name=st.sampled_from(OBJECTS), how=st.sampled_from(sorted(DIRECTIVE_ENTRIES)), forged=st.booleans())
+    def directive_entry(self, name: str, how: str, forged: bool) -> None:
+        """Issue 35, item 1: a writer adds a runtime patch entry (another manager's, or one forging Kueue's
+        manager name) with a strategic-merge directive where Trainer's merge reads it: its pod template's labels
+        replaced or deleted, its Job's or JobSet's labels, its nodeSelector. Trainer would merge it into the pods
+        and strip dispatch's labels (the pod guard would never see their creates, the rule's look-up by the
+        submission would miss them). The ``dispatch-identity`` CEL policy refuses it in every example (with the
+        webhook recording only, too); were one let through, the checker would see the next execution start
+        beside the hidden pods."""
+        tj = self.cluster.server.get(TRAINER, "trainjobs", NS, name)
+        if tj is None or not tj["spec"].get("suspend"):
+            return
+        manager = "kueue.x-k8s.io/manager" if forged else "example.com/tuner"
+        patches = [e for e in tj["spec"].get("runtimePatches") or [] if e.get("manager") != manager]
+        body = {"spec": {"runtimePatches": [*patches, DIRECTIVE_ENTRIES[how](manager)]}}
+        before = len(self.cluster.server.denied)
+
+        async def go() -> str | None:
+            kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport(roles=WRITER))
+            try:
+                await kube.merge_patch(k.TRAINJOBS, name, body)
+                return None
+            except DispatchError as exc:
+                return str(exc)
+            finally:
+                await kube.aclose()
+        try:
+            refused = asyncio.run(go())
+        finally:
+            del self.cluster.server.denied[before:]
+        if refused is None:
+            SEEN["directive-entry-went-through"] += 1
+            raise AssertionError(f"an entry with a strategic-merge directive ({how}) was written on {name}")
+        # Trainer's own webhook refuses any entry change while a replicatedJob is still active
+        SEEN["directive-entry-" + ("refused" if "strategic-merge directive" in refused else "trainer-refused")] += 1
+
     @rule(owners=st.sampled_from([1, 0]))
     def garbage_collector(self, owners: int) -> None:
         """Issue 25, item 2: the lagging garbage collector reaches one removed owner's dependents (or all).
@@ -798,6 +861,23 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         if tj is not None and tj["spec"].get("suspend"):
             self.cluster.mark_failed(pod["metadata"]["name"])
 
+    # ------------------------------------------------------------------ Nodes deleted under live kubelets
+
+    @rule(event=st.sampled_from(["freeze", "thaw", "taint-out-of-service", "delete", "replace"]),
+          node=st.sampled_from(NODES))
+    def node_event(self, event: str, node: str) -> None:
+        """The Kueue machine's Node events, counted: a ``delete`` of a node that still reports Ready deletes the
+        Node of a live kubelet (issue 40: its containers run on, PodGC takes its pods 40 s on, and nothing may
+        re-admit while they run); ``replace`` of it is its kubelet restarted, registering again."""
+        c = self.cluster
+        live = event == "delete" and node not in c.deleted_nodes and node not in c.frozen and node not in c.partitioned
+        again = event == "replace" and node in c.deleted_nodes and node not in c.machines_gone
+        super().node_event(event, node)
+        if live:
+            SEEN["node-deleted-live"] += 1
+        if again:
+            SEEN["kubelet-registered-again"] += 1
+
     # ------------------------------------------------------------------ kubelets as real ones end pods
 
     @rule(outcome=st.sampled_from(["reject", "admit", "init-hangs", "init-finishes", "crash", "partition", "heal",
@@ -847,6 +927,8 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
         for node in list(c.frozen):
             if node not in self.tainted:
                 c.thaw_node(node)
+        for node in sorted(c.deleted_nodes - c.machines_gone):
+            c.restart_kubelet(node)  # the runbook's way out of a Node deleted while its kubelet lived
         for node in ("node-0", "node-1", "node-2"):
             c.kubelet_admits(node)
             c.init_containers_hang(node, False)
@@ -1039,6 +1121,9 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
             return lambda: sm.record_writer(name, how)
         if kind == "foreign":
             delta = rng.choice([-1, 0, 1])
+            if index % 3 == 0:  # issue 35's writer, chosen without drawing again (the walks stay as they were)
+                how = sorted(DIRECTIVE_ENTRIES)[(index // 3) % len(DIRECTIVE_ENTRIES)]
+                return lambda: sm.directive_entry(name, how, forged=delta == 1)
             return lambda: sm.foreign_manager(name, delta)
         return lambda: sm.enrolment_collision(name)
     if choice == "gc":
@@ -1104,10 +1189,13 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     assert SEEN["bypass-refused"] >= 50, SEEN
     # the kubelet outcomes and the healing phase are reached too
     assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, SEEN
+    # Nodes of live kubelets were deleted (their processes ran on, unseen by a plain read) and registered again
+    assert SEEN["node-deleted-live"] >= 5 and SEEN["kubelet-registered-again"] >= 1, SEEN
     assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, SEEN
     # issue 25's writers are reached, and every one that could hide a pod or reuse an A was refused
     assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN
     assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, SEEN
+    assert SEEN["directive-entry-refused"] >= 3 and SEEN["directive-entry-went-through"] == 0, SEEN
     assert SEEN["enrol-collision-refused"] >= 3, SEEN
     # issue 35's writers: MultiKueue's marks and NonIndexed runtimes, every one refused
     assert SEEN["copy-marks-refused"] >= 3 and SEEN["nonindexed-open-refused"] >= 3, SEEN
@@ -1175,3 +1263,29 @@ def test_a_hold_after_the_runtime_gained_a_job_names_the_way_out() -> None:
         assert status.cause is not None and "jobset llama-s1 is not suspended yet" in status.cause.detail
         cluster.history.check()
         assert "`dispatch close llama-s1`" in status.cause.detail, status.cause
+
+
+@pytest.mark.parametrize("how", sorted(DIRECTIVE_ENTRIES))
+def test_a_directive_entry_is_refused_with_the_webhook_only_recording(how: str) -> None:
+    """Issue 35, item 1, as the machine draws it with the webhook only recording (so only the API server's own
+    ``dispatch-identity`` CEL policy stands in the way): a held object that has run, then an entry with the
+    directive, forged as Kueue's; refused, and the entries stay as they were."""
+    sm = EveryWriter()
+    sm.setup_every_writer(ways=("plain", "plain", "plain"), guard_everyone=False, liveness=False,
+                          init_containers=False, gc_lag=False)
+    try:
+        sm.writer("release", "a-s1")
+        sm.cluster_step("settle")
+        sm.writer("hold", "a-s1")
+        sm.cluster_step("grace-periods-end")
+        sm.cluster_step("settle")
+        before = sm.cluster.server.get(TRAINER, "trainjobs", NS, "a-s1")
+        assert before is not None and before["spec"]["suspend"]
+        SEEN.clear()
+        sm.directive_entry("a-s1", how, forged=True)
+        assert SEEN["directive-entry-refused"] == 1, SEEN
+        after = sm.cluster.server.get(TRAINER, "trainjobs", NS, "a-s1")
+        assert after is not None and after["spec"]["runtimePatches"] == before["spec"]["runtimePatches"]
+        sm.no_two_executions_overlap()
+    finally:
+        sm.teardown()

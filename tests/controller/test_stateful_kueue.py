@@ -136,6 +136,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         keeper = FinalizerKeeper(kube, Metrics.create())
         try:
             keeper.list_pods(self.cluster.server.objects("", "pods"))
+            for etype, node in self.cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             for key in sorted(keeper.signatures):
                 try:
                     await keeper.release(key)
@@ -218,10 +220,18 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
             self.tainted.add(node)
             c.taint_out_of_service(node)
         elif event == "delete" and node not in c.deleted_nodes:
-            c.delete_node(node)
+            # An operator deletes a lost node's Node (Ready=Unknown: the machine is gone, as they assert, and
+            # as for the out-of-service taint the model makes the assertion true), or a live node's by mistake:
+            # its kubelet runs on and does not register again (issue 40).
+            if node in c.frozen or node in c.partitioned:
+                c.remove_machine(node)
+            else:
+                c.delete_node(node)
             self.tainted.discard(node)
+        elif event == "replace" and node in c.machines_gone:
+            c.add_node(node)  # another machine under the same name
         elif event == "replace" and node in c.deleted_nodes:
-            c.add_node(node)
+            c.restart_kubelet(node)  # the way out of a mistaken delete: it registers again
 
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20), event=st.sampled_from(["Succeeded", "Failed", "force-deleted"]))

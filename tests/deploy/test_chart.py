@@ -262,7 +262,11 @@ def test_bad_values_fail_naming_them(tools: tuple[Path, Path]) -> None:
 
 
 @pytest.mark.parametrize("sets", [(), ("metrics.mode=localhost",), ("metrics.certSecret=dispatch-metrics-tls",
-                                                                     "controller.namespace=default")])
+                                                                     "controller.namespace=default"),
+                                  ("fullnameOverride=ml-dispatch", "networkPolicy.enabled=true", "hostNetwork=true",
+                                   "commonLabels.team=ml", "env[0].name=HTTPS_PROXY", "env[0].value=http://p:3128",
+                                   "networkPolicy.guard.from[0].ipBlock.cidr=10.0.0.0/8",
+                                   "controller.kubeAPI.qps=20", "probes.liveness.failureThreshold=6")])
 def test_the_api_server_accepts_what_the_chart_renders(
     tools: tuple[Path, Path], testbed_kubeconfig: str, sets: tuple[str, ...]
 ) -> None:
@@ -459,3 +463,171 @@ def test_every_controller_option_the_chart_sets_reaches_the_controller_as_its_va
     got = parse(container(chart(tools, *sets))["args"], environ=[])
     for o, path, v in changed:
         assert getattr(got, o.name) == o.check(v), (o.flag, path, v)
+
+
+# ------------------------------------------------------------------ the knobs of Kueue's and JobSet's charts
+
+
+def test_common_labels_and_name_override(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "commonLabels.team=ml-platform", "commonLabels.cost-center=c42")
+    for obj in docs:
+        if obj["kind"] != "CustomResourceDefinition":          # crds/ is never templated
+            assert obj["metadata"]["labels"]["team"] == "ml-platform", key(obj)
+    [dep] = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["metadata"]["labels"]["cost-center"] == "c42"
+    assert dep["spec"]["selector"]["matchLabels"] == SELECTOR          # labels never reach the selector
+
+    named = chart(tools, "nameOverride=dispatch-a")
+    selector = {**SELECTOR, "app.kubernetes.io/name": "dispatch-a"}
+    [dep] = [d for d in named if d["kind"] == "Deployment"]
+    assert dep["spec"]["selector"]["matchLabels"] == selector
+    assert dep["spec"]["template"]["metadata"]["labels"].items() >= selector.items()
+    for svc in (d for d in named if d["kind"] == "Service"):       # both Services still find the pods
+        assert svc["spec"]["selector"] == selector, svc["metadata"]["name"]
+    [pdb] = [d for d in named if d["kind"] == "PodDisruptionBudget"]
+    assert pdb["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_extra_env_volumes_host_network_and_probe_timings(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "env[0].name=HTTPS_PROXY", "env[0].value=http://proxy:3128",
+                 "envFrom[0].secretRef.name=dispatch-extra", "volumes[0].name=ca",
+                 "volumes[0].configMap.name=corp-ca", "volumeMounts[0].name=ca",
+                 "volumeMounts[0].mountPath=/etc/ssl/corp", "hostNetwork=true",
+                 "probes.liveness.periodSeconds=20", "probes.liveness.failureThreshold=6",
+                 "probes.readiness.timeoutSeconds=7")
+    c, spec = container(docs), pod_spec(docs)
+    assert c["env"][-1] == {"name": "HTTPS_PROXY", "value": "http://proxy:3128"}
+    assert [e["name"] for e in c["env"][:2]] == ["POD_NAME", "POD_NAMESPACE"]     # the controller's own stay
+    assert c["envFrom"] == [{"secretRef": {"name": "dispatch-extra"}}]
+    assert c["volumeMounts"] == [GUARD_MOUNT, {"name": "ca", "mountPath": "/etc/ssl/corp"}]
+    assert spec["volumes"][-1] == {"name": "ca", "configMap": {"name": "corp-ca"}}
+    assert (spec["hostNetwork"], spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert c["livenessProbe"] == {"httpGet": {"path": "/healthz", "port": "probes"}, "initialDelaySeconds": 5,
+                                  "periodSeconds": 20, "timeoutSeconds": 3, "failureThreshold": 6}
+    assert c["readinessProbe"]["timeoutSeconds"] == 7
+    plain = pod_spec(chart(tools))
+    assert "hostNetwork" not in plain and "envFrom" not in container(chart(tools))
+
+
+def test_a_network_policy_only_on_request_admitting_the_controllers_ports(tools: tuple[Path, Path]) -> None:
+    assert not [d for d in chart(tools) if d["kind"] == "NetworkPolicy"]
+    docs = chart(tools, "networkPolicy.enabled=true", "networkPolicy.guard.from[0].ipBlock.cidr=10.0.0.0/24",
+                 "networkPolicy.metrics.from[0].namespaceSelector.matchLabels.name=monitoring")
+    [policy] = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    assert policy["spec"]["podSelector"] == {"matchLabels": SELECTOR}
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    guard, metrics, probes = policy["spec"]["ingress"]
+    assert guard == {"ports": [{"port": "guard", "protocol": "TCP"}], "from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}]}
+    assert metrics == {"ports": [{"port": "metrics", "protocol": "TCP"}],
+                       "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]}
+    assert probes == {"ports": [{"port": "probes", "protocol": "TCP"}]}          # the kubelet's, from anywhere
+    ports = {p["name"] for p in container(docs)["ports"]}
+    assert {"guard", "metrics", "probes"} <= ports                            # the named ports exist
+    off = [d for d in chart(tools, "networkPolicy.enabled=true", "guard.enabled=false", "metrics.mode=plain")
+           if d["kind"] == "NetworkPolicy"]
+    assert [r["ports"][0]["port"] for r in off[0]["spec"]["ingress"]] == ["probes"]
+
+
+def test_the_client_qps_and_burst(tools: tuple[Path, Path]) -> None:
+    assert not [a for a in container(chart(tools))["args"] if a.startswith("--kube-api")]
+    c = container(chart(tools, "controller.kubeAPI.qps=20", "controller.kubeAPI.burst=40"))
+    assert "--kube-api-qps=20" in c["args"] and "--kube-api-burst=40" in c["args"]
+
+
+def test_metrics_with_cert_manager_and_a_verifying_service_monitor(tools: tuple[Path, Path]) -> None:
+    docs = chart(tools, "metrics.certManager.enabled=true", "monitoring.serviceMonitor.enabled=true")
+    [cert] = [d for d in docs if d["kind"] == "Certificate"]
+    assert cert["metadata"]["name"] == "dispatch-metrics" and cert["spec"]["secretName"] == "dispatch-metrics-tls"
+    assert cert["spec"]["dnsNames"] == [f"dispatch-controller-metrics.{NAMESPACE}.svc",
+                                        f"dispatch-controller-metrics.{NAMESPACE}.svc.cluster.local"]
+    assert cert["spec"]["issuerRef"] == {"name": "dispatch-metrics-selfsigned", "kind": "Issuer"}
+    c = container(docs)
+    assert "--metrics-cert-dir=/etc/dispatch/metrics-certs" in c["args"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "dispatch-metrics-tls"}} in pod_spec(docs)["volumes"]
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["tlsConfig"] == {
+        "ca": {"secret": {"name": "dispatch-metrics-tls", "key": "ca.crt"}},
+        "serverName": f"dispatch-controller-metrics.{NAMESPACE}.svc"}             # verified, not skipped
+
+    both = chart(tools, "metrics.certManager.enabled=true", "guard.certManager.enabled=true",
+                 "metrics.certManager.issuerRef.name=corp-ca", "metrics.certManager.issuerRef.kind=ClusterIssuer")
+    certs = {d["metadata"]["name"]: d["spec"]["issuerRef"] for d in both if d["kind"] == "Certificate"}
+    assert certs == {"dispatch-metrics": {"name": "corp-ca", "kind": "ClusterIssuer"},
+                     "dispatch-guard": {"name": "dispatch-guard-selfsigned", "kind": "Issuer"}}
+    got = render(tools, "metrics.certManager.enabled=true", "metrics.mode=plain", check=False)
+    assert got.returncode != 0 and "metrics.certManager is for metrics.mode=secure" in got.stderr
+    got = render(tools, "metrics.certManager.enabled=true", "metrics.certSecret=x", check=False)
+    assert got.returncode != 0 and "metrics.certManager and metrics.certSecret" in got.stderr
+
+
+def test_the_service_monitors_authorization_and_tls_are_values(tools: tuple[Path, Path]) -> None:
+    default = [d for d in chart(tools, "monitoring.serviceMonitor.enabled=true") if d["kind"] == "ServiceMonitor"]
+    endpoint = default[0]["spec"]["endpoints"][0]
+    assert endpoint["tlsConfig"] == {"insecureSkipVerify": True} and "bearerTokenFile" in endpoint
+    docs = chart(tools, "monitoring.serviceMonitor.enabled=true",
+                 "monitoring.serviceMonitor.authorization.type=Bearer",
+                 "monitoring.serviceMonitor.authorization.credentials.name=prometheus-token",
+                 "monitoring.serviceMonitor.authorization.credentials.key=token",
+                 "monitoring.serviceMonitor.tlsConfig.ca.configMap.name=corp-ca",
+                 "monitoring.serviceMonitor.tlsConfig.ca.configMap.key=ca.crt",
+                 "monitoring.serviceMonitor.tlsConfig.serverName=metrics.example")
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    endpoint = sm["spec"]["endpoints"][0]
+    assert "bearerTokenFile" not in endpoint
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prometheus-token", "key": "token"}}
+    assert endpoint["tlsConfig"] == {"ca": {"configMap": {"name": "corp-ca", "key": "ca.crt"}},
+                                     "serverName": "metrics.example"}
+
+
+def test_alerts_link_the_runbook_base_and_name_the_releases_namespace(tools: tuple[Path, Path]) -> None:
+    helm, _ = tools
+    text = subprocess.run([str(helm), "template", "dispatch", str(CHART), "--namespace", "ml-platform",
+                           "--set", "monitoring.prometheusRule.enabled=true", "--set",
+                           "monitoring.prometheusRule.runbookBaseURL=https://wiki.example/dispatch/"],
+                          capture_output=True, text=True, check=True).stdout
+    [rule] = [d for d in _docs(text) if d["kind"] == "PrometheusRule"]
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert all(r["annotations"]["runbook_url"].startswith("https://wiki.example/dispatch/") for r in rules)
+    texts = json.dumps(rule)
+    assert "dispatch-system" not in texts and "kubectl -n ml-platform get pods" in texts
+
+
+def test_fullname_override_renames_the_releases_objects_and_what_refers_to_them(tools: tuple[Path, Path]) -> None:
+    everything = ("guard.certManager.enabled=true", "metrics.certManager.enabled=true", "networkPolicy.enabled=true",
+                  "multikueue.workerSecrets={w}", "monitoring.serviceMonitor.enabled=true",
+                  "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true")
+    docs = chart(tools, "fullnameOverride=ml-dispatch", *everything)
+    default = chart(tools, *everything)
+    mine = {(d["kind"], d["metadata"]["name"]) for d in docs if d["metadata"].get("namespace") == NAMESPACE}
+    assert mine and all(name.startswith("ml-dispatch-") for _, name in mine), sorted(mine)
+    assert {(d["kind"], d["metadata"]["name"]) for d in default
+            if d["metadata"].get("namespace") == NAMESPACE} == {(kind, "dispatch-" + name[len("ml-dispatch-"):])
+                                                                 for kind, name in mine}
+    cluster_scoped = sorted((d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"])
+    assert cluster_scoped == sorted((d["kind"], d["metadata"]["name"]) for d in default
+                                    if "namespace" not in d["metadata"])       # documented names stay
+    spec = pod_spec(docs)
+    assert spec["serviceAccountName"] == "ml-dispatch-controller"
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        for subject in binding["subjects"]:
+            if subject["kind"] == "ServiceAccount" and subject["namespace"] == NAMESPACE:
+                assert subject["name"] == "ml-dispatch-controller", binding["metadata"]["name"]
+    for hook in (d for d in docs if d["kind"].endswith("WebhookConfiguration")):
+        assert {w["clientConfig"]["service"]["name"] for w in hook["webhooks"]} == {"ml-dispatch-guard"}
+        assert hook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/ml-dispatch-guard"
+    certs = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "Certificate"}
+    assert certs["ml-dispatch-guard"]["dnsNames"][0] == f"ml-dispatch-guard.{NAMESPACE}.svc"
+    assert certs["ml-dispatch-metrics"]["dnsNames"][0] == f"ml-dispatch-controller-metrics.{NAMESPACE}.svc"
+    assert {"name": "guard-certs", "secret": {"secretName": "ml-dispatch-guard-tls"}} in spec["volumes"]
+    assert {"name": "metrics-certs", "secret": {"secretName": "ml-dispatch-metrics-tls"}} in spec["volumes"]
+    # the controller makes its own guard certificate for the renamed Service when cert-manager does not
+    from dispatch._controller_options import parse
+    from dispatch.controller._controller import Config, guard_hosts_in
+    own = parse(container(chart(tools, "fullnameOverride=ml-dispatch"))["args"], environ=[])
+    config = Config.from_options(own)
+    assert guard_hosts_in(config.lease_namespace, config.guard_service)[0] == "ml-dispatch-guard.dispatch-system.svc"
+    rule = json.dumps([d for d in docs if d["kind"] == "PrometheusRule"])
+    assert 'job=\\"ml-dispatch-controller-metrics\\"' in rule and 'endpoint=\\"ml-dispatch-guard\\"' in rule
+    assert "dispatch-controller-metrics" not in rule.replace("ml-dispatch-controller-metrics", "")
+    [sm] = [d for d in docs if d["kind"] == "ServiceMonitor"]
+    assert sm["spec"]["endpoints"][0]["tlsConfig"]["serverName"] == f"ml-dispatch-controller-metrics.{NAMESPACE}.svc"

@@ -95,3 +95,36 @@ def test_the_helm_pages_resources_are_the_values() -> None:
     assert m.groups() == (res["requests"]["cpu"], res["requests"]["memory"], res["limits"]["memory"])
     deployment = yaml.safe_load((ROOT / "deploy" / "base" / "deployment.yaml").read_text().split("\n---\n")[0])
     assert deployment["spec"]["template"]["spec"]["containers"][0]["resources"] == res
+
+
+def _readme_script() -> Any:
+    import importlib.machinery
+    import importlib.util
+
+    loader = importlib.machinery.SourceFileLoader("chart_readme", str(ROOT / "scripts" / "chart-readme"))
+    spec = importlib.util.spec_from_loader("chart_readme", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_the_charts_readme_lists_every_value_with_its_default_and_meaning() -> None:
+    """charts/dispatch/README.md is what scripts/chart-readme writes from values.yaml, so it lists every
+    value; and each value is explained (by its own comment or its section's)."""
+    script = _readme_script()
+    page = (CHART / "README.md").read_text()
+    assert page == script.page(), "charts/dispatch/README.md is stale: run scripts/chart-readme"
+    said = script.comments((CHART / "values.yaml").read_text())
+    unexplained = []
+    for path, _ in script.leaves(values()):
+        assert f"| `{path}` | `" in page, path
+        parts = path.split(".")
+        if not any(".".join(parts[:i]) in said for i in range(len(parts), 0, -1)):
+            unexplained.append(path)
+    assert unexplained == []
+
+
+def test_the_readme_finds_each_keys_comment() -> None:
+    said = _readme_script().comments("# top\na:\n  # inner\n  b: 1\n\n  c: 2\n# list\nd:\n  - x: 1\n")
+    assert said == {"a": "top", "a.b": "inner", "d": "list"}

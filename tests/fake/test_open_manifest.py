@@ -136,6 +136,11 @@ REFUSED: list[tuple[Obj, str]] = [
      "spec.trainer.env[1] sets DISPATCH_ADMISSION, which dispatch sets from the pod's label"),
     (_with(lambda o: o["spec"].update(runtimePatches=[{"manager": PATCH_MANAGER}])),
      "has dispatch's manager dispatch.phpboyscout.uk/dispatch but the object lacks"),
+    (_with(lambda o: o["spec"].update(runtimePatches=[{"manager": "example.com/tuner", "trainingRuntimeSpec": {
+        "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"metadata": {
+            "labels": {"$patch": "replace"}}}}}}]}}}}])),
+     "replicatedJobs[node].template.spec.template.metadata.labels.$patch: the entry of manager example.com/tuner "
+     "carries the strategic-merge directive $patch: replace"),  # issue 35, item 1
     (_with(lambda o: o["spec"].update(runtimeRef={"name": "nope"})),
      "spec.runtimeRef.name: ClusterTrainingRuntime nope not found"),
     (_with(lambda o: o["spec"].update(runtimeRef={"name": "torch-distributed", "kind": "Runtime"})),

@@ -40,6 +40,8 @@ def keeper_pass(cluster: FakeCluster) -> dict[str, str]:
         keeper = FinalizerKeeper(kube, Metrics.create())
         try:
             keeper.list_pods(cluster.server.objects("", "pods"))
+            for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
         finally:
             await kube.aclose()

@@ -253,14 +253,24 @@ class NeverTwoExecutions(RuleBasedStateMachine):
 
     @rule(node=st.sampled_from(NODES))
     def node_deleted(self, node: str) -> None:
-        if node not in self.cluster.deleted_nodes:
-            self.cluster.delete_node(node)
+        """The operator deletes a lost node's Node (frozen: the machine goes, as they assert) or, by mistake, a
+        live one's: its kubelet runs on and does not register again (issue 40)."""
+        c = self.cluster
+        if node not in c.deleted_nodes:
+            if node in c.frozen or node in c.partitioned:
+                c.remove_machine(node)
+            else:
+                c.delete_node(node)
             self.tainted.discard(node)
 
     @rule(node=st.sampled_from(NODES))
     def node_replaced(self, node: str) -> None:
-        if node in self.cluster.deleted_nodes:
-            self.cluster.add_node(node)
+        """Another machine under the name, or the live kubelet restarted (it registers again)."""
+        c = self.cluster
+        if node in c.machines_gone:
+            c.add_node(node)
+        elif node in c.deleted_nodes:
+            c.restart_kubelet(node)
 
     @precondition(lambda self: bool(self.cluster.pods()))
     @rule(index=st.integers(0, 20), phase=st.sampled_from(["Succeeded", "Failed"]))

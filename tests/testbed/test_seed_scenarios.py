@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import LABEL_ADMISSION, Adapter, JobSpec, PodsRemain, State
+from dispatch import LABEL_ADMISSION, Adapter, JobSpec, PodsRemain, Refused, State
 from dispatch import testbed as tb
 from dispatch._views import PodView
 from dispatch.testbed.harness import role_kubeconfig_file, scoped_pods
@@ -292,12 +292,16 @@ def test_deleted_node_shows_gone_then_admission(adapter: Adapter, admin: Adapter
         tb.kubectl("delete", "node", node)
         status = adapter.inspect(name)
         assert status.cause.detail.startswith(f"remaining pods: {pod} on {node} (gone)"), status.cause
-        assert adapter.ceased(name).ceased
-        # Changed with dispatch's pod finalizer: PodGC can no longer remove the orphaned pod by itself. Its end
-        # is proven by the Node's deletion; freeing it is the controller keeper's (none runs here), or, as the
-        # status says, the admin's `dispatch admin release-pod`. Once PodGC marked it Failed and the Job
-        # controller dropped its own finalizer, it goes and release admits.
-        assert admin.release_pod(pod).proof == "node-deleted"
+        # Changed with issue 40: a deletion alone proves nothing to a plain read (a live kubelet runs on after
+        # it); only the controller's keeper, which saw this Node Ready=Unknown when it was deleted, takes it as
+        # proof (none runs here). The operator's word, as status names it, frees the pod: this machine is "down"
+        # (its KWOK kubelet frozen). Once PodGC marked it Failed and the Job controller dropped its own finalizer,
+        # it goes and release admits.
+        cessation = adapter.ceased(name)
+        assert not cessation.ceased and "was deleted, which proves nothing by itself" in cessation.reason
+        with pytest.raises(Refused):
+            admin.release_pod(pod)
+        assert admin.release_pod(pod, node_confirmed_down=True).proof == "operator-confirmed"
         wait_for("the pod to go and release to admit", lambda: admitted(adapter, name, 2), timeout=150)
         assert pod not in [p["metadata"]["name"] for p in pods(ns, name)]
     finally:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION
+from dispatch import ANNOTATION_ADMISSION, LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER
 from dispatch import _decision as d
 from dispatch._identity import ADMISSION_LIMIT
 from dispatch._records import Cause, State
@@ -24,7 +24,19 @@ NODE_STATES: dict[str, d.NodeView] = {
     "ready+oos": d.NodeView("n", ready="True", out_of_service=True),
     "gone": d.NodeView.gone("n"),
     "unreadable": d.NodeView.unreadable("n"),
+    # a deleted Node as the controller last saw it (a plain read knows only "gone", above)
+    "deleted-unknown": d.NodeView("n", exists=False, ready="Unknown"),
+    "deleted-ready": d.NodeView("n", exists=False, ready="True"),
+    "deleted-notready": d.NodeView("n", exists=False, ready="False"),
+    "deleted-unknown-later": d.NodeView("n", exists=False, ready="Unknown", created=2e9),
+    # a Node registered again under the name after the pod was created (another object, maybe another machine)
+    "later-unknown+oos": d.NodeView("n", ready="Unknown", out_of_service=True, created=2e9),
 }
+PROVING_NODES = {"unknown+oos": "out-of-service", "deleted-unknown": "node-deleted"}
+"""The node states that prove a pod's end, stated apart from the code: the out-of-service taint on a node
+whose kubelet no longer reports Ready=True; a deletion of a Node last seen Ready=Unknown (its kubelet silent
+past the node controller's grace) that the pod was bound to. A deletion alone, of a Node last seen Ready or
+not known, or a Node created after the pod, proves nothing (issue 40)."""
 SELECTIONS = {
     "dispatch": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"},
     "jobset": {"jobset.sigs.k8s.io/jobset-name": NAME},
@@ -47,25 +59,43 @@ WRITERS = ["kubelet", "PodGC", "KueueFailureRecovery", "PodGC-out-of-service"]
 out-of-service path adds none either (issue 35, item 10): its Failed sits beside the sandbox its kubelet last
 reported ready (``PodReadyToStartContainers=True``), which a kubelet's own terminal phase never does."""
 POLICIES = ["OnFailure", "Never", "Always"]
+OWN: dict[str, dict[str, Any]] = {
+    "none": {},
+    "Never": {"restartPolicy": "Never"},
+    "OnFailure": {"restartPolicy": "OnFailure"},
+    "Always": {"restartPolicy": "Always"},
+    "restart-on-137": {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [137]}}]},
+    "all-on-nonzero": {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "RestartAllContainers", "exitCodes": {"operator": "NotIn", "values": [0]}}]},
+    "restart-on-3": {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "In", "values": [3]}}]},
+    "unknown-operator": {"restartPolicy": "Never", "restartPolicyRules": [
+        {"action": "Restart", "exitCodes": {"operator": "GreaterThan", "values": [5]}}]},
+}
+"""The container's own ``restartPolicy`` and ``restartPolicyRules`` (ContainerRestartRules, 1.35+;
+RestartAllContainers, 1.36+), which a kubelet follows whatever the pod's policy (issue 41)."""
 
 
 def pod(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
         labels: dict[str, str] | None = None, containers: str | None = None, writer: str = "kubelet",
-        policy: str = "OnFailure") -> d.PodView:
+        policy: str = "OnFailure", own: str = "none") -> d.PodView:
     return d.PodView.from_obj(pod_obj(name, phase=phase, node=node, deleting=deleting, labels=labels,
-                                      containers=containers, writer=writer, policy=policy))
+                                      containers=containers, writer=writer, policy=policy, own=own))
 
 
 def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", deleting: bool = False,
             labels: dict[str, str] | None = None, containers: str | None = None, writer: str = "kubelet",
-            policy: str = "OnFailure") -> dict[str, Any]:
-    """A pod; ``containers`` defaults to what a kubelet reports for ``phase`` (terminated containers
-    for Succeeded and Failed, running ones otherwise)."""
-    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"]}
+            policy: str = "OnFailure", own: str = "none") -> dict[str, Any]:
+    """A pod, created at 2026-01-01; ``containers`` defaults to what a kubelet reports for ``phase``
+    (terminated containers for Succeeded and Failed, running ones otherwise); ``own`` is the container's own
+    restart policy and rules (``OWN``)."""
+    meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels or SELECTIONS["both"],
+                            "creationTimestamp": "2026-01-01T00:00:00Z"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     spec: dict[str, Any] = {"nodeName": node} if node else {}
-    spec["containers"] = [{"name": "node", "image": "example.invalid/train"}]
+    spec["containers"] = [{"name": "node", "image": "example.invalid/train", **OWN[own]}]
     spec["restartPolicy"] = policy
     status: dict[str, Any] = {"phase": phase}
     if containers is None:
@@ -96,17 +126,24 @@ def pod_obj(name: str = "p", *, phase: str = "Running", node: str | None = "n", 
     return {"metadata": meta, "spec": spec, "status": status}
 
 
-def ended(phase: str, containers: str, writer: str, policy: str) -> bool:
+def ended(phase: str, containers: str, writer: str, policy: str, own: str = "none") -> bool:
     """The expected proof, stated apart from the code: a terminal phase its kubelet wrote ends the pod
-    unless a container is running or lacks a status; one written by someone else ends it only if every
-    container terminated and its restart policy never starts it again."""
+    unless a container is running or lacks a status (the kubelet never starts a container of a pod it ended,
+    whatever the container's own policy); one written by someone else ends it only if every container
+    terminated and the kubelet never starts it again: no rule of the container matches its exit (a rule
+    whose operator is unknown may), then the container's own policy, else the pod's, does not restart it."""
     if phase not in ("Succeeded", "Failed") or containers in ("running", "none", "sidecar-running", "debug-running"):
         return False
     if writer == "kubelet":
         return True
     if containers == "waiting":
         return False
-    return policy == "Never" or (policy == "OnFailure" and containers == "kubelet")
+    code = 0 if containers == "kubelet" else 137
+    if own == "unknown-operator" or (own == "restart-on-137" and code == 137) or (
+            own == "all-on-nonzero" and code != 0):
+        return False
+    effective = OWN[own].get("restartPolicy", policy)
+    return effective == "Never" or (effective == "OnFailure" and code == 0)
 
 
 @pytest.mark.parametrize(
@@ -129,12 +166,38 @@ def test_every_combination(phase: str, deleting: bool, node_state: str, containe
         assert verdict.detail().startswith("remaining pods: p on n (")
     # the node state never changes the admission verdict: only cessation cares where a pod sits
     cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
-    # an out-of-service taint proves the end only on a node whose kubelet no longer reports Ready=True
-    proven = node_state in ("unknown+oos", "gone")
+    # an out-of-service taint proves the end only on a node whose kubelet no longer reports Ready=True; a
+    # deletion only of a Node last seen Ready=Unknown (issue 40: a live kubelet runs on after a deletion)
+    proven = node_state in PROVING_NODES
     assert cessation.ceased is (not blocks or proven)
-    expected = ("kubelet-confirmed" if not blocks else "node-deleted" if node_state == "gone"
-                else "out-of-service" if proven else "unproven")
+    expected = "kubelet-confirmed" if not blocks else PROVING_NODES.get(node_state, "unproven")
     assert [e.proof for e in cessation.ends] == [expected]
+    if blocks and not proven and node_state.startswith(("gone", "deleted", "later")):
+        assert "; pod p: " in cessation.reason, cessation.reason  # names why and the way out
+
+
+@pytest.mark.parametrize(
+    ("phase", "containers", "writer", "policy", "own"),
+    list(itertools.product(PHASES, CONTAINERS, WRITERS, POLICIES, OWN)),
+)
+def test_every_ending_under_the_containers_own_restart_policy_and_rules(
+        phase: str, containers: str, writer: str, policy: str, own: str) -> None:
+    """Issue 41: a Failed someone else wrote over a container whose own policy or rules restart it is no
+    proof, on a node that proves nothing by itself (a cut-off kubelet restarts it)."""
+    the_pod = pod(phase=phase, containers=containers, writer=writer, policy=policy, own=own)
+    nodes = {"n": NODE_STATES["unknown"]}
+    proof = ended(phase, containers, writer, policy, own)
+    verdict = d.decide(name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
+    assert verdict.admissible is proof
+    cessation = d.cessation(trainjob=None, name=NAME, job_id="llama", submission="s1", pods=[the_pod], nodes=nodes)
+    assert [e.proof for e in cessation.ends] == ["kubelet-confirmed" if proof else "unproven"]
+    new = pod_obj("new", phase="Pending", node=None)
+    new["metadata"]["finalizers"] = [POD_FINALIZER]  # dispatch's entry puts it on every pod of its objects
+    assert d.pod_start_problem(d.PodView.from_obj(new), [the_pod], nodes) is None or not proof
+    if not proof and phase in ("Succeeded", "Failed") and writer != "kubelet" and containers not in ("running", "none"):
+        running = containers in ("sidecar-running", "debug-running")  # named as running, not as restartable
+        said = "is reported running" if running else "its kubelet may still start container node"
+        assert said in cessation.reason, cessation.reason
 
 
 @pytest.mark.parametrize(("phase", "selection"), list(itertools.product(PHASES, SELECTIONS)))

@@ -33,7 +33,7 @@ def pod_obj(name: str, *, a: int | None = 1, rank: tuple[str, str, str] | None =
         labels[REPLICATED_JOB_LABEL], labels[JOB_INDEX_LABEL] = rank[0], rank[1]
         (labels if index_as == "label" else annotations)[COMPLETION_INDEX_LABEL] = rank[2]
     meta: dict[str, Any] = {"name": name, "uid": f"uid-{name}", "labels": labels, "annotations": annotations,
-                            "finalizers": [POD_FINALIZER]}
+                            "finalizers": [POD_FINALIZER], "creationTimestamp": "2026-01-01T00:00:00Z"}
     if deleting:
         meta["deletionTimestamp"] = "2026-01-01T00:00:30Z"
     state = {"terminated": {"exitCode": 0}} if phase in ("Succeeded", "Failed") else {"running": {}}
@@ -107,7 +107,7 @@ def test_a_rank_that_cannot_be_read_counts_as_the_same() -> None:
 @pytest.mark.parametrize(("other", "nodes"), [
     (pod("old", a=2, phase="Succeeded"), None),                                       # its kubelet confirmed the end
     (pod("old", phase="Failed", deleting=True), None),
-    (pod("old", deleting=True), {"n1": NodeView.gone("n1")}),                           # its node is deleted
+    (pod("old", deleting=True), {"n1": NodeView("n1", exists=False, ready="Unknown")}),  # deleted, last silent
     (pod("old", deleting=True), {"n1": NodeView("n1", ready="Unknown", out_of_service=True)}),
     (pod("old", node=None, phase="Pending", deleting=True), None),                     # never scheduled, deleting
 ], ids=["succeeded", "failed", "node-deleted", "out-of-service", "never-scheduled"])
@@ -120,7 +120,13 @@ def test_a_pod_whose_end_is_proven_does_not_stop_it(other: PodView, nodes: dict[
     (pod("old", deleting=True), {"n1": NodeView.unreadable("n1")}, "not readable"),
     (pod("old", deleting=True), {"n1": NodeView("n1", ready="Unknown")}, "Ready=Unknown"),
     (pod("old", node=None, phase="Pending"), None, "no node"),                          # may still be bound
-], ids=["node-missing", "node-unreadable", "node-unknown", "pending"])
+    # issue 40: a deletion alone proves nothing (a live kubelet runs on), nor a Node registered again later
+    (pod("old", deleting=True), {"n1": NodeView.gone("n1")}, "n1 was deleted, which proves nothing by itself"),
+    (pod("old", deleting=True), {"n1": NodeView("n1", exists=False, ready="True")}, "(last seen Ready=True)"),
+    (pod("old", deleting=True), {"n1": NodeView("n1", ready="Unknown", out_of_service=True, created=2e9)},
+     "n1 was registered again after the pod was created"),
+], ids=["node-missing", "node-unreadable", "node-unknown", "pending", "node-deleted", "node-deleted-while-ready",
+        "node-registered-again"])
 def test_a_pod_whose_end_is_unproven_stops_it(other: PodView, nodes: dict[str, NodeView] | None,
                                               state: str) -> None:
     got = problem(other, nodes=nodes)

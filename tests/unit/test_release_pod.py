@@ -33,7 +33,10 @@ OOS = NodeView("n", ready="Unknown", out_of_service=True)
     (view(ours=False), SILENT, True, "", "NotHeld"),                        # the word never covers a foreign pod
     (view(phase="Failed"), UP, False, "kubelet-confirmed", None),          # the kubelet confirmed its end
     (view(phase="Failed"), UP, True, "kubelet-confirmed", None),
-    (view(), NodeView.gone("n"), False, "node-deleted", None),
+    (view(), NodeView("n", exists=False, ready="Unknown"), False, "node-deleted", None),  # deleted, last silent
+    (view(), NodeView.gone("n"), False, "", "Unproven"),              # issue 40: a deletion alone proves nothing
+    (view(), NodeView("n", exists=False, ready="True"), False, "", "Unproven"),
+    (view(), NodeView.gone("n"), True, d.OPERATOR_CONFIRMED, None),         # the operator's word ends it
     (view(), OOS, False, "out-of-service", None),
     (view(), SILENT, False, "", "Unproven"),
     (view(), None, False, "", "Unproven"),                                  # its Node cannot be read

@@ -68,7 +68,8 @@ def admin_release_pod(
     """Remove dispatch's finalizer from a pod, so its deletion completes.
 
     Without --node-confirmed-down only a pod whose end is proven is released (its kubelet confirmed it,
-    or its Node is deleted or tainted out-of-service). With it, your word that the node is down is the
+    or its Node is tainted out-of-service and not Ready; a deleted Node proves nothing by itself: its
+    kubelet may run on). With it, your word that the node is down is the
     proof: only give it once the machine is confirmed off, as for the out-of-service taint. Refused
     while the pod's Node is Ready. --process-gone is for a pod Kueue's failure recovery or PodGC marked
     Failed while its node was unreachable, once the node's kubelet is back and has written the pod's

@@ -285,9 +285,10 @@ def _watch_rows(state: CliState, statuses: list[Status], *, namespaces: bool, he
 def ceased(ctx: typer.Context, name: NameArg, output: OutputOpt = None, namespace: NamespaceOpt = None) -> None:
     """Whether the object's processes are proven gone (writes nothing; needs get on Nodes).
 
-    True once every remaining pod is finished or sits on a Node that is deleted or tainted
-    node.kubernetes.io/out-of-service. The answer is printed and is the exit code, as grep -q's is:
-    0 ceased, 1 not ceased, so `if dispatch ceased NAME; then ...` acts only on a proven end.
+    True once every remaining pod is finished or sits on a Node tainted node.kubernetes.io/out-of-service
+    that no longer reports Ready (a deleted Node proves nothing here: its kubelet may run on). The
+    answer is printed and is the exit code, as grep -q's is: 0 ceased, 1 not ceased, so
+    `if dispatch ceased NAME; then ...` acts only on a proven end.
     """
     state = _state(ctx, output, namespace)
     with guard(state):

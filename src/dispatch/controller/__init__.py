@@ -32,7 +32,9 @@ import contextlib
 import logging
 import signal
 import sys
+from collections.abc import MutableMapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
@@ -84,8 +86,25 @@ class _Stderr:
         sys.stderr.flush()
 
 
+MESSAGE_KEY = "msg"
+"""Where a JSON log line carries its message: ``msg``, as Kubernetes' own components (klog's JSON format)
+and controller-runtime's zap logs do, so one pipeline rule parses dispatch next to Kueue and JobSet."""
+_TAKEN = ("msg", "message")
+
+
+def _keep_message_keys(logger: Any, name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """Nothing but the message under ``msg`` or ``message``: a field passed under either name (a Kubernetes
+    condition's message, say) moves to ``detail``, so a pipeline mapping either never takes it for the line's
+    message."""
+    for key in _TAKEN:
+        if key in event:
+            value = event.pop(key)
+            event["detail" if "detail" not in event else f"detail_{key}"] = value
+    return event
+
+
 def configure_logging(level: str = "info") -> None:
-    """JSON lines on stderr, one object per event, with ISO timestamps and the level."""
+    """JSON lines on stderr, one object per event: the message under ``msg``, the level, an ISO timestamp."""
     numeric = logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
     structlog.configure(
         processors=[
@@ -93,6 +112,8 @@ def configure_logging(level: str = "info") -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            _keep_message_keys,
+            structlog.processors.EventRenamer(MESSAGE_KEY),
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
@@ -107,7 +128,8 @@ def configure_logging(level: str = "info") -> None:
         foreign_pre_chain=[structlog.stdlib.add_log_level, structlog.stdlib.add_logger_name,
                            structlog.processors.TimeStamper(fmt="iso", utc=True)],
         processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                    structlog.processors.format_exc_info, structlog.processors.JSONRenderer()],
+                    structlog.processors.format_exc_info, _keep_message_keys,
+                    structlog.processors.EventRenamer(MESSAGE_KEY), structlog.processors.JSONRenderer()],
     ))
     root = logging.getLogger()
     root.handlers = [handler]
@@ -145,7 +167,7 @@ def run_from_cli(options: ControllerOptions) -> int:
     async def main() -> int:
         try:
             kube = k.Kube.connect(namespace=o.namespace, kubeconfig=Path(o.kubeconfig) if o.kubeconfig else None,
-                                  context=o.context)
+                                  context=o.context, qps=o.kube_api_qps or 0.0, burst=o.kube_api_burst)
         except Refused as exc:
             log.error("cannot connect", error=str(exc))
             return 1

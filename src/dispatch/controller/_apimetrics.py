@@ -1,8 +1,10 @@
-"""``rest_client_*`` series from the controller's API requests, as controller-runtime exports them.
+"""``rest_client_*`` series from the controller's API requests, as controller-runtime exports them, and
+dispatch's own ``dispatch_api_*`` by resource.
 
 The hooks sit on the HTTP client the ``Kube`` wraps, so every request any part of the controller sends
-(informers, reconciles, the guard's reads, the Lease) is counted once, by status code, method and
-resource, with its latency to the response's headers. A request that gets no response (a refused
+(informers, reconciles, the guard's reads, the Lease) is counted once: by status code, method and host
+(client-go's labels), and by status code, method and resource (dispatch's), with its latency to the
+response's headers. A request that gets no response (a refused
 connection, a timeout) has no code and is not counted here: the reconcile errors and the logs show it.
 """
 
@@ -47,10 +49,14 @@ def hooks(metrics: Metrics) -> tuple[Callable[[Any], Awaitable[None]], Callable[
     async def on_response(response: Any) -> None:
         request = response.request
         resource = resource_of(request.url.path)
-        metrics.api_requests.labels(str(response.status_code), request.method, resource).inc()
+        code, host = str(response.status_code), request.url.netloc.decode()
+        metrics.api_requests.labels(code, request.method, resource).inc()
+        metrics.rest_requests.labels(code, host, request.method).inc()
         started = request.extensions.get(STARTED)
         if isinstance(started, float):
-            metrics.api_seconds.labels(request.method, resource).observe(time.monotonic() - started)
+            seconds = time.monotonic() - started
+            metrics.api_seconds.labels(request.method, resource).observe(seconds)
+            metrics.rest_seconds.labels(request.method, host).observe(seconds)
 
     return on_request, on_response
 

@@ -30,7 +30,7 @@ from ..errors import DispatchError, Forbidden
 from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
-from ._finalizers import FinalizerKeeper
+from ._finalizers import POD_FINALIZERS, FinalizerKeeper
 from ._guard import Running, start
 from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, Pages, Sink, Tee, error_reason
@@ -100,9 +100,11 @@ class Config:
     """Kueue's namespace, where the Secrets holding MultiKueue workers' kubeconfigs are."""
     multikueue_worker: bool = _O.multikueue_worker
     """This cluster is a MultiKueue worker: the guard judges MultiKueue's copies as copies (``_decision.guard``)."""
+    guard_service: str = _O.guard_service
+    """The guard's Service (in ``lease_namespace``), whose names a generated serving certificate carries."""
     guard_hosts: tuple[str, ...] = ()
-    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace)``,
-    the guard Service in the controller's own namespace)."""
+    """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace,
+    guard_service)``, the guard Service in the controller's own namespace)."""
 
     @classmethod
     def from_options(cls, o: ControllerOptions, *, metrics_serving: MetricsServing | None = None) -> Config:
@@ -114,7 +116,7 @@ class Config:
             resync_seconds=o.resync_seconds, metrics_port=o.metrics_port,
             foreign="ready" if o.foreign == "ready" else "ignore", controller_name=o.controller_name,
             metrics_serving=metrics_serving, guard_port=o.guard_port, guard_cert_dir=o.guard_cert_dir,
-            guard_webhook=o.guard_webhook, kueue_namespace=o.kueue_namespace,
+            guard_webhook=o.guard_webhook, guard_service=o.guard_service, kueue_namespace=o.kueue_namespace,
             multikueue_worker=o.multikueue_worker,
         )
 
@@ -122,10 +124,11 @@ class Config:
 GUARD_SERVICE = "dispatch-guard"
 
 
-def guard_hosts_in(namespace: str) -> tuple[str, ...]:
+def guard_hosts_in(namespace: str, service: str = GUARD_SERVICE) -> tuple[str, ...]:
     """The names the API server may call the guard by: its Service in ``namespace`` (where the controller
-    runs, so a Helm release in another namespace still gets a certificate that matches), and loopback."""
-    svc = f"{GUARD_SERVICE}.{namespace}.svc"
+    runs, so a Helm release in another namespace, or under another name, still gets a certificate that
+    matches), and loopback."""
+    svc = f"{service}.{namespace}.svc"
     return svc, f"{svc}.cluster.local", "localhost", "127.0.0.1"
 
 
@@ -153,6 +156,20 @@ async def _cancel_all(tasks: list[asyncio.Task[None] | asyncio.Task[bool]]) -> N
                 task.exception()
 
 
+WORKLOADS = "workloads"
+"""The Workload reconciler's name in controller-runtime's series (its work queue's too)."""
+
+
+def _result(result: Outcome | Exception) -> str:
+    """controller-runtime's ``result`` of one Workload's reconcile: an error (raised, or a write that was
+    refused), a requeue with backoff, a requeue after a set time, or success."""
+    if isinstance(result, Exception) or result.error:
+        return "error"
+    if result.retry:
+        return "requeue"
+    return "requeue_after" if result.recheck is not None else "success"
+
+
 class Controller:
     """The admission-check controller for dispatch's AdmissionChecks: wiring and the worker loop.
 
@@ -169,7 +186,8 @@ class Controller:
         self.identity = self.config.identity or default_identity()
         self.metrics = metrics or Metrics.create()
         self.queue = WorkQueue()
-        self.queue.instrument(self.metrics.queue, "workloads")
+        self.queue.instrument(self.metrics.queue, WORKLOADS)
+        self.metrics.runtime.declare(WORKLOADS, self.config.workers)
         kube.observe(*api_hooks(self.metrics))
         self.leading = asyncio.Event()
         self.http_port: int | None = None
@@ -189,7 +207,7 @@ class Controller:
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
-        self.finalizers.queue.instrument(self.metrics.queue, "pod-finalizers")
+        self.finalizers.queue.instrument(self.metrics.queue, POD_FINALIZERS)
         ns = self.config.namespace
         timeout = self.config.watch_timeout_seconds
         r = self.router
@@ -265,12 +283,15 @@ class Controller:
         # not read these caches, so an informer that cannot list (readyz names it) delays them only so long.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._all_synced(), self.config.sync_wait_seconds)
+        active = self.metrics.runtime.active.labels(WORKLOADS)
         while True:
             await self.leading.wait()
             keys = await self.queue.get_batch(self.config.batch)
+            active.inc()
             try:
                 await self._process_many(keys)
             finally:
+                active.dec()
                 for key in keys:
                     self.queue.done(key)
                 self._gauges()
@@ -280,10 +301,19 @@ class Controller:
         namespace = keys[0].split("/", 1)[0]
         known = self.router.known_in(namespace) if len(keys) > 1 else 0
         hints = {key.split("/", 1)[1]: self.router.workloads[key].hint for key in keys if key in self.router.workloads}
-        results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
-                                                       known=known, hints=hints)
+        started = time.perf_counter()
+        try:
+            results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
+                                                           known=known, hints=hints)
+        except BaseException:
+            for _ in keys:
+                self.metrics.runtime.reconciled(WORKLOADS, "error")
+            raise
+        share = (time.perf_counter() - started) / len(keys)   # one shared read decided them all
         for key in keys:
-            self._settled(key, results[key.split("/", 1)[1]])
+            result = results[key.split("/", 1)[1]]
+            self._settled(key, result)
+            self.metrics.runtime.reconciled(WORKLOADS, _result(result), share)
 
     def _settled(self, key: str, result: Outcome | Exception) -> None:
         if isinstance(result, DispatchError):
@@ -384,7 +414,7 @@ class Controller:
         c = self.config
         if c.guard_port is not None:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
-                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace),
+                                     hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace, c.guard_service),
                                      webhook=c.guard_webhook, registry=self.metrics.registry,
                                      worker=c.multikueue_worker)
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",

@@ -3,8 +3,10 @@
 Every pod of a dispatch object carries ``dispatch.phpboyscout.uk/execution`` (from dispatch's runtime
 patch), so a pod that may still run stays in the API, even after ``kubectl delete --force``, and stays
 visible to the rule. This part of the controller removes it once the pod's end is proven: its kubelet
-reported the pod's end (``PodView.kubelet_confirmed``), or its Node is deleted or tainted
-out-of-service and no longer Ready (or it was deleted before it was ever scheduled). A pod its kubelet
+reported the pod's end (``PodView.kubelet_confirmed``), or its Node is tainted out-of-service and no
+longer Ready, or was deleted while this keeper last saw it ``Ready=Unknown`` (or tainted and not Ready;
+a deletion alone proves nothing: a live kubelet whose Node is deleted runs on), or it was deleted before
+it was ever scheduled. A pod its kubelet
 rejected at admission never ran but has no container status, and nothing else ever deletes it: the
 keeper deletes it (conditioned on what it read), so that its kubelet writes every container's end.
 Plain-mode objects get the same service: the pod informers select by labels, not by Kueue.
@@ -18,8 +20,10 @@ finalizer) is looked at again, never overwritten. A pod whose end stays unproven
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import sys
+import time
 from collections.abc import Iterable
 
 import structlog
@@ -28,7 +32,7 @@ from .. import _api as api
 from .._api import Obj
 from .._core import Cores
 from .._kube import Kube
-from .._views import PROVEN, NodeView, PodView, name_of
+from .._views import PROVEN, NodeView, PodView, conditions, name_of
 from ..errors import DispatchError
 from ._informer import Pages, feed
 from ._metrics import Metrics
@@ -37,6 +41,10 @@ from ._routing import unindex
 
 log = structlog.get_logger("dispatch.controller")
 
+
+
+POD_FINALIZERS = "pod-finalizers"
+"""The keeper's name in controller-runtime's series (its work queue's too)."""
 
 
 class FinalizerKeeper:
@@ -48,6 +56,7 @@ class FinalizerKeeper:
         self._core = Cores(kube)
         self.workers = workers
         self.queue = WorkQueue()
+        metrics.runtime.declare(POD_FINALIZERS, max(1, workers))
         self.on_node_of: dict[str, set[str]] = {}
         """Pod keys (``namespace/name``) carrying our finalizer, by the Node they sit on."""
         self.node_of: dict[str, str] = {}
@@ -55,6 +64,12 @@ class FinalizerKeeper:
         self.released = 0
         self._nodes_seen: set[str] = set()
         self.node_sink = Pages(begin=self.nodes_begin, page=self.nodes_page, end=self.nodes_end)
+        self.last_seen: dict[str, NodeView] = {}
+        """Each Node as last seen, so that its deletion is judged by what it was then."""
+        self.deleted_nodes: dict[str, NodeView] = {}
+        """Nodes seen deleted, as last seen (``NodeView.deleted``): a plain read finds only that they are
+        gone, and a deletion proves an end only of a Node last seen not answering. A Node registered again
+        under the name is forgotten here (it is another object, and what it says is read afresh)."""
         self.held: dict[str, dt.datetime] = {}
         """Pods being deleted whose end is unproven, so our finalizer keeps them: when each was deleted."""
         metrics.held_pods.set_function(lambda: len(self.held))
@@ -72,8 +87,8 @@ class FinalizerKeeper:
         self.signatures.pop(key, None)
         self.held.pop(key, None)
         node = self.node_of.pop(key, None)
-        if node is not None:
-            unindex(self.on_node_of, node, key)
+        if node is not None and unindex(self.on_node_of, node, key):
+            self.deleted_nodes.pop(node, None)  # remembered only while a pod of ours sits on it
 
     def on_pod(self, etype: str, obj: Obj) -> None:
         pod = PodView.from_obj(obj)
@@ -100,8 +115,20 @@ class FinalizerKeeper:
             self.on_pod("ADDED", obj)
 
     def on_node(self, etype: str, obj: Obj) -> None:
-        """A Node deleted or tainted out-of-service proves the end of every pod on it."""
-        view = NodeView.gone(name_of(obj)) if etype == "DELETED" else NodeView.from_obj(obj)
+        """A Node tainted out-of-service and not Ready, or deleted while last seen not answering, proves
+        the end of every pod on it. A DELETED event carries the Node's last state; a Node found missing
+        from a list is judged by what this keeper last saw of it."""
+        name = name_of(obj)
+        if etype == "DELETED":
+            seen = self.last_seen.pop(name, None)
+            view = (NodeView.deleted(obj) if conditions(obj) or seen is None
+                    else dataclasses.replace(seen, exists=False))
+            if name in self.on_node_of:
+                self.deleted_nodes[name] = view
+        else:
+            view = NodeView.from_obj(obj)
+            self.last_seen[name] = view
+            self.deleted_nodes.pop(name, None)
         if view.proven_down:
             for key in sorted(self.on_node_of.get(view.name, ())):
                 self.queue.add(key)
@@ -159,6 +186,8 @@ class FinalizerKeeper:
             return "not-ours", pod
         nodes = await core.nodes([pod])
         node = nodes.get(pod.node) if pod.node else None
+        if node is not None and node.readable and not node.exists and pod.node in self.deleted_nodes:
+            node = self.deleted_nodes[pod.node]  # gone: judged by what it was when it was deleted
         proof = pod.end(node)
         if proof not in PROVEN:
             if pod.needs_delete and node is not None and node.readable and node.exists:
@@ -186,9 +215,14 @@ class FinalizerKeeper:
         return proof, pod
 
     async def _worker(self, leading: asyncio.Event) -> None:
+        runtime = self._metrics.runtime
+        active = runtime.active.labels(POD_FINALIZERS)
         while True:
             await leading.wait()
             key = await self.queue.get()
+            active.inc()
+            started = time.perf_counter()
+            result = "error"
             try:
                 outcome = await self.release(key)
             except DispatchError as exc:
@@ -200,10 +234,14 @@ class FinalizerKeeper:
                 self.queue.add_after(key, self.queue.backoff(key))
             else:
                 if outcome == "conflict":
+                    result = "requeue"
                     self.queue.add_after(key, self.queue.backoff(key))
                 else:
+                    result = "success"
                     self.queue.forget(key)
             finally:
+                active.dec()
+                runtime.reconciled(POD_FINALIZERS, result, time.perf_counter() - started)
                 self.queue.done(key)
 
     async def run(self, leading: asyncio.Event) -> None:

@@ -62,6 +62,7 @@ from .._views import PodView
 from ..errors import Conflict, DispatchError, NotFound
 from . import _http as http
 from . import _tls as tls
+from ._metrics import WebhookMetrics
 
 T = TypeVar("T")
 
@@ -217,6 +218,7 @@ class Guard:
         self._seconds = Histogram("dispatch_guard_review_seconds", "Time to answer one AdmissionReview.",
                                   buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
                                   registry=reg)
+        self.webhook_metrics = WebhookMetrics.create(reg)
 
 
     async def decide(self, request: Obj) -> str | None:
@@ -280,7 +282,7 @@ class Guard:
             log.info("guard denied", kind="Pod" if pod else "TrainJob", operation=request.get("operation"),
                      namespace=request.get("namespace"),
                      name=request.get("name") or obj.get("metadata", {}).get("name"),
-                     user=(request.get("userInfo") or {}).get("username"), message=denial)
+                     user=(request.get("userInfo") or {}).get("username"), denial=denial)
         return response(uid, denial)
 
     async def enrolment(self, request: Obj) -> e.Enrolment:
@@ -331,7 +333,7 @@ class Guard:
         if got.denial is not None:
             self.denials += 1
             log.info("enrolment denied", namespace=request.get("namespace"), name=name,
-                     user=(request.get("userInfo") or {}).get("username"), message=got.denial)
+                     user=(request.get("userInfo") or {}).get("username"), denial=got.denial)
         elif got.patch:
             log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
                      submission=got.submission)
@@ -385,14 +387,24 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
     served = context or tls_context(certs)
 
     async def route(request: http.Request) -> http.Answer:
+        m = guard.webhook_metrics
+        m.in_flight.labels(request.path).inc()
+        started = time.monotonic()
+        code = 500
         try:
             review = json.loads(request.body)
             review = review if isinstance(review, dict) else {}
             timeout = _timeout_of(request.target)
             answer = await (guard.mutate(review, timeout) if request.path == MUTATE_PATH
                             else guard.review(review, timeout, pod=request.path == POD_PATH))
+            code = 200
         except ValueError as exc:
+            code = 400
             return 400, JSON, json.dumps({"error": str(exc)}).encode(), ""
+        finally:
+            m.in_flight.labels(request.path).dec()
+            m.requests.labels(request.path, str(code)).inc()
+            m.latency.labels(request.path).observe(time.monotonic() - started)
         return 200, JSON, json.dumps(answer).encode(), ""
 
     listener = http.Listener(

@@ -1,8 +1,12 @@
 """The controller's Prometheus metrics, on a registry of its own so two controllers can share a process.
 
 Besides dispatch's own ``dispatch_*`` series, the ones operators already dashboard for every controller,
-under controller-runtime's (client-go's) names: ``rest_client_requests_total`` and
-``rest_client_request_duration_seconds`` (API requests), ``workqueue_*`` (the work queues) and
+under controller-runtime's (client-go's) names and labels, so stock dashboards and alerts read dispatch as
+they read Kueue or JobSet: ``controller_runtime_reconcile_*`` and ``controller_runtime_active_workers``
+(per reconciler: ``workloads``, ``pod-finalizers``), ``controller_runtime_webhook_*`` (the guard's paths,
+:class:`WebhookMetrics`), ``rest_client_requests_total{code,host,method}`` and
+``rest_client_request_duration_seconds{verb,host}`` (API requests; dispatch's own
+``dispatch_api_requests_total`` keeps them by resource), ``workqueue_*`` (the work queues) and
 ``leader_election_master_status``. The ``*_created`` series are off: they double the series count and no
 dashboard reads them.
 """
@@ -40,8 +44,11 @@ class Metrics:
     held_longest: Gauge
     api_requests: Counter
     api_seconds: Histogram
+    rest_requests: Counter
+    rest_seconds: Histogram
     queue: QueueMetrics
     leader_status: Gauge
+    runtime: RuntimeMetrics
 
     @classmethod
     def create(cls, registry: CollectorRegistry | None = None) -> Metrics:
@@ -106,45 +113,131 @@ class Metrics:
                 "Since when the longest-held of those pods has been deleted (0: none).", registry=reg,
             ),
             api_requests=Counter(
-                "rest_client_requests", "API server requests, by status code, method and resource.",
+                "dispatch_api_requests", "API server requests, by status code, method and resource.",
                 ["code", "method", "resource"], registry=reg,
             ),
             api_seconds=Histogram(
-                "rest_client_request_duration_seconds",
+                "dispatch_api_request_duration_seconds",
                 "API server request latency (to the response's headers), by verb and resource.",
                 ["verb", "resource"], buckets=_LATENCY_BUCKETS, registry=reg,
+            ),
+            rest_requests=Counter(
+                "rest_client_requests", "API server requests, by status code, method and host (client-go's).",
+                ["code", "host", "method"], registry=reg,
+            ),
+            rest_seconds=Histogram(
+                "rest_client_request_duration_seconds",
+                "API server request latency (to the response's headers), by verb and host (client-go's).",
+                ["verb", "host"], buckets=_LATENCY_BUCKETS, registry=reg,
             ),
             queue=QueueMetrics.create(reg),
             leader_status=Gauge(
                 "leader_election_master_status", "1 while this replica holds the Lease `name`, else 0.",
                 ["name"], registry=reg,
             ),
+            runtime=RuntimeMetrics.create(reg),
+        )
+
+
+RESULTS = ("success", "error", "requeue", "requeue_after")
+"""controller-runtime's ``result`` label values."""
+
+
+@dataclass
+class RuntimeMetrics:
+    """controller-runtime's reconciler series, labelled by ``controller`` (``workloads``, ``pod-finalizers``)."""
+
+    total: Counter
+    errors: Counter
+    seconds: Histogram
+    active: Gauge
+    max_concurrent: Gauge
+
+    @classmethod
+    def create(cls, reg: CollectorRegistry) -> RuntimeMetrics:
+        return cls(
+            total=Counter("controller_runtime_reconcile", "Reconciles, by controller and result (success, error, "
+                          "requeue, requeue_after).", ["controller", "result"], registry=reg),
+            errors=Counter("controller_runtime_reconcile_errors", "Reconciles that ended in an error.",
+                           ["controller"], registry=reg),
+            seconds=Histogram("controller_runtime_reconcile_time_seconds", "Time of one reconcile.",
+                              ["controller"], buckets=_LATENCY_BUCKETS, registry=reg),
+            active=Gauge("controller_runtime_active_workers", "Workers reconciling now.", ["controller"],
+                         registry=reg),
+            max_concurrent=Gauge("controller_runtime_max_concurrent_reconciles", "Workers of the controller.",
+                                 ["controller"], registry=reg),
+        )
+
+    def declare(self, controller: str, workers: int) -> None:
+        """Every series of ``controller`` at zero (a dashboard's rate() needs the series before the first
+        event), and its worker count."""
+        for result in RESULTS:
+            self.total.labels(controller, result)
+        self.errors.labels(controller)
+        self.seconds.labels(controller)
+        self.active.labels(controller).set(0)
+        self.max_concurrent.labels(controller).set(workers)
+
+    def reconciled(self, controller: str, result: str, seconds: float | None = None) -> None:
+        self.total.labels(controller, result).inc()
+        if result == "error":
+            self.errors.labels(controller).inc()
+        if seconds is not None:
+            self.seconds.labels(controller).observe(seconds)
+
+
+@dataclass
+class WebhookMetrics:
+    """controller-runtime's webhook series, labelled by ``webhook`` (the path the API server calls)."""
+
+    requests: Counter
+    latency: Histogram
+    in_flight: Gauge
+
+    @classmethod
+    def create(cls, reg: CollectorRegistry) -> WebhookMetrics:
+        return cls(
+            requests=Counter("controller_runtime_webhook_requests", "Admission requests, by webhook path and "
+                             "HTTP status code.", ["webhook", "code"], registry=reg),
+            latency=Histogram("controller_runtime_webhook_latency_seconds", "Time to answer one admission "
+                              "request.", ["webhook"], buckets=_LATENCY_BUCKETS, registry=reg),
+            in_flight=Gauge("controller_runtime_webhook_requests_in_flight", "Admission requests being answered.",
+                            ["webhook"], registry=reg),
         )
 
 
 @dataclass
 class QueueMetrics:
-    """client-go's work-queue series, labelled by queue ``name`` (``workloads``, ``pod-finalizers``)."""
+    """client-go's work-queue series, labelled as controller-runtime labels them: ``name`` and ``controller``,
+    both the queue's name (``workloads``, ``pod-finalizers``)."""
 
     depth: Gauge
     adds: Counter
     queue_seconds: Histogram
     work_seconds: Histogram
     retries: Counter
+    unfinished: Gauge
+    longest: Gauge
 
     @classmethod
     def create(cls, reg: CollectorRegistry) -> QueueMetrics:
         buckets = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
+        labels = ["name", "controller"]
         return cls(
-            depth=Gauge("workqueue_depth", "Keys waiting in the work queue.", ["name"], registry=reg),
-            adds=Counter("workqueue_adds", "Keys added to the work queue.", ["name"], registry=reg),
+            depth=Gauge("workqueue_depth", "Keys waiting in the work queue.", labels, registry=reg),
+            adds=Counter("workqueue_adds", "Keys added to the work queue.", labels, registry=reg),
             queue_seconds=Histogram("workqueue_queue_duration_seconds",
-                                    "How long a key waits in the queue before a worker takes it.", ["name"],
+                                    "How long a key waits in the queue before a worker takes it.", labels,
                                     buckets=buckets, registry=reg),
             work_seconds=Histogram("workqueue_work_duration_seconds", "How long a worker holds a key.",
-                                   ["name"], buckets=buckets, registry=reg),
-            retries=Counter("workqueue_retries", "Keys re-queued after a failure (with backoff).", ["name"],
+                                   labels, buckets=buckets, registry=reg),
+            retries=Counter("workqueue_retries", "Keys re-queued after a failure (with backoff).", labels,
                             registry=reg),
+            unfinished=Gauge("workqueue_unfinished_work_seconds", "Seconds of work in progress not yet observed "
+                             "by work_duration: a large value with no rise in it means a stuck worker.", labels,
+                             registry=reg),
+            longest=Gauge("workqueue_longest_running_processor_seconds", "How long the longest-running worker "
+                          "of the queue has held its key.", labels, registry=reg),
         )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -37,9 +38,20 @@ class WorkQueue:
         self._taken: dict[str, float] = {}
 
     def instrument(self, metrics: QueueMetrics, name: str) -> None:
-        """Export this queue's depth, adds, waits, work time and retries as client-go's ``workqueue_*``."""
+        """Export this queue's depth, adds, waits, work time, retries and work in progress as client-go's
+        ``workqueue_*`` (the last two read at scrape time)."""
         self._metrics, self._name = metrics, name
-        metrics.depth.labels(name).set(len(self._items))
+        metrics.depth.labels(name, name).set(len(self._items))
+        metrics.adds.labels(name, name)
+        metrics.retries.labels(name, name)
+        metrics.unfinished.labels(name, name).set_function(lambda: self._running(sum))
+        metrics.longest.labels(name, name).set_function(lambda: self._running(max))
+
+    def _running(self, reduce: Callable[[list[float]], float]) -> float:
+        """``reduce`` over how long each key being processed has been held (0 with none)."""
+        now = time.monotonic()
+        held = [now - taken for taken in self._taken.values()]
+        return float(reduce(held)) if held else 0.0
 
     def __len__(self) -> int:
         return len(self._items)
@@ -58,8 +70,8 @@ class WorkQueue:
         self._wakeup.set()
         if self._metrics is not None:
             self._added[key] = time.monotonic()
-            self._metrics.adds.labels(self._name).inc()
-            self._metrics.depth.labels(self._name).set(len(self._items))
+            self._metrics.adds.labels(self._name, self._name).inc()
+            self._metrics.depth.labels(self._name, self._name).set(len(self._items))
 
     def add_after(self, key: str, delay: float) -> None:
         """Queue ``key`` after ``delay`` seconds; an earlier pending timer for it wins."""
@@ -86,7 +98,7 @@ class WorkQueue:
         count = self._failures.get(key, 0)
         self._failures[key] = count + 1
         if self._metrics is not None:
-            self._metrics.retries.labels(self._name).inc()
+            self._metrics.retries.labels(self._name, self._name).inc()
         return float(min(self.max_delay, self.base_delay * (2**count)))
 
     def forget(self, key: str) -> None:
@@ -113,9 +125,9 @@ class WorkQueue:
         for key in keys:
             added = self._added.pop(key, None)
             if added is not None:
-                self._metrics.queue_seconds.labels(self._name).observe(now - added)
+                self._metrics.queue_seconds.labels(self._name, self._name).observe(now - added)
             self._taken[key] = now
-        self._metrics.depth.labels(self._name).set(len(self._items))
+        self._metrics.depth.labels(self._name, self._name).set(len(self._items))
 
     async def get_batch(self, limit: int) -> list[str]:
         """The next key and up to ``limit - 1`` more waiting keys of the same namespace (``ns/name``),
@@ -145,7 +157,7 @@ class WorkQueue:
         self._processing.discard(key)
         taken = self._taken.pop(key, None)
         if taken is not None and self._metrics is not None:
-            self._metrics.work_seconds.labels(self._name).observe(time.monotonic() - taken)
+            self._metrics.work_seconds.labels(self._name, self._name).observe(time.monotonic() - taken)
         if key in self._dirty:
             self._dirty.discard(key)
             self.add(key)

@@ -376,7 +376,7 @@ class Reconciler:
         nodes = frozenset(p.node for p in verdict.remaining if p.node and not p.cluster)
         if message != c.entry.message:
             await self._pending(c.workload, c.entry, message)
-            log.info("admission waits", workload=c.workload.key, trainjob=c.owner.name, message=message)
+            log.info("admission waits", workload=c.workload.key, trainjob=c.owner.name, check_message=message)
             if not c.entry.waiting_episode:
                 await self._events.emit_for(c.trainjob, "AdmissionDelayed", d.delayed_event(c.entry.name, message))
         return Outcome("waiting", waiting_nodes=nodes, waiting=True, recheck=FLEET_RECHECK if recheck else None)

@@ -61,6 +61,8 @@ def keeper_pass(cluster: FakeCluster, namespace: str | None = None, *, settle: b
         try:
             keeper.list_pods([p for p in cluster.server.objects("", "pods")
                               if namespace is None or (p.get("metadata") or {}).get("namespace") == namespace])
+            for etype, node in cluster.server.events("", "nodes"):  # as its Node informer saw them
+                keeper.on_node(etype, node)
             return {key: await keeper.release(key) for key in sorted(keeper.signatures)}
         finally:
             await kube.aclose()

@@ -974,6 +974,13 @@ def power_on(node: str) -> None:
     _real().power_on()
 
 
+def restart_kubelet(node: str) -> None:
+    """The real node's kubelet restarts, its containers running on (a kubelet whose Node was deleted registers
+    it again); waits until the node is Ready."""
+    _real_only(node)
+    _real().restart_kubelet()
+
+
 def reconfigure_kueue(changes: Mapping[str, object] | None = None) -> None:
     """Restart Kueue with ``changes`` over the testbed's own Configuration (none: the testbed's as is), for a
     scenario that needs another Kueue setting (``manageJobsWithoutQueueName``, say); waits until it is ready

@@ -520,6 +520,31 @@ def power_on() -> None:
     _wait_for(f"{NODE} to be Ready again", ready, READY_TIMEOUT)
 
 
+def restart_kubelet() -> None:
+    """Its kubelet restarts (thawed if it was frozen) while the machine and its containers run on: what an
+    operator does so that a kubelet whose Node was deleted registers it again. Waits until the node is Ready."""
+    pid = cl._alive("kubelet")
+    if pid is None:
+        raise RuntimeError(f"{NODE}'s kubelet is not running: power it on instead")
+    argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")]
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)  # the kubelet's own group: containers are containerd's children
+    child = cl._CHILDREN.pop(pid, None)
+    if child is not None:
+        child.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cl._proc_state(pid) not in (None, "Z", "X"):
+        time.sleep(0.1)
+    cl._start("kubelet", argv, {"PATH": _SBIN_PATH})
+    _wait_for("kubelet", kubelet_healthy, 60)
+
+    def ready() -> bool:
+        node = _node_obj()
+        return node is not None and condition(node) == "True"
+
+    _wait_for(f"{NODE} to be registered and Ready again", ready, READY_TIMEOUT)
+
+
 def _wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not cond():

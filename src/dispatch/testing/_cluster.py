@@ -32,10 +32,11 @@ from .._names import (
     OUT_OF_SERVICE_TAINT,
     REPLICATED_JOB_LABEL,
 )
-from .._trainer import patch_entries, patch_pod_templates
+from .._trainer import patch_entries
 from .._views import TERMINATED_BY_KUBELET, annotations_of, labels_of
 from ._rbac import Attributes, Binding, Policy
 from ._server import ApiFailure, FakeApiServer, _now_text, requester
+from ._smp import PatchError, strategic_merge, trainer_patch
 
 TRAINER = "trainer.kubeflow.org"
 JOBSET = "jobset.x-k8s.io"
@@ -247,7 +248,13 @@ class FakeCluster:
         self.namespace = namespace
         self.history = History()
         self.frozen: set[str] = set()
+        self._kill_deadline: dict[str, datetime] = {}
+        """Per pod uid, the end of the grace period its kubelet first saw when the pod was deleted."""
         self.deleted_nodes: set[str] = set()
+        """Nodes whose Node object is deleted (their machine may run on: ``machines_gone`` says)."""
+        self.machines_gone: set[str] = set()
+        """Nodes whose machine is shut down for good (``remove_machine``): no kubelet, no process."""
+        self._orphaned_at: dict[str, datetime] = {}  # node -> when PodGC first found it missing
         self._pod_seq = 0
         self.refused_pods: list[tuple[str, int | None, str]] = []
         """(Job, completion index, message) of each pod create an admission webhook refused, in order."""
@@ -266,6 +273,7 @@ class FakeCluster:
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        self._identities: dict[str, tuple[str, str]] = {}  # TrainJob uid -> its (job-id, submission) labels
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
         self._jobset_runs: dict[str, tuple[str, int]] = {}
         self._job_runs: dict[str, tuple[str, int]] = {}
@@ -330,11 +338,22 @@ class FakeCluster:
         })
 
     def add_node(self, name: str) -> None:
+        """A machine registers a Node ``name`` (Ready=True). Under the name of a deleted Node it is a new
+        object (a new uid, a later creationTimestamp); where the old machine still runs, use
+        ``restart_kubelet`` (its kubelet registering again) instead."""
+        assert name not in self.deleted_nodes or name in self.machines_gone, (
+            f"fake cluster: node {name}'s old machine still runs; restart_kubelet registers it again")
+        self._register(name)
+
+    def _register(self, name: str) -> None:
         self.server.create("", "nodes", "", {
             "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+            "status": {"conditions": [{"type": "Ready", "status": "True",
+                                       "lastTransitionTime": _now_text(self.now)}]},
         })
         self.deleted_nodes.discard(name)
+        self.machines_gone.discard(name)
+        self._orphaned_at.pop(name, None)
 
     def _node_ready(self, name: str, status: str) -> None:
         def mutate(obj: Obj) -> None:
@@ -380,7 +399,7 @@ class FakeCluster:
         meanwhile (the kubelet had not learned it yet), and stopped at once: a brief process, then its end
         reported."""
         self.partitioned.discard(name)
-        if name not in self.deleted_nodes and name not in self.frozen:
+        if name not in self.deleted_nodes and name not in self.frozen and name not in self.machines_gone:
             self._node_ready(name, "True")
             self.back.add(name)
 
@@ -416,10 +435,9 @@ class FakeCluster:
         self._end(proc)
         self._crashed[uid] = exit_code
         node = obj["spec"].get("nodeName")
-        if node in self.frozen or node in self.partitioned or node in self.deleted_nodes:
+        if node in self.frozen or node in self.partitioned or node in self.machines_gone:
             return
-        policy = obj["spec"].get("restartPolicy") or "Always"
-        restarts = policy == "Always" or (policy == "OnFailure" and exit_code != 0)
+        restarts = bool(self._restart_action(obj, exit_code))
 
         def crashed(o: Obj) -> None:
             st = o.setdefault("status", {})
@@ -470,14 +488,38 @@ class FakeCluster:
                 self._end(proc)
 
     def delete_node(self, name: str) -> None:
-        """The Node object is deleted (the machine is gone with it)."""
+        """``kubectl delete node``: only the Node object goes. As on a real kubelet v1.37 whose Node was
+        deleted, the machine runs on: its kubelet keeps running (and ending, and restarting by policy) its
+        pods and writing their status, and it does not register its Node again until it restarts
+        (``restart_kubelet``). A frozen or partitioned node stays so. PodGC deletes its pods 40 s on
+        (``pod_gc``). ``remove_machine`` is a machine that is really gone."""
         self.server.delete("", "nodes", "", name)
         self.deleted_nodes.add(name)
+        self._orphaned_at.setdefault(name, self.now)  # PodGC's informer sees the deletion at once
+
+    def remove_machine(self, name: str) -> None:
+        """The machine is shut down for good (its processes end, its kubelet never runs again), then its
+        Node is deleted: what an operator does about a dead machine."""
+        self.machines_gone.add(name)
         self.frozen.discard(name)
         self.partitioned.discard(name)
         for proc in list(self._processes.values()):
             if proc.node == name:
                 self._end(proc)
+        if name not in self.deleted_nodes:
+            self.delete_node(name)
+
+    def restart_kubelet(self, name: str) -> None:
+        """The node's kubelet restarts (thawed if it was frozen): with its Node deleted it registers it again,
+        a new object (a new uid), Ready=True, and acts on its pods as the API now says on its next sync."""
+        assert name not in self.machines_gone, f"fake cluster: node {name}'s machine is gone"
+        self.frozen.discard(name)
+        self.partitioned.discard(name)
+        if name in self.deleted_nodes:
+            self._register(name)
+        else:
+            self._node_ready(name, "True")
+        self.back.add(name)
 
     # ------------------------------------------------------------------ processes
 
@@ -487,10 +529,13 @@ class FakeCluster:
         labels = meta.get("labels") or {}
         adm = labels.get(LABEL_ADMISSION)
         tj_uid, run = self._pod_runs.get(meta["uid"], ("", None))
+        # The submission is the TrainJob's, whatever the pod's labels say: a pod a runtime patch stripped of
+        # dispatch's labels is still a process of that submission (the oracle's overlap is per submission).
+        job_id, submission = self._identities.get(tj_uid, ("", ""))
         proc = Process(
             pod=meta["name"], uid=meta["uid"], namespace=meta.get("namespace", ""),
             node=pod["spec"]["nodeName"], obj_name=labels.get(JOBSET_NAME_LABEL, ""),
-            job_id=labels.get(LABEL_JOB_ID, ""), submission=labels.get(LABEL_SUBMISSION, ""),
+            job_id=labels.get(LABEL_JOB_ID, "") or job_id, submission=labels.get(LABEL_SUBMISSION, "") or submission,
             admission=_number(adm) if adm is not None else None, started=self.history.tick(),
             # a NonIndexed Job's pods have no rank: its siblings run side by side by design
             rank=(f"{labels['batch.kubernetes.io/job-name']}#{labels[COMPLETION]}"
@@ -559,6 +604,8 @@ class FakeCluster:
                 runs += 1
                 adm = ((meta.get("annotations") or {}).get(ANNOTATION_ADMISSION))
                 self._reported[(meta["uid"], runs)] = _number(adm) if adm is not None else None
+                tj_labels = meta.get("labels") or {}
+                self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
             desired = self._jobset_spec(tj)
@@ -597,6 +644,10 @@ class FakeCluster:
         return out
 
     def _jobset_spec(self, tj: Obj) -> Obj | None:
+        """The JobSet spec Trainer builds: the runtime's, with each runtime patch entry's Job template patches
+        merged in list order as Trainer merges them (``mergeRuntimePatches``: a strategic merge patch over each
+        replicatedJob's Job template, ``_smp``). None while the runtime is missing, or when a merge fails (the
+        real Trainer's reconcile errors and it builds no JobSet)."""
         ref = (tj.get("spec") or {}).get("runtimeRef") or {}
         runtime = self.server.get(TRAINER, "clustertrainingruntimes", "", ref.get("name", ""))
         if runtime is None:
@@ -604,35 +655,19 @@ class FakeCluster:
         spec: Obj = copy.deepcopy(runtime["spec"]["template"]["spec"])
         name = tj["metadata"]["name"]
         for rj in spec["replicatedJobs"]:
-            pod_meta = rj["template"]["spec"]["template"].setdefault("metadata", {})
-            labels = pod_meta.setdefault("labels", {})
-            grace = None
             for patch in patch_entries(tj):
                 for prj in ((((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {})
                             .get("replicatedJobs") or []):
-                    job_labels = ((prj.get("template") or {}).get("metadata") or {}).get("labels")
-                    if prj.get("name") == rj["name"] and job_labels:  # the Job template's labels
-                        rj["template"].setdefault("metadata", {}).setdefault("labels", {}).update(job_labels)
-                ptmpl = patch_pod_templates(patch).get(rj["name"])
-                if ptmpl is not None:
-                    labels.update((ptmpl.get("metadata") or {}).get("labels") or {})
-                    for fin in (ptmpl.get("metadata") or {}).get("finalizers") or []:
-                        if fin not in pod_meta.setdefault("finalizers", []):
-                            pod_meta["finalizers"].append(fin)
-                    annotations = (ptmpl.get("metadata") or {}).get("annotations")
-                    if annotations:
-                        pod_meta.setdefault("annotations", {}).update(annotations)
-                    selector = (ptmpl.get("spec") or {}).get("nodeSelector")
-                    if selector:
-                        rj["template"]["spec"]["template"].setdefault("spec", {})["nodeSelector"] = dict(selector)
-                    _merge_pod_settings(rj["template"]["spec"]["template"].setdefault("spec", {}),
-                                        ptmpl.get("spec") or {})
-                    grace = (ptmpl.get("spec") or {}).get("terminationGracePeriodSeconds", grace)
-            labels[JOBSET_NAME_LABEL] = name
+                    if prj.get("name") != rj["name"] or not isinstance(prj.get("template"), dict):
+                        continue
+                    try:
+                        rj["template"] = strategic_merge(rj["template"], trainer_patch(prj["template"]))
+                    except PatchError:
+                        return None
+            pod_template = rj["template"].setdefault("spec", {}).setdefault("template", {})
+            pod_template.setdefault("metadata", {}).setdefault("labels", {})[JOBSET_NAME_LABEL] = name
             # JobSet's webhook defaults every pod template's restartPolicy to OnFailure.
-            rj["template"]["spec"]["template"].setdefault("spec", {}).setdefault("restartPolicy", "OnFailure")
-            if grace is not None:
-                rj["template"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = grace
+            pod_template.setdefault("spec", {}).setdefault("restartPolicy", "OnFailure")
             num = (tj.get("spec") or {}).get("trainer", {}).get("numNodes")
             if num and rj["name"] == "node":
                 rj["template"]["spec"]["parallelism"] = num
@@ -842,7 +877,7 @@ class FakeCluster:
         for pod in self.server.objects("", "pods"):
             meta, spec = pod["metadata"], pod["spec"]
             node = spec.get("nodeName")
-            if not node or node in self.frozen or node in self.deleted_nodes:
+            if not node or node in self.frozen or node in self.machines_gone:
                 continue
             ns, name = meta["namespace"], meta["name"]
             phase = (pod.get("status") or {}).get("phase")
@@ -854,8 +889,8 @@ class FakeCluster:
                     self._start(pod)
                 continue
             if phase in ("Succeeded", "Failed") and uid in self._crashed:
-                self._crashed.pop(uid)  # a terminal pod's containers are never started again, once it knows
-                if node in self.back and self._may_restart(pod):
+                code = self._crashed.pop(uid)  # a terminal pod's containers never start again, once it knows
+                if node in self.back and self._restart_action(pod, code):
                     self._start(pod)  # ... but its first sync back still restarts it (observed), then stops it
                     self._kubelet_stopped(pod, phase, 137)
                     continue
@@ -866,7 +901,10 @@ class FakeCluster:
                 self._kubelet_stopped(pod, phase, 137)  # a terminal pod's ``kubectl debug`` container is killed too
                 continue
             if meta.get("deletionTimestamp"):
-                deadline = datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00"))
+                # The first deadline it saw holds: a later delete with a shorter grace (PodGC's grace 0 of an
+                # orphaned pod) does not hurry a kill already under way (seen on kubelet v1.37.2, issue 40).
+                deadline = self._kill_deadline.setdefault(
+                    uid, datetime.fromisoformat(meta["deletionTimestamp"].replace("Z", "+00:00")))
                 if honour_grace and self.now < deadline:
                     continue
                 self.confirm_termination(name, ns)
@@ -940,10 +978,39 @@ class FakeCluster:
                     self._start(pod)
                     self._end(self._processes[uid])
 
+    def _may_restart(self, pod: Obj) -> bool:
+        """Whether the kubelet restarts the pod's crashed container (its last exit code in ``_crashed``)."""
+        return bool(self._restart_action(pod, self._crashed.get(pod["metadata"]["uid"], 1)))
+
     @staticmethod
-    def _may_restart(pod: Obj) -> bool:
-        policy = (pod.get("spec") or {}).get("restartPolicy") or "Always"
-        return policy in ("Always", "OnFailure")
+    def _restart_action(pod: Obj, exit_code: int) -> str:
+        """What a real kubelet (1.35 to 1.38, ``ContainerShouldRestart``) does after the pod's containers exit
+        with ``exit_code``: ``"RestartAllContainers"``, ``"Restart"`` or ``""``. Per container: its
+        ``restartPolicyRules`` first, only when it sets its own ``restartPolicy`` (the first rule whose exit
+        codes match acts; an unknown operator matches nothing, an unknown action falls through), then its own
+        ``restartPolicy``, then the pod's. The fake runs one process per pod: it restarts when any container
+        would."""
+        spec = pod.get("spec") or {}
+        pod_policy = spec.get("restartPolicy") or "Always"
+        out = ""
+        for c in spec.get("containers") or []:
+            own = c.get("restartPolicy")
+            action = ""
+            if own:
+                for rule in c.get("restartPolicyRules") or []:
+                    codes = rule.get("exitCodes") or {}
+                    found = exit_code in (codes.get("values") or [])
+                    matched = found if codes.get("operator") == "In" else (
+                        not found if codes.get("operator") == "NotIn" else False)
+                    if matched and rule.get("action") in ("Restart", "RestartAllContainers"):
+                        action = str(rule["action"])
+                        break
+            if not action:
+                policy = own or pod_policy
+                action = "Restart" if policy == "Always" or (policy == "OnFailure" and exit_code != 0) else ""
+            if action == "RestartAllContainers" or not out:
+                out = action or out
+        return out
 
     def _reject(self, pod: Obj, reason: str, message: str) -> None:
         """What a real kubelet's admission rejection writes (reference: real-node-statuses A, B, C2):
@@ -1073,7 +1140,7 @@ class FakeCluster:
             return
         self.server.delete("", "pods", ns, pod, grace=0)
         node = obj["spec"].get("nodeName")
-        if node and node not in self.frozen and node not in self.deleted_nodes and node not in self.partitioned:
+        if node and node not in self.frozen and node not in self.machines_gone and node not in self.partitioned:
             self._kubelet_stopped(obj, "Failed", 137)
 
     def mark_failed(self, pod: str, namespace: str | None = None, *, reason: str = "DeletionByPodGC") -> None:
@@ -1106,16 +1173,27 @@ class FakeCluster:
         with contextlib.suppress(ApiFailure):
             self.server.update("", "pods", namespace, pod, failed, status=True)
 
+    ORPHAN_QUARANTINE = 40.0
+    """Seconds PodGC waits after it finds a pod's Node missing before it deletes the pod (``quarantineTime``
+    in its controller; seen on the testbed: ~40 s after ``kubectl delete node``)."""
+
     def pod_gc(self) -> None:
-        """PodGC: pods of deleted nodes are marked Failed with ``DisruptionTarget``/``DeletionByPodGC``
-        (``gcOrphaned``), Terminating pods on not-Ready out-of-service nodes Failed with no condition
-        (``gcTerminating``), as the real PodGC writes them (v1.37.2); each is then force-deleted."""
+        """PodGC: pods of a Node missing for ``ORPHAN_QUARANTINE`` seconds (whether or not its machine still
+        runs) are marked Failed with ``DisruptionTarget``/``DeletionByPodGC`` (``gcOrphaned``), Terminating pods
+        on not-Ready out-of-service nodes Failed with no condition (``gcTerminating``), as the real PodGC writes
+        them (v1.37.2); each is then force-deleted."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
+        for name in [n for n in self._orphaned_at if n in nodes]:
+            del self._orphaned_at[name]
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
             if not node:
                 continue
             nobj = nodes.get(node)
+            if nobj is None:
+                since = self._orphaned_at.setdefault(node, self.now)
+                if (self.now - since).total_seconds() < self.ORPHAN_QUARANTINE:
+                    continue
             ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
             oos = nobj is not None and any(t.get("key") == OUT_OF_SERVICE_TAINT
                                            for t in (nobj.get("spec") or {}).get("taints") or [])
@@ -1155,25 +1233,3 @@ class FakeCluster:
 
 
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
-
-
-def _merge_pod_settings(pod: Obj, patch: Obj) -> None:
-    """What Trainer merges from a runtime patch's pod spec into the JobSet's pod template: a strategic
-    merge patch over the runtime's (``mergeRuntimePatches``), so the service account is set, image pull
-    secrets and volumes merge by name, each named container's volume mounts by mount path, and
-    tolerations (a list without a merge key in the Pod API) replace the runtime's."""
-    if "serviceAccountName" in patch:
-        pod["serviceAccountName"] = patch["serviceAccountName"]
-    for key in ("imagePullSecrets", "volumes"):
-        if patch.get(key):
-            by_name = {item["name"]: item for item in pod.get(key) or []}
-            by_name.update({item["name"]: copy.deepcopy(item) for item in patch[key]})
-            pod[key] = list(by_name.values())
-    if patch.get("tolerations"):
-        pod["tolerations"] = copy.deepcopy(patch["tolerations"])
-    for container_patch in patch.get("containers") or []:
-        for container in pod.get("containers") or []:
-            if container.get("name") == container_patch.get("name") and container_patch.get("volumeMounts"):
-                mounts = {m["mountPath"]: m for m in container.get("volumeMounts") or []}
-                mounts.update({m["mountPath"]: copy.deepcopy(m) for m in container_patch["volumeMounts"]})
-                container["volumeMounts"] = list(mounts.values())

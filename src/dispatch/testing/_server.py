@@ -510,6 +510,13 @@ class FakeApiServer:
             except RuntimeError:
                 self._watchers.remove(w)
 
+    def events(self, group: str, plural: str) -> list[tuple[str, Obj]]:
+        """Every event a watch of the kind from the start (or the last ``compact``) would have delivered, in
+        order: (ADDED|MODIFIED|DELETED, the object then); a DELETED event carries the object's last state."""
+        with self._lock:
+            return [(etype, copy.deepcopy(obj)) for _, etype, key, obj in self._history
+                    if key[0] == group and key[1] == plural]
+
     # ------------------------------------------------------------------ internal verbs (used by the sim)
 
     def get(self, group: str, plural: str, namespace: str, name: str) -> Obj | None:

@@ -1,0 +1,813 @@
+"""The campaign's driver: a schedule of :mod:`.campaign` played on the running testbed, judged after every round.
+
+dispatch as deployed: two ``python -m dispatch.controller`` replicas with leader election, each with only the
+token of an account bound as ``deploy/`` binds the controller (``harness.controller_kubeconfig``), each serving
+the guard's webhooks, which the shipped ``ValidatingWebhookConfiguration`` (narrowed to the campaign's
+namespace, ``harness.scoped``) reaches through a forwarder standing in for the guard's Service. The namespace
+has its own ClusterQueue and AdmissionCheck (``harness.controller_env``), its queue holds two pods, so a release
+of the high-priority submission preempts a low one. The writers are two users bound to the shipped
+``dispatch-writer`` role (``harness.as_role``); the deletes are a user of Kubernetes' built-in ``edit`` role.
+Every execution runs on the real node as the fenced training process (``realnode.fenced_runtime``), appending
+to the process oracle and committing checkpoints through ``dispatch.fence`` in a hostPath directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import signal
+import tempfile
+import time
+import traceback
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec, testbed
+from dispatch import _api as api
+from dispatch import _kube as k
+from dispatch._api import Obj
+from dispatch.errors import DispatchError, NotFound, PodsRemain, Refused
+from dispatch.testbed import harness, oracle, realnode
+from dispatch.testbed.campaign import (
+    CONTROLLER_FAULTS,
+    FAULTS,
+    KUEUE,
+    PREEMPTOR,
+    SUBMISSIONS,
+    FenceEvent,
+    Judgement,
+    LogEntry,
+    Op,
+    Report,
+    Round,
+    Schedule,
+    excused_by_taint,
+    judge,
+    parse_fence_events,
+    shrink,
+)
+
+NODE = "node-real"
+OOS = "node.kubernetes.io/out-of-service"
+RUNTIME = "fenced"
+LEASE = "dispatch-admission-controller"
+EDIT_ANNOTATION = "campaign.dispatch.test/edit"
+SUBMISSION = "s1"
+NODE_READY_TIMEOUT = 150.0
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _outcome(exc: BaseException) -> str:
+    if isinstance(exc, PodsRemain):
+        return "pods remain"
+    if isinstance(exc, NotFound):
+        return "not found"
+    if isinstance(exc, Refused):
+        return f"refused {exc.reason or type(exc).__name__}"
+    if isinstance(exc, DispatchError):
+        return f"error {type(exc).__name__}"
+    return f"error {type(exc).__name__}"
+
+
+class Forwarder:
+    """The guard's Service: each connection goes to a replica that accepts it (a dead replica's endpoint
+    leaves a real Service within moments; here a refused connection goes to the next one at once)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.ports = ports
+        self.sent = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for i in range(len(self.ports)):
+            port = self.ports[(self.sent + i) % len(self.ports)]
+            try:
+                up_r, up_w = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                continue
+            self.sent += 1
+
+            async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+                with contextlib.suppress(Exception):
+                    while data := await src.read(65536):
+                        dst.write(data)
+                        await dst.drain()
+                with contextlib.suppress(Exception):
+                    dst.close()
+            await asyncio.gather(pipe(reader, up_w), pipe(up_r, writer))
+            return
+        writer.close()
+
+
+@dataclass
+class Replica:
+    """One controller replica: ``python -m dispatch.controller`` as the Deployment's pod runs it."""
+
+    index: int
+    ns: str
+    kubeconfig: Path
+    port: int
+    webhook: str
+    workdir: Path
+    starts: int = 0
+    held_down: bool = False
+    """Kept down by a fault until its heal (else the runner restarts it, as a Deployment would)."""
+    stack: contextlib.AsyncExitStack | None = None
+    launched: harness.Launched | None = None
+
+    @property
+    def identity(self) -> str:
+        return f"campaign-{self.index}"
+
+    def alive(self) -> bool:
+        return self.launched is not None and self.launched.proc.poll() is None
+
+    async def start(self) -> None:
+        await self.stop()
+        self.starts += 1
+        self.stack = contextlib.AsyncExitStack()
+        self.launched = await self.stack.enter_async_context(harness.subprocess_controller(
+            self.ns, "--leader-elect", "--lease-namespace", self.ns, "--identity", self.identity,
+            "--guard-port", str(self.port), "--guard-cert-dir", str(self.workdir / f"certs-{self.index}"),
+            "--guard-webhook", self.webhook, kubeconfig_path=self.kubeconfig,
+            log=self.workdir / f"replica-{self.index}-{self.starts}.log"))
+
+    def kill(self) -> None:
+        """SIGKILL, as ``kill -9`` (or a node's OOM killer) ends it: no lease released, no request finished."""
+        if self.launched is not None and self.launched.proc.poll() is None:
+            self.launched.proc.send_signal(signal.SIGKILL)
+            self.launched.proc.wait(10)
+
+    async def stop(self) -> None:
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                await self.stack.aclose()
+        self.stack, self.launched = None, None
+
+
+@dataclass
+class Campaign:
+    schedule: Schedule
+    workdir: Path
+    liveness_seconds: float = 240.0
+    report: Report = field(init=False)
+    ns: str = ""
+    admin: k.Kube | None = None
+    writers: list[AsyncAdapter] = field(default_factory=list)
+    editor: k.Kube | None = None
+    replicas: list[Replica] = field(default_factory=list)
+    desired: dict[str, str] = field(default_factory=dict)
+    """What each submission should be doing after the writers' last word: running, held or absent."""
+    active: set[str] = field(default_factory=set)
+    taint_windows: list[tuple[int, int | None]] = field(default_factory=list)
+    """When an out-of-service taint was on a node whose processes had not been shown to stop
+    (the operator's error the non-graceful shutdown contract rules out): (from, until) in Unix ms."""
+    excused: dict[str, str] = field(default_factory=dict)
+    edits: int = 0
+    round_no: int = 0
+    log_entries: dict[tuple[str, str], dict[int, LogEntry]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.report = Report(seed=self.schedule.seed)
+        self.oracle_dir = self.workdir / "oracle"
+        self.checkpoints = self.workdir / "checkpoints"
+
+    def log(self, msg: str) -> None:
+        line = f"[campaign {time.strftime('%H:%M:%S')} r{self.round_no}] {msg}"
+        print(line, flush=True)
+        with (self.workdir / "campaign.log").open("a") as f:
+            f.write(line + "\n")
+
+    def note(self, text: str) -> None:
+        self.report.findings.append(f"round {self.round_no}: {text}")
+        self.log(f"NOTE {text}")
+
+    # ------------------------------------------------------------------------------------------ set-up
+
+    @contextlib.asynccontextmanager
+    async def installed(self, path: Path) -> AsyncIterator[None]:
+        async with contextlib.AsyncExitStack() as stack:
+            kube, ns, cq = await stack.enter_async_context(harness.controller_env(path))
+            self.admin, self.ns = kube, ns
+            self.log(f"namespace {ns}; workdir {self.workdir}")
+            got = await kube.get(harness.CLUSTERQUEUES, cq)
+            for res in got["spec"]["resourceGroups"][0]["flavors"][0]["resources"]:
+                if res["name"] == "pods":
+                    res["nominalQuota"] = str(len(KUEUE))  # the preemptor needs a low one's place
+            # a merge patch of the whole list (no resourceVersion): Kueue writes the queue's status meanwhile
+            groups = got["spec"]["resourceGroups"]
+            await kube.merge_patch(harness.CLUSTERQUEUES, cq, {"spec": {"resourceGroups": groups}})
+            await asyncio.to_thread(realnode.python_image)
+            rt = realnode.fenced_runtime(RUNTIME, self.oracle_dir, self.checkpoints, namespace=ns, commit_every=1.0,
+                                         fenced_tries=2, grace_period_seconds=5)
+            await kube.create(api.RUNTIMES, rt)
+            # the guard: its webhooks (through the forwarder), its identity policy, its pods policy
+            ports = [harness.free_port(), harness.free_port()]
+            fwd = Forwarder(ports)
+            server = await asyncio.start_server(fwd.handle, "127.0.0.1", 0)
+            stack.push_async_callback(self._close_server, server)
+            webhook = f"dispatch-guard-{ns}"
+            hook, policy, binding = harness.scoped(ns, int(server.sockets[0].getsockname()[1]), webhook)
+            pods_policy, pods_binding = harness.scoped_pods(ns, f"dispatch-pods-{ns}")
+            made: list[tuple[k.Res, Obj]] = [(api.VALIDATING_WEBHOOKS, hook), (harness.POLICIES, policy),
+                                             (harness.BINDINGS, binding), (harness.POLICIES, pods_policy),
+                                             (harness.BINDINGS, pods_binding)]
+            for res, obj in made:
+                await kube.create(res, obj)
+                stack.push_async_callback(self._delete, res, obj["metadata"]["name"])
+            kubeconfig = await stack.enter_async_context(harness.controller_kubeconfig(ns, webhook=webhook))
+            self.replicas = [Replica(i, ns, kubeconfig, ports[i], webhook, self.workdir) for i in (0, 1)]
+            for r in self.replicas:
+                stack.push_async_callback(r.stop)
+                await r.start()
+            stack.push_async_callback(self._drain)  # runs before the replicas stop: pods go while they serve
+
+            async def published() -> bool:
+                got = await kube.get(api.VALIDATING_WEBHOOKS, webhook)
+                return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
+            await harness.until(published, timeout=90, what="the guard's CA in the caBundle")
+            await harness.until(lambda: harness.probe_denied(kube, ns), timeout=60, what="the guard answering")
+            for _ in (0, 1):
+                writer = await stack.enter_async_context(harness.as_role(kube, ns))
+                self.writers.append(AsyncAdapter(writer))
+            self.editor = await self._editor(kube, ns)
+            stack.push_async_callback(self.editor.aclose)
+            yield
+
+    async def _close_server(self, server: asyncio.Server) -> None:
+        server.close()
+
+    async def _delete(self, res: k.Res, name: str) -> None:
+        assert self.admin is not None
+        with contextlib.suppress(Exception):
+            await self.admin.delete(res, name)
+
+    async def _editor(self, admin: k.Kube, ns: str) -> k.Kube:
+        """A user of Kubernetes' built-in ``edit`` ClusterRole in ``ns`` (what ``kubectl delete`` runs as)."""
+        from dispatch.testbed._container import token
+
+        account = "campaign-editor"
+        await admin.create(harness.SERVICE_ACCOUNTS, {"metadata": {"name": account}}, namespace=ns)
+        await admin.create(harness.ROLE_BINDINGS, {
+            "metadata": {"name": account},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+            "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}, namespace=ns)
+        text = harness.token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600))
+        return k.Kube.connect_inline(text, "the campaign's edit user", namespace=ns)
+
+    async def _drain(self) -> None:
+        """Every object closed and its pods gone while the replicas still serve (dispatch's pod finalizer is
+        freed by their keeper), so the namespace's deletion does not wait on a finalizer nobody frees."""
+        assert self.admin is not None
+        with contextlib.suppress(Exception):
+            await self._heal_everything()
+        for tj in (await self.admin.list(k.TRAINJOBS)).items:
+            with contextlib.suppress(Exception):
+                await self.admin.delete(k.TRAINJOBS, tj["metadata"]["name"], propagation="Background")
+
+        async def no_pods() -> bool:
+            assert self.admin is not None
+            return not (await self.admin.list(k.PODS)).items
+        try:
+            await harness.until(no_pods, timeout=120, what="the campaign's pods gone")
+        except AssertionError:
+            self.log("pods still there 120 s after their objects were deleted")
+
+    # ------------------------------------------------------------------------------------------ the objects
+
+    def name_of(self, sub: str, variant: str) -> str:
+        return f"{sub}-{SUBMISSION}" if variant != "b" else f"{sub}-{SUBMISSION}-b"
+
+    def spec(self, sub: str, variant: str) -> JobSpec:
+        kueue = sub in (*KUEUE, PREEMPTOR)
+        return JobSpec(job_id=sub, submission=SUBMISSION, runtime=RUNTIME, runtime_kind="TrainingRuntime",
+                       num_nodes=1, name=self.name_of(sub, variant), queue="lq" if kueue else None,
+                       priority_class=("ctl-high" if sub == PREEMPTOR else "ctl-low") if kueue else None)
+
+    async def current(self, sub: str) -> str | None:
+        """The submission's TrainJob that is not being deleted (the newest, should there be two)."""
+        assert self.admin is not None
+        items = [t for t in (await self.admin.list(k.TRAINJOBS, labels=f"{LABEL_JOB_ID}={sub}")).items
+                 if not t["metadata"].get("deletionTimestamp")]
+        items.sort(key=lambda t: t["metadata"].get("creationTimestamp", ""))
+        return str(items[-1]["metadata"]["name"]) if items else None
+
+    async def pods(self, sub: str) -> list[Obj]:
+        assert self.admin is not None
+        return [p for p in (await self.admin.list(k.PODS, labels=f"{LABEL_JOB_ID}={sub}")).items
+                if not p["metadata"].get("deletionTimestamp")]
+
+    # ------------------------------------------------------------------------------------------ actions
+
+    async def act(self, op: Op) -> str:
+        assert self.admin is not None and self.editor is not None
+        adapter = self.writers[op.who % len(self.writers)]
+        sub = op.target
+        if op.kind == "open" or (op.kind == "preempt" and await self.current(sub) is None):
+            try:
+                await adapter.open(self.spec(sub, op.arg or "a"), hold=False)
+            except PodsRemain:  # opened, held while the previous execution's pods go
+                self.desired[sub] = "running"
+                raise
+            self.desired[sub] = "running"
+            return "ok"
+        if op.kind == "edit_runtime":
+            self.edits += 1
+            rt = await self.admin.get(api.RUNTIMES, RUNTIME)
+            tmpl = rt["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+            tmpl.setdefault("metadata", {}).setdefault("annotations", {})[EDIT_ANNOTATION] = str(self.edits)
+            await self.admin.replace(api.RUNTIMES, RUNTIME, rt)
+            return "ok"
+        name = await self.current(sub)
+        if name is None:
+            return "skipped (not open)"
+        if op.kind in ("release", "preempt"):
+            self.desired[sub] = "running"
+            await adapter.release(name)
+        elif op.kind == "hold":
+            self.desired[sub] = "held"
+            await adapter.hold(name)
+        elif op.kind == "close":
+            self.desired[sub] = "absent"
+            await adapter.close(name)
+        elif op.kind in ("delete_pod", "force_delete_pod"):
+            pods = sorted(p["metadata"]["name"] for p in await self.pods(sub))
+            if not pods:
+                return "skipped (no pod)"
+            await self.editor.delete(k.PODS, pods[0], grace_seconds=0 if op.kind == "force_delete_pod" else None)
+        elif op.kind == "delete_job":
+            jobs = sorted(j["metadata"]["name"] for j in (await self.editor.list(
+                k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items)
+            if not jobs:
+                return "skipped (no Job)"
+            await self.editor.delete(k.JOBS, jobs[0], propagation="Background")
+        elif op.kind == "delete_jobset":
+            try:
+                await self.editor.delete(k.JOBSETS, name, propagation="Background")
+            except Refused as e:
+                if e.code != 403:
+                    raise
+                # the built-in edit role covers no JobSets unless JobSet's install aggregates a role to it
+                # (the testbed's does not): the operator deletes it instead
+                await self.admin.delete(k.JOBSETS, name, propagation="Background")
+                return "ok (by the operator: edit may not delete JobSets)"
+        else:
+            raise ValueError(f"unknown action {op.kind}")
+        return "ok"
+
+    # ------------------------------------------------------------------------------------------ faults
+
+    async def node(self) -> Obj | None:
+        assert self.admin is not None
+        return await self.admin.get_or_none(k.NODES, NODE)
+
+    @staticmethod
+    def ready(node: Obj | None) -> str:
+        if node is None:
+            return "gone"
+        return next((str(c.get("status")) for c in (node.get("status") or {}).get("conditions") or []
+                     if c.get("type") == "Ready"), "?")
+
+    async def leader(self) -> Replica | None:
+        assert self.admin is not None
+        lease = await self.admin.get_or_none(k.LEASES, LEASE)
+        holder = ((lease or {}).get("spec") or {}).get("holderIdentity")
+        return next((r for r in self.replicas if r.identity == holder), None)
+
+    async def fault(self, op: Op) -> str:
+        assert self.admin is not None
+        kind = op.kind
+        if kind == "freeze":
+            await asyncio.to_thread(testbed.freeze, NODE)
+        elif kind in ("kubelet_restart", "containerd_restart"):
+            await asyncio.to_thread(testbed.stop_component, kind.split("_")[0])
+        elif kind == "node_delete":
+            await self.admin.delete(k.NODES, NODE)
+        elif kind == "power_off":
+            await asyncio.to_thread(testbed.power_off, NODE)
+        elif kind == "oos_taint":
+            state = "frozen" if "freeze" in self.active else self.ready(await self.node())
+            if state == "gone":
+                return "skipped (no Node to taint)"
+            await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}=nodeshutdown:NoExecute",
+                                    "--overwrite")
+            self.taint_windows.append((_now_ms(), None))
+            self.note(f"out-of-service taint on {NODE} while its kubelet was {state} (its processes not shown "
+                      "to have stopped: the operator's error the contract rules out)")
+        elif kind == "apiserver_restart":
+            return await self._apiserver_restart(op)
+        elif kind == "leader_kill":
+            name = await self.current(op.target)
+            if name is not None:  # something for the leader to admit: held, its pods gone, then released
+                self.desired[op.target] = "running"
+                with contextlib.suppress(Exception):
+                    await self.writers[0].hold(name)
+
+                    async def gone() -> bool:
+                        return not await self.pods(op.target)
+                    await harness.until(gone, timeout=30, what="its pods gone", poll=0.2)
+                with contextlib.suppress(Exception):
+                    await self.writers[0].release(name)
+            await asyncio.sleep(float(op.arg or 0))
+            leader = await self.leader()
+            if leader is None:
+                return "skipped (no leader)"
+            leader.held_down = True
+            leader.kill()
+            self.log(f"killed the leader, replica {leader.index}")
+        elif kind == "replicas_down":
+            for r in self.replicas:
+                r.held_down = True
+                r.kill()
+            await self._guard_down_checks()
+        else:
+            raise ValueError(f"unknown fault {kind}")
+        self.active.add(kind)
+        return "ok"
+
+    async def _apiserver_restart(self, op: Op) -> str:
+        before, _, down = (op.arg or "0:5").partition(":")
+        name = await self.current(op.target)
+        call: asyncio.Task[Any] | None = None
+        if name is not None:
+            self.desired[op.target] = "running"
+            call = asyncio.create_task(self.writers[0].release(name))
+        await asyncio.sleep(float(before))
+        await asyncio.to_thread(testbed.stop_component, "kube-apiserver")
+        try:
+            await asyncio.sleep(float(down or 5))
+        finally:
+            await asyncio.to_thread(testbed.start_component, "kube-apiserver")
+        if call is not None:
+            try:
+                await asyncio.wait_for(call, 60)
+                return "ok (release went through)"
+            except Exception as e:
+                return f"ok (release: {_outcome(e)})"
+        return "ok"
+
+    async def _guard_down_checks(self) -> None:
+        """With no replica answering: every start of a dispatch object is refused, and other writes pass."""
+        assert self.admin is not None
+        c = self.report.guard_down
+        answers: list[str] = []
+        await harness.probe_denied(self.admin, self.ns, answers)  # a create of an unsuspended dispatch TrainJob
+        if answers and answers[-1].startswith("created"):
+            c["accepted"] += 1
+            self.note("an unsuspended dispatch TrainJob was created (dry run) while no guard replica answered")
+        else:
+            c["refused"] += 1
+        pod = realnode.workload_pod("campaign-probe", self.ns, self.oracle_dir,
+                                    labels={LABEL_JOB_ID: "probe", LABEL_SUBMISSION: SUBMISSION})
+        try:
+            await self.admin.create(k.PODS, pod, dry_run=True)
+            c["accepted"] += 1
+            self.note("a pod of a dispatch object was created (dry run) while no guard replica answered")
+        except DispatchError:
+            c["refused"] += 1
+        for sub in SUBMISSIONS:
+            name = await self.current(sub)
+            if name is None:
+                continue
+            tj = await self.admin.get(k.TRAINJOBS, name)
+            if not (tj.get("spec") or {}).get("suspend"):
+                continue
+            got = await asyncio.to_thread(testbed.kubectl, "-n", self.ns, "patch", "trainjob", name, "--type",
+                                          "merge", "-p", '{"spec":{"suspend":false}}', "--dry-run=server",
+                                          check=False)
+            if got.returncode == 0:
+                c["accepted"] += 1
+                self.note(f"{name} was unsuspended (dry run) while no guard replica answered")
+            else:
+                c["refused"] += 1
+        other = {"apiVersion": api.TRAINJOBS.api_version, "kind": "TrainJob",
+                 "metadata": {"name": "campaign-other", "namespace": self.ns},
+                 "spec": {"runtimeRef": {"name": "torch-distributed"}, "suspend": False}}
+        plain = realnode.workload_pod("campaign-other", self.ns, self.oracle_dir)
+        for res, obj in ((k.TRAINJOBS, other), (k.PODS, plain)):
+            try:
+                await self.admin.create(res, obj, dry_run=True)
+                c["other passed"] += 1
+            except DispatchError as e:
+                c["other refused"] += 1
+                self.note(f"a {res.kind} of no dispatch object was refused while the guard was down: {e}")
+
+    async def heal(self, kind: str) -> str:
+        if kind not in self.active:
+            return "skipped (not in force)"
+        if kind == "freeze":
+            await asyncio.to_thread(testbed.thaw, NODE)
+        elif kind in ("kubelet_restart", "containerd_restart"):
+            await asyncio.to_thread(testbed.start_component, kind.split("_")[0])
+        elif kind == "node_delete":
+            await self._node_back()
+        elif kind == "power_off":
+            await asyncio.to_thread(testbed.power_on, NODE)
+        elif kind == "oos_taint":
+            await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}-", check=False)
+            self.taint_windows = [(a, b if b is not None else _now_ms()) for a, b in self.taint_windows]
+        elif kind in CONTROLLER_FAULTS:
+            for r in self.replicas:
+                if r.held_down:
+                    r.held_down = False
+                    await r.start()
+        self.active.discard(kind)
+        return "ok"
+
+    async def _node_back(self) -> None:
+        """The deleted Node registered again by its live kubelet, or (a finding) the kubelet restarted to."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            if await self.node() is not None:
+                self.note(f"{NODE}'s live kubelet registered its Node again {time.monotonic() - t0:.1f} s after "
+                          "the heal began")
+                return
+            await asyncio.sleep(1)
+        self.note(f"{NODE}'s live kubelet did not register its deleted Node again within 30 s; restarted it")
+        await asyncio.to_thread(testbed.stop_component, "kubelet")
+        await asyncio.to_thread(testbed.start_component, "kubelet")
+
+    async def _heal_everything(self) -> None:
+        """Every fault healed, whatever the schedule did: the node thawed, untainted, its kubelet and containerd
+        running and Ready; both replicas up. Also after a failure: the testbed is shared."""
+        for kind in ("freeze", "oos_taint", "power_off", "kubelet_restart", "containerd_restart", "node_delete",
+                     "leader_kill", "replicas_down"):
+            if kind in self.active:
+                try:
+                    await self.heal(kind)
+                except Exception as e:
+                    self.log(f"heal {kind} failed: {e!r}")
+        with contextlib.suppress(Exception):
+            await asyncio.to_thread(testbed.thaw, NODE)
+        await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}-", check=False)
+        for component in ("kube-apiserver", "containerd", "kubelet"):
+            await asyncio.to_thread(testbed.start_component, component)
+        for r in self.replicas:
+            if not r.alive():
+                r.held_down = False
+                await r.start()
+
+    async def supervise(self) -> None:
+        """A replica that exited by itself is started again, as its Deployment would (and noted)."""
+        for r in self.replicas:
+            if not r.held_down and not r.alive():
+                code = r.launched.proc.returncode if r.launched is not None else None
+                self.note(f"replica {r.index} exited by itself (code {code}); started again")
+                await r.start()
+
+    # ------------------------------------------------------------------------------------------ oracles
+
+    def observe(self) -> list[str]:
+        records = oracle.read(realnode.oracle_file(self.oracle_dir)) if self.oracle_dir.exists() else []
+        procs = oracle.processes(records)
+        report = realnode.fence_report(self.oracle_dir)
+        events: list[FenceEvent] = parse_fence_events(report.read_text()) if report.exists() else []
+        logs = self._read_logs()
+        found = judge(records, procs, events, logs)
+        by_run = {p.run: p for p in procs}
+        for kind in (found.overlaps, found.same_a_overlaps):
+            for key in list(kind):
+                first, second = (by_run[r] for r in key.split("+"))
+                if excused_by_taint(first, second, self.taint_windows):
+                    self.excused[key] = kind.pop(key)
+        new = self.report.judgement.merge(found)
+        r = self.report
+        r.processes = len(procs)
+        r.executions = len({(p.job_id, p.submission, p.admission) for p in procs})
+        r.commits = sum(1 for e in events if e.event == "commit")
+        r.fenced = sum(1 for e in events if e.event in ("fenced", "refused"))
+        return new
+
+    def _read_logs(self) -> dict[tuple[str, str], list[LogEntry]]:
+        """Every fence log under the checkpoint root, reading only entries not read before."""
+        for log in sorted(self.checkpoints.glob("*/*/log")) if self.checkpoints.exists() else []:
+            known = self.log_entries.setdefault((log.parent.parent.name, log.parent.name), {})
+            seq = max(known, default=0) + 1
+            while True:
+                f = log / f"{seq:012d}"
+                try:
+                    raw = json.loads(f.read_text())
+                except (OSError, ValueError):
+                    break
+                known[seq] = LogEntry(seq, str(raw["kind"]), int(raw["admission"]), int(raw.get("step", -1)))
+                seq += 1
+        return {key: list(v.values()) for key, v in self.log_entries.items()}
+
+    # ------------------------------------------------------------------------------------------ liveness
+
+    async def running_as_admitted(self, sub: str) -> tuple[bool, str]:
+        """Whether the submission runs: its TrainJob Running and a live process of its A on the node."""
+        name = await self.current(sub)
+        if name is None:
+            return False, "no object"
+        st = await self.writers[0].inspect(name)
+        a = str(st.identity.admission)
+        if st.state.value != "Running":
+            return False, f"{st.state.value}: {st.cause.reason}: {st.cause.detail}"
+        procs = oracle.processes(oracle.read(realnode.oracle_file(self.oracle_dir)))
+        if not any(p.alive and p.job_id == sub and p.admission == a for p in procs):
+            return False, f"Running as A={a} but no live process of A={a} on the node yet"
+        return True, f"A={a}"
+
+    async def liveness(self) -> None:
+        """Once every fault is healed: every submission (but the preemptor, held so the queue has room) runs
+        within the bound, the runner doing what its status names (open a closed one, release a held one; a
+        Failed one closed and opened again)."""
+        assert self.admin is not None
+        await self._heal_everything()
+        async def node_ready() -> bool:
+            return self.ready(await self.node()) == "True"
+        try:
+            await harness.until(node_ready, timeout=NODE_READY_TIMEOUT, what=f"{NODE} Ready", poll=1)
+        except AssertionError:
+            self.note(f"{NODE} not Ready {NODE_READY_TIMEOUT:.0f} s after every fault was healed")
+        if self.desired.get(PREEMPTOR) == "running":
+            # the queue holds two: with the preemptor running one low submission waits for quota by design
+            name = await self.current(PREEMPTOR)
+            if name is not None:
+                with contextlib.suppress(Exception):
+                    await self.writers[0].hold(name)
+                    self.report.liveness_actions["hold the preemptor"] += 1
+            self.desired[PREEMPTOR] = "held"
+        # every object, not only those the writers left running: the held ones released, the closed ones
+        # opened again (each an action the runner takes, counted), then each must run within the bound
+        want = sorted(s for s in SUBMISSIONS if s != PREEMPTOR)
+        for sub in want:
+            if self.desired.get(sub) != "running":
+                self.report.liveness_actions[f"bring {self.desired.get(sub, 'unopened')} back"] += 1
+                self.desired[sub] = "running"
+        last: dict[str, str] = {}
+        t0 = time.monotonic()
+        waiting = set(want)
+        while waiting and time.monotonic() - t0 < self.liveness_seconds:
+            for sub in sorted(waiting):
+                try:
+                    ok, why = await self.running_as_admitted(sub)
+                except Exception as e:
+                    ok, why = False, f"inspect: {_outcome(e)}"
+                last[sub] = why
+                if ok:
+                    waiting.discard(sub)
+                    continue
+                await self._liveness_action(sub, why)
+            await asyncio.sleep(3)
+        for sub in sorted(waiting):
+            self.report.stalls[sub] = last.get(sub, "?")
+            try:
+                where = await self.diagnose(sub)
+                self.report.stalls[sub] += f" (what the cluster held: {where})"
+            except Exception as e:
+                self.log(f"diagnose {sub}: {e!r}")
+        self.log(f"liveness: {len(want) - len(waiting)} of {len(want)} running "
+                 f"{time.monotonic() - t0:.0f} s after healing")
+
+    async def diagnose(self, sub: str) -> str:
+        """What the cluster holds of a stalled submission (its TrainJob, JobSet, Jobs, pods and their Events),
+        written to ``stall-<sub>.json``; returns the file's name and a one-line summary of the pods and Jobs."""
+        assert self.admin is not None
+        name = await self.current(sub)
+        out: dict[str, Any] = {"trainjob": None, "jobset": None, "jobs": [], "pods": [], "events": []}
+        if name is not None:
+            out["trainjob"] = await self.admin.get_or_none(k.TRAINJOBS, name)
+            out["jobset"] = await self.admin.get_or_none(k.JOBSETS, name)
+            out["jobs"] = (await self.admin.list(k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items
+        pods = (await self.admin.list(k.PODS, labels=f"{LABEL_JOB_ID}={sub}")).items
+        out["pods"] = pods
+        names = {name, *(j["metadata"]["name"] for j in out["jobs"]), *(p["metadata"]["name"] for p in pods)}
+        out["events"] = [e for e in (await self.admin.list(api.EVENTS)).items
+                         if (e.get("involvedObject") or {}).get("name") in names]
+        path = self.workdir / f"stall-{sub}.json"
+        path.write_text(json.dumps(out, indent=1, default=str))
+        said = [f"pod {p['metadata']['name']} {(p.get('status') or {}).get('phase')}"
+                f"{' deleting' if p['metadata'].get('deletionTimestamp') else ''}"
+                f" A={p['metadata'].get('labels', {}).get('dispatch.phpboyscout.uk/admission')}" for p in pods]
+        said += [f"Job {j['metadata']['name']} active={(j.get('status') or {}).get('active', 0)} "
+                 f"failed={(j.get('status') or {}).get('failed', 0)}" for j in out["jobs"]]
+        last = sorted(out["events"], key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))[-3:]
+        said += [f"{e.get('reason')}: {str(e.get('message'))[:160]}" for e in last]
+        return f"{path.name}: " + "; ".join(said)
+
+    async def _liveness_action(self, sub: str, why: str) -> None:
+        name = await self.current(sub)
+        adapter = self.writers[0]
+        try:
+            if name is None:
+                await adapter.open(self.spec(sub, "a"), hold=False)
+                self.report.liveness_actions["open"] += 1
+            elif why.startswith(("Failed", "Succeeded")):
+                await adapter.close(name)
+                self.report.liveness_actions["close and open again"] += 1
+            elif why.startswith(("Held", "Queued")):
+                await adapter.release(name)
+                self.report.liveness_actions["release"] += 1
+        except Exception as e:
+            self.report.liveness_actions[f"{'open' if name is None else 'release'} {_outcome(e)}"] += 1
+
+    # ------------------------------------------------------------------------------------------ the run
+
+    async def one(self, op: Op) -> None:
+        kind = op.kind
+        try:
+            if kind == "heal":
+                outcome = await self.heal(op.target)
+            elif kind in FAULTS:
+                self.report.faults[kind] += 1
+                outcome = await self.fault(op)
+            else:
+                self.report.actions[kind] += 1
+                outcome = await self.act(op)
+        except Exception as e:
+            outcome = _outcome(e)
+            if not isinstance(e, DispatchError):
+                self.log(f"{op}: {''.join(traceback.format_exception_only(e)).strip()}")
+        self.report.outcomes[f"{kind}: {outcome}"] += 1
+        self.log(f"{op}: {outcome}")
+
+    async def play(self, minutes: float | None) -> Schedule:
+        """Play the rounds (until ``minutes`` if given); returns the rounds played (what a replay runs)."""
+        deadline = None if minutes is None else time.monotonic() + minutes * 60
+        played: list[Round] = []
+        sched_file = self.workdir / "schedule.json"
+        self.report.schedule_file = str(sched_file)
+        for rnd in self.schedule.rounds:
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            self.round_no = len(played) + 1
+            played.append(rnd)
+            sched_file.write_text(json.dumps(Schedule(self.schedule.seed, tuple(played),
+                                                      self.schedule.faults).to_json(), indent=1))
+            await asyncio.gather(*(self.one(op) for op in rnd.ops))
+            await asyncio.sleep(rnd.pause)
+            await self.supervise()
+            for text in self.observe():
+                self.log(f"ORACLE {text}")
+        self.report.rounds = len(played)
+        self.report.ops = sum(len(r.ops) for r in played)
+        return Schedule(self.schedule.seed, tuple(played), self.schedule.faults)
+
+    async def run(self, minutes: float | None) -> Report:
+        path = harness.running_testbed_kubeconfig()
+        if path is None:
+            raise RuntimeError("the testbed is not up (python -m dispatch.testbed status)")
+        if testbed.real_node() is None:
+            raise RuntimeError(f"the testbed has no real node: {testbed.real_node_problem()}")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        self.report.stack = testbed.stack()
+        async with self.installed(path):
+            try:
+                played = await self.play(minutes)
+                (self.workdir / "schedule.json").write_text(json.dumps(played.to_json(), indent=1))
+                self.round_no += 1
+                await self.liveness()
+                for text in self.observe():
+                    self.log(f"ORACLE {text}")
+                assert self.admin is not None
+                for e in (await self.admin.list(api.EVENTS)).items:
+                    self.report.events[f"{e.get('reason', '?')}"] += int(e.get("count") or 1)
+            finally:
+                await self._heal_everything()
+        self.report.minutes = (time.monotonic() - t0) / 60
+        if self.excused:
+            self.report.findings += [f"overlap after an out-of-service taint on a node not shut down: {t}"
+                                     for t in sorted(self.excused.values())]
+        (self.workdir / "report.json").write_text(json.dumps(self.report.to_json(), indent=1))
+        return self.report
+
+
+def run(schedule: Schedule, *, minutes: float | None, workdir: Path | None = None, liveness_seconds: float = 240.0,
+        shrink_budget: int = 0) -> Report:
+    """Run ``schedule`` (until ``minutes``, if given) on the running testbed; when it fails and
+    ``shrink_budget`` allows, replay ever smaller schedules and write the smallest that still fails to
+    ``<workdir>/shrunk.json``."""
+    base = workdir or Path(tempfile.mkdtemp(prefix="dispatch-campaign-"))
+    base.mkdir(parents=True, exist_ok=True)
+    report = asyncio.run(Campaign(schedule, base / "run", liveness_seconds).run(minutes))
+    if report.failed and shrink_budget > 0:
+        played = Schedule.from_json(json.loads(Path(report.schedule_file).read_text()))
+        tries = 0
+
+        def fails(candidate: Schedule) -> bool:
+            nonlocal tries
+            tries += 1
+            got = asyncio.run(Campaign(candidate, base / f"shrink-{tries}-{uuid.uuid4().hex[:4]}",
+                                       liveness_seconds).run(None))
+            print(f"[campaign] shrink try {tries}: {len(candidate.ops)} ops: "
+                  f"{'fails' if got.failed else 'passes'} {got.counts()}", flush=True)
+            return got.failed
+        small = shrink(played, fails, budget=shrink_budget, log=print)
+        out = base / "shrunk.json"
+        out.write_text(json.dumps(small.to_json(), indent=1))
+        report.findings.append(f"shrunk to {len(small.ops)} ops in {len(small.rounds)} rounds ({tries} replays): "
+                               f"{out}; " + "; ".join(str(op) for op in small.ops))
+        (base / "run" / "report.json").write_text(json.dumps(report.to_json(), indent=1))
+    return report
+
+
+__all__ = ["Campaign", "Forwarder", "Judgement", "Replica", "run"]
