@@ -76,6 +76,8 @@ class Guarded:
     proc: subprocess.Popen[bytes]
     adapter: AsyncAdapter
     """The library as a ``dispatch-writer`` of ``ns`` uses it; ``kube`` is the operator's (the admin's)."""
+    metrics_port: int = 0
+    """The controller's plain /metrics."""
 
 
 @pytest.fixture
@@ -124,7 +126,7 @@ async def installed(kube: k.Kube, ns: str, tmp: Path, *, kubeconfig_path: Path |
                 return all(w["clientConfig"].get("caBundle") for c in (got, *mutating) for w in c["webhooks"])
             await until(published, what="the guard's CA in the caBundle")
             await until(lambda: probe_denied(kube, ns), what="the guard answering")
-            yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(writer))
+            yield Guarded(kube, ns, port, name, proc.proc, AsyncAdapter(writer), proc.port)
     finally:
         await kube.delete(BINDINGS, name)
         await kube.delete(POLICIES, name)
@@ -451,3 +453,37 @@ async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answ
                 assert await both_trusted()                    # and a stopped replica's CA is not pruned
         finally:
             await kube.delete(api.VALIDATING_WEBHOOKS, name)
+
+
+async def test_the_real_controller_exports_controller_runtimes_series_after_a_reconcile_and_real_reviews(
+        g: Guarded) -> None:
+    """Issue 38 item 10, as an operator's Prometheus meets it: the controller as the Deployment runs it, its
+    Workload decided through the real Kueue and its guard called by the real API server; one scrape of its
+    /metrics carries the series stock controller-runtime dashboards read, with their labels."""
+    import httpx2
+    from prometheus_client.parser import text_string_to_metric_families
+
+    await g.adapter.open(JobSpec(job_id="scrape", submission="s1", queue="lq"))
+
+    async def admitted() -> bool:
+        return bool(running_pods(await pods_of(g.kube, "scrape-s1")))
+    await until(admitted, timeout=120, what="the object admitted through the check and running")
+    async with httpx2.AsyncClient(timeout=10) as http:
+        text = (await http.get(f"http://127.0.0.1:{g.metrics_port}/metrics")).raise_for_status().text
+    got: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            got.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+
+    def value(series: str, **labels: str) -> float:
+        return sum(v for have, v in got.get(series, []) if labels.items() <= have.items())
+    assert value("controller_runtime_reconcile_total", controller="workloads", result="success") >= 1
+    assert value("controller_runtime_reconcile_time_seconds_count", controller="workloads") >= 1
+    assert {s["controller"] for s, _ in got["controller_runtime_active_workers"]} == {"workloads", "pod-finalizers"}
+    # the API server called the guard for the release's start (and the probes): answered 200 each time
+    assert value("controller_runtime_webhook_requests_total", code="200") >= 1
+    assert value("controller_runtime_webhook_latency_seconds_count") >= 1
+    for series in ("workqueue_unfinished_work_seconds", "workqueue_longest_running_processor_seconds"):
+        assert {s["name"] for s, _ in got[series]} >= {"workloads", "pod-finalizers"}, series
+    assert {tuple(sorted(s)) for s, _ in got["rest_client_requests_total"]} == {("code", "host", "method")}
+    assert value("rest_client_requests_total", code="200", method="PATCH") >= 1
