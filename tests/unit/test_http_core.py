@@ -141,3 +141,62 @@ async def test_files_that_do_not_load_leave_the_previous_certificate_served(tmp_
     finally:
         server.close()
         await server.wait_closed()
+
+
+# ------------------------------------------------------------- issue 35 item 8: what any client can make it hold
+
+
+async def test_connections_over_the_cap_are_closed_unanswered_and_bodies_share_one_budget() -> None:
+    """Anyone who reaches the guard's port could hold many connections, each with a large half-sent body (50
+    connections of 7 MiB heads reached 437 MiB before): the connections at once and the body bytes held over
+    all of them are bounded; a request whose body would pass the budget is answered busy at once."""
+    listener = h.Listener(echo, methods=frozenset({"POST"}), keep_alive=True, max_head=1024, max_body=100,
+                          timeout=5, max_connections=2, max_buffered=150)
+    server = await h.start(listener, "127.0.0.1", 0)
+    port = int(server.sockets[0].getsockname()[1])
+    held = []
+    try:
+        for _ in range(2):  # two half-sent bodies of 100: the first holds 100 of the 150
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(b"POST /in HTTP/1.1\r\nContent-Length: 100\r\n\r\n" + b"x" * 10)
+            await writer.drain()
+            held.append((reader, writer))
+        await asyncio.sleep(0.2)
+        # the second found the budget spent: answered busy, closed
+        assert (await asyncio.wait_for(held[1][0].read(), timeout=5)).startswith(b"HTTP/1.1 503 ")
+        held[1][1].close()
+        await asyncio.sleep(0.1)
+        # a third connection while the first is open and a fourth: the cap of 2 closes the fourth unanswered
+        third = await asyncio.open_connection("127.0.0.1", port)
+        fourth = await asyncio.open_connection("127.0.0.1", port)
+        try:  # closed unanswered: EOF, or a reset when our bytes arrive after the close
+            fourth[1].write(b"POST /in HTTP/1.1\r\nContent-Length: 1\r\n\r\nx")
+            await fourth[1].drain()
+            answered = await asyncio.wait_for(fourth[0].read(), timeout=5)
+        except ConnectionResetError:
+            answered = b""
+        assert answered == b""
+        fourth[1].close()
+        third[1].write(b"POST /in HTTP/1.1\r\nContent-Length: 40\r\n\r\n" + b"y" * 40)  # 100 + 40 fit in 150
+        await third[1].drain()
+        assert (await asyncio.wait_for(third[0].readuntil(b"\r\n\r\n"), timeout=5)).startswith(b"HTTP/1.1 200 ")
+        third[1].close()
+        # the first finishes its body: answered, and its bytes go back to the budget
+        held[0][1].write(b"x" * 90)
+        await held[0][1].drain()
+        assert (await asyncio.wait_for(held[0][0].readuntil(b"\r\n\r\n"), timeout=5)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        for _, writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_a_review_nested_too_deep_is_a_bad_request_not_an_unhandled_error() -> None:
+    from dispatch.controller import _guard as g
+
+    with pytest.raises(ValueError, match="nests too deep"):
+        g._parse_review(b"[" * 200_000)
+    assert g._parse_review(b"[1]") == {}
+    assert g._parse_review(b'{"kind": "AdmissionReview"}') == {"kind": "AdmissionReview"}
+    assert g.MAX_HEAD <= 16 * 1024 < g.MAX_BODY

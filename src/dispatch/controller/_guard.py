@@ -79,6 +79,13 @@ REPUBLISH_SECONDS = 60.0
 DEFAULT_TIMEOUT = 10.0
 """The API server's webhook timeout when its URL names none (``timeoutSeconds`` defaults to 10)."""
 MAX_BODY = 8 * 1024 * 1024
+MAX_HEAD = 16 * 1024
+"""An AdmissionReview's request line and headers are a few hundred bytes; a longer head is nobody's review."""
+MAX_CONNECTIONS = 128
+"""Connections at once: the API server keeps a few alive per replica; more come from no API server."""
+MAX_BUFFERED = 48 * 1024 * 1024
+"""Body bytes held at once over every connection: with the head bound and the connection cap, what any client
+that reaches the port can make the guard hold stays far below its container's 384Mi limit."""
 RENEW_BEFORE = dt.timedelta(days=30)
 """A certificate of the controller's own is replaced this long before it ends (it lasts 365 days)."""
 SWITCH_DELAY = 5.0
@@ -392,8 +399,7 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
         started = time.monotonic()
         code = 500
         try:
-            review = json.loads(request.body)
-            review = review if isinstance(review, dict) else {}
+            review = _parse_review(request.body)
             timeout = _timeout_of(request.target)
             answer = await (guard.mutate(review, timeout) if request.path == MUTATE_PATH
                             else guard.review(review, timeout, pod=request.path == POD_PATH))
@@ -409,11 +415,23 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
 
     listener = http.Listener(
         route, methods=frozenset({"POST"}), paths=frozenset({PATH, POD_PATH, MUTATE_PATH}), keep_alive=True,
-        max_head=MAX_BODY, max_body=MAX_BODY, timeout=120,
+        max_head=MAX_HEAD, max_body=MAX_BODY, timeout=120, max_connections=MAX_CONNECTIONS,
+        max_buffered=MAX_BUFFERED,
         not_found=(404, JSON, b'{"error":"not found"}', ""),
         not_allowed=(405, JSON, b'{"error":"POST an AdmissionReview"}', ""),
         too_large=(413, JSON, b'{"error":"too large"}', ""))
     return await http.start(listener, host, port, context=served.context)
+
+
+def _parse_review(body: bytes) -> Obj:
+    """The AdmissionReview in ``body`` (an object; anything else reads as an empty one), or ``ValueError``
+    for JSON nested deeper than the parser's recursion allows (200,000 ``[`` once escaped as an unhandled
+    ``RecursionError``); a Kubernetes object nests a few dozen levels at most."""
+    try:
+        review = json.loads(body)
+    except RecursionError:
+        raise ValueError("the request body nests too deep to be an AdmissionReview") from None
+    return review if isinstance(review, dict) else {}
 
 
 async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:

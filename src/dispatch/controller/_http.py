@@ -234,17 +234,45 @@ class Listener:
     timeout: float = 5.0
     """Seconds to read one request (on a kept-alive connection, also to wait for it); then the connection
     is closed unanswered."""
+    max_connections: int = 0
+    """Connections served at once; one more is closed unanswered (0: no bound). With ``max_buffered`` it bounds
+    what any client that can reach the port can make the process hold in memory."""
+    max_buffered: int = 0
+    """Body bytes held at once over every connection; a request whose body would pass it is answered ``busy``
+    and its connection closed (0: no bound beyond ``max_body`` a connection)."""
     not_found: Answer = NOT_FOUND
     not_allowed: Answer = (405, TEXT, b"method not allowed\n", "")
     too_large: Answer = (413, TEXT, b"too large\n", "")
+    busy: Answer = (503, TEXT, b"busy\n", "")
 
 
 class _TooLarge(Exception):
     pass
 
 
-async def _read(reader: asyncio.StreamReader, listener: Listener) -> Request:
-    """One request, or an exception: _TooLarge for a body over the bound, else the connection is unusable."""
+class _Busy(Exception):
+    pass
+
+
+@dataclass
+class _Budget:
+    """The body bytes every connection of one listener holds at once (``Listener.max_buffered``)."""
+
+    limit: int
+    held: int = 0
+
+    def take(self, n: int) -> None:
+        if self.limit and self.held + n > self.limit:
+            raise _Busy
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+async def _read(reader: asyncio.StreamReader, listener: Listener, budget: _Budget | None = None) -> Request:
+    """One request, or an exception: _TooLarge for a body over the bound, _Busy when every connection's bodies
+    together would pass ``max_buffered``, else the connection is unusable."""
     head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
     parts = head[0].split()
     headers: dict[str, str] = {}
@@ -256,9 +284,15 @@ async def _read(reader: asyncio.StreamReader, listener: Listener) -> Request:
     if not listener.max_body:
         return request
     length = int(headers.get("content-length") or 0)
-    if length > listener.max_body:
+    if length > listener.max_body or length < 0:
         raise _TooLarge
-    return Request(request.method, request.target, headers, await reader.readexactly(length) if length else b"")
+    if budget is None or not length:
+        return Request(request.method, request.target, headers, await reader.readexactly(length) if length else b"")
+    budget.take(length)
+    try:
+        return Request(request.method, request.target, headers, await reader.readexactly(length))
+    finally:
+        budget.give(length)
 
 
 async def _answer(listener: Listener, request: Request) -> Answer:
@@ -280,13 +314,23 @@ def handler(listener: Listener) -> Callable[[asyncio.StreamReader, asyncio.Strea
     """Every listener's connection handling: requests read within the bounds, checked, and answered by
     ``listener.route``; one request a connection unless ``keep_alive``."""
 
+    budget = _Budget(listener.max_buffered)
+    open_now = [0]
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        open_now[0] += 1
         try:
+            if listener.max_connections and open_now[0] > listener.max_connections:
+                return
             while True:
                 try:
-                    request = await asyncio.wait_for(_read(reader, listener), timeout=listener.timeout)
+                    request = await asyncio.wait_for(_read(reader, listener, budget), timeout=listener.timeout)
                 except _TooLarge:
                     writer.write(_encode(listener, "", listener.too_large))
+                    await writer.drain()
+                    return
+                except _Busy:
+                    writer.write(_encode(listener, "", listener.busy))
                     await writer.drain()
                     return
                 except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
@@ -298,6 +342,7 @@ def handler(listener: Listener) -> Callable[[asyncio.StreamReader, asyncio.Strea
         except (ConnectionError, ssl.SSLError):
             return
         finally:
+            open_now[0] -= 1
             with contextlib.suppress(Exception):
                 writer.close()
 
