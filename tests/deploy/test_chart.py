@@ -457,7 +457,10 @@ def test_every_controller_option_the_chart_sets_reaches_the_controller_as_its_va
                                           "controller.foreign", "controller.logLevel", "multikueue.kueueNamespace"}
     got = parse(container(chart(tools))["args"], environ=[])
     for o, path in charted:
-        assert getattr(got, o.name) == o.check(_value(values, path) or None), (o.flag, path)
+        default = _value(values, path)
+        # an empty value or a 0 leaves the flag out (the controller's default: none); a false switch is a value
+        unset = default in ("", None) or (default == 0 and not isinstance(default, bool))
+        assert getattr(got, o.name) == o.check(None if unset else default), (o.flag, path)
     changed = [(o, path, _other(_value(values, path), o.choices)) for o, path in charted]
     sets = [f"{path}={str(v).lower() if isinstance(v, bool) else v}" for _, path, v in changed]
     got = parse(container(chart(tools, *sets))["args"], environ=[])
