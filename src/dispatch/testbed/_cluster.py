@@ -350,6 +350,8 @@ def start_component(name: str) -> None:
             raise RuntimeError(f"{name} has no recorded command line to start it again with") from e
         _start(name, rec["argv"], rec["env"])
         _wait([name], 90)
+    if name == "kubelet":  # a Node registered again has no address (``_node.ensure_address``)
+        _real().ensure_address()
 
 
 # --------------------------------------------------------------------------------------------- health

@@ -455,10 +455,7 @@ def _start(d: _Dirs, kubelet: Path, images_dir: Path, t0: float) -> dict[str, st
     cl._start("kubelet", argv, env)
     _wait_for("kubelet", kubelet_healthy, 60)
     _wait_for("the real node's registration", lambda: _node_obj() is not None, 60)
-    # The kubelet refuses a loopback node IP and then registers no address at all; logs and exec through the
-    # apiserver need one, and the kubelet's address setter fails before touching addresses, so it stays.
-    cl.kubectl("patch", "node", NODE, "--subresource=status", "--type=merge",
-               "-p", json.dumps({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}))
+    ensure_address()
 
     def ready() -> bool:
         node = _node_obj()
@@ -498,6 +495,21 @@ def power_off() -> None:
     _kill_tasks()
 
 
+def ensure_address(timeout: float = 60.0) -> None:
+    """Give the real node's Node its address once it is registered, if it has none.
+
+    The kubelet refuses a loopback node IP and then registers no address at all; logs and exec through the
+    apiserver need one, and the kubelet's address setter fails before touching addresses, so a patched one
+    stays. A Node registered again (deleted under a live kubelet, then the kubelet restarted; a machine
+    powered on after its Node went) is a new object without it, so every start of the kubelet calls this."""
+    _wait_for("the real node's registration", lambda: _node_obj() is not None, timeout)
+    status = (_node_obj() or {}).get("status")
+    if isinstance(status, dict) and status.get("addresses"):
+        return
+    cl.kubectl("patch", "node", NODE, "--subresource=status", "--type=merge",
+               "-p", json.dumps({"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}))
+
+
 def power_on() -> None:
     """The machine boots again: a fresh kubelet, knowing only what the API says, so a pod deleted while the
     machine was off is never started again. Waits until the node is Ready."""
@@ -512,6 +524,7 @@ def power_on() -> None:
         raise RuntimeError(f"{NODE}'s recorded kubelet command line is not a list of strings")
     cl._start("kubelet", argv, {"PATH": _SBIN_PATH})
     _wait_for("kubelet", kubelet_healthy, 60)
+    ensure_address(READY_TIMEOUT)
 
     def ready() -> bool:
         node = _node_obj()
@@ -537,6 +550,7 @@ def restart_kubelet() -> None:
         time.sleep(0.1)
     cl._start("kubelet", argv, {"PATH": _SBIN_PATH})
     _wait_for("kubelet", kubelet_healthy, 60)
+    ensure_address(READY_TIMEOUT)
 
     def ready() -> bool:
         node = _node_obj()
