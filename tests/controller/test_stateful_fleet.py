@@ -11,14 +11,16 @@ and tainted out-of-service there.
 
 After every step an observer that reads the workers' fake API servers directly (never dispatch's views)
 checks: (1) no two pods of the submission alive at once anywhere in the fleet (alive: not Succeeded or Failed,
-Terminating included; a powered-off worker's pods count only until the rule that powers it off), nor two of
+Terminating included, unless deleted before it was ever bound to a node; a powered-off worker's pods count only
+until the rule that powers it off), nor two of
 its processes; (2) every pod in a worker carries exactly one A, the A MultiKueue's copy carried when it was
 dispatched, and the A of successive dispatches only rises. At the end (liveness), faults stop: partitions
 heal, unconfirmed frozen nodes thaw, grace periods pass, and MultiKueue and the controller run a few rounds;
 the object is then admitted, or its check message names an action (``dispatch admin worker-down ...``) that,
 taken, admits it.
 
-A worker's own writers are outside dispatch's reach: the guard does not run in workers. The second machine
+A worker's own writers are outside dispatch's reach: of the guard in each worker only its pod webhook is played
+here (it refuses a pod while a pod of the submission may still run in that worker). The second machine
 (``FleetWithWorkerBypass``) adds someone unsuspending or re-creating the copy in a worker; it finds overlaps,
 and is marked expected to fail for that reason (see its docstring).
 """
@@ -49,6 +51,7 @@ from dispatch.controller.testing import (
     KUEUE,
     MANAGER_ROLES,
     ORIGIN_LABEL,
+    FakeGuard,
     FakeMultiKueue,
     manager_policy,
 )
@@ -86,6 +89,16 @@ def _ours(pod: dict[str, Any]) -> bool:
         labels.get(n.LABEL_JOB_ID) == SPEC.job_id and labels.get(n.LABEL_SUBMISSION) == SPEC.submission)
 
 
+def _may_run(pod: dict[str, Any]) -> bool:
+    """Whether a pod may still run a process: not Succeeded or Failed, and not deleted before it was ever bound to
+    a node (the scheduler binds no pod being deleted, so such a pod never runs; dispatch's finalizer keeps it
+    Terminating in a worker, where this machine runs no finalizer keeper). Since the Job controller counts a Job's
+    pods by the Job's uid (issue 35), a Job re-created in a worker starts its pod beside such a one."""
+    if (pod.get("status") or {}).get("phase") in TERMINAL:
+        return False
+    return not (pod["metadata"].get("deletionTimestamp") and not (pod.get("spec") or {}).get("nodeName"))
+
+
 class Fleet2(RuleBasedStateMachine):
     """A manager, two workers, one submission: every writer of the fleet but a worker's own bypass."""
 
@@ -104,6 +117,12 @@ class Fleet2(RuleBasedStateMachine):
             w = FakeCluster()
             w.add_runtime(replacement_policy="Failed")  # one pod per rank at a time: pods count executions
             w.server.gc_lag = gc_lag  # the worker's garbage collector waits for the worker_step "gc"
+            # dispatch runs in every worker (docs/how-to/multikueue.md): its guard refuses a pod while a pod of the
+            # submission may still run there. A copy re-created under its name takes over the old copy's lagging
+            # Job (JobSet selects Jobs by its owner's name); the garbage collector deletes that Job, JobSet
+            # re-creates it, and the Job controller (counting a Job's pods by the Job's uid) starts a pod of each
+            # rank beside the old one (issue 35). The worker's TrainJob webhook and Kueue are not modelled.
+            FakeGuard(w, worker=True).install_pod_webhook()
             for node in NODES:
                 w.add_node(node)
             self.workers[name] = w
@@ -304,13 +323,11 @@ class Fleet2(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the observer
 
     def _alive_pods(self) -> list[tuple[str, dict[str, Any]]]:
-        out = [("manager", p) for p in self.manager.server.objects("", "pods", NS) if _ours(p)
-               and (p.get("status") or {}).get("phase") not in TERMINAL]
+        out = [("manager", p) for p in self.manager.server.objects("", "pods", NS) if _ours(p) and _may_run(p)]
         for name, w in sorted(self.workers.items()):
             if not self._up(name):
                 continue
-            out.extend((name, p) for p in w.server.objects("", "pods", NS)
-                       if _ours(p) and (p.get("status") or {}).get("phase") not in TERMINAL)
+            out.extend((name, p) for p in w.server.objects("", "pods", NS) if _ours(p) and _may_run(p))
         return out
 
     def _copy_uid(self, worker: str, pod: dict[str, Any]) -> str | None:
@@ -527,7 +544,7 @@ def test_seeded_long_walks_of_the_fleet_reach_moves_waits_and_confirmations_and_
 WORKER_BYPASS = (
     "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
     "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
-    "one it did. Nothing on the manager can refuse that write. This fake runs no guard in its workers; the "
+    "one it did. Nothing on the manager can refuse that write. This fake runs only the guard's pod webhook in its workers; the "
     "guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a pod of the "
     "submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
     "worker's Kueue admits while the object runs in another worker is not seen from that worker.")

@@ -743,8 +743,10 @@ class FakeCluster:
         for job in self.server.objects("batch", "jobs"):
             meta = job["metadata"]
             ns, name = meta["namespace"], meta["name"]
+            # the real Job controller selects its pods by its own uid (``controller-uid``), not by name: a Job
+            # deleted and re-created under one name does not count the old one's Terminating pods as its own
             pods = [p for p in self.server.objects("", "pods", ns)
-                    if _labels(p).get("batch.kubernetes.io/job-name") == name]
+                    if _labels(p).get(JOB_UID_LABEL) == meta["uid"]]
             active = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                       and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
             terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")
@@ -798,6 +800,7 @@ class FakeCluster:
         template = job["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
+        labels[JOB_UID_LABEL] = labels["controller-uid"] = job["metadata"]["uid"]
         if index is not None:
             labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
@@ -1233,3 +1236,5 @@ class FakeCluster:
 
 
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""The label the Job controller puts on every pod of a Job (with the legacy ``controller-uid``) and selects by."""
