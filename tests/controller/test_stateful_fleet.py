@@ -113,6 +113,7 @@ class Fleet2(RuleBasedStateMachine):
         self.manager = FakeCluster()
         self.manager.add_runtime(replacement_policy="Failed")
         self.workers = {}
+        self.guards: dict[str, FakeGuard] = {}
         for name in WORKERS:
             w = FakeCluster()
             w.add_runtime(replacement_policy="Failed")  # one pod per rank at a time: pods count executions
@@ -122,7 +123,8 @@ class Fleet2(RuleBasedStateMachine):
             # Job (JobSet selects Jobs by its owner's name); the garbage collector deletes that Job, JobSet
             # re-creates it, and the Job controller (counting a Job's pods by the Job's uid) starts a pod of each
             # rank beside the old one (issue 35). The worker's TrainJob webhook and Kueue are not modelled.
-            FakeGuard(w, worker=True).install_pod_webhook()
+            self.guards[name] = FakeGuard(w, worker=True)
+            self.guards[name].install_pod_webhook()
             for node in NODES:
                 w.add_node(node)
             self.workers[name] = w
@@ -537,6 +539,30 @@ def test_seeded_long_walks_of_the_fleet_reach_moves_waits_and_confirmations_and_
     assert SEEN["re-dispatched"] >= 20 and SEEN["moved"] >= 5, SEEN
     assert SEEN["waited-on-a-worker-pod"] >= 10 and SEEN["waited-on-an-unreadable-worker"] >= 10, SEEN
     assert SEEN["healed-admitted"] >= 20, SEEN
+
+
+def test_a_copy_dispatched_again_to_its_worker_under_a_lagging_collector_runs_each_rank_once() -> None:
+    """The fleet walk's schedule once the fake's Job controller counted a Job's pods by the Job's uid (issue 35),
+    shrunk: A=1 runs in worker-1, whose garbage collector lags; the manager preempts it. As faults stop, MultiKueue
+    deletes the stopped copy, the collector takes its JobSet but not yet its Job, dispatch admits A=2 and MultiKueue
+    sends it to worker-1 again under the same name. The new JobSet takes the old Job over (JobSet selects Jobs by
+    their owner's name) and resumes it; the collector's next pass deletes that Job under it, JobSet re-creates it,
+    and the new Job starts a pod of the rank beside the Running one. The worker's guard refuses it until that
+    pod's end is proven, so the rank runs once at a time."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=True, order=WORKERS, liveness=True)
+    try:
+        sm.open()
+        sm.decide("one")
+        sm.converge()
+        sm.preempt(requeue=False)
+    finally:
+        sm.teardown()   # faults stop; the observer runs after every healing round
+    assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-1", "1"), ("worker-1", "2")]
+    denied = sm.guards["worker-1"].pod_denied
+    assert denied and all("(A=2, replicatedJob node, job 0, index 0) cannot start while a pod of the same rank of "
+                          "the same execution may still run" in d for d in denied), denied
+    assert sm._admitted()
 
 
 # ------------------------------------------------------------------ a worker's own writers (not stopped)
