@@ -570,9 +570,9 @@ def test_a_copy_dispatched_again_to_its_worker_under_a_lagging_collector_runs_ea
 WORKER_BYPASS = (
     "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
     "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
-    "one it did. Nothing on the manager can refuse that write. This fake runs only the guard's pod webhook in its workers; the "
-    "guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a pod of the "
-    "submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
+    "one it did. Nothing on the manager can refuse that write. This fake runs only the guard's pod webhook in its "
+    "workers; the guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a "
+    "pod of the submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
     "worker's Kueue admits while the object runs in another worker is not seen from that worker.")
 
 
