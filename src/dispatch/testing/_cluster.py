@@ -737,6 +737,9 @@ class FakeCluster:
     def job_sync(self) -> None:
         """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods.
 
+        A Job's pods are those carrying its uid (``controller-uid``), as the real controller selects them: a Job
+        deleted and re-created under its name does not count the old one's pods (tests/contract/test_job_controller.py).
+
         A replacement follows the Job's ``podReplacementPolicy``, as the real controller does: with
         ``TerminatingOrFailed`` (the default) it starts as soon as the old pod has a deletionTimestamp;
         with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone."""
