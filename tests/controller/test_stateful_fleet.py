@@ -565,6 +565,32 @@ def test_a_copy_dispatched_again_to_its_worker_under_a_lagging_collector_runs_ea
     assert sm._admitted()
 
 
+def test_a_pod_deleted_before_it_was_bound_does_not_count_as_alive_beside_the_next_a() -> None:
+    """The fleet walk's other schedule with the Job controller counting by uid, shrunk: both nodes of worker-2
+    stop answering, so the A=1 copy's pod there is never bound; the manager preempts it and its pod is deleted.
+    Never bound, it never ran (the scheduler binds no pod being deleted): dispatch proves its end and admits A=2,
+    sent to worker-2 again once its nodes answer, and the re-created Job's pod starts there (the worker's guard
+    allows it) while dispatch's finalizer keeps the old pod Terminating, as no keeper runs in this machine's
+    workers. The observer counted it alive; it counts only pods that may still run."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=True, order=WORKERS[::-1], liveness=True)
+    try:
+        sm.node_event("worker-2", "freeze", "node-0")
+        sm.open()
+        sm.node_event("worker-2", "freeze", "node-1")
+        sm.decide("one")
+        sm.converge()
+        [(worker, pod)] = sm._alive_pods()
+        assert worker == "worker-2" and not pod["spec"].get("nodeName")
+        sm.preempt(requeue=True)
+    finally:
+        sm.teardown()
+    assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-2", "1"), ("worker-2", "2")]
+    pods = {p["metadata"]["labels"][LABEL_ADMISSION]: p for p in sm.workers["worker-2"].server.objects("", "pods", NS)}
+    assert pods["1"]["metadata"].get("deletionTimestamp") and not pods["1"]["spec"].get("nodeName")
+    assert pods["2"]["status"]["phase"] == "Running" and sm._admitted()
+
+
 # ------------------------------------------------------------------ a worker's own writers (not stopped)
 
 WORKER_BYPASS = (
