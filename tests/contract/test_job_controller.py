@@ -3,8 +3,8 @@
 The real Job controller labels every pod it makes with ``batch.kubernetes.io/controller-uid`` (and the legacy
 ``controller-uid``) and selects by it. So a Job deleted with its pods left behind and re-created under the same
 name does not count the old, still Terminating pod as its own: it starts a new pod beside it at once, whatever
-its ``podReplacementPolicy`` (the hazard the guard's pod check refuses for dispatch objects). The fake selects by
-name and counts the old pod, so under ``Failed`` it makes no new one: ``FAKE_SELECTS_BY_NAME``.
+its ``podReplacementPolicy`` (the hazard the guard's pod check refuses for dispatch objects). The fake selects as
+the real one does (it once selected by name and, under ``Failed``, made no new pod beside the old one).
 """
 
 from __future__ import annotations
@@ -50,13 +50,6 @@ def story(create: Callable[[Obj], Obj], pods: Callable[[], list[Obj]], delete_jo
     assert any(p["metadata"].get("deletionTimestamp") for p in pods()), "the old pod is still Terminating"
 
 
-FAKE_SELECTS_BY_NAME = (
-    "the fake's Job controller selects a Job's pods by its name, the real one by its uid: with the fake made to "
-    "select by uid, the seeded every-writer walk found two processes of one rank of one execution alive at once "
-    "and the fleet walk two A values in one worker, so the change waits for that to be understood")
-
-
-@pytest.mark.xfail(reason=FAKE_SELECTS_BY_NAME, raises=(AssertionError, KeyError), strict=True)
 def test_the_fakes_job_controller_selects_by_uid() -> None:
     cluster = FakeCluster()
     cluster.add_node("node-0")

@@ -11,14 +11,16 @@ and tainted out-of-service there.
 
 After every step an observer that reads the workers' fake API servers directly (never dispatch's views)
 checks: (1) no two pods of the submission alive at once anywhere in the fleet (alive: not Succeeded or Failed,
-Terminating included; a powered-off worker's pods count only until the rule that powers it off), nor two of
+Terminating included, unless deleted before it was ever bound to a node; a powered-off worker's pods count only
+until the rule that powers it off), nor two of
 its processes; (2) every pod in a worker carries exactly one A, the A MultiKueue's copy carried when it was
 dispatched, and the A of successive dispatches only rises. At the end (liveness), faults stop: partitions
 heal, unconfirmed frozen nodes thaw, grace periods pass, and MultiKueue and the controller run a few rounds;
 the object is then admitted, or its check message names an action (``dispatch admin worker-down ...``) that,
 taken, admits it.
 
-A worker's own writers are outside dispatch's reach: the guard does not run in workers. The second machine
+A worker's own writers are outside dispatch's reach: of the guard in each worker only its pod webhook is played
+here (it refuses a pod while a pod of the submission may still run in that worker). The second machine
 (``FleetWithWorkerBypass``) adds someone unsuspending or re-creating the copy in a worker; it finds overlaps,
 and is marked expected to fail for that reason (see its docstring).
 """
@@ -49,6 +51,7 @@ from dispatch.controller.testing import (
     KUEUE,
     MANAGER_ROLES,
     ORIGIN_LABEL,
+    FakeGuard,
     FakeMultiKueue,
     manager_policy,
 )
@@ -86,6 +89,16 @@ def _ours(pod: dict[str, Any]) -> bool:
         labels.get(n.LABEL_JOB_ID) == SPEC.job_id and labels.get(n.LABEL_SUBMISSION) == SPEC.submission)
 
 
+def _may_run(pod: dict[str, Any]) -> bool:
+    """Whether a pod may still run a process: not Succeeded or Failed, and not deleted before it was ever bound to
+    a node (the scheduler binds no pod being deleted, so such a pod never runs; dispatch's finalizer keeps it
+    Terminating in a worker, where this machine runs no finalizer keeper). Since the Job controller counts a Job's
+    pods by the Job's uid (issue 35), a Job re-created in a worker starts its pod beside such a one."""
+    if (pod.get("status") or {}).get("phase") in TERMINAL:
+        return False
+    return not (pod["metadata"].get("deletionTimestamp") and not (pod.get("spec") or {}).get("nodeName"))
+
+
 class Fleet2(RuleBasedStateMachine):
     """A manager, two workers, one submission: every writer of the fleet but a worker's own bypass."""
 
@@ -100,10 +113,18 @@ class Fleet2(RuleBasedStateMachine):
         self.manager = FakeCluster()
         self.manager.add_runtime(replacement_policy="Failed")
         self.workers = {}
+        self.guards: dict[str, FakeGuard] = {}
         for name in WORKERS:
             w = FakeCluster()
             w.add_runtime(replacement_policy="Failed")  # one pod per rank at a time: pods count executions
             w.server.gc_lag = gc_lag  # the worker's garbage collector waits for the worker_step "gc"
+            # dispatch runs in every worker (docs/how-to/multikueue.md): its guard refuses a pod while a pod of the
+            # submission may still run there. A copy re-created under its name takes over the old copy's lagging
+            # Job (JobSet selects Jobs by its owner's name); the garbage collector deletes that Job, JobSet
+            # re-creates it, and the Job controller (counting a Job's pods by the Job's uid) starts a pod of each
+            # rank beside the old one (issue 35). The worker's TrainJob webhook and Kueue are not modelled.
+            self.guards[name] = FakeGuard(w, worker=True)
+            self.guards[name].install_pod_webhook()
             for node in NODES:
                 w.add_node(node)
             self.workers[name] = w
@@ -304,13 +325,11 @@ class Fleet2(RuleBasedStateMachine):
     # ------------------------------------------------------------------ the observer
 
     def _alive_pods(self) -> list[tuple[str, dict[str, Any]]]:
-        out = [("manager", p) for p in self.manager.server.objects("", "pods", NS) if _ours(p)
-               and (p.get("status") or {}).get("phase") not in TERMINAL]
+        out = [("manager", p) for p in self.manager.server.objects("", "pods", NS) if _ours(p) and _may_run(p)]
         for name, w in sorted(self.workers.items()):
             if not self._up(name):
                 continue
-            out.extend((name, p) for p in w.server.objects("", "pods", NS)
-                       if _ours(p) and (p.get("status") or {}).get("phase") not in TERMINAL)
+            out.extend((name, p) for p in w.server.objects("", "pods", NS) if _ours(p) and _may_run(p))
         return out
 
     def _copy_uid(self, worker: str, pod: dict[str, Any]) -> str | None:
@@ -522,14 +541,64 @@ def test_seeded_long_walks_of_the_fleet_reach_moves_waits_and_confirmations_and_
     assert SEEN["healed-admitted"] >= 20, SEEN
 
 
+def test_a_copy_dispatched_again_to_its_worker_under_a_lagging_collector_runs_each_rank_once() -> None:
+    """The fleet walk's schedule once the fake's Job controller counted a Job's pods by the Job's uid (issue 35),
+    shrunk: A=1 runs in worker-1, whose garbage collector lags; the manager preempts it. As faults stop, MultiKueue
+    deletes the stopped copy, the collector takes its JobSet but not yet its Job, dispatch admits A=2 and MultiKueue
+    sends it to worker-1 again under the same name. The new JobSet takes the old Job over (JobSet selects Jobs by
+    their owner's name) and resumes it; the collector's next pass deletes that Job under it, JobSet re-creates it,
+    and the new Job starts a pod of the rank beside the Running one. The worker's guard refuses it until that
+    pod's end is proven, so the rank runs once at a time."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=True, order=WORKERS, liveness=True)
+    try:
+        sm.open()
+        sm.decide("one")
+        sm.converge()
+        sm.preempt(requeue=False)
+    finally:
+        sm.teardown()   # faults stop; the observer runs after every healing round
+    assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-1", "1"), ("worker-1", "2")]
+    denied = sm.guards["worker-1"].pod_denied
+    assert denied and all("(A=2, replicatedJob node, job 0, index 0) cannot start while a pod of the same rank of "
+                          "the same execution may still run" in d for d in denied), denied
+    assert sm._admitted()
+
+
+def test_a_pod_deleted_before_it_was_bound_does_not_count_as_alive_beside_the_next_a() -> None:
+    """The fleet walk's other schedule with the Job controller counting by uid, shrunk: both nodes of worker-2
+    stop answering, so the A=1 copy's pod there is never bound; the manager preempts it and its pod is deleted.
+    Never bound, it never ran (the scheduler binds no pod being deleted): dispatch proves its end and admits A=2,
+    sent to worker-2 again once its nodes answer, and the re-created Job's pod starts there (the worker's guard
+    allows it) while dispatch's finalizer keeps the old pod Terminating, as no keeper runs in this machine's
+    workers. The observer counted it alive; it counts only pods that may still run."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=True, order=WORKERS[::-1], liveness=True)
+    try:
+        sm.node_event("worker-2", "freeze", "node-0")
+        sm.open()
+        sm.node_event("worker-2", "freeze", "node-1")
+        sm.decide("one")
+        sm.converge()
+        [(worker, pod)] = sm._alive_pods()
+        assert worker == "worker-2" and not pod["spec"].get("nodeName")
+        sm.preempt(requeue=True)
+    finally:
+        sm.teardown()
+    assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-2", "1"), ("worker-2", "2")]
+    pods = {p["metadata"]["labels"][LABEL_ADMISSION]: p for p in sm.workers["worker-2"].server.objects("", "pods", NS)}
+    assert pods["1"]["metadata"].get("deletionTimestamp") and not pods["1"]["spec"].get("nodeName")
+    assert pods["2"]["status"]["phase"] == "Running" and sm._admitted()
+
+
 # ------------------------------------------------------------------ a worker's own writers (not stopped)
 
 WORKER_BYPASS = (
     "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
     "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
-    "one it did. Nothing on the manager can refuse that write. This fake runs no guard in its workers; the "
-    "guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a pod of the "
-    "submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
+    "one it did. Nothing on the manager can refuse that write. This fake runs only the guard's pod webhook in its "
+    "workers; the guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a "
+    "pod of the submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
     "worker's Kueue admits while the object runs in another worker is not seen from that worker.")
 
 

@@ -649,10 +649,14 @@ class FakeGuard:
     """
 
     def __init__(self, cluster: FakeCluster, *, enforce: Callable[[], bool] = lambda: True,
-                 worker: bool = False) -> None:
+                 worker: bool = False, enforce_pods: Callable[[], bool] | None = None) -> None:
         self.cluster = cluster
         self.server = cluster.server
         self.enforce = enforce
+        self.enforce_pods = enforce_pods or enforce
+        """Per pod create, whether a denial refuses it (``enforce`` unless given): a test of what dispatch's own
+        TrainJob writers do without the webhook may keep the pod webhook as deployed, since pods are created by the
+        Job controller, not by those writers."""
         self.worker = worker
         """The controller's ``--multikueue-worker``: MultiKueue's copies are judged as copies."""
         self.denied: list[str] = []
@@ -672,6 +676,12 @@ class FakeGuard:
         self.server.add_admission("pods", self._admit_pod)
         self.cluster.install_pod_policy()
 
+    def install_pod_webhook(self) -> None:
+        """Only the webhook on pod creates: for a cluster whose TrainJob writes a test does not judge here (a
+        MultiKueue worker of the fleet machine, whose own Kueue is not modelled), where the Job controller still
+        starts a re-created Job's pod beside the old one's and only this webhook refuses it."""
+        self.server.add_admission("pods", self._admit_pod)
+
     def _admit_pod(self, operation: str, old: Obj | None, new: Obj) -> str | None:
         """The webhook on pod creates (only a create starts a process; the CEL policy judges updates)."""
         if operation != "CREATE":
@@ -679,7 +689,7 @@ class FakeGuard:
         denial = self.pod_decision(new)
         if denial is None:
             return None
-        if self.enforce():
+        if self.enforce_pods():
             self.pod_denied.append(denial)
             return denial
         self.pod_unenforced.append(denial)

@@ -737,14 +737,19 @@ class FakeCluster:
     def job_sync(self) -> None:
         """Suspended Jobs: gracefully delete active pods, then active=0 at once. Running Jobs: create pods.
 
+        A Job's pods are those carrying its uid (``controller-uid``), as the real controller selects them: a Job
+        deleted and re-created under its name does not count the old one's pods (tests/contract/test_job_controller.py).
+
         A replacement follows the Job's ``podReplacementPolicy``, as the real controller does: with
         ``TerminatingOrFailed`` (the default) it starts as soon as the old pod has a deletionTimestamp;
         with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone."""
         for job in self.server.objects("batch", "jobs"):
             meta = job["metadata"]
             ns, name = meta["namespace"], meta["name"]
+            # the real Job controller selects its pods by its own uid (``controller-uid``), not by name: a Job
+            # deleted and re-created under one name does not count the old one's Terminating pods as its own
             pods = [p for p in self.server.objects("", "pods", ns)
-                    if _labels(p).get("batch.kubernetes.io/job-name") == name]
+                    if _labels(p).get(JOB_UID_LABEL) == meta["uid"]]
             active = [p for p in pods if not p["metadata"].get("deletionTimestamp")
                       and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
             terminating = [p for p in pods if p["metadata"].get("deletionTimestamp")
@@ -798,6 +803,7 @@ class FakeCluster:
         template = job["spec"]["template"]
         labels = dict((template.get("metadata") or {}).get("labels") or {})
         labels["batch.kubernetes.io/job-name"] = job["metadata"]["name"]
+        labels[JOB_UID_LABEL] = labels["controller-uid"] = job["metadata"]["uid"]
         if index is not None:
             labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
@@ -1233,3 +1239,5 @@ class FakeCluster:
 
 
 TRAINER_CONTROLLER = "trainer.kubeflow.org/trainjob-controller"
+JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
+"""The label the Job controller puts on every pod of a Job (with the legacy ``controller-uid``) and selects by."""
