@@ -12,6 +12,7 @@ one did) and its Trainer refuses such a JobSet as the real one did. Every client
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -98,3 +99,56 @@ def test_a_suspended_jobset_of_a_deleted_trainjob_is_named_in_status_though_it_b
     status = writer.inspect(NAME)
     said = " ".join([status.cause.detail if status.cause else "", *status.warnings])
     assert f"jobset {NAME} {d.ORPHANED}" in said and "is suspended" in said and ACTION in said, said
+
+
+async def test_the_admission_check_names_an_earlier_trainjobs_jobset_and_the_delete_then_admits(
+        cluster: FakeCluster, kueue: Any, kube: Any, adapter: Any) -> None:
+    """Kueue mode, as the campaign met it: the controller's check said only "jobset k1-s1 is not suspended yet"
+    for five minutes. Now its message and its Event name the earlier owner, Trainer's refusal and the delete;
+    once the operator deletes the JobSet the check goes Ready and the submission runs as A=2."""
+    from dispatch._trainer import labels_entry
+    from dispatch.controller.testing import KUEUE_MANAGER
+
+    from .conftest import SPEC as QUEUED
+    from .conftest import running, until
+
+    async with running(kube):
+        await adapter.open(QUEUED)
+        wl = kueue.workload_for(NAME)
+        await until(lambda: kueue.entry(wl)["state"] == "Ready", what="first admission")
+        kueue.sync()
+        cluster.settle()
+        assert cluster.running_processes(NAME)
+        cluster.server.gc_lag = True
+        await adapter.close(NAME)
+        assert cluster.server.miss_garbage() >= 1
+        kueue.reconcile_jobs()  # Kueue removes the old Workload itself (seen: "Deleted not matching Workload")
+        await adapter.open(QUEUED)
+
+        def kueues_webhook(obj: dict[str, Any]) -> None:
+            # Kueue's mutating webhook adds its entry within the create (FakeKueue.workload_for adds it with an
+            # update, which Trainer's webhook would refuse while the old JobSet of the name has an active job)
+            obj["spec"].setdefault("runtimePatches", []).append(labels_entry(KUEUE_MANAGER, {}))
+        cluster.server.update("trainer.kubeflow.org", "trainjobs", "default", NAME, kueues_webhook, status=False,
+                              admit=False)
+        wl = kueue.workload_for(NAME)
+        cluster.settle()
+        await until(lambda: d.ORPHANED in kueue.entry(wl)["message"], what="the orphan named")
+        message = kueue.entry(wl)["message"]
+        assert kueue.entry(wl)["state"] == "Pending"
+        assert "TrainJobResourcesCreationFailed" in message and ACTION in message, message
+        events = [e["message"] for e in cluster.server.objects("", "events")
+                  if e.get("reason") == "AdmissionDelayed"]
+        assert any(d.ORPHANED in m for m in events), events
+        cluster.history.check()
+        cluster.server.gc_lag = False
+        cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)
+        for _ in range(6):
+            cluster.advance(60)
+            cluster.settle()
+        await until(lambda: kueue.entry(wl)["state"] == "Ready", what="admission after the delete")
+        kueue.sync()
+        cluster.settle()
+        procs = cluster.running_processes(NAME)
+        assert procs and all(p.admission == 2 for p in procs), [p.describe() for p in procs]
+    cluster.history.check()
