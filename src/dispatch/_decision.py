@@ -389,7 +389,8 @@ def cessation(
         why = "; ".join(w for w in waiting if w)
         return Cessation(False, f"{name} is admitted and running" + (f"; {why}" if why else ""), rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
-                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
+                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs,
+                     uid=trainjob.ref.uid if trainjob is not None else "").blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
         return Cessation(False, "a layer below could still start a pod: " + "; ".join(lagging), rest, proofs)
     open_ends = {e.name for e in proofs if not e.proven}

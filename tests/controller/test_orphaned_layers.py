@@ -66,7 +66,8 @@ def test_a_jobset_of_a_deleted_trainjob_of_the_same_name_names_the_delete_that_e
     assert f"jobset {NAME} {d.ORPHANED} of this name (uid {old_uid})" in text, text
     assert "TrainJobResourcesCreationFailed" in text and ACTION in text, text
     assert "not suspended and could still start pods" in text, text
-    assert not writer.ceased(NAME).ceased
+    ceased = writer.ceased(NAME)
+    assert not ceased.ceased and f"jobset {NAME} {d.ORPHANED}" in ceased.reason, ceased.reason
     cluster.history.check()
     # the action named: the operator deletes the old JobSet (the collector follows that deletion as usual)
     cluster.server.gc_lag = False
