@@ -791,6 +791,10 @@ class Campaign:
                 self.report.liveness_actions["release"] += 1
         except Exception as e:
             self.report.liveness_actions[f"{'open' if name is None else 'release'} {_outcome(e)}"] += 1
+            if name is not None and d.ORPHANED in str(e):  # a release refused naming the earlier layers
+                with contextlib.suppress(Exception):
+                    gone = await self._remove_orphans(name)
+                    self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
 
     async def _remove_orphans(self, name: str) -> str:
         """The action status names for layers an earlier TrainJob of the name left (``d.orphan_removal``),
