@@ -325,8 +325,9 @@ def orphaned_jobset_text(jobset: JobSetView, uid: str) -> str | None:
     return (f"jobset {jobset.name} {ORPHANED} of this name (uid {jobset.owner_uid}), deleted since, not to this one "
             f"(uid {uid}), and {state}: the garbage collector normally removes it within seconds, but if it stays "
             "the collector missed its owner's deletion (seen after a kube-apiserver restart) and never will, and "
-            "Trainer refuses to build this TrainJob's layers while the old ones exist (Warning Event TrainJobResourcesCreationFailed: a snapshot configmap exists "
-            f"but is owned by another object); delete them: {orphan_removal(jobset.name)}")
+            "Trainer refuses to build this TrainJob's layers while the old ones exist (Warning Event "
+            "TrainJobResourcesCreationFailed: a snapshot configmap exists but is owned by another object); "
+            f"delete them: {orphan_removal(jobset.name)}")
 
 
 def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobView]) -> list[str]:
