@@ -66,6 +66,9 @@ def test_a_jobset_of_a_deleted_trainjob_of_the_same_name_names_the_delete_that_e
     assert f"jobset {NAME} {d.ORPHANED} of this name (uid {old_uid})" in text, text
     assert "TrainJobResourcesCreationFailed" in text and ACTION in text, text
     assert "not suspended and could still start pods" in text, text
+    status = writer.inspect(NAME)
+    said = " ".join([status.cause.detail if status.cause else "", *status.warnings])
+    assert f"jobset {NAME} {d.ORPHANED}" in said and ACTION in said, said
     ceased = writer.ceased(NAME)
     assert not ceased.ceased and f"jobset {NAME} {d.ORPHANED}" in ceased.reason, ceased.reason
     cluster.history.check()
