@@ -329,7 +329,7 @@ class AsyncAdapter:
         finally:
             await fleet.aclose()
         ran = max(record.admission if record is not None else 0, tj.admission) > 0
-        seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.of(tj))) if not r.problem
+        seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.remote(tj))) if not r.problem
                 else d.WorkerVerdict(w, None, r.problem, r.confirmed_down, r.removed) for w, r in sorted(reads.items())
                 if not r.problem or ran]
         verdict = d.across(local, seen)

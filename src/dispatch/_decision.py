@@ -266,6 +266,7 @@ def decide(
     jobs: Iterable[JobView] = (),
     kin_jobsets: Iterable[JobSetView] = (),
     kin_jobs: Iterable[JobView] = (),
+    uid: str = "",
 ) -> Verdict:
     """The rule. ``pods`` is everything one consistent read returned for both selections.
 
@@ -273,12 +274,15 @@ def decide(
     a Failed phase written by PodGC or Kueue onto a pod of an unreachable node proves nothing). A JobSet
     or child Job whose suspension has not
     taken effect blocks too: it could still start a pod after the read (the suspended TrainJob alone
-    does not prove the layers below have caught up).
+    does not prove the layers below have caught up). ``uid`` is the TrainJob's: a JobSet of its name owned
+    by another uid is an earlier TrainJob's that the garbage collector left, and its blocker says so and
+    names the way to remove it (nothing else ends that wait).
     """
     views = object_pods(pods, name=name, job_id=job_id, submission=submission)
     blockers: list[str] = []
     if jobset is not None and not (jobset.deleting or jobset.suspended or jobset.finished):
-        blockers.append(f"jobset {jobset.name} is not suspended yet")
+        orphan = orphaned_jobset_text(jobset, uid)
+        blockers.append(orphan or f"jobset {jobset.name} is not suspended yet")
     for job in sorted(jobs, key=lambda j: j.name):
         if job.jobset_name != name:
             continue
@@ -290,6 +294,40 @@ def decide(
 
 
 KIN = "of the same submission under trainjob"
+
+ORPHANED = "belongs to an earlier TrainJob"
+"""The words that mark a JobSet left behind by its deleted owner (the campaign runner acts on them)."""
+
+
+def orphan_removal(name: str) -> str:
+    """The action that ends the wait on an earlier TrainJob's layers: delete them, as the garbage collector
+    would have. The snapshot ConfigMap exists on Trainer v2.3 only, hence ``--ignore-not-found``."""
+    return (f"`kubectl delete jobset/{name} configmap/{name}-runtime-snapshot --ignore-not-found` in the "
+            "object's namespace (by someone who may delete JobSets: Kubernetes' edit role may not unless JobSet's "
+            "install adds it; their pods stay under dispatch's rule until each one's end is proven)")
+
+
+def orphaned_jobset_text(jobset: JobSetView, uid: str) -> str | None:
+    """Why a JobSet named as this TrainJob but owned by another uid never goes by itself, and the action; or None.
+
+    A TrainJob's name is unique in its namespace, so a JobSet whose controller is a TrainJob of this name with
+    another uid has an owner that no longer exists: the garbage collector should have deleted it. On the real
+    control plane it did not (issue 34: a TrainJob deleted 1 s before a kube-apiserver restart and re-created
+    under the same name 40 s later; the collector's informer, back after the restart, saw the name with a new
+    uid as an update and never learnt of the deletion), and Trainer refuses to build the new TrainJob's layers
+    while the old ones exist (Trainer v2.3: Warning Event ``TrainJobResourcesCreationFailed``, "a snapshot
+    configmap exists but is owned by another object"). dispatch does not delete them itself: its roles hold no
+    delete on JobSets or ConfigMaps, and no RBAC rule narrows a ConfigMap delete to Trainer's snapshots."""
+    if not uid or not jobset.owner_uid or jobset.owner_uid == uid or jobset.deleting:
+        return None
+    state = ("has finished" if jobset.finished else "is suspended" if jobset.suspended
+             else "is not suspended and could still start pods")
+    return (f"jobset {jobset.name} {ORPHANED} of this name (uid {jobset.owner_uid}), deleted since, not to this one "
+            f"(uid {uid}), and {state}: the garbage collector normally removes it within seconds, but if it stays "
+            "the collector missed its owner's deletion (seen after a kube-apiserver restart) and never will, and "
+            "Trainer refuses to build this TrainJob's layers while the old ones exist (Warning Event "
+            "TrainJobResourcesCreationFailed: a snapshot configmap exists but is owned by another object); "
+            f"delete them: {orphan_removal(jobset.name)}")
 
 
 def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobView]) -> list[str]:
@@ -306,7 +344,8 @@ def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobVie
     for js in sorted(jobsets, key=lambda j: j.name):
         if js.name != name and not (js.deleting or js.suspended or js.finished):
             out.append(f"jobset {js.name} {KIN} {js.name} (not this one) is not suspended yet (a closed object's "
-                       "layers stay until garbage collection removes them)")
+                       "layers stay until garbage collection removes them; should it stay, the collector missed "
+                       f"its owner's deletion, as after a kube-apiserver restart: {orphan_removal(js.name)})")
     for job in sorted(jobs, key=lambda j: j.name):
         if job.jobset_name == name:
             continue
@@ -351,7 +390,8 @@ def cessation(
         why = "; ".join(w for w in waiting if w)
         return Cessation(False, f"{name} is admitted and running" + (f"; {why}" if why else ""), rest, proofs)
     lagging = decide(name=name, job_id=job_id, submission=submission, pods=(), nodes=nodes, jobset=jobset,
-                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs).blockers
+                     jobs=jobs, kin_jobsets=kin_jobsets, kin_jobs=kin_jobs,
+                     uid=trainjob.ref.uid if trainjob is not None else "").blockers
     if lagging and not (trainjob is not None and (trainjob.complete or trainjob.failed)):
         return Cessation(False, "a layer below could still start a pod: " + "; ".join(lagging), rest, proofs)
     open_ends = {e.name for e in proofs if not e.proven}
@@ -1087,6 +1127,10 @@ def stalled_jobset_text(trainjob: TrainJobView, jobset: JobSetView | None,
     builds from its snapshot of the runtime, so dispatch's entry re-targeted at a job the snapshot lacks adds
     a replicatedJob with no containers, the JobSet is invalid, and it stays suspended (the entry targets a
     job the JobSet lacks). Neither a hold nor a release ends it; closing and re-opening does."""
+    if jobset is not None and (jobset.suspended or jobset.finished):
+        orphan = orphaned_jobset_text(jobset, trainjob.ref.uid)
+        if orphan:  # not a blocker (it cannot start a pod), yet Trainer builds nothing for this TrainJob
+            return orphan
     if jobset is None or jobset.deleting or jobset.finished or not jobset.replicated_jobs:
         return None
     built = list(jobset.replicated_jobs)

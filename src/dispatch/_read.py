@@ -75,9 +75,17 @@ class Target:
     name: str
     job_id: str = ""
     submission: str = ""
+    uid: str = ""
+    """The TrainJob's uid ("" if unknown, or for a MultiKueue worker's copy, which has its own): a JobSet of
+    its name owned by another uid is an earlier TrainJob's, which the rule names with the way to remove it."""
 
     @staticmethod
     def of(tj: tr.TrainJobView) -> Target:
+        return Target(tj.name, tj.job_id, tj.submission, tj.ref.uid)
+
+    @staticmethod
+    def remote(tj: tr.TrainJobView) -> Target:
+        """The target in a MultiKueue worker, where the TrainJob's copy has another uid than the manager's."""
         return Target(tj.name, tj.job_id, tj.submission)
 
 
@@ -98,7 +106,7 @@ class Snapshot:
     def verdict(self, target: Target) -> d.Verdict:
         return d.decide(name=target.name, job_id=target.job_id, submission=target.submission, pods=self.pods,
                         nodes=self.nodes, jobset=self.jobset, jobs=self.jobs, kin_jobsets=self.kin_jobsets,
-                        kin_jobs=self.kin_jobs)
+                        kin_jobs=self.kin_jobs, uid=target.uid)
 
     def object_pods(self, target: Target) -> list[PodView]:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)

@@ -718,15 +718,21 @@ class JobSetView:
     replicated_jobs: tuple[str, ...] = ()
     """Its replicatedJobs' names, which never change (JobSet's webhook refuses it): what Trainer built it from,
     to compare with the runtime as it is now and with the jobs dispatch's entry targets."""
+    owner_uid: str = ""
+    """The uid of the TrainJob that controls it (its controller ownerReference; "" if none): a JobSet named
+    as a TrainJob but owned by another uid is an earlier TrainJob's, left by a garbage collector that missed
+    that owner's deletion (seen on the real control plane after a kube-apiserver restart)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> JobSetView:
         labels = labels_of(obj)
         jobs = tuple(text(rj.get("name")) for rj in items(mapping(obj.get("spec")).get("replicatedJobs"))
                      if text(rj.get("name")))
+        owner = next((text(o.get("uid")) for o in items(meta(obj).get("ownerReferences"))
+                      if o.get("controller") is True and text(o.get("kind")) == "TrainJob"), "")
         return JobSetView(name_of(obj), is_suspended(obj), is_deleting(obj),
                           condition_true(obj, "Completed") or condition_true(obj, "Failed"),
-                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), jobs)
+                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), jobs, owner)
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ recorded process lines and fence logs, and the shrinker (``dispatch.testbed.camp
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,66 @@ def test_the_first_round_opens_the_work_with_both_writers() -> None:
     assert [(o.kind, o.target) for o in first.ops] == [("open", s) for s in (*c.PLAIN, *c.KUEUE)]
     assert {o.who for o in first.ops} == {0, 1}
     assert c.generate(9, 0).rounds == ()
+
+
+# --------------------------------------------------------------------------------------------- credentials
+
+
+def _jwt(claims: dict[str, object]) -> str:
+    import base64
+
+    body = base64.urlsafe_b64encode(json.dumps(claims).encode()).decode().rstrip("=")
+    return f"eyJhbGciOiJSUzI1NiJ9.{body}.c2lnbmF0dXJl"
+
+
+def test_a_tokens_times_are_its_own_claims_what_the_api_server_granted() -> None:
+    assert c.token_times(_jwt({"iat": 1000, "exp": 4600, "sub": "system:serviceaccount:ns:w"})) == (1000.0, 4600.0)
+    for bad in ("not-a-jwt", _jwt({"iat": 1000}), _jwt({"iat": 5, "exp": 5}), "a.b@@.c"):
+        assert c.token_times(bad) is None, bad
+    # granted less than asked (an API server's max token expiration): the claims win over the ask
+    granted = c.Credential.of("writer-0", "ns", "w", Path("t"), _jwt({"iat": 1000, "exp": 1600}), now=1000,
+                              seconds=3600)
+    assert (granted.issued, granted.expires) == (1000.0, 1600.0)
+    assumed = c.Credential.of("editor", "ns", "e", Path("t"), "opaque", now=50.0, seconds=1200)
+    assert (assumed.issued, assumed.expires) == (50.0, 1250.0)
+
+
+def test_tokens_are_renewed_at_four_fifths_of_their_life_soonest_to_expire_first() -> None:
+    """The rule the runner's renewer follows every 15 s: nothing early, each token once past 80 % of its
+    life (an API server down then leaves a fifth of it to retry in), an expired one too, the soonest first."""
+    def cred(name: str, issued: float, expires: float) -> c.Credential:
+        return c.Credential(name, "ns", name, Path(name), issued, expires)
+
+    writer, controller = cred("writer-0", 0, 1200), cred("controller", 100, 1100)
+    assert c.renewals_due([writer, controller], now=899) == []
+    assert c.renewals_due([writer, controller], now=900) == [controller]   # 100 + 0.8 * 1000
+    assert c.renewals_due([writer, controller], now=960) == [controller, writer]   # writer: 0.8 * 1200
+    assert c.renewals_due([writer, controller], now=5000) == [controller, writer]  # expired: still renewed
+    renewed = c.Credential.of("controller", "ns", "controller", Path("controller"), "opaque", now=960)
+    assert renewed.renew_at == 960 + 0.8 * c.TOKEN_SECONDS
+    assert c.renewals_due([writer, renewed], now=961) == [writer]
+
+
+def test_a_kubeconfig_holding_a_token_is_rewritten_to_read_it_from_a_file(tmp_path: Path) -> None:
+    """What each replica, writer and the editor run with: dispatch's client reads the file again each minute,
+    so a renewed token reaches a running client."""
+    import yaml
+
+    from dispatch import _kubeconfig
+    from dispatch.testbed._campaign_runner import token_file_kubeconfig, write_token
+
+    text = yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "tb", "cluster": {"server": "https://127.0.0.1:16443"}}],
+        "users": [{"name": "as-writer-1a2b", "user": {"token": "old"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "tb", "user": "as-writer-1a2b", "namespace": "ns"}}],
+        "current-context": "c"})
+    path = tmp_path / "writer.token"
+    config, account = token_file_kubeconfig(text, path)
+    assert account == "as-writer-1a2b"
+    assert yaml.safe_load(config)["users"] == [{"name": "as-writer-1a2b", "user": {"tokenFile": str(path)}}]
+    write_token(path, "fresh")
+    assert path.read_text() == "fresh" and oct(path.stat().st_mode & 0o777) == "0o600"
+    assert not list(tmp_path.glob("*.new"))
+    (tmp_path / "kubeconfig").write_text(config)
+    assert isinstance(_kubeconfig.load(tmp_path / "kubeconfig").auth, _kubeconfig.TokenFileAuth)

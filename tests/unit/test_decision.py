@@ -448,3 +448,33 @@ def test_status_and_ceased_say_why_a_nonindexed_jobs_other_pods_do_not_run() -> 
         "be told from a replacement of one that may still run and the guard refuses every pod of such a Job beyond "
         "the one that runs; set completionMode: Indexed (JobSet's default) on that replicatedJob's Job template, or "
         "parallelism 1"), got.reason
+
+
+# ---------------------------------------------------------------- issue 34: an earlier TrainJob's JobSet
+
+
+def _jobset(owner_uid: str, *, suspended: bool = False) -> Any:
+    from dispatch._views import JobSetView
+
+    return JobSetView.from_obj({
+        "metadata": {"name": "llama-s1", "ownerReferences": [
+            {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "llama-s1",
+             "uid": owner_uid, "controller": True}]},
+        "spec": {"suspend": suspended, "replicatedJobs": [{"name": "node"}]}})
+
+
+def test_a_jobset_owned_by_another_uid_of_the_name_is_named_as_an_orphan_with_the_delete() -> None:
+    """The blocker names the deleted owner, Trainer's refusal and the one action; a JobSet of this TrainJob,
+    or a read without the TrainJob's uid (a MultiKueue worker's copy has its own), keeps the plain words."""
+    def blockers(owner: str, uid: str) -> tuple[str, ...]:
+        return d.decide(name="llama-s1", job_id="llama", submission="s1", pods=(), nodes={},
+                        jobset=_jobset(owner), uid=uid).blockers
+
+    [orphan] = blockers("old", "new")
+    assert orphan.startswith("jobset llama-s1 belongs to an earlier TrainJob of this name (uid old)")
+    assert "(uid new)" in orphan and "TrainJobResourcesCreationFailed" in orphan
+    assert "`kubectl delete jobset/llama-s1 configmap/llama-s1-runtime-snapshot --ignore-not-found`" in orphan
+    assert blockers("new", "new") == ("jobset llama-s1 is not suspended yet",)
+    assert blockers("old", "") == ("jobset llama-s1 is not suspended yet",)
+    assert d.orphaned_jobset_text(_jobset("old", suspended=True), "new") is not None
+    assert d.orphaned_jobset_text(_jobset("new", suspended=True), "new") is None

@@ -364,7 +364,7 @@ class Reconciler:
             for name in sorted(mine):
                 r = reads[name]
                 if not r.problem:
-                    seen.append(d.WorkerVerdict(name, r.snapshots[tj.name].verdict(Target.of(tj))))
+                    seen.append(d.WorkerVerdict(name, r.snapshots[tj.name].verdict(Target.remote(tj))))
                 elif ran:
                     seen.append(d.WorkerVerdict(name, None, r.problem, r.confirmed_down, r.removed))
             c.clusters = tuple(sorted(workers))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import shutil
 import signal
 import tempfile
 import time
@@ -26,8 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, AsyncAdapter, JobSpec, testbed
 from dispatch import _api as api
+from dispatch import _decision as d
 from dispatch import _kube as k
 from dispatch._api import Obj
 from dispatch.errors import DispatchError, NotFound, PodsRemain, Refused
@@ -38,6 +42,8 @@ from dispatch.testbed.campaign import (
     KUEUE,
     PREEMPTOR,
     SUBMISSIONS,
+    TOKEN_SECONDS,
+    Credential,
     FenceEvent,
     Judgement,
     LogEntry,
@@ -48,6 +54,7 @@ from dispatch.testbed.campaign import (
     excused_by_taint,
     judge,
     parse_fence_events,
+    renewals_due,
     shrink,
 )
 
@@ -74,6 +81,24 @@ def _outcome(exc: BaseException) -> str:
     if isinstance(exc, DispatchError):
         return f"error {type(exc).__name__}"
     return f"error {type(exc).__name__}"
+
+
+def token_file_kubeconfig(text: str, token_path: Path) -> tuple[str, str]:
+    """(the kubeconfig ``text`` with its user's inline token replaced by ``tokenFile: token_path``, the
+    account it names): dispatch's client reads a token file again each minute, so renewing the file renews
+    a running client's credential, as a pod's rotated projected token does."""
+    config = yaml.safe_load(text)
+    [user] = config["users"]
+    user["user"] = {"tokenFile": str(token_path)}
+    return yaml.safe_dump(config), str(user["name"])
+
+
+def write_token(path: Path, token: str) -> None:
+    """Replace the token file at once (a reader never sees half a token)."""
+    tmp = path.with_name(path.name + ".new")
+    tmp.write_text(token)
+    tmp.chmod(0o600)
+    tmp.replace(path)
 
 
 class Forwarder:
@@ -172,6 +197,8 @@ class Campaign:
     edits: int = 0
     round_no: int = 0
     log_entries: dict[tuple[str, str], dict[int, LogEntry]] = field(default_factory=dict)
+    credentials: dict[str, Credential] = field(default_factory=dict)
+    """Each identity's token, renewed before it expires (``_renewer``): a campaign outlives any one token."""
 
     def __post_init__(self) -> None:
         self.report = Report(seed=self.schedule.seed)
@@ -193,6 +220,8 @@ class Campaign:
     @contextlib.asynccontextmanager
     async def installed(self, path: Path) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
+            # the tokens go last, once nothing uses them (nothing of a campaign's credentials outlives it)
+            stack.callback(shutil.rmtree, self.workdir / "credentials", ignore_errors=True)
             kube, ns, cq = await stack.enter_async_context(harness.controller_env(path))
             self.admin, self.ns = kube, ns
             self.log(f"namespace {ns}; workdir {self.workdir}")
@@ -221,7 +250,9 @@ class Campaign:
             for res, obj in made:
                 await kube.create(res, obj)
                 stack.push_async_callback(self._delete, res, obj["metadata"]["name"])
-            kubeconfig = await stack.enter_async_context(harness.controller_kubeconfig(ns, webhook=webhook))
+            minted = await stack.enter_async_context(harness.controller_kubeconfig(ns, webhook=webhook))
+            # the account lives in default (harness.controller_kubeconfig), as the shipped one lives apart
+            kubeconfig = await self._hold("controller", "default", minted.read_text())
             self.replicas = [Replica(i, ns, kubeconfig, ports[i], webhook, self.workdir) for i in (0, 1)]
             for r in self.replicas:
                 stack.push_async_callback(r.stop)
@@ -233,15 +264,63 @@ class Campaign:
                 return all(w["clientConfig"].get("caBundle") for w in got["webhooks"])
             await harness.until(published, timeout=90, what="the guard's CA in the caBundle")
             await harness.until(lambda: harness.probe_denied(kube, ns), timeout=60, what="the guard answering")
-            for _ in (0, 1):
-                writer = await stack.enter_async_context(harness.as_role(kube, ns))
+            for i in (0, 1):  # harness.as_role's binding, its token in a file the runner renews
+                text = await stack.enter_async_context(harness.role_kubeconfig(kube, ns))
+                writer = k.Kube.connect(namespace=ns, kubeconfig=await self._hold(f"writer-{i}", ns, text))
+                stack.push_async_callback(writer.aclose)
                 self.writers.append(AsyncAdapter(writer))
             self.editor = await self._editor(kube, ns)
             stack.push_async_callback(self.editor.aclose)
+            renewer = asyncio.create_task(self._renewer())
+            stack.push_async_callback(self._stop_task, renewer)
             yield
 
     async def _close_server(self, server: asyncio.Server) -> None:
         server.close()
+
+    @staticmethod
+    async def _stop_task(task: asyncio.Task[None]) -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+
+    async def _hold(self, name: str, namespace: str, text: str) -> Path:
+        """A kubeconfig file for the identity of ``text`` (a kubeconfig with an inline token of ``account`` in
+        ``namespace``) that reads its token from a file; a fresh ``TOKEN_SECONDS`` token is minted into it now
+        and renewed by ``_renewer``."""
+        directory = self.workdir / "credentials"
+        directory.mkdir(mode=0o700, exist_ok=True)
+        token_path = directory / f"{name}.token"
+        config, account = token_file_kubeconfig(text, token_path)
+        self.credentials[name] = Credential(name, namespace, account, token_path, 0.0, 0.0)
+        await self._renew(self.credentials[name])
+        path = directory / f"{name}.kubeconfig"
+        path.write_text(config)
+        path.chmod(0o600)
+        return path
+
+    async def _renew(self, cred: Credential) -> None:
+        from dispatch.testbed._container import token
+
+        fresh = await asyncio.to_thread(token, cred.namespace, cred.account, TOKEN_SECONDS)
+        write_token(cred.path, fresh)
+        self.credentials[cred.name] = Credential.of(cred.name, cred.namespace, cred.account, cred.path, fresh,
+                                                    time.time())
+
+    async def _renewer(self) -> None:
+        """Renew each token past ``RENEW_FRACTION`` of its life (tried again each pass while the API server is
+        down): without it every identity's requests fail with 401 an hour into a campaign."""
+        while True:
+            await asyncio.sleep(15)
+            for cred in renewals_due(self.credentials.values(), time.time()):
+                try:
+                    await self._renew(cred)
+                    self.report.renewals["renewed"] += 1
+                    self.log(f"renewed the {cred.name} token (it would have expired at "
+                             f"{time.strftime('%H:%M:%S', time.localtime(cred.expires))})")
+                except Exception as e:
+                    self.report.renewals["failed"] += 1
+                    self.log(f"renewing the {cred.name} token failed ({e!r}); tried again in 15 s")
 
     async def _delete(self, res: k.Res, name: str) -> None:
         assert self.admin is not None
@@ -258,8 +337,8 @@ class Campaign:
             "metadata": {"name": account},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": ns}]}, namespace=ns)
-        text = harness.token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, 3600))
-        return k.Kube.connect_inline(text, "the campaign's edit user", namespace=ns)
+        text = harness.token_kubeconfig(ns, account, await asyncio.to_thread(token, ns, account, TOKEN_SECONDS))
+        return k.Kube.connect(namespace=ns, kubeconfig=await self._hold("editor", ns, text))
 
     async def _drain(self) -> None:
         """Every object closed and its pods gone while the replicas still serve (dispatch's pod finalizer is
@@ -609,7 +688,8 @@ class Campaign:
         st = await self.writers[0].inspect(name)
         a = str(st.identity.admission)
         if st.state.value != "Running":
-            return False, f"{st.state.value}: {st.cause.reason}: {st.cause.detail}"
+            orphan = [w for w in st.warnings if d.ORPHANED in w]
+            return False, f"{st.state.value}: {st.cause.reason}: {st.cause.detail}" + "".join(f"; {w}" for w in orphan)
         procs = oracle.processes(oracle.read(realnode.oracle_file(self.oracle_dir)))
         if not any(p.alive and p.job_id == sub and p.admission == a for p in procs):
             return False, f"Running as A={a} but no live process of A={a} on the node yet"
@@ -697,7 +777,10 @@ class Campaign:
         name = await self.current(sub)
         adapter = self.writers[0]
         try:
-            if name is None:
+            if name is not None and d.ORPHANED in why:
+                gone = await self._remove_orphans(name)
+                self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
+            elif name is None:
                 await adapter.open(self.spec(sub, "a"), hold=False)
                 self.report.liveness_actions["open"] += 1
             elif why.startswith(("Failed", "Succeeded")):
@@ -708,6 +791,28 @@ class Campaign:
                 self.report.liveness_actions["release"] += 1
         except Exception as e:
             self.report.liveness_actions[f"{'open' if name is None else 'release'} {_outcome(e)}"] += 1
+            if name is not None and d.ORPHANED in str(e):  # a release refused naming the earlier layers
+                with contextlib.suppress(Exception):
+                    gone = await self._remove_orphans(name)
+                    self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
+
+    async def _remove_orphans(self, name: str) -> str:
+        """The action status names for layers an earlier TrainJob of the name left (``d.orphan_removal``),
+        taken by the operator: its JobSet and Trainer's snapshot ConfigMap, each only while it is still
+        controlled by a TrainJob uid other than the current one's. Returns what was deleted."""
+        assert self.admin is not None
+        tj = await self.admin.get_or_none(k.TRAINJOBS, name)
+        uid = str(tj["metadata"]["uid"]) if tj is not None else ""
+        gone = []
+        for res, obj_name in ((k.JOBSETS, name), (k.CONFIGMAPS, f"{name}-runtime-snapshot")):
+            got = await self.admin.get_or_none(res, obj_name)
+            owners = [o for o in (got or {}).get("metadata", {}).get("ownerReferences") or []
+                      if o.get("controller") and o.get("kind") == "TrainJob"]
+            if got is not None and owners and owners[0].get("uid") != uid:
+                await self.admin.delete(res, obj_name, propagation="Background")
+                gone.append(res.kind)
+        self.note(f"deleted {', '.join(gone) or 'nothing'} of an earlier TrainJob {name}, as its status named")
+        return " and ".join(gone)
 
     # ------------------------------------------------------------------------------------------ the run
 

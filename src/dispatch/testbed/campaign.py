@@ -16,6 +16,7 @@ and fence logs (:func:`judge`), the shrinker (:func:`shrink`) and the report. Th
 from __future__ import annotations
 
 import argparse
+import base64
 import itertools
 import json
 import random
@@ -430,6 +431,63 @@ def shrink(schedule: Schedule, fails: Callable[[Schedule], bool], *, budget: int
     return current
 
 
+# --------------------------------------------------------------------------------------------- credentials
+
+TOKEN_SECONDS = 1200
+"""The lifetime asked of each ServiceAccount token the runner mints (the writers', the editor's, the
+controller replicas'). Short on purpose: every campaign longer than ``RENEW_FRACTION`` of it renews them, so
+the renewal is exercised by ordinary campaigns, not first by a two-hour one (a TokenRequest may ask 600 s at
+least; an API server with ``--service-account-max-token-expiration`` shortens longer asks)."""
+RENEW_FRACTION = 0.8
+"""A token is renewed once this much of its life has passed, as the kubelet renews a pod's projected token:
+a kube-apiserver down meanwhile (a fault of the campaign) still leaves a fifth of the life to renew in."""
+
+
+def token_times(token: str) -> tuple[float, float] | None:
+    """(issued, expires) in Unix seconds from a JWT bearer token's ``iat`` and ``exp`` claims (what the API
+    server actually granted, which may be less than was asked); None when it is not a JWT carrying both."""
+    parts = token.strip().split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+        issued, expires = float(claims["iat"]), float(claims["exp"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return (issued, expires) if expires > issued else None
+
+
+@dataclass(frozen=True)
+class Credential:
+    """One identity's token as the runner holds it: in a file its kubeconfig names (``tokenFile``), which
+    dispatch's client reads again each minute, so a renewed token reaches a running replica as a rotated
+    projected token reaches a pod."""
+
+    name: str
+    namespace: str
+    account: str
+    path: Path
+    issued: float
+    expires: float
+
+    @property
+    def renew_at(self) -> float:
+        return self.issued + RENEW_FRACTION * (self.expires - self.issued)
+
+    @staticmethod
+    def of(name: str, namespace: str, account: str, path: Path, token: str, now: float,
+           seconds: int = TOKEN_SECONDS) -> Credential:
+        """The credential of a token just minted: its own claims' times, else ``now`` and the asked lifetime."""
+        issued, expires = token_times(token) or (now, now + seconds)
+        return Credential(name, namespace, account, path, issued, expires)
+
+
+def renewals_due(credentials: Iterable[Credential], now: float) -> list[Credential]:
+    """The credentials to renew at ``now``: those past ``RENEW_FRACTION`` of their life (expired ones too:
+    renewing is the only way back), soonest to expire first."""
+    return sorted((c for c in credentials if now >= c.renew_at), key=lambda c: (c.expires, c.name))
+
+
 # --------------------------------------------------------------------------------------------- the report
 
 
@@ -453,6 +511,8 @@ class Report:
     """Starts tried while no replica answered: ``refused``, ``accepted`` (a violation); other writes: ``other
     passed``, ``other refused`` (a violation: nothing else may be affected)."""
     liveness_actions: Counter[str] = field(default_factory=Counter)
+    renewals: Counter[str] = field(default_factory=Counter)
+    """Tokens renewed (``renewed``) and renewals that failed and were tried again (``failed``)."""
     events: Counter[str] = field(default_factory=Counter)
     """The namespace's Events by reason at the end (what the controllers said they did: Kueue's preemptions,
     the Job controller's refused pod creates, dispatch's delayed admissions)."""
@@ -482,7 +542,8 @@ class Report:
                 "findings": {kind: sorted(getattr(self.judgement, kind).values())
                              for kind in Judgement.KINDS},
                 "stalls": self.stalls, "guard_down": dict(self.guard_down),
-                "liveness_actions": dict(self.liveness_actions), "events": dict(sorted(self.events.items())),
+                "liveness_actions": dict(self.liveness_actions), "renewals": dict(self.renewals),
+                "events": dict(sorted(self.events.items())),
                 "processes": self.processes, "executions": self.executions, "commits": self.commits,
                 "fenced": self.fenced, "notes": self.findings, "schedule": self.schedule_file}
 
@@ -494,6 +555,7 @@ class Report:
                  f"{self.commits} commits, {self.fenced} refused by the fence",
                  line("actions", self.actions), line("faults", self.faults), line("outcomes", self.outcomes),
                  line("guard down", self.guard_down), line("liveness actions", self.liveness_actions),
+                 line("token renewals", self.renewals),
                  line("events", self.events),
                  line("oracles", self.counts())]
         for kind in Judgement.KINDS:

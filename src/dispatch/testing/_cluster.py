@@ -608,6 +608,17 @@ class FakeCluster:
                 self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
+            if js is not None and any(o.get("controller") and o.get("kind") == "TrainJob"
+                                      and o.get("uid") != meta["uid"]
+                                      for o in js["metadata"].get("ownerReferences") or []):
+                # an earlier TrainJob's JobSet (its collector missed that owner's deletion): the real Trainer
+                # v2.3 builds nothing while it and its snapshot ConfigMap exist (TrainJobResourcesCreationFailed,
+                # "a snapshot configmap exists but is owned by another object"), and leaves the JobSet alone; its
+                # status still says Suspended as the spec does (seen: Suspended=True while it refused)
+                def suspended(obj: Obj, suspend: bool = suspend) -> None:
+                    _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
+                self.server.update(TRAINER, "trainjobs", ns, name, suspended, status=True)
+                continue
             desired = self._jobset_spec(tj)
             if desired is None:
                 continue
