@@ -210,10 +210,12 @@ async def refused_in_handshake(port: int, ca: Path, body: bytes, client: tuple[P
 
 
 async def test_with_a_client_ca_only_the_named_api_server_is_answered(
-        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube, tmp_path: Path) -> None:
+        adapter: AsyncAdapter, cluster: FakeCluster, kube: k.Kube, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """``--guard-client-ca``: a caller without a certificate, or with one of another CA, is refused in the TLS
-    handshake; ``--guard-client-names``: one the CA signed for another name is answered 403 before its review is
-    read; the API server's certificate gets the answer, and its review's user is logged as a fact."""
+    handshake, even a CA the system trusts; ``--guard-client-names``: one the CA signed for another name is
+    answered 403 before its review is read; the API server's certificate gets the answer, and its review's user
+    is logged as a fact."""
     pod = await held_with_terminating_pod(adapter, cluster)
     stored = cluster.server.get(api.TRAINJOBS.group, "trainjobs", "default", NAME)
     assert stored is not None
@@ -227,6 +229,9 @@ async def test_with_a_client_ca_only_the_named_api_server_is_answered(
     api_server = _client(tmp_path / "c", trusted, "kube-apiserver-webhook-client")
     kubelet = _client(tmp_path / "c", trusted, "system:node:node-0")
     stranger = _client(tmp_path / "o", other, "kube-apiserver-webhook-client")
+    system = tmp_path / "system-cas.pem"  # the system's trust store, as OpenSSL finds it, holds the other CA
+    system.write_bytes(other[1].public_bytes(serialization.Encoding.PEM))
+    monkeypatch.setenv("SSL_CERT_FILE", str(system))
     clients = Config(guard_client_ca=str(ca_file), guard_client_names="kube-apiserver-webhook-client").guard_clients()
     assert clients is not None and clients.names == {"kube-apiserver-webhook-client"}
 
@@ -259,8 +264,11 @@ async def test_with_a_client_ca_and_no_names_any_certificate_of_the_ca_is_answer
     ca_file = tmp_path / "client-ca.crt"
     ca_file.write_bytes(trusted[1].public_bytes(serialization.Encoding.PEM))
     anyone = _client(tmp_path / "c", trusted, "anyone")
+    # the client CA is the only one a client certificate is verified against (no system CA)
+    clients = g.ClientAuth.load(str(ca_file))
+    assert [c["subject"] for c in g._context(clients).get_ca_certs()] == [((("commonName", "webhook-clients"),),)]
     running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
-                            hosts=["localhost", "127.0.0.1"], webhook="", clients=g.ClientAuth.load(str(ca_file)))
+                            hosts=["localhost", "127.0.0.1"], webhook="", clients=clients)
     try:
         server_ca = tmp_path / "certs" / "ca.crt"
         # the guard's own serving CA signed a certificate too, but it is not the client CA

@@ -505,7 +505,8 @@ class ClientAuth:
 
 def _context(clients: ClientAuth | None = None) -> ssl.SSLContext:
     if clients is not None:
-        # a bare server context: create_default_context(CLIENT_AUTH) would also trust the system's CAs
+        # a bare server context, our CA its only one: the system's trust store (load_default_certs) would let
+        # through a client certificate any public or corporate CA signed
         return clients.context(_alpn(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)))
     return _alpn(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
 
