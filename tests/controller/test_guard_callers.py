@@ -281,6 +281,30 @@ async def test_with_a_client_ca_and_no_names_any_certificate_of_the_ca_is_answer
     assert status == 200 and answer["response"] == {"uid": "u", "allowed": True}
 
 
+async def test_a_renewed_serving_certificate_keeps_asking_for_the_client_certificate(
+        kube: k.Kube, tmp_path: Path) -> None:
+    """The guard's own certificate is replaced while it serves (its renewal, cert-manager's rotation): the
+    handshakes after the reload still refuse a caller without a client certificate, and still verify the API
+    server's against the client CA (a reloaded context without it refuses the API server: every start)."""
+    trusted = _ca("webhook-clients")
+    ca_file = tmp_path / "client-ca.crt"
+    ca_file.write_bytes(trusted[1].public_bytes(serialization.Encoding.PEM))
+    api_server = _client(tmp_path / "c", trusted, "kube-apiserver-webhook-client")
+    running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
+                            hosts=["localhost", "127.0.0.1"], webhook="", clients=g.ClientAuth.load(str(ca_file)))
+    allowed = json.dumps({"request": {"uid": "u", "operation": "DELETE", "namespace": "default"}}).encode()
+    try:
+        old_ca = (tmp_path / "certs" / "ca.crt").read_bytes()
+        fresh = g.generate_certs(tmp_path / "certs", ["localhost", "127.0.0.1"])
+        assert fresh.ca_pem != old_ca and running.context is not None and running.context.reload()
+        server_ca = tmp_path / "certs" / "ca.crt"  # the new one: the handshake serves the renewed certificate
+        await refused_in_handshake(running.port, server_ca, allowed, None)
+        [(status, answer)] = await post(running.port, server_ca, [allowed], client=api_server)
+    finally:
+        await running.close()
+    assert status == 200 and answer["response"]["allowed"] is True
+
+
 def test_a_client_ca_that_cannot_be_used_stops_the_start_naming_the_option(tmp_path: Path) -> None:
     empty = tmp_path / "empty.pem"
     empty.write_text("not a certificate\n")

@@ -465,7 +465,7 @@ class ClientAuth:
     @staticmethod
     def load(ca_file: str, names: str = "") -> ClientAuth:
         """From a PEM file of one or more CA certificates and a comma-separated list of names; a clear
-        ValueError naming what is wrong (no file, no certificate in it, names without a CA)."""
+        ValueError naming what is wrong (no such file, no certificate in it)."""
         try:
             pem = Path(ca_file).read_bytes()
         except OSError as exc:
