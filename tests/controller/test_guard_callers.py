@@ -46,9 +46,10 @@ async def held_with_terminating_pod(adapter: AsyncAdapter, cluster: FakeCluster)
     return cluster.pods(NAME)[0]
 
 
-def review(operation: str, new: Obj, old: Obj | None = None, *, user: str = "someone") -> bytes:
+def review(operation: str, new: Obj, old: Obj | None = None, *, user: str = "someone",
+           namespace: str = "default") -> bytes:
     return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {
-        "uid": "req-1", "operation": operation, "namespace": "default", "name": new["metadata"]["name"],
+        "uid": "req-1", "operation": operation, "namespace": namespace, "name": new["metadata"]["name"],
         "object": new, "oldObject": old, "userInfo": {"username": user}}}).encode()
 
 
@@ -73,6 +74,23 @@ async def post(port: int, ca: Path, bodies: list[bytes], path: str = g.PATH, *,
     finally:
         writer.close()
     return out
+
+
+def creates_of(pod: Obj) -> tuple[Obj, Obj, Obj]:
+    """A create of the rank's next pod as its Job controller makes it (owned by the same Job), the same without
+    an owner, and the same owned by a Job that does not exist."""
+    replacement = copy.deepcopy(pod)
+    meta = replacement["metadata"]
+    meta.update(name=f"{meta['name'][:-5]}zzzzz", uid="")
+    for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion", "managedFields"):
+        meta.pop(key, None)
+    replacement["spec"].pop("nodeName", None)
+    replacement["status"] = {}
+    no_owner = copy.deepcopy(replacement)
+    no_owner["metadata"].pop("ownerReferences")
+    other_owner = copy.deepcopy(replacement)
+    other_owner["metadata"]["ownerReferences"][0]["uid"] = "11111111-1111-1111-1111-111111111111"
+    return replacement, no_owner, other_owner
 
 
 def message(answer: Obj) -> str:
@@ -103,17 +121,8 @@ async def test_a_made_up_review_learns_no_pod_or_node_and_the_api_servers_review
     created = copy.deepcopy(start)
     del created["metadata"]["resourceVersion"]
 
-    replacement = copy.deepcopy(pod)  # the Job controller's create of the rank's next pod
+    replacement, no_owner, other_owner = creates_of(pod)
     meta = replacement["metadata"]
-    meta.update(name=f"{pod_name[:-5]}zzzzz", uid="")
-    for key in ("deletionTimestamp", "deletionGracePeriodSeconds", "resourceVersion"):
-        meta.pop(key, None)
-    replacement["spec"].pop("nodeName", None)
-    replacement["status"] = {}
-    no_owner = copy.deepcopy(replacement)
-    no_owner["metadata"].pop("ownerReferences")
-    other_owner = copy.deepcopy(replacement)
-    other_owner["metadata"]["ownerReferences"][0]["uid"] = "11111111-1111-1111-1111-111111111111"
 
     running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(tmp_path / "certs"),
                             hosts=["localhost", "127.0.0.1"], webhook="")
