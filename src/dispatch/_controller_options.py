@@ -135,6 +135,14 @@ class ControllerOptions:
                               "names a certificate the controller makes is valid for.", str)
     guard_webhook: str = _opt("dispatch-guard", "--guard-webhook", "ValidatingWebhookConfiguration (and "
                               "enrolment's Mutating one) whose caBundle to keep ('': none).", str)
+    guard_client_ca: str | None = _opt(
+        None, "--guard-client-ca", "Answer only callers of the guard presenting a client certificate signed by a "
+        "CA in this PEM file (the API server, given one by its admission configuration's kubeConfigFile); "
+        "others are refused in the TLS handshake (default: no client certificate asked for).", str, optional=True,
+        metavar="FILE")
+    guard_client_names: str = _opt("", "--guard-client-names", "With --guard-client-ca: only a client certificate "
+                                   "whose subject common name or a DNS name is one of these (comma-separated; "
+                                   "default: any the CA signed).", str, metavar="NAMES")
     kube_api_qps: float | None = _opt(
         None, "--kube-api-qps", "Client-side limit of requests a second to the API server, client-go's token "
         "bucket (default and 0: none, as controller-runtime since v0.21; the API server's Priority and Fairness "

@@ -1304,6 +1304,9 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
 
     Only where dispatch runs as a MultiKueue worker (``worker``) is a TrainJob with MultiKueue's origin label
     judged as a copy (``_copy_not_armed``); elsewhere the label changes nothing.
+
+    A create that would start an execution is refused whatever ``verdict`` shows (a dispatch TrainJob, or a
+    copy, is created suspended), so its answer names no pod: the guard reads nothing for it.
     """
     if not (new.labelled or (old is not None and old.labelled)):
         return None
@@ -1319,6 +1322,12 @@ def guard(operation: str, old: TrainJobView | None, new: TrainJobView, verdict: 
         return None
     if not new.labelled:
         return None
+    if operation == "CREATE" or old is None:
+        # refused whatever the pods show: the guard reads nothing for it, so a review sent by someone other
+        # than the API server learns nothing of a namespace's pods from its answer
+        if multikueue_copy(new, worker=worker):
+            return _copy_not_armed(operation, old, new, None, None)
+        return _not_armed(operation, old, new, None, None)
     if verdict is None:
         return f"trainjob {new.name} cannot start: the guard could not read its pods"
     if not verdict.admissible:

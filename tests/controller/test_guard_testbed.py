@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import copy
 import json
 import subprocess
 from collections.abc import AsyncIterator
@@ -47,6 +48,8 @@ from dispatch.testbed.harness import (
     until,
     workload_of,
 )
+
+from .test_guard_callers import creates_of, message, post, review
 
 pytestmark = pytest.mark.testbed
 
@@ -201,6 +204,40 @@ async def test_a_bare_unsuspend_is_refused_while_the_pod_terminates_and_after_wi
     assert await release(g, name) == 2
     await until(lambda: is_running(g.kube, name), what="running as A=2")
     assert [p["metadata"]["labels"][A] for p in running_pods(await pods_of(g.kube, name))] == ["2"]
+
+
+async def test_a_review_made_up_by_another_caller_learns_no_pod_or_node_and_the_api_servers_names_them(
+        g: Guarded, tmp_path: Path) -> None:
+    """Reviews POSTed to the guard's port by a caller that is not the API server (issue 35 item 8), over the
+    real reads: an update whose old object is not the stored TrainJob and a pod create no Job of the submission
+    controls are refused naming no pod or Node; the API server's own review of ``kubectl patch`` names them, and
+    so does a pod create owned by the submission's real Job (its identity labels as JobSet gives them)."""
+    name, pods = await held_with_terminating_pod(g, "echo")
+    pod = await g.kube.get(k.PODS, pods[0])
+    node = str(pod["spec"]["nodeName"])
+    stored = await g.kube.get(k.TRAINJOBS, name)
+    made_up_old = copy.deepcopy(stored)
+    made_up_old["metadata"]["uid"] = "00000000-0000-0000-0000-000000000000"
+    made_up_start = copy.deepcopy(made_up_old)
+    made_up_start["spec"]["suspend"] = False
+    by_job, no_owner, other_owner = creates_of(pod)
+
+    ca = tmp_path / "certs" / "ca.crt"  # the guard process's own CA (its --guard-cert-dir)
+    [(_, made_up)] = await post(g.port, ca, [review("UPDATE", made_up_start, made_up_old, namespace=g.ns)])
+    answers = await post(g.port, ca, [review("CREATE", o, namespace=g.ns) for o in (no_owner, other_owner, by_job)],
+                         path=g_.POD_PATH)
+    (_, ownerless), (_, foreign), (_, owned) = answers
+    for answer in (made_up, ownerless, foreign):
+        said = message(answer)
+        print("MADE UP:", said)
+        assert pods[0] not in said and f" on {node}" not in said and "Ready=" not in said, said
+        assert "the guard names what stands in the way only in a review of a stored object's write" in said
+    print("OWNED BY THE JOB:", message(owned))
+    assert f"may still run: remaining pods: {pods[0]} on {node}" in message(owned)
+    denied = unsuspend(g.ns, name)
+    assert denied.returncode != 0
+    assert f"{DENIED}trainjob {name} cannot start: remaining pods: {pods[0]} on {node}" in denied.stderr
+    await gone(g, pods)
 
 
 async def test_identity_cannot_be_lowered_removed_or_forged(g: Guarded) -> None:

@@ -531,6 +531,52 @@ def test_a_network_policy_only_on_request_admitting_the_controllers_ports(tools:
     assert [r["ports"][0]["port"] for r in off[0]["spec"]["ingress"]] == ["probes"]
 
 
+def test_deploys_network_policy_is_the_charts(tools: tuple[Path, Path]) -> None:
+    """deploy/networkpolicy (kustomize, optional) is the chart's policy with the guard's port admitting the
+    example range its comment says to replace with the API server's addresses (issue 35 item 8)."""
+    _, kubectl = tools
+    shipped = by_key(_docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "networkpolicy")],
+                                          capture_output=True, text=True, check=True).stdout))
+    rendered = by_key([d for d in chart(tools, "networkPolicy.enabled=true",
+                                        "networkPolicy.guard.from[0].ipBlock.cidr=192.0.2.0/24")
+                       if d["kind"] == "NetworkPolicy"])
+    assert {k: without_allowed(v) for k, v in rendered.items()} == shipped
+    [policy] = shipped.values()
+    guard = policy["spec"]["ingress"][0]
+    assert guard == {"ports": [{"port": "guard", "protocol": "TCP"}], "from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}]}
+    assert policy["spec"]["podSelector"] == {"matchLabels": SELECTOR}
+    assert "192.0.2.0/24" in (DEPLOY / "networkpolicy" / "kustomization.yaml").read_text()  # the comment says so
+    assert not [d for d in kustomized(tools) if d["kind"] == "NetworkPolicy"]  # not part of deploy/
+
+
+def test_the_guards_client_ca_from_a_configmap_or_a_secret(tools: tuple[Path, Path]) -> None:
+    """guard.clientAuth: the CA mounted read-only from a ConfigMap or a Secret, and the flags the controller
+    parses to that file and those names (issue 35 item 8); off by default; one source, and names only with one."""
+    from dispatch._controller_options import parse
+
+    plain = container(chart(tools))
+    assert not [a for a in plain["args"] if a.startswith("--guard-client")]
+    assert "guard-client-ca" not in {m["name"] for m in plain["volumeMounts"]}
+    for source, volume in (("configMap", {"configMap": {"name": "apiserver-webhook-ca"}}),
+                           ("secret", {"secret": {"secretName": "apiserver-webhook-ca"}})):
+        docs = chart(tools, f"guard.clientAuth.{source}=apiserver-webhook-ca", "guard.clientAuth.key=bundle.pem",
+                     "guard.clientAuth.names={kube-apiserver,kube-apiserver-2}")
+        got = parse(container(docs)["args"], environ=[])
+        assert got.guard_client_ca == "/etc/dispatch/guard-client-ca/bundle.pem"
+        assert got.guard_client_names == "kube-apiserver,kube-apiserver-2"
+        [mount] = [m for m in container(docs)["volumeMounts"] if m["name"] == "guard-client-ca"]
+        assert mount == {"name": "guard-client-ca", "mountPath": "/etc/dispatch/guard-client-ca", "readOnly": True}
+        [vol] = [v for v in pod_spec(docs)["volumes"] if v["name"] == "guard-client-ca"]
+        assert vol == {"name": "guard-client-ca", **volume}
+    anyone = parse(container(chart(tools, "guard.clientAuth.configMap=ca"))["args"], environ=[])
+    assert (anyone.guard_client_ca, anyone.guard_client_names) == ("/etc/dispatch/guard-client-ca/ca.crt", "")
+    for sets, says in ((("guard.clientAuth.configMap=a", "guard.clientAuth.secret=b"), "both give the client CA"),
+                       (("guard.clientAuth.names={kube-apiserver}",), "guard.clientAuth.names needs"),
+                       (("guard.enabled=false", "guard.clientAuth.secret=b"), "guard.clientAuth is for guard.enabled")):
+        failed = render(tools, *sets, check=False)
+        assert failed.returncode != 0 and says in failed.stderr, (sets, failed.stderr)
+
+
 def test_the_client_qps_and_burst(tools: tuple[Path, Path]) -> None:
     assert not [a for a in container(chart(tools))["args"] if a.startswith("--kube-api")]
     c = container(chart(tools, "controller.kubeAPI.qps=20", "controller.kubeAPI.burst=40"))

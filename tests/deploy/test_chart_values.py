@@ -70,6 +70,10 @@ def test_every_default_key_is_declared_and_closed() -> None:
     ({"monitoring": {"serviceMonitor": {"label": {"release": "x"}}}},
      "monitoring/serviceMonitor: Additional properties are not allowed ('label' was unexpected)"),
     ({"imagePullSecrets": ["regcred"]}, "imagePullSecrets/0: 'regcred' is not of type 'object'"),
+    ({"guard": {"clientAuth": {"names": ["kube-apiserver,other"]}}},
+     "guard/clientAuth/names/0: 'kube-apiserver,other' does not match '^[^,]+$'"),
+    ({"guard": {"clientAuth": {"ca": "x"}}},
+     "guard/clientAuth: Additional properties are not allowed ('ca' was unexpected)"),
 ])
 def test_typos_and_wrong_types_fail_naming_the_key(change: dict[str, Any], expected: str) -> None:
     doc = copy.deepcopy(values())

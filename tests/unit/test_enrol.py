@@ -256,11 +256,12 @@ def test_the_validating_guard_lets_the_enrolled_create_through_without_a_read() 
     tj = TrainJobView.from_obj(obj)
     assert not d.starts_execution("CREATE", None, tj)
     assert d.guard("CREATE", None, tj, None, None) is None  # no verdict read: it starts nothing
-    # and the same object unsuspended at creation would be judged (and with no read, refused)
+    # and the same object unsuspended at creation would be judged, and refused without a read
     started = copy.deepcopy(obj)
     started["spec"]["suspend"] = False
     assert d.guard("CREATE", None, TrainJobView.from_obj(started), None, None) == (
-        "trainjob uafe94fe6d9a cannot start: the guard could not read its pods")
+        "trainjob uafe94fe6d9a cannot start: a dispatch TrainJob is created suspended and started by "
+        "`dispatch release` (or Kueue through dispatch's admission check)")
 
 
 # ---------------------------------------------------------------- refused, naming the field

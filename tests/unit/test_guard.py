@@ -156,10 +156,15 @@ def test_no_read_denies() -> None:
         "trainjob llama-s1 cannot start: the guard could not read its pods")
 
 
-def test_unsuspended_create_is_denied_with_pods_named_first() -> None:
+def test_unsuspended_create_is_denied_naming_no_pod() -> None:
+    """Refused whatever the pods show, so the answer names none: the guard reads nothing for a create, and a
+    review made up by anyone who reaches its port (any namespace, any identity) learns nothing of the pods."""
     new = tj(suspend=False, a=3, started=3)
-    assert "remaining pods: llama-s1-node-0-0-x" in (d.guard("CREATE", None, new, PODS, record(3)) or "")
-    assert "is created suspended" in (d.guard("CREATE", None, new, CLEAR, record(3)) or "")
+    created = ("trainjob llama-s1 cannot start: a dispatch TrainJob is created suspended and started by "
+               "`dispatch release` (or Kueue through dispatch's admission check)")
+    assert d.guard("CREATE", None, new, PODS, record(3)) == created
+    assert d.guard("CREATE", None, new, CLEAR, record(3)) == created
+    assert d.guard("CREATE", None, new, None, None) == created
 
 
 def test_suspended_create_is_allowed() -> None:

@@ -163,6 +163,11 @@ def run_from_cli(options: ControllerOptions) -> int:
                   error="secure metrics need their own listener: pass --metrics-bind-address (e.g. :8443)")
         return 1
     config = Config.from_options(o, metrics_serving=serving)
+    try:
+        config.guard_clients()  # a CA file that cannot be used stops the start, naming the option
+    except ValueError as exc:
+        log.error("invalid option", option="guard-client-ca", error=str(exc))
+        return 1
 
     async def main() -> int:
         try:

@@ -31,7 +31,7 @@ from ._apimetrics import hooks as api_hooks
 from ._checks import ACTIVE_MESSAGE, ACTIVE_REASON, CheckKeeper
 from ._events import EventRecorder
 from ._finalizers import POD_FINALIZERS, FinalizerKeeper
-from ._guard import Running, start
+from ._guard import ClientAuth, Running, start
 from ._http import MetricsServing, serve, serve_metrics
 from ._informer import Informer, Pages, Sink, Tee, error_reason
 from ._leader import LeaderElector
@@ -105,6 +105,21 @@ class Config:
     guard_hosts: tuple[str, ...] = ()
     """The names a generated serving certificate is valid for (empty: ``guard_hosts_in(lease_namespace,
     guard_service)``, the guard Service in the controller's own namespace)."""
+    guard_client_ca: str | None = _O.guard_client_ca
+    """A PEM file of CAs: the guard answers only callers with a client certificate one of them signed
+    (``_guard.ClientAuth``); None asks for none."""
+    guard_client_names: str = _O.guard_client_names
+    """Comma-separated names a caller's certificate must carry (with ``guard_client_ca``; "": any)."""
+
+    def guard_clients(self) -> ClientAuth | None:
+        """The guard's client verification, or None; a ValueError naming the option when it cannot be loaded
+        (a file that holds no CA, names without a CA)."""
+        if self.guard_client_ca is None:
+            if self.guard_client_names.strip():
+                raise ValueError("--guard-client-names needs --guard-client-ca: names are checked in a certificate "
+                                 "the CA verified")
+            return None
+        return ClientAuth.load(self.guard_client_ca, self.guard_client_names)
 
     @classmethod
     def from_options(cls, o: ControllerOptions, *, metrics_serving: MetricsServing | None = None) -> Config:
@@ -117,7 +132,8 @@ class Config:
             foreign="ready" if o.foreign == "ready" else "ignore", controller_name=o.controller_name,
             metrics_serving=metrics_serving, guard_port=o.guard_port, guard_cert_dir=o.guard_cert_dir,
             guard_webhook=o.guard_webhook, guard_service=o.guard_service, kueue_namespace=o.kueue_namespace,
-            multikueue_worker=o.multikueue_worker,
+            multikueue_worker=o.multikueue_worker, guard_client_ca=o.guard_client_ca,
+            guard_client_names=o.guard_client_names,
         )
 
 
@@ -416,7 +432,7 @@ class Controller:
             self.guard = await start(self.kube, host=c.guard_host, port=c.guard_port, cert_dir=c.guard_cert_dir,
                                      hosts=c.guard_hosts or guard_hosts_in(c.lease_namespace, c.guard_service),
                                      webhook=c.guard_webhook, registry=self.metrics.registry,
-                                     worker=c.multikueue_worker)
+                                     worker=c.multikueue_worker, clients=c.guard_clients())
         log.info("controller starting", identity=self.identity, namespace=self.config.namespace or "*",
                  leader_elect=self.config.leader_elect, workers=self.config.workers, pid=os.getpid())
         jobs: list[Coroutine[Any, Any, None]] = [inf.run() for inf in self.informers.values()]

@@ -39,7 +39,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -229,7 +229,13 @@ class Guard:
 
 
     async def decide(self, request: Obj) -> str | None:
-        """The denial for one AdmissionRequest, or None."""
+        """The denial for one AdmissionRequest, or None.
+
+        Only an update that would start an execution is judged over a read. Its denial names what the read
+        found (pods, Nodes, the identity record) only when the review's old object is the TrainJob stored
+        under that name (its uid): the API server sends exactly that, and anyone else who can name the uid
+        could read the object anyway. A review made up by another caller (any namespace, any identity) gets
+        the denial without them (``_unstored``)."""
         operation = str(request.get("operation") or "")
         new = _view(request.get("object"))
         old = _view(request.get("oldObject"))
@@ -237,20 +243,33 @@ class Guard:
             return None  # a DELETE (or a connect): nothing starts
         if not (new.labelled or (old is not None and old.labelled)):
             return None
-        if not d.starts_execution(operation, old, new) or not new.labelled:
-            return d.guard(operation, old, new, None, None)
-        core = self._core(str(request.get("namespace") or new.ref.namespace))
+        if not d.starts_execution(operation, old, new) or not new.labelled or operation != "UPDATE" or old is None:
+            # judged on the write alone; a create that would start is refused whatever its pods, unread
+            return d.guard(operation, old, new, None, None, worker=self.worker)
+        namespace = str(request.get("namespace") or new.ref.namespace)
+        core = self._core(namespace)
         target = Target.of(new)
         snap, record, workload, jobs = await asyncio.gather(
             core.read_one(target), core.record(new.job_id, new.submission),
-            (core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new))
-            if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
+            core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new),
+            core.runtime_jobs_of(new))
         # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
-        return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
+        denial = d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
             or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
+        if denial is None:
+            return None
+        live = await core.trainjob_or_none(new.name)
+        if live is not None and old.ref.uid and live.ref.uid == old.ref.uid:
+            return denial
+        return _unstored(f"trainjob {new.name} cannot start",
+                         f"namespace {namespace} holds no TrainJob {new.name} of uid {old.ref.uid or '(none)'}")
 
     async def decide_pod(self, request: Obj) -> str | None:
-        """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read)."""
+        """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read).
+
+        A denial names the submission's pods and their Nodes only when the pod's controller is a Job of the
+        same submission stored in the namespace (its ownerReference's uid): the Job controller's creates, which
+        the API server sends, always are; a review made up by another caller gets the denial without them."""
         obj = request.get("object")
         if str(request.get("operation") or "") != "CREATE" or not isinstance(obj, dict):
             return None  # the configuration sends creates only
@@ -258,9 +277,21 @@ class Guard:
         problem = d.pod_create_problem(new)  # judged on the pod alone, before any read
         if problem is not None or not new.job_id or not new.submission:
             return problem
-        core = self._core(str(request.get("namespace") or new.namespace))
+        namespace = str(request.get("namespace") or new.namespace)
+        core = self._core(namespace)
         pods, nodes = await core.submission_pods(new.job_id, new.submission)
-        return d.pod_start_problem(new, pods, nodes)
+        denial = d.pod_start_problem(new, pods, nodes)
+        if denial is None:
+            return None
+        owner = _controller_job_uid(obj)
+        if owner:
+            listed = await core.kube.list(api.JOBS, labels=by_identity([(new.job_id, new.submission)]))
+            if any((j.get("metadata") or {}).get("uid") == owner for j in listed.items):
+                return denial
+        who = f"pod {new.name or 'of ' + new.job_id + '/' + new.submission}"
+        return _unstored(f"{who} cannot start while a pod of submission {new.job_id}/{new.submission} may still run",
+                         f"namespace {namespace} holds no Job of that submission of uid {owner or '(none)'} "
+                         "controlling it")
 
     async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
         """One review's reads under the webhook's deadline, counted and timed; a read that fails or runs
@@ -276,8 +307,9 @@ class Guard:
         finally:
             self._seconds.observe(time.monotonic() - started)
 
-    async def review(self, body: Obj, timeout: float, *, pod: bool = False) -> Obj:
-        """Answer one AdmissionReview of a TrainJob write (``pod``: of a pod create)."""
+    async def review(self, body: Obj, timeout: float, *, pod: bool = False, caller: str | None = None) -> Obj:
+        """Answer one AdmissionReview of a TrainJob write (``pod``: of a pod create). ``caller``: the name in
+        the client certificate the connection was verified with (``ClientAuth``), None when unauthenticated."""
         request, uid = _request_of(body)
         work = self.decide_pod(request) if pod else self.decide(request)
         decided, failure = await self._within(work, timeout, "the submission's pods" if pod else "the object's pods")
@@ -285,11 +317,8 @@ class Guard:
         self._answers.labels("error" if failure is not None else "allowed" if denial is None else "denied").inc()
         if denial is not None:
             self.denials += 1
-            obj = request.get("object") or {}
-            log.info("guard denied", kind="Pod" if pod else "TrainJob", operation=request.get("operation"),
-                     namespace=request.get("namespace"),
-                     name=request.get("name") or obj.get("metadata", {}).get("name"),
-                     user=(request.get("userInfo") or {}).get("username"), denial=denial)
+            log.info("guard denied", kind="Pod" if pod else "TrainJob", **_said(request, caller),
+                     denial=_bounded(denial, d.MESSAGE_LIMIT))
         return response(uid, denial)
 
     async def enrolment(self, request: Obj) -> e.Enrolment:
@@ -324,7 +353,7 @@ class Guard:
         live = [v.name for v in listed if not v.deleting]
         return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 
-    async def mutate(self, body: Obj, timeout: float) -> Obj:
+    async def mutate(self, body: Obj, timeout: float, *, caller: str | None = None) -> Obj:
         """Answer one AdmissionReview of a TrainJob create in an enrolled namespace (a JSONPatch, or a
         denial naming the field; a runtime that cannot be read in time is a denial too: failing closed)."""
         request, uid = _request_of(body)
@@ -335,20 +364,65 @@ class Guard:
             got = enrolled
             answer = "enrolled" if got.patch else ("denied" if got.denial else "unchanged")
         self._answers.labels(answer).inc()
-        obj = request.get("object") or {}
-        name = request.get("name") or obj.get("metadata", {}).get("name")
         if got.denial is not None:
             self.denials += 1
-            log.info("enrolment denied", namespace=request.get("namespace"), name=name,
-                     user=(request.get("userInfo") or {}).get("username"), denial=got.denial)
+            log.info("enrolment denied", **_said(request, caller), denial=_bounded(got.denial, d.MESSAGE_LIMIT))
         elif got.patch:
-            log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
-                     submission=got.submission)
+            said = _said(request, caller)
+            log.info("trainjob enrolled", namespace=said["namespace"], name=said["name"],
+                     job_id=_bounded(got.job_id), submission=_bounded(got.submission))
         return response(uid, got.denial, got.patch, got.warnings)
 
 
-async def _none() -> None:
-    return None
+CLAIM_LIMIT = 256
+"""Characters of one field of a review the guard logs (a Kubernetes name has at most 253)."""
+
+
+def _bounded(value: object, limit: int = CLAIM_LIMIT) -> str:
+    """``value`` as text for a log line: control characters escaped (a forged name cannot start a line of
+    its own in a log read as text), at most ``limit`` characters."""
+    text = value if isinstance(value, str) else "" if value is None else json.dumps(value, default=str)
+    if len(text) > limit:
+        text = f"{text[:limit]}...({len(text) - limit} more)"
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _said(request: Obj, caller: str | None) -> dict[str, str]:
+    """What a review says of its write, for a log line, bounded: who wrote is what the review *claims*
+    (``claimed_user``) unless the connection was verified as the API server's (``caller``, the name in its
+    client certificate), when ``userInfo`` is the API server's word (``user``). Anyone who reaches the port
+    can send a review naming any user, namespace and object."""
+    obj = request.get("object")
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    name = request.get("name") or (meta.get("name") if isinstance(meta, dict) else None)
+    info = request.get("userInfo")
+    user = info.get("username") if isinstance(info, dict) else None
+    out = {"operation": _bounded(request.get("operation")), "namespace": _bounded(request.get("namespace")),
+           "name": _bounded(name)}
+    if caller is None:
+        out["claimed_user"] = _bounded(user)
+    else:
+        out["user"] = _bounded(user)
+        out["caller"] = _bounded(caller)
+    return out
+
+
+def _unstored(refusal: str, why: str) -> str:
+    """A denial of a review that is not of a stored object's write, so that it tells its sender nothing the
+    guard read: the API server sends a review of the object being written, so this sender is someone else
+    (or the object changed meanwhile, and the API server's write fails anyway)."""
+    return (f"{refusal}; the guard names what stands in the way only in a review of a stored object's write "
+            f"({why}); `dispatch status` shows it to whoever may read the namespace")
+
+
+def _controller_job_uid(obj: Obj) -> str:
+    """The uid of the Job that controls this pod (its ownerReference with ``controller: true``), or ""."""
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    for ref in refs if isinstance(refs, list) else []:
+        if (isinstance(ref, dict) and ref.get("controller") is True and ref.get("kind") == "Job"
+                and str(ref.get("apiVersion") or "").startswith("batch/")):
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def _request_of(body: Obj) -> tuple[Obj, str]:
@@ -375,23 +449,90 @@ def _timeout_of(target: str) -> float:
 JSON = "application/json"
 
 
-def _context() -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+@dataclass(frozen=True)
+class ClientAuth:
+    """Which callers the guard answers (``--guard-client-ca``, ``--guard-client-names``): the API server
+    presents a client certificate to a webhook only when its admission configuration's ``kubeConfigFile``
+    gives it one, so this is an opt-in. A caller without a certificate signed by a CA in ``ca_pem`` is
+    refused during the TLS handshake (no system CA counts); with ``names``, a certificate whose subject
+    common name and DNS names are none of them is answered 403 before its review is read. Without names,
+    every certificate the CA signed passes: use a CA that signs nothing else (not the cluster's client CA,
+    which signs every kubelet's and user's certificate), or name the API server's."""
+
+    ca_pem: bytes
+    names: frozenset[str] = frozenset()
+
+    @staticmethod
+    def load(ca_file: str, names: str = "") -> ClientAuth:
+        """From a PEM file of one or more CA certificates and a comma-separated list of names; a clear
+        ValueError naming what is wrong (no such file, no certificate in it)."""
+        try:
+            pem = Path(ca_file).read_bytes()
+        except OSError as exc:
+            raise ValueError(f"--guard-client-ca {ca_file}: {exc.strerror or exc}") from None
+        try:
+            found = x509.load_pem_x509_certificates(pem)
+        except ValueError:
+            found = []
+        if not found:
+            raise ValueError(f"--guard-client-ca {ca_file} holds no PEM certificate")
+        return ClientAuth(pem, frozenset(n.strip() for n in names.split(",") if n.strip()))
+
+    def context(self, base: ssl.SSLContext) -> ssl.SSLContext:
+        """``base`` made to require a client certificate signed by our CA, and only ours."""
+        base.verify_mode = ssl.CERT_REQUIRED
+        base.load_verify_locations(cadata=self.ca_pem.decode("ascii", "replace"))
+        return base
+
+    @staticmethod
+    def names_of(peer: Mapping[str, Any] | None) -> list[str]:
+        """The subject common names and DNS names of a verified certificate (``getpeercert()``'s form)."""
+        if not peer:
+            return []
+        out = [str(value) for rdn in peer.get("subject") or () for key, value in rdn if key == "commonName"]
+        out += [str(value) for kind, value in peer.get("subjectAltName") or () if kind == "DNS"]
+        return out
+
+    def caller(self, peer: Mapping[str, Any] | None) -> str | None:
+        """The name this caller is let through as, or None when its certificate names none of ``names``."""
+        names = self.names_of(peer)
+        if peer is None:
+            return None
+        if not self.names:
+            return names[0] if names else "(a certificate without a name)"
+        return next((n for n in names if n in self.names), None)
+
+
+def _context(clients: ClientAuth | None = None) -> ssl.SSLContext:
+    if clients is not None:
+        # a bare server context, our CA its only one: the system's trust store (load_default_certs) would let
+        # through a client certificate any public or corporate CA signed
+        return clients.context(_alpn(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)))
+    return _alpn(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+
+
+def _alpn(context: ssl.SSLContext) -> ssl.SSLContext:
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.set_alpn_protocols(["http/1.1"])
     return context
 
 
-def tls_context(certs: Certs) -> tls.Reloading:
+def tls_context(certs: Certs, clients: ClientAuth | None = None) -> tls.Reloading:
     """The server's TLS context, which :meth:`~._tls.Reloading.reload` switches to new files for new
-    connections."""
-    return tls.Reloading(_context, certs.cert, certs.key, what="guard")
+    connections (each with the same client verification)."""
+    return tls.Reloading(lambda: _context(clients), certs.cert, certs.key, what="guard")
+
+
+CALLER_REFUSED: http.Answer = (403, JSON, b'{"error":"this client certificate names none of the callers the guard '
+                               b'answers (--guard-client-names)"}', "")
 
 
 async def serve(guard: Guard, host: str, port: int, certs: Certs,
-                context: tls.Reloading | None = None) -> asyncio.Server:
-    """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it."""
-    served = context or tls_context(certs)
+                context: tls.Reloading | None = None, *, clients: ClientAuth | None = None) -> asyncio.Server:
+    """Serve AdmissionReviews on ``PATH`` over TLS, keeping connections alive; the caller closes it.
+    ``clients``: answer only callers with a client certificate it accepts (pass the same to
+    :func:`tls_context` when giving ``context``)."""
+    served = context or tls_context(certs, clients)
 
     async def route(request: http.Request) -> http.Answer:
         m = guard.webhook_metrics
@@ -399,10 +540,14 @@ async def serve(guard: Guard, host: str, port: int, certs: Certs,
         started = time.monotonic()
         code = 500
         try:
+            caller = clients.caller(request.peer) if clients is not None else None
+            if clients is not None and caller is None:
+                code = 403
+                return CALLER_REFUSED
             review = _parse_review(request.body)
             timeout = _timeout_of(request.target)
-            answer = await (guard.mutate(review, timeout) if request.path == MUTATE_PATH
-                            else guard.review(review, timeout, pod=request.path == POD_PATH))
+            answer = await (guard.mutate(review, timeout, caller=caller) if request.path == MUTATE_PATH
+                            else guard.review(review, timeout, pod=request.path == POD_PATH, caller=caller))
             code = 200
         except ValueError as exc:
             code = 400
@@ -541,17 +686,17 @@ async def _upkeep(running: Running, every: float) -> None:
 
 async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
                 webhook: str, registry: CollectorRegistry | None = None,
-                every: float = REPUBLISH_SECONDS, worker: bool = False) -> Running:
+                every: float = REPUBLISH_SECONDS, worker: bool = False, clients: ClientAuth | None = None) -> Running:
     """Serve the guard on ``host:port`` (0: any free port), keep its certificate fresh and, when
     ``webhook`` names the configuration, keep this replica's CA in its caBundle. ``worker``: this cluster is a
-    MultiKueue worker (``Guard.worker``)."""
+    MultiKueue worker (``Guard.worker``). ``clients``: answer only callers whose client certificate it accepts."""
     certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts, renew=bool(webhook))
     if renewal_due(certs.cert, before=dt.timedelta(0)):
         log.warning("guard certificate has expired: the API server will refuse to call the guard",
                     cert=str(certs.cert))
     guard = Guard(kube, registry, worker=worker)
-    context = tls_context(certs)
-    server = await serve(guard, host, port, certs, context)
+    context = tls_context(certs, clients)
+    server = await serve(guard, host, port, certs, context, clients=clients)
     sock = server.sockets[0] if server.sockets else None
     bound = int(sock.getsockname()[1]) if sock is not None else port
     running = Running(guard, server, bound, certs, None, context=context,
@@ -559,5 +704,7 @@ async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Seq
     running.loaded = context.loaded
     running.publisher = asyncio.create_task(_upkeep(running, every))
     log.info("guard serving", port=bound, path=PATH, pod_path=POD_PATH, mutate_path=MUTATE_PATH,
-             webhook=webhook or None, cert=str(certs.cert))
+             webhook=webhook or None, cert=str(certs.cert),
+             client_certificates=("required" + (f" naming {', '.join(sorted(clients.names))}" if clients.names
+                                                else "") if clients is not None else "not asked for"))
     return running

@@ -25,8 +25,8 @@ import socket
 import ssl
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -204,6 +204,9 @@ class Request:
     target: str
     headers: dict[str, str]
     body: bytes = b""
+    peer: Mapping[str, Any] | None = None
+    """The client certificate the TLS handshake verified (``SSLSocket.getpeercert()``'s form); None when the
+    listener asks for none (or serves plain HTTP)."""
 
     @property
     def path(self) -> str:
@@ -322,6 +325,7 @@ def handler(listener: Listener) -> Callable[[asyncio.StreamReader, asyncio.Strea
         try:
             if listener.max_connections and open_now[0] > listener.max_connections:
                 return
+            peer = writer.get_extra_info("peercert") or None
             while True:
                 try:
                     request = await asyncio.wait_for(_read(reader, listener, budget), timeout=listener.timeout)
@@ -335,6 +339,8 @@ def handler(listener: Listener) -> Callable[[asyncio.StreamReader, asyncio.Strea
                     return
                 except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
                     return
+                if peer is not None:
+                    request = replace(request, peer=peer)
                 writer.write(_encode(listener, request.method, await _answer(listener, request)))
                 await writer.drain()
                 if not listener.keep_alive:
