@@ -139,12 +139,13 @@ than the pure-Python one on a kubeconfig with certificate data (~1 ms against ~1
 def _read_text(text: str, path: Path, merged: _Merged) -> None:
     try:
         data = yaml.load(text, Loader=_SAFE_LOADER)
-    except yaml.YAMLError as refused:
+    except yaml.YAMLError as fast:
+        problem = yaml_problem(fast)
         try:  # the pure-Python parser's account of the error: it names what it expected more plainly
             yaml.safe_load(text)
         except yaml.YAMLError as exc:
-            refused = exc
-        raise _bad(f"kubeconfig {path} is not valid YAML: {yaml_problem(refused)}") from None
+            problem = yaml_problem(exc)
+        raise _bad(f"kubeconfig {path} is not valid YAML: {problem}") from None
     merged.files.append(path)
     if data is None:
         return  # an empty file is an empty config, as for kubectl
