@@ -155,10 +155,25 @@ class Core(Reader):
         the CRD's rules refuse (422) when the floor is already higher or names another submission; only
         then, or when there is no floor yet, is it read or created. ``issuing``: ``admission`` is about to be
         issued, so a floor above it is refused (it was issued before); else (``close`` recording what an object
-        carried) a floor above is simply kept."""
+        carried) a floor above is simply kept. The first A (1) has no floor yet: it is created, one write too."""
         name = ident.floor_name(self.kube.namespace, job_id, submission)
         body = ident.new_floor(self.kube.namespace, job_id, submission, admission)
+        # A=1 is issued once per submission, so its floor is yet to be made: created at once (one write, not
+        # a patch answered 404 and then a create); one that exists after all takes the patch's path below.
+        create_first = issuing and admission == 1
         for _ in range(CONFLICT_RETRIES):
+            if create_first:
+                create_first = False
+                try:
+                    await self.kube.create(api.SUBMISSION_FLOORS, body)
+                    self.on_write("floor")
+                    return
+                except NotServed:
+                    await self.floor_obj(job_id, submission)  # raises the install hint
+                    raise
+                except Refused as exc:
+                    if exc.reason != "AlreadyExists":
+                        raise
             try:
                 await self.kube.merge_patch(api.SUBMISSION_FLOORS, name, {"spec": body["spec"]})
                 self.on_write("floor")

@@ -512,7 +512,7 @@ class Kube:
                 response = await self._client.request(
                     method,
                     path,
-                    params=dict(params or {}),
+                    params=dict(params) if params else None,  # {} would cost httpx2 one more URL parse
                     content=_encode(body) if body is not None else None,
                     headers={"Content-Type": content_type, "Accept": "application/json"},
                 )

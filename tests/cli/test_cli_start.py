@@ -56,6 +56,43 @@ def modules_after(*args: str, tmp_path: Path) -> set[str]:
     return set(line[0].removeprefix("MODULES:").split(","))
 
 
+def modules_at_first_request(*args: str, tmp_path: Path) -> set[str]:
+    """The modules loaded when ``dispatch ARGS`` sends its first request (read as the request leaves the
+    client; the server refuses the connection and the command ends)."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent(f"""
+        import sys
+        import httpx2
+        seen = []
+        send = httpx2.AsyncClient.send
+        async def first(self, *a, **kw):
+            if not seen:
+                seen.append(sorted(sys.modules))
+            return await send(self, *a, **kw)
+        httpx2.AsyncClient.send = first
+        sys.argv = ["dispatch", *{list(args)!r}]
+        from dispatch.cli import main
+        try:
+            main()
+        except SystemExit:
+            pass
+        sys.stdout = sys.__stdout__
+        print("MODULES:" + ",".join(seen[0] if seen else []))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "KUBECONFIG": str(kubeconfig),
+                               "HOME": str(tmp_path)})
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("MODULES:")]
+    assert line and line[0] != "MODULES:", (proc.stdout[-2000:], proc.stderr[-2000:])
+    return set(line[0].removeprefix("MODULES:").split(","))
+
+
 def loaded(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
     return sorted(m for m in modules if any(m == p or m.startswith(p + ".") for p in prefixes))
 
@@ -93,6 +130,21 @@ def test_status_loads_only_its_own_command_module(tmp_path: Path) -> None:
     modules = modules_after("status", "x", tmp_path=tmp_path)
     assert loaded(modules, COMMAND_MODULES) == ["dispatch.cli._commands"]
     assert loaded(modules, ("dispatch.cli._spec", "dispatch.cli._release")) == []
+
+
+def test_status_sends_its_first_request_before_loading_rich_or_the_template_parser(tmp_path: Path) -> None:
+    """What ``status NAME`` has loaded when its first request leaves: printing's modules (rich, the jsonpath
+    template parser) come after the answer, so they are not part of the wait before the request."""
+    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules  # the request did go out through the library
+    assert loaded(modules, ("rich", "dispatch.cli._jsonpath", "dispatch.cli._release", *NEVER)) == []
+
+
+def test_a_template_format_still_loads_its_parser(tmp_path: Path) -> None:
+    """``-o jsonpath=...`` is parsed before any request (a bad template is a usage error), so its parser loads
+    then; the default table does not need it."""
+    modules = modules_at_first_request("status", "x", "-o", "jsonpath={.name}", tmp_path=tmp_path)
+    assert "dispatch.cli._jsonpath" in modules
 
 
 def test_help_lists_each_command_as_its_own_help_would(tmp_path: Path) -> None:

@@ -123,7 +123,8 @@ async def test_the_controller_frees_the_pod_of_a_node_deleted_once_it_was_seen_u
                     and ctl.finalizers.last_seen["node-0"].ready == "Unknown", what="the keeper sees it Unknown")
         cluster.remove_machine("node-0")  # the machine is gone, and the operator deletes its Node
         await until(lambda: pod_of(cluster, first) is None, what="freed: node-deleted")
-        assert ctl.finalizers.deleted_nodes == {}, "forgotten once no pod of ours sits on it"
+        # the keeper forgets the Node when the pod's deletion reaches it (a watch event after the API's delete)
+        await until(lambda: ctl.finalizers.deleted_nodes == {}, what="forgotten once no pod of ours sits on it")
     cluster.history.check()
 
 
@@ -151,3 +152,22 @@ def test_the_keeper_remembers_a_deleted_node_only_while_a_pod_of_ours_sits_on_it
     assert not keeper.deleted_nodes["n"].proven_down, "deleted while Ready: its kubelet may run on"
     keeper.on_pod("DELETED", pod)
     assert keeper.deleted_nodes == {}
+
+
+def test_the_keeper_keeps_one_signature_for_the_pods_that_look_alike() -> None:
+    """The running pods of one Node look alike to the keeper: one tuple for all of them, not one each (issue 37:
+    controller memory at 100,000 pods); a pod that differs has its own."""
+    cluster = FakeCluster()
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport())
+    keeper = FinalizerKeeper(kube, Metrics.create())
+
+    def running(name: str, node: str) -> dict[str, object]:
+        return {"metadata": {"name": name, "namespace": "default", "finalizers": [POD_FINALIZER],
+                             "resourceVersion": "1"},
+                "spec": {"nodeName": node, "containers": [{"name": "c"}]},
+                "status": {"phase": "Running", "containerStatuses": [{"name": "c", "state": {"running": {}}}]}}
+
+    keeper.list_pods([running("p0", "n"), running("p1", "n"), running("p2", "other")])
+    signatures = keeper.signatures
+    assert signatures["default/p0"] is signatures["default/p1"]
+    assert signatures["default/p2"] != signatures["default/p0"]

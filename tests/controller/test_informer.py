@@ -194,6 +194,19 @@ def test_pods_are_kept_as_routing_signatures_and_workloads_as_slim_views() -> No
     assert drain(queue) == {f"{NS}/wl-a"}   # the first list re-checks every pending Workload
 
 
+def test_a_pod_both_selections_find_is_kept_as_one_signature() -> None:
+    """Both pod selections find a dispatch object's pods: they keep one tuple for such a pod, not two (issue 37:
+    controller memory at 100,000 pods); a pod that changed keeps its own new signature."""
+    router, _ = router_with(workload("wl-a", "a-s1"))
+    relist(router, "pods", [pod("a0", "a-s1", job_id="a-s1"), pod("a1", "a-s1", job_id="a-s1")])
+    relist(router, "dispatch-pods", [pod("a0", "a-s1", job_id="a-s1"), pod("a1", "a-s1", job_id="a-s1", node="n-9")])
+    by_name, by_ident = router.pod_index("pods").live, router.pod_index("dispatch-pods").live
+    assert by_ident["uid-a0"] is by_name["uid-a0"]
+    assert by_ident["uid-a1"] == ("n-9", True, NS, "a-s1", "a-s1", "s1") != by_name["uid-a1"]
+    router.pod_index("pods").on_event("MODIFIED", pod("a1", "a-s1", job_id="a-s1", node="n-9"))
+    assert by_name["uid-a1"] is by_ident["uid-a1"]
+
+
 def test_a_relist_routes_exactly_the_pods_that_went_or_changed_while_no_watch_ran() -> None:
     router, queue = router_with(workload("wl-a", "a-s1"), workload("wl-b", "b-s1"), workload("wl-c", "c-s1"))
     first = [pod("a0", "a-s1"), pod("b0", "b-s1"), pod("c0", "c-s1")]
@@ -226,6 +239,22 @@ def test_a_workload_relist_requeues_only_changed_workloads_and_drops_the_gone() 
     router.list_workloads([b])
     assert drain(queue) == {f"{NS}/wl-b"}
     assert set(router.workloads) == {f"{NS}/wl-b"} and router.pending == {f"{NS}/wl-b"}
+
+
+async def test_the_controller_lists_pods_and_workloads_in_small_pages() -> None:
+    """Pods and Workloads decode to tens of KiB each and each page is decoded whole: the controller lists them
+    100 a page (the two pod selections at once), the other kinds 500 (issue 37: its memory at 100,000 pods)."""
+    cluster = FakeCluster()
+    kube = k.Kube.connect(namespace=NS, transport=cluster.transport())
+    ctl = Controller(kube, Config(namespace=NS, resync_seconds=3600))
+    try:
+        pages = {name: inf.page_size for name, inf in ctl.informers.items()}
+        assert pages["pods"] == pages["dispatch-pods"] == pages["workloads"] == 100
+        assert pages["nodes"] == pages["jobsets"] == pages["jobs"] == 500
+        await ctl.informers["pods"]._list(False)
+        assert [q.get("limit") for m, p, q in cluster.server.requests if m == "GET" and p.endswith("/pods")] == ["100"]
+    finally:
+        await kube.aclose()
 
 
 async def test_the_controllers_pod_and_node_lists_reach_the_router_and_the_finalizer_keeper_page_by_page() -> None:

@@ -240,3 +240,23 @@ def test_a_floor_at_the_highest_a_stalls_its_submission_naming_admin_forget(team
     with Adapter.connect(NS, transport=cluster.transport(roles=ADMIN)) as admin:
         assert admin.forget("llama", "s1") is True
     assert team.open(JobSpec(job_id="llama", submission="s1", name="again"), hold=False).identity.admission == 1
+
+
+def test_the_first_admission_creates_its_floor_in_one_write_and_later_ones_patch_it(
+    team: Adapter, cluster: FakeCluster
+) -> None:
+    """A=1 is issued once per submission, so its floor does not exist yet: it is created at once, not after a
+    patch the API answers 404 (one request fewer on every first admission: issue 37, decisions per second).
+    A later admission patches the floor it finds. (``open`` reads the floor when it claims the submission.)"""
+    mark = len(cluster.server.requests)
+    assert run_and_close(team, cluster, SPEC) == 1
+    floor_calls = [(m, p.split("?")[0]) for m, p, _ in cluster.server.requests[mark:]
+                   if "/submissionfloors" in p and m != "GET"]
+    assert floor_calls == [("POST", "/apis/dispatch.phpboyscout.uk/v1alpha1/submissionfloors")]
+    assert floor_a(cluster) == 1
+    mark = len(cluster.server.requests)
+    assert run_and_close(team, cluster, JobSpec(job_id="llama", submission="s1", name="again")) == 2
+    floor_calls = [(m, p.split("?")[0]) for m, p, _ in cluster.server.requests[mark:]
+                   if "/submissionfloors" in p and m != "GET"]
+    assert floor_calls == [("PATCH", f"/apis/dispatch.phpboyscout.uk/v1alpha1/submissionfloors/{FLOOR}")]
+    assert floor_a(cluster) == 2

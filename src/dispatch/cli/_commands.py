@@ -13,12 +13,11 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
 
 from .._records import State, Status
 from ._codes import CEASED_EXIT_CODES_HELP, EXIT_CODES_HELP, EXIT_NOT_CEASED
 from ._common import NameArg, NamespaceOpt, NoHeadersOpt, OutputOpt, _state
-from ._errors import guard
+from ._errors import escape, guard
 from ._output import (
     emit,
     identity_dict,

@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from types import FrameType
 
 import typer
-from rich.markup import escape
 
 from .._decision import UNMANAGED_HINT
 from ..errors import (
@@ -38,6 +37,15 @@ from ._codes import EXIT_NOT_CEASED as EXIT_NOT_CEASED
 from ._codes import EXIT_OK as EXIT_OK
 from ._codes import EXIT_USAGE as EXIT_USAGE
 from ._state import CliState
+
+
+def escape(text: str) -> str:
+    """rich's markup escape, loaded when a message is printed: a command's requests go out before rich is
+    imported (``status NAME`` starts without it)."""
+    from rich.markup import escape as escape_markup
+
+    return escape_markup(text)
+
 
 OUT_OF_SERVICE = "node.kubernetes.io/out-of-service"
 

@@ -1,5 +1,8 @@
 """Rendering: tables for people (rich on a terminal, kubectl's plain columns when piped); JSON and YAML with
-every field of the library's records; kubectl's ``name``, ``wide``, ``jsonpath`` and ``custom-columns``."""
+every field of the library's records; kubectl's ``name``, ``wide``, ``jsonpath`` and ``custom-columns``.
+
+rich, PyYAML and the template parser are loaded by the function that prints with them, after the command's
+requests: ``status NAME`` sends its first request without them (``tests/cli/test_cli_start.py``)."""
 
 from __future__ import annotations
 
@@ -8,16 +11,15 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
-
-import yaml
-from rich.table import Table
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from .._api import TRAINJOBS, Res
 from .._records import Cessation, Identity, RemainingPod, Status
-from ._jsonpath import scalar
 from ._state import CliState, Output
+
+if TYPE_CHECKING:
+    from rich.table import Table
+    from rich.text import Text
 
 _STATE_STYLE = {
     "Running": "green",
@@ -78,6 +80,8 @@ def emit(state: CliState, data: Any, human: Callable[[], None], *, names: Sequen
     if fmt is Output.JSON:
         state.out.file.write(json.dumps(data, indent=2) + "\n")
     elif fmt is Output.YAML:
+        import yaml
+
         state.out.file.write(yaml.safe_dump(data, sort_keys=False))
     elif fmt is Output.NAME:
         for name in names:
@@ -85,6 +89,8 @@ def emit(state: CliState, data: Any, human: Callable[[], None], *, names: Sequen
     elif fmt is Output.JSONPATH and template is not None and template.template is not None:
         state.out.file.write(template.template.render(data))  # no newline added, as kubectl's
     elif fmt is Output.CUSTOM_COLUMNS and template is not None:
+        from ._jsonpath import scalar
+
         items = data["items"] if isinstance(data, dict) and set(data) == {"items"} else [data]
         grid = Grid([Column(header) for header, _ in template.columns])
         for item in items:
@@ -97,6 +103,8 @@ def emit(state: CliState, data: Any, human: Callable[[], None], *, names: Sequen
 
 
 def state_text(value: str) -> Text:
+    from rich.text import Text
+
     return Text(value, style=_STATE_STYLE.get(value, ""))
 
 
@@ -121,6 +129,8 @@ class Grid:
         self.rows.append(list(cells))
 
     def table(self, *, headers: bool = True) -> Table:
+        from rich.table import Table
+
         table = Table(box=None, header_style="bold", pad_edge=False, expand=False, show_header=headers)
         for c in self.columns:
             table.add_column(c.header, justify="right" if c.right else "left", no_wrap=not c.fold,
@@ -130,6 +140,8 @@ class Grid:
         return table
 
     def lines(self, *, headers: bool = True) -> list[str]:
+        from rich.text import Text
+
         cells = [[_one_line(c.header) for c in self.columns]] if headers else []
         cells += [[_one_line(c.plain if isinstance(c, Text) else c) for c in row] for row in self.rows]
         if not cells:
@@ -165,6 +177,8 @@ def show(state: CliState, grid: Grid) -> None:
 def status_grid(statuses: Sequence[Status], *, wide: bool = False, namespaces: bool = False) -> Grid:
     """NAME STATE IDENTITY A MODE AGE [DISPATCH] CAUSE; ``namespaces`` puts NAMESPACE first (``-A``) and
     ``wide`` adds the remaining pods, their nodes and who created the TrainJob before CAUSE (``-o wide``)."""
+    from rich.text import Text
+
     mixed = any(not s.managed for s in statuses)  # the DISPATCH column shows when some are not dispatch's
     columns = [Column("NAMESPACE")] if namespaces else []
     columns += [Column("NAME"), Column("STATE"), Column("IDENTITY"), Column("A", right=True), Column("MODE"),
@@ -210,6 +224,8 @@ def pods_grid(pods: Iterable[RemainingPod], *, waited: Callable[[RemainingPod], 
         columns.append(Column("WAITING", right=True))
     if wide:
         columns += [Column("FINALIZER"), Column("WHY", fold=True)]
+    from rich.text import Text
+
     grid = Grid(columns)
     for p in pods:
         node_style = "green" if p.node_state == "Ready=True" else "red"
@@ -255,6 +271,8 @@ def print_status(state: CliState, status: Status, *, pods: bool = True, warnings
 
 
 def print_warnings(state: CliState, status: Status) -> None:
+    from rich.text import Text
+
     for warning in status.warnings:
         state.err.print(Text(f"warning: {warning}"))
 
@@ -277,6 +295,8 @@ def cessation_dict(name: str, cessation: Cessation) -> dict[str, Any]:
 
 def print_cessation(state: CliState, name: str, cessation: Cessation) -> None:
     def human() -> None:
+        from rich.text import Text
+
         verdict = "[green]ceased[/]" if cessation.ceased else "[red]not ceased[/]"
         state.out.print(f"{name}: {verdict}: ", end="")
         state.out.print(Text(cessation.reason))

@@ -14,13 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ._jsonpath import Path, Template, TemplateError, parse_path, parse_template
-
 if TYPE_CHECKING:
     from rich.console import Console
 
     from .._adapter import Adapter
     from .._overrides import ConfigOverrides
+    from ._jsonpath import Path, Template
 
 
 class Output(enum.StrEnum):
@@ -50,9 +49,12 @@ class Format:
 def parse_format(value: str) -> Format:
     """Parse ``-o``'s value as kubectl does (``-o jsonpath='{.name}'``, ``-o custom-columns=NAME:.name``).
 
-    A bad value raises ValueError naming what is wrong, so it is a usage error before any request."""
+    A bad value raises ValueError naming what is wrong, so it is a usage error before any request. The
+    template parser is loaded only for the template formats (``status NAME`` starts without it)."""
     kind, eq, rest = value.partition("=")
     kind = kind.strip().lower()
+    if kind in ("jsonpath", "jsonpath-as-json", "custom-columns"):
+        from ._jsonpath import TemplateError, parse_path, parse_template
     if kind in ("jsonpath", "jsonpath-as-json"):
         if kind == "jsonpath-as-json":
             raise ValueError("jsonpath-as-json is not supported; use -o json or -o jsonpath=TEMPLATE")

@@ -55,6 +55,15 @@ def default_identity() -> str:
 _O = OPTION_DEFAULTS
 
 
+DEFAULT_PAGE = 500
+"""Objects a list page asks for (client-go's reflector's page)."""
+LARGE_PAGE = 100
+"""The page of the kinds whose objects are large (a pod or a Workload decodes to tens of KiB) and many: each page
+is decoded whole before the sinks keep their slim views, and the two pod selections list at once, so pages of
+500 made the controller's memory peak (and, freed in pieces, stay) ~2.5x what it keeps (issue 37: 33.6 against
+12.7 MiB above the process at 10,000 pods)."""
+
+
 @dataclass(frozen=True)
 class Config:
     """How the controller runs. ``namespace=None`` serves Workloads in every namespace.
@@ -239,7 +248,8 @@ class Controller:
         def informer(res: k.Res, namespace: str | None, labels: str | None,
                      on_list: Sink | Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
             return Informer(kube, res, namespace=namespace, labels=labels, on_list=on_list, on_event=on_event,
-                            timeout_seconds=timeout, metrics=self.metrics)
+                            timeout_seconds=timeout, metrics=self.metrics,
+                            page_size=LARGE_PAGE if res in (api.PODS, api.WORKLOADS) else DEFAULT_PAGE)
 
         self.informers = {
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),

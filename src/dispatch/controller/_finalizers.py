@@ -47,6 +47,10 @@ POD_FINALIZERS = "pod-finalizers"
 """The keeper's name in controller-runtime's series (its work queue's too)."""
 
 
+SHARED_SIGNATURES = 65_536
+"""At most this many distinct pod signatures are kept for sharing (a few per Node)."""
+
+
 class FinalizerKeeper:
     """Watches pods that carry dispatch's finalizer and removes it once each one's end is proven."""
 
@@ -61,6 +65,8 @@ class FinalizerKeeper:
         """Pod keys (``namespace/name``) carrying our finalizer, by the Node they sit on."""
         self.node_of: dict[str, str] = {}
         self.signatures: dict[str, tuple[object, ...]] = {}
+        self._signature_of: dict[tuple[object, ...], tuple[object, ...]] = {}
+        """Each distinct signature once (at most a few per Node): 100,000 pods keep ~1,000 tuples, not 100,000."""
         self.released = 0
         self._nodes_seen: set[str] = set()
         self.node_sink = Pages(begin=self.nodes_begin, page=self.nodes_page, end=self.nodes_end)
@@ -104,7 +110,11 @@ class FinalizerKeeper:
         signature = (node, pod.kubelet_confirmed, pod.deleting, pod.needs_delete, pod.needs_mark_record)
         if self.signatures.get(key) == signature:
             return
-        self.signatures[key] = signature
+        # one tuple per distinct signature (a Node's running pods all share one), not one per pod; the table
+        # starts afresh past a bound, so Nodes long gone (an autoscaled fleet) are not remembered for ever
+        if len(self._signature_of) > SHARED_SIGNATURES:
+            self._signature_of.clear()
+        self.signatures[key] = self._signature_of.setdefault(signature, signature)
         # Worth a look: ended as its kubelet reports, being deleted (its node may be proven down; a
         # running pod's node proven down is routed by ``on_node``), or rejected by its kubelet.
         if pod.kubelet_confirmed or pod.deleting or pod.needs_delete or pod.needs_mark_record:

@@ -101,7 +101,7 @@ class PodIndex:
         assert self._next is not None
         for obj in items:
             uid, sig = pod_signature(obj)
-            self._next[uid] = sig
+            self._next[uid] = self._router.shared_signature(uid, sig)
 
     def end(self) -> None:
         old, self.live = self.live, self._next or {}
@@ -126,7 +126,7 @@ class PodIndex:
         else:
             if etype == "MODIFIED" and self.live.get(uid) == sig:
                 return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
-            self.live[uid] = sig
+            self.live[uid] = self._router.shared_signature(uid, sig)
         self._router.route_pod(sig, gone=etype == "DELETED")
 
 
@@ -158,6 +158,16 @@ class Router:
         self._nodes_next: dict[str, NodeView] | None = None
         self.workload_sink = Pages(begin=self._workloads_begin, page=self._workloads_page, end=self._workloads_end)
         self.node_sink = Pages(begin=self._nodes_begin, page=self._nodes_page, end=self._nodes_end)
+
+    def shared_signature(self, uid: str, sig: PodSig) -> PodSig:
+        """``sig``, or the equal tuple another pod selection already keeps for the pod: both selections find
+        most pods, and one tuple for the two saves ~90 bytes a pod (~9 MiB at 100,000 pods)."""
+        for index in self.pod_indexes.values():
+            for known in (index.live, index._next):
+                found = known.get(uid) if known is not None else None
+                if found is not None and found == sig:
+                    return found
+        return sig
 
     # ------------------------------------------------------------------ Workloads
 
