@@ -39,7 +39,7 @@ from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State,
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import NodeView, PodView, annotations_of, labels_of, name_of
-from .errors import Conflict, FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+from .errors import FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -472,7 +472,8 @@ class AsyncAdapter:
         n.validate_ref(name)
         self._writer("release")
         token = uuid.uuid4().hex
-        for _ in range(self.conflict_retries):
+
+        async def once() -> Identity:
             tj = await self.core.trainjob(name)
             ident = self._require_dispatch(tj)
             if tj.state is State.RUNNING:
@@ -496,14 +497,13 @@ class AsyncAdapter:
             if not verdict.admissible:
                 await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
                 raise _pods_remain(name, verdict)
-            try:
-                admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
-            except Conflict:
-                continue
-            if await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
-                await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
-                return Identity(tj.job_id, tj.submission, admitted.admission)
-        raise Conflict(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
+            admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
+            if not await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                raise k.kept_changing(f"trainjob {name}")  # the decision no longer holds: decide afresh
+            await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
+            return Identity(tj.job_id, tj.submission, admitted.admission)
+
+        return await k.on_conflict(once, f"trainjob {name} under release", tries=self.conflict_retries)
 
     async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
         """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
@@ -603,7 +603,8 @@ class AsyncAdapter:
         if problem:
             n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
         self._writer("release a pod")
-        for _ in range(self.conflict_retries):
+
+        async def once() -> PodEnd:
             obj = await self._kube.get_or_none(k.PODS, pod)
             if obj is None:
                 raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
@@ -615,17 +616,19 @@ class AsyncAdapter:
             if refusal is not None and view.needs_mark_record:
                 # First sight of the mark (no controller recorded it): record it, then judge the pod afresh.
                 await self.core.record_mark(view)
-                continue
+                raise k.kept_changing(f"pod {pod}")
             if refusal is not None:
                 raise Refused(refusal[0], reason=refusal[1])
             if proof == d.OPERATOR_CONFIRMED and not view.deleting:
                 # Nothing else would delete it (a Job keeps a failed pod): with only the finalizer gone
                 # it would stay, and keep blocking, unproven. Deleted first, it goes once released.
                 await self.core.delete_pod(view, grace_seconds=0)
-                continue
-            if await self.core.remove_finalizer(view, forbidden_ok=False):
-                return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
-        raise Conflict(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
+                raise k.kept_changing(f"pod {pod}")
+            if not await self.core.remove_finalizer(view, forbidden_ok=False):
+                raise k.kept_changing(f"pod {pod}")
+            return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
+
+        return await k.on_conflict(once, f"pod {pod}", tries=self.conflict_retries)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).

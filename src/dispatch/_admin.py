@@ -4,9 +4,12 @@ of admitting, so they live beside the core, not in it; all need the ``dispatch-a
 
 from __future__ import annotations
 
+import contextlib
+
 from . import _api as api
 from . import _decision as d
 from . import _identity as ident
+from . import _kube as k
 from ._core import Core
 from ._read import by_identity
 from ._views import parse_count
@@ -89,11 +92,13 @@ async def forget_worker(core: Core, worker: str) -> tuple[list[str], list[str]]:
         if worker not in record.clusters or not record.ref.namespace:
             continue
         here = Core(core.kube.in_namespace(record.ref.namespace))
-        for _ in range(3):
+
+        async def once(here: Core = here) -> None:
+            nonlocal record
             holder = await here.trainjob_or_none(record.trainjob) if record.trainjob else None
             if holder is not None and holder.ref.uid == record.trainjob_uid and d.armed_for_start(holder, record):
                 armed.append(f"{record.ref.namespace}/{holder.name}")
-                break
+                return
             admission = max(record.admission, await here.floor(record.job_id, record.submission)) + 1
             await here.raise_floor(record.job_id, record.submission, admission)
             try:
@@ -102,9 +107,11 @@ async def forget_worker(core: Core, worker: str) -> tuple[list[str], list[str]]:
             except Conflict:  # changed meanwhile (an admission): read it again
                 fresh = await here.record(record.job_id, record.submission)
                 if fresh is None or worker not in fresh.clusters:
-                    break
+                    return
                 record = fresh
-                continue
+                raise
             forgotten.append(f"{record.ref.namespace}/{record.job_id}/{record.submission}")
-            break
+
+        with contextlib.suppress(Conflict):  # still changing: it is neither forgotten nor armed
+            await k.on_conflict(once, record.describe(), tries=3)
     return forgotten, armed

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from . import _api as api
 from . import _decision as d
 from . import _identity as ident
+from . import _kube as k
 from . import _kueue as kq
 from . import _trainer as tr
 from ._kube import Kube
@@ -32,10 +33,6 @@ from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
-
-CONFLICT_RETRIES = 5
-"""How often a write of the record is read and tried again when someone else wrote it first."""
-
 
 @dataclass(frozen=True)
 class Admitted:
@@ -120,7 +117,8 @@ class Core(Reader):
     async def claim(self, job_id: str, submission: str, trainjob: str) -> ident.RecordView:
         """Claim a submission for ``trainjob`` (``_decision.claim`` says how); only one caller can win it.
         A new record continues from the old namespace ledger's A if it has one."""
-        for _ in range(CONFLICT_RETRIES):
+
+        async def once() -> ident.RecordView:
             record = await self.record(job_id, submission)
             invalid = d.claim_refusal_of_record(record, job_id, submission) if record is not None else None
             holder = (await self.trainjob_or_none(record.trainjob)
@@ -142,11 +140,12 @@ class Core(Reader):
                 obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
                                                   ident.holder_patch(record, trainjob))
                 return ident.RecordView.from_obj(obj)
-            except (Conflict, Refused) as exc:  # created or changed by someone else first: decide again
-                if not isinstance(exc, Conflict) and exc.reason != "AlreadyExists":
+            except Refused as exc:  # created by someone else first: decide again
+                if exc.reason != "AlreadyExists":
                     raise
-        raise Conflict(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
-                       code=409)
+                raise Conflict(str(exc), reason="Conflict", code=409) from exc
+
+        return await k.on_conflict(once, f"the identity record of {job_id}/{submission}")
 
     async def raise_floor(self, job_id: str, submission: str, admission: int, *, issuing: bool = True) -> None:
         """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
@@ -158,7 +157,8 @@ class Core(Reader):
         carried) a floor above is simply kept."""
         name = ident.floor_name(self.kube.namespace, job_id, submission)
         body = ident.new_floor(self.kube.namespace, job_id, submission, admission)
-        for _ in range(CONFLICT_RETRIES):
+
+        async def once() -> None:
             try:
                 await self.kube.merge_patch(api.SUBMISSION_FLOORS, name, {"spec": body["spec"]})
                 self.on_write("floor")
@@ -187,11 +187,12 @@ class Core(Reader):
             try:
                 await self.kube.create(api.SUBMISSION_FLOORS, body)
                 self.on_write("floor")
-                return
             except Refused as exc:  # created by someone else first: raise theirs
                 if exc.reason != "AlreadyExists":
                     raise
-        raise Conflict(f"the floor of {job_id}/{submission} kept changing; retry", reason="Conflict", code=409)
+                raise Conflict(str(exc), reason="Conflict", code=409) from exc
+
+        await k.on_conflict(once, f"the floor of {job_id}/{submission}")
 
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
@@ -199,7 +200,9 @@ class Core(Reader):
         if admission > record.admission:
             await self.raise_floor(record.job_id, record.submission, admission, issuing=False)
         current: ident.RecordView | None = record
-        for _ in range(CONFLICT_RETRIES):
+
+        async def once() -> None:
+            nonlocal current
             if current is None:
                 return
             try:
@@ -207,11 +210,12 @@ class Core(Reader):
                                             ident.holder_patch(current, "", admission=admission))
                 return
             except Conflict:
-                pass
-            current = await self.record(record.job_id, record.submission)
-            if current is not None and current.trainjob != record.trainjob:
-                return  # someone else holds it now
-        raise Conflict(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
+                current = await self.record(record.job_id, record.submission)
+            if current is None or current.trainjob != record.trainjob:
+                return  # gone, or someone else holds it now
+            raise k.kept_changing(record.describe())
+
+        await k.on_conflict(once, record.describe())
 
     async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
         """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the
@@ -295,23 +299,29 @@ class Core(Reader):
         obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs))
         return tr.TrainJobView.from_obj(obj)
 
-    async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = CONFLICT_RETRIES) -> bool:
+    async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = k.CONFLICT_RETRIES) -> bool:
         """The write that starts the execution, conditioned on the TrainJob as the raise left it; a 409
         caused only by a status write is retried on the fresh resourceVersion (``_decision``). False: the
         decision no longer holds and the caller decides afresh."""
         current = raised
-        for _ in range(retries):
+
+        async def once() -> bool:
+            nonlocal current
             try:
                 await self.kube.merge_patch(api.TRAINJOBS, raised.name, tr.unsuspend_patch(current, admission))
                 return True
             except Conflict:
-                pass
-            fresh = await self.trainjob_or_none(raised.name)
+                fresh = await self.trainjob_or_none(raised.name)
             if not d.unsuspend_still_holds(raised, fresh, admission):
                 return False
             assert fresh is not None
             current = fresh
-        return False
+            raise k.kept_changing(f"trainjob {raised.name}")
+
+        try:
+            return await k.on_conflict(once, f"trainjob {raised.name}", tries=retries)
+        except Conflict:
+            return False
 
     async def suspend(self, tj: tr.TrainJobView) -> None:
         await self.kube.merge_patch(api.TRAINJOBS, tj.name, tr.suspend_patch())

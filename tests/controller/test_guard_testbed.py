@@ -26,7 +26,7 @@ from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
-from dispatch.controller import _guard as g_
+from dispatch.controller import _tls as g_
 from dispatch.errors import PodsRemain, Refused
 from dispatch.testbed.harness import (
     A,

@@ -32,6 +32,7 @@ import structlog
 
 from .. import _api as api
 from .. import _decision as d
+from .. import _kube as k
 from .. import _kueue as kq
 from .. import _names as n
 from .. import _trainer as tr
@@ -428,13 +429,14 @@ class Reconciler:
         ready = kq.entry_body(entry.name, "Ready", message, now_text(), updates)
         current = c.workload
         core = self.core(ns)
-        for _ in range(READY_RETRIES):
+
+        async def once() -> Outcome | None:
+            nonlocal current
             try:
                 await self._write_check(current, ready)
-                break
+                return None
             except Conflict:
-                pass
-            obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
+                obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
             fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
             why = d.ready_conflict(fresh, entry.name, await core.trainjob_or_none(tj.name), tj, r.admission,
                                    r.dispatch_object)
@@ -444,8 +446,14 @@ class Reconciler:
                 return Outcome("conflict", retry=True, error=why)
             assert fresh is not None
             current = fresh
-        else:
+            raise k.kept_changing(f"workload {ns}/{c.workload.ref.name}")
+
+        try:
+            stopped = await k.on_conflict(once, f"workload {ns}/{c.workload.ref.name}", tries=READY_RETRIES)
+        except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
+        if stopped is not None:
+            return stopped
         self._metrics.admissions.inc()
         if entry.waiting_episode:
             since = kq.parse_time(entry.last_transition)
