@@ -252,7 +252,7 @@ def merged_bundle(existing: bytes, ours: bytes, *, keep: int = BUNDLE_KEEP) -> b
 
 async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api.VALIDATING_WEBHOOKS) -> bool:
     """Make every webhook of configuration ``webhook`` (of kind ``res``) trust ``ca_pem``; True if anything
-    was written, False if nothing needed to be (or it kept changing under every try)."""
+    was written, False if nothing needed to be (or another writer won every try)."""
 
     async def once() -> bool:
         obj = await kube.get(res, webhook)
