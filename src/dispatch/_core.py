@@ -1,14 +1,16 @@
 """The admission core: the writes of the admission protocol, each conditioned on what was read.
 
 Both the library verbs (``_adapter``) and the Kueue controller admit through this one place. ``Core``
-is a ``Reader`` (``_read``: the consistent read and every other read) that adds the protocol's writes:
+holds a ``Reader`` (``_read``: the consistent read and every other read, ``Core.reader``) and adds the
+protocol's writes:
 
 * ``claim``/``unclaim``: the identity record (``_identity``) is claimed by one ``open``, and released by
-  ``close`` with the highest A the object carried;
+  ``close`` with the highest A the object carried (``close``, whose branch is ``_decision.close_record``);
 * ``admit``: A is issued in the record before any TrainJob carries it, then raised on the TrainJob and in
   dispatch's runtime patch entry; ``unsuspend`` then starts the execution (plain mode) or the controller
   sets its admission check Ready (Kueue mode);
-* ``free``/``delete_pod``: dispatch's pod finalizer, dropped once a pod's end is proven.
+* beside the core, dispatch's pod finalizer (``free``, ``remove_finalizer``, ``delete_pod``, ``record_mark``):
+  functions over the API client, for the finalizer keeper and ``admin release-pod``, which need no core.
 
 What to decide from a read (the rule, which A to issue, whether a claim may be taken, whether a
 decision still holds after a conflict) is the pure functions of ``_decision``; the core decides nothing.
@@ -42,69 +44,15 @@ class Admitted:
     admission: int
 
 
-class Core(Reader):
-    """The admission protocol's reads (``Reader``) and writes for one namespace."""
+class Core:
+    """The admission protocol's writes for one namespace, over the reads of its ``Reader``."""
 
     def __init__(self, kube: Kube, *, on_write: Callable[[str], None] = lambda _kind: None) -> None:
-        super().__init__(kube)
+        self.kube = kube
+        self.reader = Reader(kube)
+        """Every read the protocol takes (``_read``): the core holds one, and decides nothing from it itself."""
         self.on_write = on_write
         """Called with "record", "trainjob" or "workload" after each admitting write (the controller's metrics)."""
-
-    # ------------------------------------------------------------------ dispatch's pod finalizer
-
-    async def free(self, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
-        """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
-        returns the names freed. A pod that changed since it was read keeps its finalizer until the next
-        pass (or the controller) looks again; one this caller may not patch is left to the controller."""
-        proven = d.releasable(pods, nodes)
-        done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
-        return [p.name for p, ok in zip(proven, done, strict=True) if ok]
-
-    async def delete_pod(self, pod: PodView, *, grace_seconds: int | None = None) -> bool:
-        """Delete a pod as read (conditioned on its uid and resourceVersion). The controller deletes a pod
-        its kubelet rejected, so that the kubelet tears it down and writes every container's end (which
-        proves it; dispatch's finalizer keeps the object until then); ``admin release-pod`` deletes a
-        pod whose end the operator vouched for that nothing else deletes (a Job keeps failed pods).
-        False if the pod changed or is gone."""
-        try:
-            await self.kube.delete(api.PODS, pod.name, pod.namespace or None, grace_seconds=grace_seconds,
-                                   uid=pod.uid, resource_version=pod.resource_version)
-        except (NotFound, Conflict):
-            return False
-        return True
-
-    async def remove_finalizer(self, pod: PodView, *, forbidden_ok: bool = True) -> bool:
-        """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
-        on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
-        status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
-        this caller lacks ``patch`` on pods."""
-        if POD_FINALIZER not in pod.finalizers:
-            return False
-        patch = {"metadata": {"resourceVersion": pod.resource_version,
-                              "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
-        try:
-            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
-        except (NotFound, Conflict):
-            return False
-        except Forbidden:
-            if forbidden_ok:
-                return False
-            raise
-        return True
-
-    async def record_mark(self, pod: PodView) -> bool:
-        """Record on ``pod`` that dispatch saw it marked terminal by someone other than its kubelet
-        (``MarkSeen``): the resourceVersion read and the kubelet's fingerprint at it, in one merge patch
-        conditioned on that resourceVersion, so the record describes exactly the version it names. False if
-        the pod changed meanwhile (409) or is gone: read it again."""
-        seen = MarkSeen(parse_count(pod.resource_version) or 0, pod.kubelet_fingerprint)
-        patch = {"metadata": {"resourceVersion": pod.resource_version,
-                              "annotations": {ANNOTATION_MARK_SEEN: seen.text()}}}
-        try:
-            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
-        except (NotFound, Conflict):
-            return False
-        return True
 
     # ------------------------------------------------------------------ the identity record
 
@@ -119,12 +67,12 @@ class Core(Reader):
         A new record continues from the old namespace ledger's A if it has one."""
 
         async def once() -> ident.RecordView:
-            record = await self.record(job_id, submission)
+            record = await self.reader.record(job_id, submission)
             invalid = d.claim_refusal_of_record(record, job_id, submission) if record is not None else None
-            holder = (await self.trainjob_or_none(record.trainjob)
+            holder = (await self.reader.trainjob_or_none(record.trainjob)
                       if record is not None and record.trainjob and invalid is None else None)
             other = (None if invalid is not None or d.claim_held(record, holder)
-                     else await self.live_trainjob_of(job_id, submission))
+                     else await self.reader.live_trainjob_of(job_id, submission))
             step = d.claim(job_id, submission, trainjob, record, holder, other)
             if step.refusal is not None:
                 raise Refused(step.refusal[0], reason=step.refusal[1])
@@ -132,7 +80,8 @@ class Core(Reader):
                 if step.action == "create":
                     # a record created again (its namespace was deleted and re-created) continues from the
                     # floor; one made before records existed, from the old namespace ledger
-                    floor = max(await self.floor(job_id, submission), await self.legacy_floor(job_id, submission))
+                    floor = max(await self.reader.floor(job_id, submission),
+                                await self.reader.legacy_floor(job_id, submission))
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
                 assert record is not None
                 if step.action == "resume":
@@ -164,7 +113,7 @@ class Core(Reader):
                 self.on_write("floor")
                 return
             except NotServed:
-                await self.floor_obj(job_id, submission)  # raises the install hint
+                await self.reader.floor_obj(job_id, submission)  # raises the install hint
                 raise
             except NotFound:
                 pass
@@ -172,7 +121,7 @@ class Core(Reader):
                 if exc.code != 422:
                     raise
                 # refused by a rule: already higher, or it names another submission (``floor`` refuses that)
-                found = await self.floor(job_id, submission)
+                found = await self.reader.floor(job_id, submission)
                 if found == admission or (found > admission and not issuing):
                     return
                 if found >= ident.ADMISSION_LIMIT:  # raised to the top by hand: only an admin's forget helps
@@ -210,17 +159,42 @@ class Core(Reader):
                                             ident.holder_patch(current, "", admission=admission))
                 return
             except Conflict:
-                current = await self.record(record.job_id, record.submission)
+                current = await self.reader.record(record.job_id, record.submission)
             if current is None or current.trainjob != record.trainjob:
                 return  # gone, or someone else holds it now
             raise k.kept_changing(record.describe())
 
         await k.on_conflict(once, record.describe())
 
+    async def close(self, tj: tr.TrainJobView, mine: Iterable[PodView]) -> None:
+        """``close``'s record policy, before the object is deleted: the record it holds is released with the
+        highest A it (or a pod of it, ``mine``) carried, or the floor's if higher (a record below its floor,
+        made or restored by hand, is lifted to it); an object opened before records gets one, so its A is
+        kept (``_decision.close_record``)."""
+        pods = list(mine)
+        record = await self.reader.record(tj.job_id, tj.submission) if tj.labelled else None
+        step = d.close_record(tj, record, pods)
+        if step is None:
+            return
+        highest = max(d.carried(tj, pods), await self.reader.floor(tj.job_id, tj.submission))
+        if step == "lift":
+            assert record is not None
+            await self.unclaim(record, admission=highest)
+        else:
+            await self.unclaim(await self.issue(None, tj, highest, ""))
+
+    async def close_unopened(self, name: str) -> bool:
+        """``close`` of a name with no TrainJob: the claims an ``open`` took and never created the TrainJob for
+        are released. False if there were none."""
+        claims = [r for r in await self.reader.claims_of(name) if not r.trainjob_uid]
+        for claim in claims:
+            await self.unclaim(claim)
+        return bool(claims)
+
     async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
         """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the
         first issue creates it). Someone else creating it first is a Conflict: the caller reads again."""
-        floor = await self.floor(tj.job_id, tj.submission)
+        floor = await self.reader.floor(tj.job_id, tj.submission)
         if not floor:
             return None
         try:
@@ -270,7 +244,7 @@ class Core(Reader):
         if exhausted:
             raise Refused(exhausted, reason="RecordInvalid")
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
-        jobs = await self.runtime_jobs_of(tj)
+        jobs = await self.reader.runtime_jobs_of(tj)
         retarget = jobs is not None and list(tj.patch_targets) != list(jobs)
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token, clusters)
@@ -311,7 +285,7 @@ class Core(Reader):
                 await self.kube.merge_patch(api.TRAINJOBS, raised.name, tr.unsuspend_patch(current, admission))
                 return True
             except Conflict:
-                fresh = await self.trainjob_or_none(raised.name)
+                fresh = await self.reader.trainjob_or_none(raised.name)
             if not d.unsuspend_still_holds(raised, fresh, admission):
                 return False
             assert fresh is not None
@@ -336,6 +310,66 @@ class Core(Reader):
         await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
                               workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
         self.on_write("workload")
+
+
+# --------------------------------------------------------------------------- dispatch's pod finalizer
+# Not part of admitting: the controller's finalizer keeper and ``admin release-pod`` write them, each conditioned
+# on the pod as read.
+
+
+async def free(kube: Kube, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
+    """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
+    returns the names freed. A pod that changed since it was read keeps its finalizer until the next
+    pass (or the controller) looks again; one this caller may not patch is left to the controller."""
+    proven = d.releasable(pods, nodes)
+    done = await asyncio.gather(*(remove_finalizer(kube, p) for p in proven))
+    return [p.name for p, ok in zip(proven, done, strict=True) if ok]
+
+async def delete_pod(kube: Kube, pod: PodView, *, grace_seconds: int | None = None) -> bool:
+    """Delete a pod as read (conditioned on its uid and resourceVersion). The controller deletes a pod
+    its kubelet rejected, so that the kubelet tears it down and writes every container's end (which
+    proves it; dispatch's finalizer keeps the object until then); ``admin release-pod`` deletes a
+    pod whose end the operator vouched for that nothing else deletes (a Job keeps failed pods).
+    False if the pod changed or is gone."""
+    try:
+        await kube.delete(api.PODS, pod.name, pod.namespace or None, grace_seconds=grace_seconds,
+                               uid=pod.uid, resource_version=pod.resource_version)
+    except (NotFound, Conflict):
+        return False
+    return True
+
+async def remove_finalizer(kube: Kube, pod: PodView, *, forbidden_ok: bool = True) -> bool:
+    """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
+    on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
+    status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
+    this caller lacks ``patch`` on pods."""
+    if POD_FINALIZER not in pod.finalizers:
+        return False
+    patch = {"metadata": {"resourceVersion": pod.resource_version,
+                          "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
+    try:
+        await kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+    except (NotFound, Conflict):
+        return False
+    except Forbidden:
+        if forbidden_ok:
+            return False
+        raise
+    return True
+
+async def record_mark(kube: Kube, pod: PodView) -> bool:
+    """Record on ``pod`` that dispatch saw it marked terminal by someone other than its kubelet
+    (``MarkSeen``): the resourceVersion read and the kubelet's fingerprint at it, in one merge patch
+    conditioned on that resourceVersion, so the record describes exactly the version it names. False if
+    the pod changed meanwhile (409) or is gone: read it again."""
+    seen = MarkSeen(parse_count(pod.resource_version) or 0, pod.kubelet_fingerprint)
+    patch = {"metadata": {"resourceVersion": pod.resource_version,
+                          "annotations": {ANNOTATION_MARK_SEEN: seen.text()}}}
+    try:
+        await kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+    except (NotFound, Conflict):
+        return False
+    return True
 
 
 class Cores:

@@ -500,6 +500,18 @@ def carried(trainjob: TrainJobView, pods: Iterable[PodView]) -> int:
     return max([trainjob.admission, trainjob.patch_admission, *(p.admission or 0 for p in pods)])
 
 
+def close_record(trainjob: TrainJobView, record: RecordView | None, pods: Iterable[PodView]) -> str | None:
+    """What ``close`` does with the submission's identity record before it deletes the object, so a re-opened
+    submission goes on counting: ``"lift"`` the record this object holds (to the highest A it carried, and the
+    floor's), ``"create"`` one for an object opened before records that carried an A (so its A is kept), or
+    None: the record is another object's (or there is none and nothing ran), and close leaves it."""
+    if not trainjob.labelled:
+        return None
+    if record is not None:
+        return "lift" if record.trainjob == trainjob.name else None
+    return "create" if carried(trainjob, pods) > 0 else None
+
+
 def next_admission(trainjob: TrainJobView, pods: Iterable[PodView], record: RecordView | None = None,
                    *, own: Collection[str] = (), plain: bool = True) -> Plan:
     """The A of the admission being made, raised exactly once per admission.

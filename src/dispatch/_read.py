@@ -105,7 +105,7 @@ class Snapshot:
 
 
 class Reader:
-    """The protocol's reads for one namespace (``Core`` adds its writes)."""
+    """The protocol's reads for one namespace (``Core`` holds one and adds the writes)."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
@@ -504,3 +504,18 @@ class Reader:
                           f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
                           reason="RecordInvalid")
         return parsed
+
+
+class Readers:
+    """One ``Reader`` per namespace, made on first use: the controller's parts that only read (the guard) or
+    read before writing pods alone (the finalizer keeper) serve every namespace through one API client."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self._made: dict[str, Reader] = {}
+
+    def __call__(self, namespace: str) -> Reader:
+        found = self._made.get(namespace)
+        if found is None:
+            found = self._made[namespace] = Reader(self._kube.in_namespace(namespace))
+        return found

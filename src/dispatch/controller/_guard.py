@@ -43,8 +43,7 @@ from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
 from .._api import Obj
-from .._core import Cores, Target
-from .._read import by_identity
+from .._read import Readers, Target, by_identity
 from .._trainer import TrainJobView
 from .._views import PodView
 from ..errors import DispatchError
@@ -101,7 +100,7 @@ class Guard:
         self.kube = kube
         self.worker = worker
         """This cluster is a MultiKueue worker (``--multikueue-worker``): copies are judged as copies."""
-        self._core = Cores(kube)
+        self._read = Readers(kube)
         self.reviews = 0
         self.denials = 0
         reg = registry if registry is not None else CollectorRegistry()
@@ -124,12 +123,12 @@ class Guard:
             return None
         if not d.starts_execution(operation, old, new) or not new.labelled:
             return d.guard(operation, old, new, None, None)
-        core = self._core(str(request.get("namespace") or new.ref.namespace))
+        reader = self._read(str(request.get("namespace") or new.ref.namespace))
         target = Target.of(new)
         snap, record, workload, jobs = await asyncio.gather(
-            core.read_one(target), core.record(new.job_id, new.submission),
-            (core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new))
-            if operation == "UPDATE" else _none(), core.runtime_jobs_of(new))
+            reader.read_one(target), reader.record(new.job_id, new.submission),
+            (reader.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else reader.workload_of(new))
+            if operation == "UPDATE" else _none(), reader.runtime_jobs_of(new))
         # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
         return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
             or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
@@ -143,8 +142,8 @@ class Guard:
         problem = d.pod_create_problem(new)  # judged on the pod alone, before any read
         if problem is not None or not new.job_id or not new.submission:
             return problem
-        core = self._core(str(request.get("namespace") or new.namespace))
-        pods, nodes = await core.submission_pods(new.job_id, new.submission)
+        reader = self._read(str(request.get("namespace") or new.namespace))
+        pods, nodes = await reader.submission_pods(new.job_id, new.submission)
         return d.pod_start_problem(new, pods, nodes)
 
     async def _within(self, work: Coroutine[Any, Any, T], timeout: float, what: str) -> tuple[T | None, str | None]:
@@ -203,9 +202,9 @@ class Guard:
     async def _collision(self, request: Obj, name: str, job_id: str, submission: str) -> str | None:
         """``_enrol.collision`` over the submission's record and its live TrainJobs (a get and a list)."""
         namespace = str(request.get("namespace") or "")
-        core = self._core(namespace)
-        record, listed = await asyncio.gather(core.record(job_id, submission),
-                                              core.trainjobs(by_identity([(job_id, submission)])))
+        reader = self._read(namespace)
+        record, listed = await asyncio.gather(reader.record(job_id, submission),
+                                              reader.trainjobs(by_identity([(job_id, submission)])))
         live = [v.name for v in listed if not v.deleting]
         return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 

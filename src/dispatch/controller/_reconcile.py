@@ -236,11 +236,11 @@ class Reconciler:
         found: dict[str, tr.TrainJobView | None] = {}
         if idents and len(wanted) > 1:
             pairs = {(i, s) for i, s in idents if i and s}
-            for view in await core.trainjobs(by_identity(pairs)) if pairs else []:
+            for view in await core.reader.trainjobs(by_identity(pairs)) if pairs else []:
                 if view.name in wanted:
                     found[view.name] = view
         unlisted = sorted(set(wanted) - set(found))
-        got = await asyncio.gather(*(core.trainjob_or_none(name) for name in unlisted))
+        got = await asyncio.gather(*(core.reader.trainjob_or_none(name) for name in unlisted))
         found.update(zip(unlisted, got, strict=True))
         return found
 
@@ -300,7 +300,7 @@ class Reconciler:
             else:
                 deciding.append(c)
         core = self.core(ns)
-        read = core.read([Target.of(c.trainjob) for c in deciding if c.trainjob is not None],
+        read = core.reader.read([Target.of(c.trainjob) for c in deciding if c.trainjob is not None],
                          list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
         early: Mapping[tuple[str, str], RecordView | None] | None = None
         lone = deciding[0].trainjob if len(names) == 1 and len(deciding) == 1 else None
@@ -309,7 +309,7 @@ class Reconciler:
             # read together with the lower layers rather than after them. Every write to the record is
             # conditioned on the version read, so when it is read changes nothing but the time. In a
             # batch (a busy queue) records are read only for the Workloads found admissible.
-            snaps, early = await asyncio.gather(read, core.records([(lone.job_id, lone.submission)]))
+            snaps, early = await asyncio.gather(read, core.reader.records([(lone.job_id, lone.submission)]))
         else:
             snaps = await read
         admits: list[_Case] = []
@@ -323,7 +323,7 @@ class Reconciler:
         if fleet:
             # MultiKueue runs the object in a worker: what remains there counts too (the record says where
             # the previous execution may have run; Kueue forgot it at the eviction)
-            records = early if early is not None else await core.records(
+            records = early if early is not None else await core.reader.records(
                 (c.trainjob.job_id, c.trainjob.submission) for c in deciding if c.trainjob is not None
                 and c.trainjob.dispatch_object)
             verdicts.update(await self._across(ns, fleet, verdicts, records))
@@ -335,7 +335,7 @@ class Reconciler:
         await _settle(later, out)
         if not admits:
             return
-        records = records if records is not None else await core.records(
+        records = records if records is not None else await core.reader.records(
             (c.trainjob.job_id, c.trainjob.submission) for c in admits
             if c.trainjob is not None and c.trainjob.dispatch_object)
         raising = [(c.name, self._admit(c, records)) for c in admits]
@@ -438,7 +438,7 @@ class Reconciler:
             except Conflict:
                 obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
             fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
-            why = d.ready_conflict(fresh, entry.name, await core.trainjob_or_none(tj.name), tj, r.admission,
+            why = d.ready_conflict(fresh, entry.name, await core.reader.trainjob_or_none(tj.name), tj, r.admission,
                                    r.dispatch_object)
             if why == "gone":
                 return Outcome("gone")
