@@ -34,7 +34,7 @@ from ._fleet import MULTIKUEUE, Fleet, WorkerView
 from ._follow import Follower, Selection, selections
 from ._identity import RecordView
 from ._overrides import ConfigOverrides
-from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
+from ._read import TRAINER_MISSING, Target, by_jobset
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
@@ -328,10 +328,7 @@ class AsyncAdapter:
                              f"(`dispatch status {tj.name}` shows what it says)")
         finally:
             await fleet.aclose()
-        ran = max(record.admission if record is not None else 0, tj.admission) > 0
-        seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.of(tj))) if not r.problem
-                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down, r.removed) for w, r in sorted(reads.items())
-                if not r.problem or ran]
+        seen = d.fleet_workers(tj, record, workers, {w: r.verdict(Target.of(tj)) for w, r in reads.items()})
         verdict = d.across(local, seen)
         if not verdict.admissible:
             return Cessation(False, verdict.detail(), remaining=verdict.remaining, ends=here.ends)
@@ -474,55 +471,33 @@ class AsyncAdapter:
         token = uuid.uuid4().hex
 
         async def once() -> Identity:
-            tj = await self.core.reader.trainjob(name)
-            ident = self._require_dispatch(tj)
-            if tj.state is State.RUNNING:
-                if tj.queue:
-                    # a hold Kueue has not acted on yet (the Workload deactivated, the job still running):
-                    # releasing undoes it, or the object would end up held although release said it runs
-                    workload = await self.core.reader.workload_of(tj)
-                    if workload is not None and not workload.active:
-                        await self.core.set_active(workload, True)
+            delay, deadline = 0.1, time.monotonic() + self.settle_seconds
+            while True:
+                inputs = (await self.core.reader.inputs([name], workload="own", runtime=True))[name]
+                tj = inputs.trainjob
+                ident = self._require_dispatch(tj)
+                got = await self.core.admission(inputs, token=token, own={token}, plain=True)
+                # wait briefly while the only blockers are layers that have not yet acknowledged a suspension (a
+                # Job just created suspended gets its Suspended condition within moments): admission still needs
+                # each acknowledgement; this only spares the caller a retry for what the Job controller is about
+                # to write. dispatch's pod finalizer is freed by the controller's keeper, never here.
+                if (got.verdict.admissible or not d.only_unconfirmed(got.verdict)
+                        or time.monotonic() + delay > deadline):
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            if got.handed:
                 return ident
-            if tj.state in (State.SUCCEEDED, State.FAILED, State.CLOSING):
-                raise Refused(f"trainjob {name} is {tj.state.value.lower()}; open a new submission to run again",
-                              reason=tj.state.value)
-            workload = await self.core.reader.workload_of(tj)
-            if tj.queue or workload is not None:
-                if workload is not None:
-                    await self.core.set_active(workload, True)
-                return ident
-            record = await self.core.reader.record(tj.job_id, tj.submission)
-            snap, verdict = await self._settled_read(Target.of(tj))
-            if not verdict.admissible:
-                await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
-                raise _pods_remain(name, verdict)
-            admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
+            if got.admitted is None:
+                await ev.record(self._kube, ev.delayed(tj, got.verdict.detail()))
+                raise _pods_remain(name, got.verdict)
+            admitted = got.admitted
             if not await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
                 raise k.kept_changing(f"trainjob {name}")  # the decision no longer holds: decide afresh
             await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
             return Identity(tj.job_id, tj.submission, admitted.admission)
 
         return await k.on_conflict(once, f"trainjob {name} under release", tries=self.conflict_retries)
-
-    async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
-        """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
-        not yet acknowledged a suspension (a Job just created suspended gets its Suspended condition within
-        moments). Safety is unchanged: admission still needs each acknowledgement; this only spares the
-        caller a retry for what the Job controller is about to write."""
-        delay = 0.1
-        deadline = time.monotonic() + self.settle_seconds
-        while True:
-            # dispatch's pod finalizer is freed by the controller's keeper (the writer role may not patch
-            # pods: a writer that could would be able to hide a pod that may run), never here.
-            snap = await self.core.reader.read_one(target)
-            verdict = snap.verdict(target)
-            if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
-                return snap, verdict
-            if time.monotonic() + delay > deadline:
-                return snap, verdict
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
 
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:

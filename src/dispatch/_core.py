@@ -30,11 +30,11 @@ from . import _kueue as kq
 from . import _trainer as tr
 from ._kube import Kube
 from ._names import ANNOTATION_MARK_SEEN
-from ._read import Reader, Snapshot, Target, _no_record_kind
+from ._read import Inputs, Reader, Snapshot, Target, _no_record_kind
 from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
-__all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
+__all__ = ["Admission", "Admitted", "Core", "Cores", "Inputs", "Snapshot", "Target"]
 
 @dataclass(frozen=True)
 class Admitted:
@@ -42,6 +42,17 @@ class Admitted:
 
     trainjob: tr.TrainJobView
     admission: int
+
+
+@dataclass(frozen=True)
+class Admission:
+    """What ``Core.admission`` found and did: the verdict it went by, and the admission's first writes when it was
+    admissible (``admitted``); a plain release of an object already running or Kueue's says so (``handed``:
+    ``running`` or ``kueue``) and admits nothing."""
+
+    verdict: d.Verdict
+    admitted: Admitted | None = None
+    handed: str = ""
 
 
 class Core:
@@ -219,8 +230,40 @@ class Core:
 
     # ------------------------------------------------------------------ admitting writes
 
+    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool,
+                        workers: Collection[str] | None = None, seen: Mapping[str, d.WorkerVerdict] | None = None
+                        ) -> Admission:
+        """The one admission entry, for the verb and the reconciler: the verdict over ``inputs`` (under
+        MultiKueue, ``workers`` and what each showed, ``seen``, folded in by ``_decision.admission_verdict``)
+        and, when nothing of the object may still run, the admission's first writes (``admit``). Nothing is
+        written when it is not admissible. A plain release (``plain``) of an object already running, or of one
+        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``).
+
+        Each caller then does only what differs: the verb unsuspends (or raises ``PodsRemain``), the
+        reconciler sets its check Ready (or writes its Pending message). A Conflict: read and decide again."""
+        tj = inputs.trainjob
+        if plain:
+            step = d.release_step(tj, inputs.workload)
+            if step == "finished":
+                raise Refused(d.finished_text(tj), reason=tj.state.value)
+            if step in ("running", "kueue"):
+                # a hold Kueue has not acted on yet (the Workload deactivated, the job still running): releasing
+                # undoes it, or the object would end up held although release said it runs
+                if inputs.workload is not None and (step == "kueue" or tj.queue):
+                    await self.set_active(inputs.workload, True)
+                return Admission(d.Verdict((), ()), handed=step)
+        record = inputs.record if inputs.record_read else await self.reader.record(tj.job_id, tj.submission)
+        verdict = d.admission_verdict(inputs.verdict(), tj, record, workers, seen)
+        if not verdict.admissible:
+            return Admission(verdict)
+        admitted = await self.admit(tj, inputs.snapshot, record, token=token, own=own, plain=plain,
+                                    clusters=tuple(sorted(workers or ())),
+                                    runtime=(inputs.runtime_jobs,) if inputs.runtime_read else None)
+        return Admission(verdict, admitted)
+
     async def admit(self, tj: tr.TrainJobView, snap: Snapshot, record: ident.RecordView | None, *,
-                    token: str, own: Iterable[str], plain: bool, clusters: Collection[str] = ()) -> Admitted:
+                    token: str, own: Iterable[str], plain: bool, clusters: Collection[str] = (),
+                    runtime: tuple[list[str] | None] | None = None) -> Admitted:
         """The admission's first writes, from a read that found nothing of the object still able to run.
 
         The record must be trustworthy for this object (else Refused, reason RecordInvalid, naming it);
@@ -244,7 +287,8 @@ class Core:
         if exhausted:
             raise Refused(exhausted, reason="RecordInvalid")
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
-        jobs = await self.reader.runtime_jobs_of(tj)
+        # (``runtime``: its replicatedJobs as the caller read them with the rest, else read here)
+        jobs = runtime[0] if runtime is not None else await self.reader.runtime_jobs_of(tj)
         retarget = jobs is not None and list(tj.patch_targets) != list(jobs)
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token, clusters)

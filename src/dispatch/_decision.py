@@ -231,6 +231,43 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     return Verdict(tuple(remaining), tuple(blockers))
 
 
+def fleet_workers(trainjob: TrainJobView, record: RecordView | None, workers: Collection[str],
+                  seen: Mapping[str, WorkerVerdict]) -> list[WorkerVerdict]:
+    """Which workers' verdicts count for an object under MultiKueue: every worker Kueue knows and every one its
+    identity record remembers (where the previous execution may have run; Kueue forgot it at the eviction). A
+    worker that cannot be read counts only for an object that ran before (A issued): a first execution has
+    nothing anywhere to wait for, and a pod found in a readable worker counts either way."""
+    ran = max(record.admission if record is not None else 0, trainjob.admission) > 0
+    mine = set(workers) | set(record.clusters if record is not None else ())
+    return [seen[w] for w in sorted(mine) if w in seen and (seen[w].verdict is not None or ran)]
+
+
+def admission_verdict(local: Verdict, trainjob: TrainJobView, record: RecordView | None,
+                      workers: Collection[str] | None = None, seen: Mapping[str, WorkerVerdict] | None = None
+                      ) -> Verdict:
+    """The verdict an admission goes by: the rule over this cluster's read (``local``) and, under MultiKueue
+    (``workers``: the workers Kueue knows; ``seen``: what each showed), over every worker that counts."""
+    if workers is None or seen is None:
+        return local
+    return across(local, fleet_workers(trainjob, record, workers, seen))
+
+
+def release_step(trainjob: TrainJobView, workload: WorkloadView | None) -> str:
+    """What a plain ``release`` does with an object as read: ``running`` (nothing to admit: at most a hold Kueue
+    has not acted on is undone), ``finished`` (refused: a new submission runs again), ``kueue`` (a Workload owns
+    it, with or without the queue-name label: its ``active`` flag is the hold, and Kueue admits through
+    dispatch's check) or ``admit``."""
+    if trainjob.state is State.RUNNING:
+        return "running"
+    if trainjob.state in (State.SUCCEEDED, State.FAILED, State.CLOSING):
+        return "finished"
+    return "kueue" if trainjob.queue or workload is not None else "admit"
+
+
+def finished_text(trainjob: TrainJobView) -> str:
+    return f"trainjob {trainjob.name} is {trainjob.state.value.lower()}; open a new submission to run again"
+
+
 def _job_blocker(job: JobView) -> str | None:
     """A child Job that could still start pods: not suspended, or its suspension not yet acted on.
 

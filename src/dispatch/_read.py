@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from . import _api as api
 from . import _decision as d
@@ -49,6 +50,14 @@ def by_identity(pairs: Collection[tuple[str, str]] | None) -> str | None:
         return None
     return (f"{n.LABEL_JOB_ID} in {_in(j for j, _ in pairs)},"
             f"{n.LABEL_SUBMISSION} in {_in(s for _, s in pairs)}")
+
+
+async def _none_of() -> dict[tuple[str, str], ident.RecordView | None]:
+    return {}
+
+
+async def _no_workloads() -> list[kq.WorkloadView | None]:
+    return []
 
 
 async def _nothing() -> list[Obj]:
@@ -104,6 +113,34 @@ class Snapshot:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
 
 
+@dataclass(frozen=True)
+class Inputs:
+    """Every read one admission decides from (``Reader.inputs``): the TrainJob, the consistent read of its lower
+    layers, and, as asked, its identity record, its Kueue Workload and its runtime's replicatedJobs. A ``*_read``
+    False means that part was not read (a batch reads records only for the objects found admissible)."""
+
+    trainjob: tr.TrainJobView
+    snapshot: Snapshot
+    record: ident.RecordView | None = None
+    record_read: bool = False
+    workload: kq.WorkloadView | None = None
+    runtime_jobs: list[str] | None = None
+    runtime_read: bool = False
+
+    @property
+    def target(self) -> Target:
+        return Target.of(self.trainjob)
+
+    def verdict(self) -> d.Verdict:
+        """The rule over this object's part of the consistent read (the local verdict: no worker's)."""
+        return self.snapshot.verdict(self.target)
+
+
+WorkloadRead = Literal["none", "own", "copy"]
+"""Which Workload ``Reader.inputs`` reads: none, the one Kueue made for the TrainJob, or (in a MultiKueue worker)
+the one MultiKueue prebuilt for a copy."""
+
+
 class Reader:
     """The protocol's reads for one namespace (``Core`` holds one and adds the writes)."""
 
@@ -141,6 +178,43 @@ class Reader:
                         "in a row; retry", reason="Expired", code=410,
                     ) from exc
         raise AssertionError("unreachable")
+
+    async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: bool = True,
+                     workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
+                     ) -> dict[str, Inputs]:
+        """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
+        inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
+        then, at once, the consistent read of them all (``read``), their identity records (``records``; one
+        list for many), each one's Workload (``workload``) and the replicatedJobs of each runtime they name
+        (``runtime``, once per runtime). None of these depends on another: every write made from them is
+        conditioned on the version read, so reading them together changes only the time."""
+        named = [t for t in trainjobs if isinstance(t, str)]
+        got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
+        views = [got[t] if isinstance(t, str) else t for t in trainjobs]
+        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission]
+        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
+        snaps, recs, workloads, jobs = await asyncio.gather(
+            self.read([Target.of(t) for t in views], list_jobsets=list_jobsets),
+            self.records(pairs) if records else _none_of(),
+            asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
+                             for t in views)) if workload != "none" else _no_workloads(),
+            asyncio.gather(*(self.runtime_jobs_of(t) for t in runtimes.values())))
+        by_runtime = dict(zip(runtimes, jobs, strict=True))
+        out: dict[str, Inputs] = {}
+        for i, t in enumerate(views):
+            out[t.name] = Inputs(
+                t, snaps[t.name], recs.get((t.job_id, t.submission)), records,
+                workloads[i] if workload != "none" else None,
+                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime)
+        return out
+
+    async def with_records(self, inputs: Sequence[Inputs]) -> list[Inputs]:
+        """``inputs`` with their identity records read (one list for many), where not read yet."""
+        wanted = [i for i in inputs if not i.record_read]
+        recs = await self.records((i.trainjob.job_id, i.trainjob.submission) for i in wanted
+                                  if i.trainjob.job_id and i.trainjob.submission)
+        return [i if i.record_read else replace(i, record=recs.get((i.trainjob.job_id, i.trainjob.submission)),
+                                                record_read=True) for i in inputs]
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]

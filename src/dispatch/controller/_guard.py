@@ -43,7 +43,7 @@ from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
 from .._api import Obj
-from .._read import Readers, Target, by_identity
+from .._read import Readers, WorkloadRead, by_identity
 from .._trainer import TrainJobView
 from .._views import PodView
 from ..errors import DispatchError
@@ -124,14 +124,13 @@ class Guard:
         if not d.starts_execution(operation, old, new) or not new.labelled:
             return d.guard(operation, old, new, None, None)
         reader = self._read(str(request.get("namespace") or new.ref.namespace))
-        target = Target.of(new)
-        snap, record, workload, jobs = await asyncio.gather(
-            reader.read_one(target), reader.record(new.job_id, new.submission),
-            (reader.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else reader.workload_of(new))
-            if operation == "UPDATE" else _none(), reader.runtime_jobs_of(new))
+        workload: WorkloadRead = ("none" if operation != "UPDATE"
+                                  else "copy" if d.multikueue_copy(new, worker=self.worker) else "own")
+        got = (await reader.inputs([new], workload=workload, runtime=True))[new.name]
         # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
-        return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
-            or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
+        return d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(got.snapshot.jobs, new.name)) \
+            or d.guard(operation, old, new, got.verdict(), got.record, got.workload, got.runtime_jobs,
+                       worker=self.worker)
 
     async def decide_pod(self, request: Obj) -> str | None:
         """The denial for one pod create, or None (``_decision.pod_start_problem`` over a fresh read)."""
@@ -229,10 +228,6 @@ class Guard:
             log.info("trainjob enrolled", namespace=request.get("namespace"), name=name, job_id=got.job_id,
                      submission=got.submission)
         return response(uid, got.denial, got.patch, got.warnings)
-
-
-async def _none() -> None:
-    return None
 
 
 def _request_of(body: Obj) -> tuple[Obj, str]:
