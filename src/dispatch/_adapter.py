@@ -34,7 +34,7 @@ from ._fleet import MULTIKUEUE, Fleet, WorkerView
 from ._follow import Follower, Selection, selections
 from ._identity import RecordView
 from ._overrides import ConfigOverrides
-from ._read import TRAINER_MISSING, Target, by_jobset
+from ._read import EMPTY, TRAINER_MISSING, Inputs, Target
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
@@ -217,7 +217,7 @@ class AsyncAdapter:
         that has some is read as one namespace is (sorted by namespace, then name)."""
         labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
+            listed = await self.core.reader.listed_trainjobs(labels, all_namespaces=all_namespaces)
         except NotFound as exc:
             raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
         except Refused as exc:
@@ -402,7 +402,7 @@ class AsyncAdapter:
                 raise _pods_remain(name, verdict)
         record = await self.core.claim(job_id, submission, name)
         try:
-            created = tr.TrainJobView.from_obj(await self._kube.create(k.TRAINJOBS, body))
+            created = tr.TrainJobView.from_obj(await self.core.create_trainjob(body))
         except NotFound as exc:
             await self.core.unclaim(record)
             raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
@@ -447,7 +447,7 @@ class AsyncAdapter:
     async def _dry_create(self, body: Obj) -> dict[str, Any]:
         name = name_of(body)
         try:
-            return await self._kube.create(k.TRAINJOBS, body, dry_run=True)
+            return await self.core.create_trainjob(body, dry_run=True)
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
@@ -471,11 +471,20 @@ class AsyncAdapter:
         token = uuid.uuid4().hex
 
         async def once() -> Identity:
+            # the TrainJob and (unless it runs, or has ended) its Workload come first, alone: an object that runs,
+            # has ended or is Kueue's is answered from them, and the state machines inject cluster events between
+            # release's first requests, so their order is kept
+            tj = await self.core.reader.trainjob(name)
+            ident = self._require_dispatch(tj)
+            step = d.release_step(tj, None)
+            workload = (await self.core.reader.workload_of(tj)
+                        if step in ("admit", "kueue") or (step == "running" and tj.queue) else None)
             delay, deadline = 0.1, time.monotonic() + self.settle_seconds
             while True:
-                inputs = (await self.core.reader.inputs([name], workload="own", runtime=True))[name]
-                tj = inputs.trainjob
-                ident = self._require_dispatch(tj)
+                if d.release_step(tj, workload) == "admit":
+                    inputs = (await self.core.reader.inputs([tj]))[name]
+                else:
+                    inputs = Inputs(tj, EMPTY, workload=workload)
                 got = await self.core.admission(inputs, token=token, own={token}, plain=True)
                 # wait briefly while the only blockers are layers that have not yet acknowledged a suspension (a
                 # Job just created suspended gets its Suspended condition within moments): admission still needs
@@ -540,7 +549,7 @@ class AsyncAdapter:
         mine = snap.object_pods(target)
         await self.core.close(tj, mine)
         try:
-            await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
+            await self.core.delete_trainjob(name)
         except NotFound:
             pass
         left = d.remaining(mine, snap.nodes)
@@ -568,7 +577,7 @@ class AsyncAdapter:
         self._writer("release a pod")
 
         async def once() -> PodEnd:
-            obj = await self._kube.get_or_none(k.PODS, pod)
+            obj = await self.core.reader.pod_or_none(pod)
             if obj is None:
                 raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
             view = PodView.from_obj(obj)
@@ -709,7 +718,7 @@ class AsyncAdapter:
                 problems.append(FieldCause("container", f"{container!r} {why}", "FieldValueInvalid"))
         n.check(problems)
         n.validate_ref(name)
-        raw = (await self._kube.list(k.PODS, labels=by_jobset([name]))).items
+        raw = await self.core.reader.jobset_pods(name)
         live = [p for p in raw if not PodView.from_obj(p).deleting] or raw
         index = str(node)
         key = "batch.kubernetes.io/job-completion-index"

@@ -6,6 +6,7 @@ protocol's writes:
 
 * ``claim``/``unclaim``: the identity record (``_identity``) is claimed by one ``open``, and released by
   ``close`` with the highest A the object carried (``close``, whose branch is ``_decision.close_record``);
+* ``admission``: the one admission entry (the verdict over ``_read.Inputs``, then ``admit``);
 * ``admit``: A is issued in the record before any TrainJob carries it, then raised on the TrainJob and in
   dispatch's runtime patch entry; ``unsuspend`` then starts the execution (plain mode) or the controller
   sets its admission check Ready (Kueue mode);
@@ -28,6 +29,7 @@ from . import _identity as ident
 from . import _kube as k
 from . import _kueue as kq
 from . import _trainer as tr
+from ._api import Obj
 from ._kube import Kube
 from ._names import ANNOTATION_MARK_SEEN
 from ._read import Inputs, Reader, Snapshot, Target, _no_record_kind
@@ -340,6 +342,14 @@ class Core:
             return await k.on_conflict(once, f"trainjob {raised.name}", tries=retries)
         except Conflict:
             return False
+
+    async def create_trainjob(self, body: Obj, *, dry_run: bool = False) -> Obj:
+        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run."""
+        return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+
+    async def delete_trainjob(self, name: str) -> None:
+        """``close``'s delete, after its record policy; its lower layers go in the background."""
+        await self.kube.delete(api.TRAINJOBS, name, propagation="Background")
 
     async def suspend(self, tj: tr.TrainJobView) -> None:
         await self.kube.merge_patch(api.TRAINJOBS, tj.name, tr.suspend_patch())

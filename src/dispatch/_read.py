@@ -4,7 +4,8 @@ One consistent-read implementation serves one object, many, and a whole namespac
 and child Jobs, then the namespace's pods selected two independent ways (dispatch's identity labels, and
 JobSet's ``jobset-name``) pinned to one resourceVersion, then the Nodes the pods that may run sit on.
 Everything read is parsed once into strict views (``_views``, ``_trainer``, ``_identity``, ``_kueue``);
-what to decide from them is ``_decision``'s. The two pod selections are spelled here and nowhere else.
+what to decide from them is ``_decision``'s. The two pod selections are spelled here and nowhere else, and
+an admission's inputs are gathered here and nowhere else (``Reader.inputs``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ class Snapshot:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
 
 
+EMPTY = Snapshot(None, (), (), {}, "")
+"""A consistent read not taken (a plain release of an object that runs, has ended or is Kueue's reads none)."""
+
+
 @dataclass(frozen=True)
 class Inputs:
     """Every read one admission decides from (``Reader.inputs``): the TrainJob, the consistent read of its lower
@@ -136,6 +141,9 @@ class Inputs:
         return self.snapshot.verdict(self.target)
 
 
+RecordRead = Literal["all", "admissible", "none"]
+"""Which identity records ``Reader.inputs`` reads: every object's, only those the consistent read finds admissible
+(after it), or none."""
 WorkloadRead = Literal["none", "own", "copy"]
 """Which Workload ``Reader.inputs`` reads: none, the one Kueue made for the TrainJob, or (in a MultiKueue worker)
 the one MultiKueue prebuilt for a copy."""
@@ -179,15 +187,17 @@ class Reader:
                     ) from exc
         raise AssertionError("unreachable")
 
-    async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: bool = True,
+    async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
                      ) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
-        then, at once, the consistent read of them all (``read``), their identity records (``records``; one
-        list for many), each one's Workload (``workload``) and the replicatedJobs of each runtime they name
+        then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
+        one list for many), each one's Workload (``workload``) and the replicatedJobs of each runtime they name
         (``runtime``, once per runtime). None of these depends on another: every write made from them is
-        conditioned on the version read, so reading them together changes only the time."""
+        conditioned on the version read, so reading them together changes only the time. A busy controller's
+        batch reads records only for the objects the consistent read finds admissible here (``records``:
+        "admissible"), after it, in one list."""
         named = [t for t in trainjobs if isinstance(t, str)]
         got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
         views = [got[t] if isinstance(t, str) else t for t in trainjobs]
@@ -195,7 +205,7 @@ class Reader:
         runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
         snaps, recs, workloads, jobs = await asyncio.gather(
             self.read([Target.of(t) for t in views], list_jobsets=list_jobsets),
-            self.records(pairs) if records else _none_of(),
+            self.records(pairs) if records == "all" else _none_of(),
             asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
                              for t in views)) if workload != "none" else _no_workloads(),
             asyncio.gather(*(self.runtime_jobs_of(t) for t in runtimes.values())))
@@ -203,18 +213,17 @@ class Reader:
         out: dict[str, Inputs] = {}
         for i, t in enumerate(views):
             out[t.name] = Inputs(
-                t, snaps[t.name], recs.get((t.job_id, t.submission)), records,
+                t, snaps[t.name], recs.get((t.job_id, t.submission)), records == "all",
                 workloads[i] if workload != "none" else None,
                 by_runtime.get((t.runtime_kind, t.runtime_name)), runtime)
+        if records == "admissible":
+            chosen = [one for one in out.values() if one.verdict().admissible]
+            found = await self.records((one.trainjob.job_id, one.trainjob.submission) for one in chosen
+                                       if one.trainjob.dispatch_object)
+            for one in chosen:
+                key = (one.trainjob.job_id, one.trainjob.submission)
+                out[one.trainjob.name] = replace(one, record=found.get(key), record_read=True)
         return out
-
-    async def with_records(self, inputs: Sequence[Inputs]) -> list[Inputs]:
-        """``inputs`` with their identity records read (one list for many), where not read yet."""
-        wanted = [i for i in inputs if not i.record_read]
-        recs = await self.records((i.trainjob.job_id, i.trainjob.submission) for i in wanted
-                                  if i.trainjob.job_id and i.trainjob.submission)
-        return [i if i.record_read else replace(i, record=recs.get((i.trainjob.job_id, i.trainjob.submission)),
-                                                record_read=True) for i in inputs]
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]
@@ -460,6 +469,53 @@ class Reader:
             raise not_served(exc, TRAINER_MISSING) from exc
         except NotFound:
             return None
+
+    async def workloads_named(self, names: Sequence[str], owner_uids: Collection[str] = ()) -> dict[str, Obj | None]:
+        """The Workloads ``names``, fresh: several are listed by their owners' uids (``owner_uids``, one set-based
+        list), and whatever the list misses is got by name; None for one that does not exist."""
+        found: dict[str, Obj | None] = {}
+        uids = sorted({uid for uid in owner_uids if uid and n.label_value_problem(uid) is None})
+        if uids and len(names) > 1:
+            for w in (await self.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
+                name = kq.WorkloadView.from_obj(w).ref.name
+                if name in names:
+                    found[name] = w
+        missing = [name for name in names if name not in found]
+        got = await asyncio.gather(*(self.kube.get_or_none(api.WORKLOADS, name) for name in missing))
+        found.update(zip(missing, got, strict=True))
+        return found
+
+    async def workload_or_none(self, name: str) -> kq.WorkloadView | None:
+        obj = await self.kube.get_or_none(api.WORKLOADS, name)
+        return kq.WorkloadView.from_obj(obj) if obj is not None else None
+
+    async def trainjobs_named(self, wanted: Mapping[str, tuple[str, str] | None]) -> dict[str, tr.TrainJobView | None]:
+        """The TrainJobs named in ``wanted`` (name -> the identity Kueue copied into its pod sets, if
+        known): several are listed by those identity labels, one set-based list, and whatever the list
+        misses (no identity, or labels edited) is got by name; None for one that does not exist."""
+        idents = {i for i in wanted.values() if i is not None}
+        found: dict[str, tr.TrainJobView | None] = {}
+        if idents and len(wanted) > 1:
+            pairs = {(i, s) for i, s in idents if i and s}
+            for view in await self.trainjobs(by_identity(pairs)) if pairs else []:
+                if view.name in wanted:
+                    found[view.name] = view
+        unlisted = sorted(set(wanted) - set(found))
+        got = await asyncio.gather(*(self.trainjob_or_none(name) for name in unlisted))
+        found.update(zip(unlisted, got, strict=True))
+        return found
+
+    async def listed_trainjobs(self, labels: str | None, *, all_namespaces: bool = False) -> list[Obj]:
+        """The TrainJobs ``labels`` selects, as served, in this namespace or (``all_namespaces``) every one."""
+        return (await self.kube.list(api.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
+
+    async def pod_or_none(self, name: str) -> Obj | None:
+        """One pod as served, or None."""
+        return await self.kube.get_or_none(api.PODS, name)
+
+    async def jobset_pods(self, name: str) -> list[Obj]:
+        """The pods of the JobSet ``name`` (its ``jobset-name`` selection), as served."""
+        return (await self.kube.list(api.PODS, labels=by_jobset([name]))).items
 
     async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
         """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""

@@ -47,3 +47,32 @@ def test_the_guards_certificates_live_in_tls() -> None:
     for name in ("def generate_certs", "def renewal_due", "def load_or_generate", "def merged_bundle",
                  "def publish_ca", "x509", "caBundle\"]"):
         assert name not in guard, name
+
+
+def test_one_admission_entry_one_place_for_its_inputs_and_no_policy_outside_the_core() -> None:
+    s = structure()
+    classes = s._classes()
+    calls = s.protocol_calls(classes)
+    # the verb reads its TrainJob and Workload alone first (an object that runs, has ended or is Kueue's is
+    # answered from them); the rest of its inputs come from Reader.inputs, its verdict and writes from admission
+    assert calls["verb"] == ["admission", "inputs", "trainjob", "unsuspend", "workload_of"]
+    assert len(calls["reconciler"]) <= 5 and "admission" in calls["reconciler"]
+    assert s.inputs_gathered(classes)[-1] == "Reader.inputs" and len(s.inputs_gathered(classes)) <= 2
+    assert s.order_spelled(classes)[0] == "dispatch._core"
+    assert s.policy_outside() == []
+    assert sum(s.api_calls_outside().values()) <= 5
+
+
+def test_the_guard_and_the_finalizer_keeper_read_through_a_reader_alone() -> None:
+    for name in ("_guard.py", "_finalizers.py"):
+        text = (ROOT / "src" / "dispatch" / "controller" / name).read_text()
+        assert "Cores" not in text and "import Core" not in text, name
+    core = (ROOT / "src" / "dispatch" / "_core.py").read_text()
+    assert "class Core:" in core and "class Core(Reader)" not in core
+
+
+def test_a_plain_release_takes_fewer_sequential_round_trips() -> None:
+    """Counted (not timed): a request sent while none is in flight starts a round; 12 before issue 36."""
+    stays, requests, rounds = structure().trace_release()
+    assert stays and requests == 15
+    assert rounds <= 11

@@ -28,7 +28,6 @@ from collections.abc import Iterable
 
 import structlog
 
-from .. import _api as api
 from .. import _core
 from .._api import Obj
 from .._kube import Kube
@@ -179,7 +178,7 @@ class FinalizerKeeper:
     async def _look(self, key: str) -> tuple[str, PodView | None]:
         namespace, _, name = key.partition("/")
         reader = self._read(namespace)
-        obj = await reader.kube.get_or_none(api.PODS, name)
+        obj = await reader.pod_or_none(name)
         if obj is None:
             return "gone", None
         pod = PodView.from_obj(obj)

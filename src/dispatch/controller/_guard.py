@@ -38,7 +38,6 @@ from urllib.parse import parse_qs, urlsplit
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from .. import _api as api
 from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
@@ -185,11 +184,8 @@ class Guard:
         runtime = None
         if ref is not None and not e.is_dispatch(obj):
             kind, name = ref
-            if kind == "TrainingRuntime":
-                namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
-                runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
-            else:
-                runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
+            namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+            runtime = await self._read(namespace).runtime_or_none(kind, name)
         got = e.enrol(obj, uid, runtime)
         if got.denial is None and got.job_id and got.submission:
             name = str((obj.get("metadata") or {}).get("name") or "")

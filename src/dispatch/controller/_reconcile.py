@@ -40,7 +40,6 @@ from .._api import Obj
 from .._core import Cores, Inputs
 from .._fleet import MULTIKUEUE, Fleet
 from .._kube import Kube
-from .._read import Reader, by_identity
 from ..errors import Conflict, DispatchError, Refused
 from ._events import EventRecorder
 from ._metrics import Metrics
@@ -213,37 +212,12 @@ class Reconciler:
 
     async def _workloads(self, ns: str, names: list[str],
                          hints: Mapping[str, kq.WorkloadHint]) -> dict[str, Obj | None]:
-        core = self.core(ns)
-        owners = (hints[name].owner_uid for name in names if name in hints)
-        uids = sorted({uid for uid in owners if uid and n.label_value_problem(uid) is None})
-        found: dict[str, Obj | None] = {}
-        if uids and len(names) > 1:
-            for w in (await core.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
-                name = kq.WorkloadView.from_obj(w).ref.name
-                if name in names:
-                    found[name] = w
-        missing = [name for name in names if name not in found]
-        got = await asyncio.gather(*(core.kube.get_or_none(api.WORKLOADS, name) for name in missing))
-        found.update(zip(missing, got, strict=True))
-        return found
+        owners = [hints[name].owner_uid for name in names if name in hints]
+        return await self.core(ns).reader.workloads_named(names, owners)
 
     async def _trainjobs(self, ns: str, wanted: Mapping[str, tuple[str, str] | None]
                          ) -> dict[str, tr.TrainJobView | None]:
-        """The TrainJobs named in ``wanted`` (name -> the identity Kueue copied into its pod sets, if
-        known): several are listed by those identity labels, one set-based list, and whatever the list
-        misses (no identity, or labels edited) is got by name; None for one that does not exist."""
-        core = self.core(ns)
-        idents = {i for i in wanted.values() if i is not None}
-        found: dict[str, tr.TrainJobView | None] = {}
-        if idents and len(wanted) > 1:
-            pairs = {(i, s) for i, s in idents if i and s}
-            for view in await core.reader.trainjobs(by_identity(pairs)) if pairs else []:
-                if view.name in wanted:
-                    found[view.name] = view
-        unlisted = sorted(set(wanted) - set(found))
-        got = await asyncio.gather(*(core.reader.trainjob_or_none(name) for name in unlisted))
-        found.update(zip(unlisted, got, strict=True))
-        return found
+        return await self.core(ns).reader.trainjobs_named(wanted)
 
     async def _read_workloads(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
                               ) -> tuple[dict[str, Obj | None], dict[str, tr.TrainJobView | None]]:
@@ -300,14 +274,13 @@ class Reconciler:
                 out[c.name] = Outcome(refusal)
             else:
                 deciding.append(c)
-        reader = self.core(ns).reader
         lone = deciding[0].trainjob if len(names) == 1 and len(deciding) == 1 else None
         # One Workload alone (a quiet queue, where latency is what counts): its identity record is read together
         # with the lower layers rather than after them. Every write to the record is conditioned on the version
         # read, so when it is read changes nothing but the time. In a batch (a busy queue) records are read only
         # for the Workloads found admissible.
-        got = await reader.inputs([c.trainjob for c in deciding if c.trainjob is not None],
-                                  records=lone is not None and lone.dispatch_object,
+        got = await self.core(ns).reader.inputs([c.trainjob for c in deciding if c.trainjob is not None],
+                                  records="all" if lone is not None and lone.dispatch_object else "admissible",
                                   list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
         admits: list[_Case] = []
         verdicts: dict[str, d.Verdict] = {}
@@ -319,7 +292,6 @@ class Reconciler:
         if fleet:
             # MultiKueue runs the object in a worker: what remains there counts too (the record says where
             # the previous execution may have run; Kueue forgot it at the eviction)
-            await self._with_records(reader, fleet)
             await self._across(ns, fleet)
             for c in fleet:
                 assert c.inputs is not None
@@ -333,17 +305,8 @@ class Reconciler:
         await _settle(later, out)
         if not admits:
             return
-        await self._with_records(reader, [c for c in admits if c.trainjob is not None and c.trainjob.dispatch_object])
         raising = [(c.name, self._admit(c)) for c in admits]
         await _settle(raising, out)
-
-    @staticmethod
-    async def _with_records(reader: Reader, cases: Sequence[_Case]) -> None:
-        """The identity records of ``cases``, where not read yet (one list for many)."""
-        chosen = [c for c in cases if c.inputs is not None]
-        read = await reader.with_records([c.inputs for c in chosen if c.inputs is not None])
-        for c, inputs in zip(chosen, read, strict=True):
-            c.inputs = inputs
 
     async def _across(self, ns: str, cases: Sequence[_Case]) -> None:
         """What each worker showed of each case: one consistent read per worker for all of them (the workers
@@ -426,8 +389,7 @@ class Reconciler:
                 await self._write_check(current, ready)
                 return None
             except Conflict:
-                obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
-            fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
+                fresh = await core.reader.workload_or_none(c.workload.ref.name)
             why = d.ready_conflict(fresh, entry.name, await core.reader.trainjob_or_none(tj.name), tj, r.admission,
                                    r.dispatch_object)
             if why == "gone":
