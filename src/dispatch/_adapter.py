@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import httpx2
 
-from . import _admin
+from . import _admin, _core
 from . import _decision as d
 from . import _enrol as enr
 from . import _events as ev
@@ -34,12 +34,12 @@ from ._fleet import MULTIKUEUE, Fleet, WorkerView
 from ._follow import Follower, Selection, selections
 from ._identity import RecordView
 from ._overrides import ConfigOverrides
-from ._read import TRAINER_MISSING, Snapshot, Target, by_jobset
+from ._read import EMPTY, TRAINER_MISSING, Inputs, Target
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
 from ._views import NodeView, PodView, annotations_of, labels_of, name_of
-from .errors import Conflict, FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+from .errors import FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -160,36 +160,36 @@ class AsyncAdapter:
     def _keeper_idle(self, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
         """Whether ended pods wait for a controller that is not freeing them, on the API server's own clock
         (the Date of its last answer, the clock its deletion times are on); no answer dated, no warning."""
-        now = self.core.kube.server_time
+        now = self._kube.server_time
         return d.keeper_idle_warning(pods, nodes, now) if now is not None else None
 
     async def inspect(self, name: str) -> Status:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
-        tj = await self.core.trainjob(name)
-        runtime_jobs, runtime_gone = await self.core.runtime_of(tj)
+        tj = await self.core.reader.trainjob(name)
+        runtime_jobs, runtime_gone = await self.core.reader.runtime_of(tj)
         gap = [d.uncovered_warning(tj, runtime_jobs), d.runtime_missing_warning(tj, runtime_gone)]
         if tj.state is State.RUNNING:
             # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
-            running_in = await self.core.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
-            jobset = (await self.core.jobsets([name])).get(name) if tj.dispatch_object else None
+            running_in = await self.core.reader.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
+            jobset = (await self.core.reader.jobsets([name])).get(name) if tj.dispatch_object else None
             # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
-            pods, nodes = (await self.core.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
+            pods, nodes = (await self.core.reader.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
                            if tj.labelled and tj.managed_by != MULTIKUEUE else ([], {}))
-            jobs = await self.core.jobs_of(name)
+            jobs = await self.core.reader.jobs_of(name)
             # a NonIndexed Job's other pods are refused by the guard while one runs: say why
             stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
                        d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
             return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
                                                     self._keeper_idle(pods, nodes)],
                                 workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
-        snap = await self.core.read_one(Target.of(tj))
+        snap = await self.core.reader.read_one(Target.of(tj))
         verdict = snap.verdict(Target.of(tj))
-        workload = await self.core.workload_of(tj)  # Kueue may manage it without the queue-name label
+        workload = await self.core.reader.workload_of(tj)  # Kueue may manage it without the queue-name label
         record = (await self._records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
         check = None
         if workload is not None:
-            check = kq.check_of(workload, await self.core.our_checks())
+            check = kq.check_of(workload, await self.core.reader.our_checks())
         return self._status(tj, verdict, check, d.workload_note(workload, tj),
                             kueue=workload is not None or bool(tj.queue),
                             warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
@@ -217,7 +217,7 @@ class AsyncAdapter:
         that has some is read as one namespace is (sorted by namespace, then name)."""
         labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
         try:
-            listed = (await self._kube.list(k.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
+            listed = await self.core.reader.listed_trainjobs(labels, all_namespaces=all_namespaces)
         except NotFound as exc:
             raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
         except Refused as exc:
@@ -244,16 +244,16 @@ class AsyncAdapter:
             trainjobs = [t for t in trainjobs if t.state in wanted]
         idle = [t for t in trainjobs if t.state is not State.RUNNING]
         refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
-        got = await asyncio.gather(*(self.core.runtime_of(next(t for t in trainjobs
+        got = await asyncio.gather(*(self.core.reader.runtime_of(next(t for t in trainjobs
                                                                if (t.runtime_kind, t.runtime_name) == ref))
                                      for ref in refs))
         runtimes = dict(zip(refs, got, strict=True))
         running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
-        jobsets = await self.core.jobsets(running)
+        jobsets = await self.core.reader.jobsets(running)
         # a rank whose new pod the guard refuses while the pod before it may still run: one pod list for them all
         here = {(t.job_id, t.submission) for t in trainjobs
                 if t.state is State.RUNNING and t.labelled and t.managed_by != MULTIKUEUE}
-        ranked, ranked_nodes = await self.core.submissions_pods(sorted(here), deleting_nodes=True)
+        ranked, ranked_nodes = await self.core.reader.submissions_pods(sorted(here), deleting_nodes=True)
 
         def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
             return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
@@ -273,12 +273,12 @@ class AsyncAdapter:
             return sorted((run(t) for t in trainjobs), key=lambda s: s.name)
         # Kueue may manage an object without the queue-name label: its Workload says so (and, under
         # MultiKueue, which worker runs it)
-        workloads = await self.core.workloads_by_owner()
+        workloads = await self.core.reader.workloads_by_owner()
         if not idle:
             return sorted((run(t, workloads.get(t.ref.uid)) for t in trainjobs), key=lambda s: s.name)
-        snaps = await self.core.read([Target.of(t) for t in idle], namespace=True)
+        snaps = await self.core.reader.read([Target.of(t) for t in idle], namespace=True)
         records = await self._records([(t.job_id, t.submission) for t in idle if t.labelled])
-        ours = await self.core.our_checks()
+        ours = await self.core.reader.our_checks()
         out: list[Status] = []
         for t in trainjobs:
             if t.state is State.RUNNING:
@@ -297,16 +297,16 @@ class AsyncAdapter:
         """Status's records (whether a close was interrupted): none where they cannot be read, as status
         reads without them otherwise."""
         try:
-            return await self.core.records([p for p in pairs if p[0] and p[1]])
+            return await self.core.reader.records([p for p in pairs if p[0] and p[1]])
         except (Refused, Forbidden):
             return {}
 
     async def ceased(self, name: str) -> Cessation:
         """Whether the object's processes are proven gone. Writes nothing; needs get on Nodes."""
         n.validate_ref(name)
-        tj = await self.core.trainjob_or_none(name)
+        tj = await self.core.reader.trainjob_or_none(name)
         target = Target.of(tj) if tj is not None else Target(name)
-        snap = await self.core.read_one(target)
+        snap = await self.core.reader.read_one(target)
         here = d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
                            pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
                            kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
@@ -328,10 +328,7 @@ class AsyncAdapter:
                              f"(`dispatch status {tj.name}` shows what it says)")
         finally:
             await fleet.aclose()
-        ran = max(record.admission if record is not None else 0, tj.admission) > 0
-        seen = [d.WorkerVerdict(w, r.snapshots[tj.name].verdict(Target.remote(tj))) if not r.problem
-                else d.WorkerVerdict(w, None, r.problem, r.confirmed_down, r.removed) for w, r in sorted(reads.items())
-                if not r.problem or ran]
+        seen = d.fleet_workers(tj, record, workers, {w: r.verdict(Target.remote(tj)) for w, r in reads.items()})
         verdict = d.across(local, seen)
         if not verdict.admissible:
             return Cessation(False, verdict.detail(), remaining=verdict.remaining, ends=here.ends)
@@ -354,7 +351,7 @@ class AsyncAdapter:
         self._writer("open")
         body, warnings = await self._body(spec, name)
         if spec.termination_grace_period_seconds is not None:
-            await self.core.check_grace_kept(body)
+            await self.core.reader.check_grace_kept(body)
         return await self._create(body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
                                   warnings=warnings)
 
@@ -385,7 +382,7 @@ class AsyncAdapter:
         problems = enr.manifest_problems(manifest, self.namespace)
         n.check([FieldCause(field, message, "FieldValueInvalid") for field, message in problems])
         ref = enr.runtime_ref(manifest)
-        runtime = await self.core.runtime_or_none(*ref) if ref is not None else None
+        runtime = await self.core.reader.runtime_or_none(*ref) if ref is not None else None
         got = enr.enrol(manifest, str(uuid.uuid4()), runtime)
         if got.denial is not None:
             raise InvalidInput(got.denial.replace("cannot be enrolled in dispatch", "cannot be opened by dispatch"),
@@ -400,12 +397,12 @@ class AsyncAdapter:
             # An earlier object of the same name or submission may still have pods: refuse before writing
             # anything (release reads again before it admits).
             target = Target(name, job_id, submission)
-            verdict = (await self.core.read_one(target)).verdict(target)
+            verdict = (await self.core.reader.read_one(target)).verdict(target)
             if verdict.remaining:
                 raise _pods_remain(name, verdict)
         record = await self.core.claim(job_id, submission, name)
         try:
-            created = tr.TrainJobView.from_obj(await self._kube.create(k.TRAINJOBS, body))
+            created = tr.TrainJobView.from_obj(await self.core.create_trainjob(body))
         except NotFound as exc:
             await self.core.unclaim(record)
             raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
@@ -426,7 +423,7 @@ class AsyncAdapter:
     async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
         """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
         warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
-        shape, warnings = await self.core.runtime_shape(spec)
+        shape, warnings = await self.core.reader.runtime_shape(spec)
         n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
         return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
 
@@ -444,13 +441,13 @@ class AsyncAdapter:
         if not server:
             return body
         if spec.termination_grace_period_seconds is not None:
-            await self.core.check_grace_kept(body)
+            await self.core.reader.check_grace_kept(body)
         return await self._dry_create(body)
 
     async def _dry_create(self, body: Obj) -> dict[str, Any]:
         name = name_of(body)
         try:
-            return await self._kube.create(k.TRAINJOBS, body, dry_run=True)
+            return await self.core.create_trainjob(body, dry_run=True)
         except NotFound as exc:
             raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
                            reason=exc.reason, code=exc.code) from exc
@@ -472,57 +469,44 @@ class AsyncAdapter:
         n.validate_ref(name)
         self._writer("release")
         token = uuid.uuid4().hex
-        for _ in range(self.conflict_retries):
-            tj = await self.core.trainjob(name)
-            ident = self._require_dispatch(tj)
-            if tj.state is State.RUNNING:
-                if tj.queue:
-                    # a hold Kueue has not acted on yet (the Workload deactivated, the job still running):
-                    # releasing undoes it, or the object would end up held although release said it runs
-                    workload = await self.core.workload_of(tj)
-                    if workload is not None and not workload.active:
-                        await self.core.set_active(workload, True)
-                return ident
-            if tj.state in (State.SUCCEEDED, State.FAILED, State.CLOSING):
-                raise Refused(f"trainjob {name} is {tj.state.value.lower()}; open a new submission to run again",
-                              reason=tj.state.value)
-            workload = await self.core.workload_of(tj)
-            if tj.queue or workload is not None:
-                if workload is not None:
-                    await self.core.set_active(workload, True)
-                return ident
-            record = await self.core.record(tj.job_id, tj.submission)
-            snap, verdict = await self._settled_read(Target.of(tj))
-            if not verdict.admissible:
-                await ev.record(self._kube, ev.delayed(tj, verdict.detail()))
-                raise _pods_remain(name, verdict)
-            try:
-                admitted = await self.core.admit(tj, snap, record, token=token, own={token}, plain=True)
-            except Conflict:
-                continue
-            if await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
-                await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
-                return Identity(tj.job_id, tj.submission, admitted.admission)
-        raise Conflict(f"trainjob {name} kept changing under release; retry", reason="Conflict", code=409)
 
-    async def _settled_read(self, target: Target) -> tuple[Snapshot, d.Verdict]:
-        """The consistent read and its verdict, waiting briefly while the only blockers are layers that have
-        not yet acknowledged a suspension (a Job just created suspended gets its Suspended condition within
-        moments). Safety is unchanged: admission still needs each acknowledgement; this only spares the
-        caller a retry for what the Job controller is about to write."""
-        delay = 0.1
-        deadline = time.monotonic() + self.settle_seconds
-        while True:
-            # dispatch's pod finalizer is freed by the controller's keeper (the writer role may not patch
-            # pods: a writer that could would be able to hide a pod that may run), never here.
-            snap = await self.core.read_one(target)
-            verdict = snap.verdict(target)
-            if verdict.admissible or verdict.remaining or not d.only_unconfirmed(verdict):
-                return snap, verdict
-            if time.monotonic() + delay > deadline:
-                return snap, verdict
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+        async def once() -> Identity:
+            # the TrainJob and (unless it runs, or has ended) its Workload come first, alone: an object that runs,
+            # has ended or is Kueue's is answered from them, and the state machines inject cluster events between
+            # release's first requests, so their order is kept
+            tj = await self.core.reader.trainjob(name)
+            ident = self._require_dispatch(tj)
+            step = d.release_step(tj, None)
+            workload = (await self.core.reader.workload_of(tj)
+                        if step in ("admit", "kueue") or (step == "running" and tj.queue) else None)
+            delay, deadline = 0.1, time.monotonic() + self.settle_seconds
+            while True:
+                if d.release_step(tj, workload) == "admit":
+                    inputs = (await self.core.reader.inputs([tj]))[name]
+                else:
+                    inputs = Inputs(tj, EMPTY, workload=workload)
+                got = await self.core.admission(inputs, token=token, own={token}, plain=True)
+                # wait briefly while the only blockers are layers that have not yet acknowledged a suspension (a
+                # Job just created suspended gets its Suspended condition within moments): admission still needs
+                # each acknowledgement; this only spares the caller a retry for what the Job controller is about
+                # to write. dispatch's pod finalizer is freed by the controller's keeper, never here.
+                if (got.verdict.admissible or not d.only_unconfirmed(got.verdict)
+                        or time.monotonic() + delay > deadline):
+                    break
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+            if got.handed:
+                return ident
+            if got.admitted is None:
+                await ev.record(self._kube, ev.delayed(tj, got.verdict.detail()))
+                raise _pods_remain(name, got.verdict)
+            admitted = got.admitted
+            if not await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                raise k.kept_changing(f"trainjob {name}")  # the decision no longer holds: decide afresh
+            await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
+            return Identity(tj.job_id, tj.submission, admitted.admission)
+
+        return await k.on_conflict(once, f"trainjob {name} under release", tries=self.conflict_retries)
 
     @staticmethod
     def _require_dispatch(tj: tr.TrainJobView) -> Identity:
@@ -537,9 +521,9 @@ class AsyncAdapter:
         """Suspend the object (in Kueue mode: deactivate its Workload). Its pods then start to go."""
         n.validate_ref(name)
         self._writer("hold")
-        tj = await self.core.trainjob(name)
+        tj = await self.core.reader.trainjob(name)
         self._require_dispatch(tj)
-        workload = await self.core.workload_of(tj)
+        workload = await self.core.reader.workload_of(tj)
         if workload is not None:
             await self.core.set_active(workload, False)
         elif tj.queue:
@@ -555,29 +539,17 @@ class AsyncAdapter:
         remain: they still block a same-named or same-submission new object."""
         n.validate_ref(name)
         self._writer("close")
-        tj = await self.core.trainjob_or_none(name)
+        tj = await self.core.reader.trainjob_or_none(name)
         if tj is None:
-            claims = [r for r in await self.core.claims_of(name) if not r.trainjob_uid]
-            for claim in claims:  # an open that claimed its submission and never created the TrainJob
-                await self.core.unclaim(claim)
-            if claims:
+            if await self.core.close_unopened(name):  # an open that claimed its submission, never created it
                 return ()
             raise NotFound(f"trainjob {name} not found in namespace {self.namespace}", reason="NotFound", code=404)
         target = Target.of(tj)
-        snap = await self.core.read_one(target, lower=False)
+        snap = await self.core.reader.read_one(target, lower=False)
         mine = snap.object_pods(target)
-        if tj.labelled:
-            record = await self.core.record(tj.job_id, tj.submission)
-            if record is not None and record.trainjob == tj.name:
-                # a record below its floor (made or restored by hand) is lifted to it: the next object goes on
-                floor = await self.core.floor(tj.job_id, tj.submission)
-                await self.core.unclaim(record, admission=max(d.carried(tj, mine), floor))
-            elif record is None and d.carried(tj, mine) > 0:  # opened before records: keep its A
-                # ... and the floor's, if its namespace was deleted and re-created since
-                highest = max(d.carried(tj, mine), await self.core.floor(tj.job_id, tj.submission))
-                await self.core.unclaim(await self.core.issue(None, tj, highest, ""))
+        await self.core.close(tj, mine)
         try:
-            await self._kube.delete(k.TRAINJOBS, name, propagation="Background")
+            await self.core.delete_trainjob(name)
         except NotFound:
             pass
         left = d.remaining(mine, snap.nodes)
@@ -603,29 +575,32 @@ class AsyncAdapter:
         if problem:
             n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
         self._writer("release a pod")
-        for _ in range(self.conflict_retries):
-            obj = await self._kube.get_or_none(k.PODS, pod)
+
+        async def once() -> PodEnd:
+            obj = await self.core.reader.pod_or_none(pod)
             if obj is None:
                 raise NotFound(f"pod {pod} not found in namespace {self.namespace}", reason="NotFound", code=404)
             view = PodView.from_obj(obj)
-            nodes = await self.core.nodes([view]) if view.ours else {}
+            nodes = await self.core.reader.nodes([view]) if view.ours else {}
             proof, refusal = d.release_pod_proof(view, nodes.get(view.node) if view.node else None,
                                                  node_confirmed_down=node_confirmed_down,
                                                  process_gone=process_gone)
             if refusal is not None and view.needs_mark_record:
                 # First sight of the mark (no controller recorded it): record it, then judge the pod afresh.
-                await self.core.record_mark(view)
-                continue
+                await _core.record_mark(self._kube, view)
+                raise k.kept_changing(f"pod {pod}")
             if refusal is not None:
                 raise Refused(refusal[0], reason=refusal[1])
             if proof == d.OPERATOR_CONFIRMED and not view.deleting:
                 # Nothing else would delete it (a Job keeps a failed pod): with only the finalizer gone
                 # it would stay, and keep blocking, unproven. Deleted first, it goes once released.
-                await self.core.delete_pod(view, grace_seconds=0)
-                continue
-            if await self.core.remove_finalizer(view, forbidden_ok=False):
-                return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
-        raise Conflict(f"pod {pod} kept changing; retry", reason="Conflict", code=409)
+                await _core.delete_pod(self._kube, view, grace_seconds=0)
+                raise k.kept_changing(f"pod {pod}")
+            if not await _core.remove_finalizer(self._kube, view, forbidden_ok=False):
+                raise k.kept_changing(f"pod {pod}")
+            return PodEnd(view.name, view.node, proof, view.phase, finalizer=False)
+
+        return await k.on_conflict(once, f"pod {pod}", tries=self.conflict_retries)
 
     async def forget(self, job_id: str, submission: str) -> bool:
         """Delete a submission's identity record, so it counts from A=1 again (needs ``dispatch-admin``).
@@ -673,7 +648,7 @@ class AsyncAdapter:
         """Start following the object's pods (both selections) and its TrainJob; ``changed`` on the
         result waits for the next change. Close it (``aclose`` or ``async with``) when done."""
         n.validate_ref(name)
-        tj = await self.core.trainjob(name)
+        tj = await self.core.reader.trainjob(name)
         follower = Follower(self._kube, selections(name, tj.job_id, tj.submission), interval=interval,
                             complete=bool(tj.job_id and tj.submission))
         await follower.start()
@@ -743,7 +718,7 @@ class AsyncAdapter:
                 problems.append(FieldCause("container", f"{container!r} {why}", "FieldValueInvalid"))
         n.check(problems)
         n.validate_ref(name)
-        raw = (await self._kube.list(k.PODS, labels=by_jobset([name]))).items
+        raw = await self.core.reader.jobset_pods(name)
         live = [p for p in raw if not PodView.from_obj(p).deleting] or raw
         index = str(node)
         key = "batch.kubernetes.io/job-completion-index"

@@ -4,9 +4,12 @@ of admitting, so they live beside the core, not in it; all need the ``dispatch-a
 
 from __future__ import annotations
 
+import contextlib
+
 from . import _api as api
 from . import _decision as d
 from . import _identity as ident
+from . import _kube as k
 from ._core import Core
 from ._read import by_identity
 from ._views import parse_count
@@ -16,12 +19,12 @@ from .errors import Conflict, NotFound, Refused
 async def forget(core: Core, job_id: str, submission: str) -> ident.RecordView | None:
     """Delete a submission's record and its floor (an admin's decision: the submission then counts from 1
     again; the one deletion that may, unlike its namespace's). Refused while a TrainJob holds it."""
-    record = await core.record(job_id, submission)
+    record = await core.reader.record(job_id, submission)
     if record is None:
         # its namespace was deleted and re-created: only the floor remembers the submission
         return None if not await forget_floor(core, job_id, submission) else ident.RecordView.from_obj(
             ident.new_record(job_id, submission, ""))
-    holder = await core.trainjob_or_none(record.trainjob) if record.trainjob else None
+    holder = await core.reader.trainjob_or_none(record.trainjob) if record.trainjob else None
     if holder is not None:
         raise Refused(f"submission {job_id}/{submission} is held by trainjob {holder.name}; close it first",
                       reason="InUse")
@@ -51,15 +54,15 @@ async def migrate(core: Core) -> tuple[int, int]:
                           f"{str(value)[:20]!r} that does not parse; fix or remove it, then migrate again",
                           reason="RecordInvalid")
         wanted[pair] = (max(count, wanted.get(pair, (0, ""))[0]), "")
-    for tj in await core.trainjobs(by_identity(None)):
+    for tj in await core.reader.trainjobs(by_identity(None)):
         if tj.labelled:
             best = max(tj.admission, tj.patch_admission, wanted.get((tj.job_id, tj.submission), (0, ""))[0])
             wanted[(tj.job_id, tj.submission)] = (best, tj.name)
     created = raised = 0
     for (job_id, submission), (admission, holder) in sorted(wanted.items()):
-        admission = max(admission, await core.floor(job_id, submission))
+        admission = max(admission, await core.reader.floor(job_id, submission))
         await core.raise_floor(job_id, submission, admission)
-        record = await core.record(job_id, submission)
+        record = await core.reader.record(job_id, submission)
         if record is None:
             await core._create_record(ident.new_record(job_id, submission, holder, admission=admission))
             created += 1
@@ -89,22 +92,26 @@ async def forget_worker(core: Core, worker: str) -> tuple[list[str], list[str]]:
         if worker not in record.clusters or not record.ref.namespace:
             continue
         here = Core(core.kube.in_namespace(record.ref.namespace))
-        for _ in range(3):
-            holder = await here.trainjob_or_none(record.trainjob) if record.trainjob else None
+
+        async def once(here: Core = here) -> None:
+            nonlocal record
+            holder = await here.reader.trainjob_or_none(record.trainjob) if record.trainjob else None
             if holder is not None and holder.ref.uid == record.trainjob_uid and d.armed_for_start(holder, record):
                 armed.append(f"{record.ref.namespace}/{holder.name}")
-                break
-            admission = max(record.admission, await here.floor(record.job_id, record.submission)) + 1
+                return
+            admission = max(record.admission, await here.reader.floor(record.job_id, record.submission)) + 1
             await here.raise_floor(record.job_id, record.submission, admission)
             try:
                 await here.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
                                             ident.forget_cluster_patch(record, worker, admission))
             except Conflict:  # changed meanwhile (an admission): read it again
-                fresh = await here.record(record.job_id, record.submission)
+                fresh = await here.reader.record(record.job_id, record.submission)
                 if fresh is None or worker not in fresh.clusters:
-                    break
+                    return
                 record = fresh
-                continue
+                raise
             forgotten.append(f"{record.ref.namespace}/{record.job_id}/{record.submission}")
-            break
+
+        with contextlib.suppress(Conflict):  # still changing: it is neither forgotten nor armed
+            await k.on_conflict(once, record.describe(), tries=3)
     return forgotten, armed

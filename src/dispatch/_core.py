@@ -1,14 +1,17 @@
 """The admission core: the writes of the admission protocol, each conditioned on what was read.
 
 Both the library verbs (``_adapter``) and the Kueue controller admit through this one place. ``Core``
-is a ``Reader`` (``_read``: the consistent read and every other read) that adds the protocol's writes:
+holds a ``Reader`` (``_read``: the consistent read and every other read, ``Core.reader``) and adds the
+protocol's writes:
 
 * ``claim``/``unclaim``: the identity record (``_identity``) is claimed by one ``open``, and released by
-  ``close`` with the highest A the object carried;
+  ``close`` with the highest A the object carried (``close``, whose branch is ``_decision.close_record``);
+* ``admission``: the one admission entry (the verdict over ``_read.Inputs``, then ``admit``);
 * ``admit``: A is issued in the record before any TrainJob carries it, then raised on the TrainJob and in
   dispatch's runtime patch entry; ``unsuspend`` then starts the execution (plain mode) or the controller
   sets its admission check Ready (Kueue mode);
-* ``free``/``delete_pod``: dispatch's pod finalizer, dropped once a pod's end is proven.
+* beside the core, dispatch's pod finalizer (``free``, ``remove_finalizer``, ``delete_pod``, ``record_mark``):
+  functions over the API client, for the finalizer keeper and ``admin release-pod``, which need no core.
 
 What to decide from a read (the rule, which A to issue, whether a claim may be taken, whether a
 decision still holds after a conflict) is the pure functions of ``_decision``; the core decides nothing.
@@ -23,19 +26,17 @@ from dataclasses import dataclass
 from . import _api as api
 from . import _decision as d
 from . import _identity as ident
+from . import _kube as k
 from . import _kueue as kq
 from . import _trainer as tr
+from ._api import Obj
 from ._kube import Kube
 from ._names import ANNOTATION_MARK_SEEN
-from ._read import Reader, Snapshot, Target, _no_record_kind
+from ._read import Inputs, Reader, Snapshot, Target, _no_record_kind
 from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
-__all__ = ["Admitted", "Core", "Cores", "Snapshot", "Target"]
-
-CONFLICT_RETRIES = 5
-"""How often a write of the record is read and tried again when someone else wrote it first."""
-
+__all__ = ["Admission", "Admitted", "Core", "Cores", "Inputs", "Snapshot", "Target"]
 
 @dataclass(frozen=True)
 class Admitted:
@@ -45,69 +46,26 @@ class Admitted:
     admission: int
 
 
-class Core(Reader):
-    """The admission protocol's reads (``Reader``) and writes for one namespace."""
+@dataclass(frozen=True)
+class Admission:
+    """What ``Core.admission`` found and did: the verdict it went by, and the admission's first writes when it was
+    admissible (``admitted``); a plain release of an object already running or Kueue's says so (``handed``:
+    ``running`` or ``kueue``) and admits nothing."""
+
+    verdict: d.Verdict
+    admitted: Admitted | None = None
+    handed: str = ""
+
+
+class Core:
+    """The admission protocol's writes for one namespace, over the reads of its ``Reader``."""
 
     def __init__(self, kube: Kube, *, on_write: Callable[[str], None] = lambda _kind: None) -> None:
-        super().__init__(kube)
+        self.kube = kube
+        self.reader = Reader(kube)
+        """Every read the protocol takes (``_read``): the core holds one, and decides nothing from it itself."""
         self.on_write = on_write
         """Called with "record", "trainjob" or "workload" after each admitting write (the controller's metrics)."""
-
-    # ------------------------------------------------------------------ dispatch's pod finalizer
-
-    async def free(self, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
-        """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
-        returns the names freed. A pod that changed since it was read keeps its finalizer until the next
-        pass (or the controller) looks again; one this caller may not patch is left to the controller."""
-        proven = d.releasable(pods, nodes)
-        done = await asyncio.gather(*(self.remove_finalizer(p) for p in proven))
-        return [p.name for p, ok in zip(proven, done, strict=True) if ok]
-
-    async def delete_pod(self, pod: PodView, *, grace_seconds: int | None = None) -> bool:
-        """Delete a pod as read (conditioned on its uid and resourceVersion). The controller deletes a pod
-        its kubelet rejected, so that the kubelet tears it down and writes every container's end (which
-        proves it; dispatch's finalizer keeps the object until then); ``admin release-pod`` deletes a
-        pod whose end the operator vouched for that nothing else deletes (a Job keeps failed pods).
-        False if the pod changed or is gone."""
-        try:
-            await self.kube.delete(api.PODS, pod.name, pod.namespace or None, grace_seconds=grace_seconds,
-                                   uid=pod.uid, resource_version=pod.resource_version)
-        except (NotFound, Conflict):
-            return False
-        return True
-
-    async def remove_finalizer(self, pod: PodView, *, forbidden_ok: bool = True) -> bool:
-        """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
-        on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
-        status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
-        this caller lacks ``patch`` on pods."""
-        if POD_FINALIZER not in pod.finalizers:
-            return False
-        patch = {"metadata": {"resourceVersion": pod.resource_version,
-                              "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
-        try:
-            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
-        except (NotFound, Conflict):
-            return False
-        except Forbidden:
-            if forbidden_ok:
-                return False
-            raise
-        return True
-
-    async def record_mark(self, pod: PodView) -> bool:
-        """Record on ``pod`` that dispatch saw it marked terminal by someone other than its kubelet
-        (``MarkSeen``): the resourceVersion read and the kubelet's fingerprint at it, in one merge patch
-        conditioned on that resourceVersion, so the record describes exactly the version it names. False if
-        the pod changed meanwhile (409) or is gone: read it again."""
-        seen = MarkSeen(parse_count(pod.resource_version) or 0, pod.kubelet_fingerprint)
-        patch = {"metadata": {"resourceVersion": pod.resource_version,
-                              "annotations": {ANNOTATION_MARK_SEEN: seen.text()}}}
-        try:
-            await self.kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
-        except (NotFound, Conflict):
-            return False
-        return True
 
     # ------------------------------------------------------------------ the identity record
 
@@ -120,13 +78,14 @@ class Core(Reader):
     async def claim(self, job_id: str, submission: str, trainjob: str) -> ident.RecordView:
         """Claim a submission for ``trainjob`` (``_decision.claim`` says how); only one caller can win it.
         A new record continues from the old namespace ledger's A if it has one."""
-        for _ in range(CONFLICT_RETRIES):
-            record = await self.record(job_id, submission)
+
+        async def once() -> ident.RecordView:
+            record = await self.reader.record(job_id, submission)
             invalid = d.claim_refusal_of_record(record, job_id, submission) if record is not None else None
-            holder = (await self.trainjob_or_none(record.trainjob)
+            holder = (await self.reader.trainjob_or_none(record.trainjob)
                       if record is not None and record.trainjob and invalid is None else None)
             other = (None if invalid is not None or d.claim_held(record, holder)
-                     else await self.live_trainjob_of(job_id, submission))
+                     else await self.reader.live_trainjob_of(job_id, submission))
             step = d.claim(job_id, submission, trainjob, record, holder, other)
             if step.refusal is not None:
                 raise Refused(step.refusal[0], reason=step.refusal[1])
@@ -134,7 +93,8 @@ class Core(Reader):
                 if step.action == "create":
                     # a record created again (its namespace was deleted and re-created) continues from the
                     # floor; one made before records existed, from the old namespace ledger
-                    floor = max(await self.floor(job_id, submission), await self.legacy_floor(job_id, submission))
+                    floor = max(await self.reader.floor(job_id, submission),
+                                await self.reader.legacy_floor(job_id, submission))
                     return await self._create_record(ident.new_record(job_id, submission, trainjob, admission=floor))
                 assert record is not None
                 if step.action == "resume":
@@ -142,11 +102,12 @@ class Core(Reader):
                 obj = await self.kube.merge_patch(api.SUBMISSION_RECORDS, record.name,
                                                   ident.holder_patch(record, trainjob))
                 return ident.RecordView.from_obj(obj)
-            except (Conflict, Refused) as exc:  # created or changed by someone else first: decide again
-                if not isinstance(exc, Conflict) and exc.reason != "AlreadyExists":
+            except Refused as exc:  # created by someone else first: decide again
+                if exc.reason != "AlreadyExists":
                     raise
-        raise Conflict(f"the identity record of {job_id}/{submission} kept changing; retry", reason="Conflict",
-                       code=409)
+                raise Conflict(str(exc), reason="Conflict", code=409) from exc
+
+        return await k.on_conflict(once, f"the identity record of {job_id}/{submission}")
 
     async def raise_floor(self, job_id: str, submission: str, admission: int, *, issuing: bool = True) -> None:
         """Make the submission's cluster-scoped floor hold at least ``admission``, before any record holds
@@ -161,7 +122,9 @@ class Core(Reader):
         # A=1 is issued once per submission, so its floor is yet to be made: created at once (one write, not
         # a patch answered 404 and then a create); one that exists after all takes the patch's path below.
         create_first = issuing and admission == 1
-        for _ in range(CONFLICT_RETRIES):
+
+        async def once() -> None:
+            nonlocal create_first
             if create_first:
                 create_first = False
                 try:
@@ -169,7 +132,7 @@ class Core(Reader):
                     self.on_write("floor")
                     return
                 except NotServed:
-                    await self.floor_obj(job_id, submission)  # raises the install hint
+                    await self.reader.floor_obj(job_id, submission)  # raises the install hint
                     raise
                 except Refused as exc:
                     if exc.reason != "AlreadyExists":
@@ -179,7 +142,7 @@ class Core(Reader):
                 self.on_write("floor")
                 return
             except NotServed:
-                await self.floor_obj(job_id, submission)  # raises the install hint
+                await self.reader.floor_obj(job_id, submission)  # raises the install hint
                 raise
             except NotFound:
                 pass
@@ -187,7 +150,7 @@ class Core(Reader):
                 if exc.code != 422:
                     raise
                 # refused by a rule: already higher, or it names another submission (``floor`` refuses that)
-                found = await self.floor(job_id, submission)
+                found = await self.reader.floor(job_id, submission)
                 if found == admission or (found > admission and not issuing):
                     return
                 if found >= ident.ADMISSION_LIMIT:  # raised to the top by hand: only an admin's forget helps
@@ -202,11 +165,12 @@ class Core(Reader):
             try:
                 await self.kube.create(api.SUBMISSION_FLOORS, body)
                 self.on_write("floor")
-                return
             except Refused as exc:  # created by someone else first: raise theirs
                 if exc.reason != "AlreadyExists":
                     raise
-        raise Conflict(f"the floor of {job_id}/{submission} kept changing; retry", reason="Conflict", code=409)
+                raise Conflict(str(exc), reason="Conflict", code=409) from exc
+
+        await k.on_conflict(once, f"the floor of {job_id}/{submission}")
 
     async def unclaim(self, record: ident.RecordView, *, admission: int = 0) -> None:
         """Release a submission's claim (``close``), lifting A to ``admission`` if it is higher; the
@@ -214,7 +178,9 @@ class Core(Reader):
         if admission > record.admission:
             await self.raise_floor(record.job_id, record.submission, admission, issuing=False)
         current: ident.RecordView | None = record
-        for _ in range(CONFLICT_RETRIES):
+
+        async def once() -> None:
+            nonlocal current
             if current is None:
                 return
             try:
@@ -222,16 +188,42 @@ class Core(Reader):
                                             ident.holder_patch(current, "", admission=admission))
                 return
             except Conflict:
-                pass
-            current = await self.record(record.job_id, record.submission)
-            if current is not None and current.trainjob != record.trainjob:
-                return  # someone else holds it now
-        raise Conflict(f"{record.describe()} kept changing; retry", reason="Conflict", code=409)
+                current = await self.reader.record(record.job_id, record.submission)
+            if current is None or current.trainjob != record.trainjob:
+                return  # gone, or someone else holds it now
+            raise k.kept_changing(record.describe())
+
+        await k.on_conflict(once, record.describe())
+
+    async def close(self, tj: tr.TrainJobView, mine: Iterable[PodView]) -> None:
+        """``close``'s record policy, before the object is deleted: the record it holds is released with the
+        highest A it (or a pod of it, ``mine``) carried, or the floor's if higher (a record below its floor,
+        made or restored by hand, is lifted to it); an object opened before records gets one, so its A is
+        kept (``_decision.close_record``)."""
+        pods = list(mine)
+        record = await self.reader.record(tj.job_id, tj.submission) if tj.labelled else None
+        step = d.close_record(tj, record, pods)
+        if step is None:
+            return
+        highest = max(d.carried(tj, pods), await self.reader.floor(tj.job_id, tj.submission))
+        if step == "lift":
+            assert record is not None
+            await self.unclaim(record, admission=highest)
+        else:
+            await self.unclaim(await self.issue(None, tj, highest, ""))
+
+    async def close_unopened(self, name: str) -> bool:
+        """``close`` of a name with no TrainJob: the claims an ``open`` took and never created the TrainJob for
+        are released. False if there were none."""
+        claims = [r for r in await self.reader.claims_of(name) if not r.trainjob_uid]
+        for claim in claims:
+            await self.unclaim(claim)
+        return bool(claims)
 
     async def _record_from_floor(self, tj: tr.TrainJobView) -> ident.RecordView | None:
         """The submission's record created at its floor, if it has a floor above 0 (None otherwise: the
         first issue creates it). Someone else creating it first is a Conflict: the caller reads again."""
-        floor = await self.floor(tj.job_id, tj.submission)
+        floor = await self.reader.floor(tj.job_id, tj.submission)
         if not floor:
             return None
         try:
@@ -256,8 +248,40 @@ class Core(Reader):
 
     # ------------------------------------------------------------------ admitting writes
 
+    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool,
+                        workers: Collection[str] | None = None, seen: Mapping[str, d.WorkerVerdict] | None = None
+                        ) -> Admission:
+        """The one admission entry, for the verb and the reconciler: the verdict over ``inputs`` (under
+        MultiKueue, ``workers`` and what each showed, ``seen``, folded in by ``_decision.admission_verdict``)
+        and, when nothing of the object may still run, the admission's first writes (``admit``). Nothing is
+        written when it is not admissible. A plain release (``plain``) of an object already running, or of one
+        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``).
+
+        Each caller then does only what differs: the verb unsuspends (or raises ``PodsRemain``), the
+        reconciler sets its check Ready (or writes its Pending message). A Conflict: read and decide again."""
+        tj = inputs.trainjob
+        if plain:
+            step = d.release_step(tj, inputs.workload)
+            if step == "finished":
+                raise Refused(d.finished_text(tj), reason=tj.state.value)
+            if step in ("running", "kueue"):
+                # a hold Kueue has not acted on yet (the Workload deactivated, the job still running): releasing
+                # undoes it, or the object would end up held although release said it runs
+                if inputs.workload is not None and (step == "kueue" or tj.queue):
+                    await self.set_active(inputs.workload, True)
+                return Admission(d.Verdict((), ()), handed=step)
+        record = inputs.record if inputs.record_read else await self.reader.record(tj.job_id, tj.submission)
+        verdict = d.admission_verdict(inputs.verdict(), tj, record, workers, seen)
+        if not verdict.admissible:
+            return Admission(verdict)
+        admitted = await self.admit(tj, inputs.snapshot, record, token=token, own=own, plain=plain,
+                                    clusters=tuple(sorted(workers or ())),
+                                    runtime=(inputs.runtime_jobs,) if inputs.runtime_read else None)
+        return Admission(verdict, admitted)
+
     async def admit(self, tj: tr.TrainJobView, snap: Snapshot, record: ident.RecordView | None, *,
-                    token: str, own: Iterable[str], plain: bool, clusters: Collection[str] = ()) -> Admitted:
+                    token: str, own: Iterable[str], plain: bool, clusters: Collection[str] = (),
+                    runtime: tuple[list[str] | None] | None = None) -> Admitted:
         """The admission's first writes, from a read that found nothing of the object still able to run.
 
         The record must be trustworthy for this object (else Refused, reason RecordInvalid, naming it);
@@ -281,7 +305,8 @@ class Core(Reader):
         if exhausted:
             raise Refused(exhausted, reason="RecordInvalid")
         # Trainer builds the JobSet from the runtime as it is now: dispatch's entry follows it at every raise
-        jobs = await self.runtime_jobs_of(tj)
+        # (``runtime``: its replicatedJobs as the caller read them with the rest, else read here)
+        jobs = runtime[0] if runtime is not None else await self.reader.runtime_jobs_of(tj)
         retarget = jobs is not None and list(tj.patch_targets) != list(jobs)
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token, clusters)
@@ -310,23 +335,37 @@ class Core(Reader):
         obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs))
         return tr.TrainJobView.from_obj(obj)
 
-    async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = CONFLICT_RETRIES) -> bool:
+    async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = k.CONFLICT_RETRIES) -> bool:
         """The write that starts the execution, conditioned on the TrainJob as the raise left it; a 409
         caused only by a status write is retried on the fresh resourceVersion (``_decision``). False: the
         decision no longer holds and the caller decides afresh."""
         current = raised
-        for _ in range(retries):
+
+        async def once() -> bool:
+            nonlocal current
             try:
                 await self.kube.merge_patch(api.TRAINJOBS, raised.name, tr.unsuspend_patch(current, admission))
                 return True
             except Conflict:
-                pass
-            fresh = await self.trainjob_or_none(raised.name)
+                fresh = await self.reader.trainjob_or_none(raised.name)
             if not d.unsuspend_still_holds(raised, fresh, admission):
                 return False
             assert fresh is not None
             current = fresh
-        return False
+            raise k.kept_changing(f"trainjob {raised.name}")
+
+        try:
+            return await k.on_conflict(once, f"trainjob {raised.name}", tries=retries)
+        except Conflict:
+            return False
+
+    async def create_trainjob(self, body: Obj, *, dry_run: bool = False) -> Obj:
+        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run."""
+        return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+
+    async def delete_trainjob(self, name: str) -> None:
+        """``close``'s delete, after its record policy; its lower layers go in the background."""
+        await self.kube.delete(api.TRAINJOBS, name, propagation="Background")
 
     async def suspend(self, tj: tr.TrainJobView) -> None:
         await self.kube.merge_patch(api.TRAINJOBS, tj.name, tr.suspend_patch())
@@ -341,6 +380,66 @@ class Core(Reader):
         await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
                               workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
         self.on_write("workload")
+
+
+# --------------------------------------------------------------------------- dispatch's pod finalizer
+# Not part of admitting: the controller's finalizer keeper and ``admin release-pod`` write them, each conditioned
+# on the pod as read.
+
+
+async def free(kube: Kube, pods: Iterable[PodView], nodes: Mapping[str, NodeView]) -> list[str]:
+    """Remove dispatch's finalizer from every pod whose end is proven (``_decision.releasable``);
+    returns the names freed. A pod that changed since it was read keeps its finalizer until the next
+    pass (or the controller) looks again; one this caller may not patch is left to the controller."""
+    proven = d.releasable(pods, nodes)
+    done = await asyncio.gather(*(remove_finalizer(kube, p) for p in proven))
+    return [p.name for p, ok in zip(proven, done, strict=True) if ok]
+
+async def delete_pod(kube: Kube, pod: PodView, *, grace_seconds: int | None = None) -> bool:
+    """Delete a pod as read (conditioned on its uid and resourceVersion). The controller deletes a pod
+    its kubelet rejected, so that the kubelet tears it down and writes every container's end (which
+    proves it; dispatch's finalizer keeps the object until then); ``admin release-pod`` deletes a
+    pod whose end the operator vouched for that nothing else deletes (a Job keeps failed pods).
+    False if the pod changed or is gone."""
+    try:
+        await kube.delete(api.PODS, pod.name, pod.namespace or None, grace_seconds=grace_seconds,
+                               uid=pod.uid, resource_version=pod.resource_version)
+    except (NotFound, Conflict):
+        return False
+    return True
+
+async def remove_finalizer(kube: Kube, pod: PodView, *, forbidden_ok: bool = True) -> bool:
+    """Drop dispatch's finalizer from ``pod`` as read: a merge patch of the finalizers list conditioned
+    on the resourceVersion read, so a concurrent change (another finalizer added or removed, a new
+    status) is never overwritten. False if the pod changed (409), is gone, or (``forbidden_ok``)
+    this caller lacks ``patch`` on pods."""
+    if POD_FINALIZER not in pod.finalizers:
+        return False
+    patch = {"metadata": {"resourceVersion": pod.resource_version,
+                          "finalizers": [f for f in pod.finalizers if f != POD_FINALIZER]}}
+    try:
+        await kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+    except (NotFound, Conflict):
+        return False
+    except Forbidden:
+        if forbidden_ok:
+            return False
+        raise
+    return True
+
+async def record_mark(kube: Kube, pod: PodView) -> bool:
+    """Record on ``pod`` that dispatch saw it marked terminal by someone other than its kubelet
+    (``MarkSeen``): the resourceVersion read and the kubelet's fingerprint at it, in one merge patch
+    conditioned on that resourceVersion, so the record describes exactly the version it names. False if
+    the pod changed meanwhile (409) or is gone: read it again."""
+    seen = MarkSeen(parse_count(pod.resource_version) or 0, pod.kubelet_fingerprint)
+    patch = {"metadata": {"resourceVersion": pod.resource_version,
+                          "annotations": {ANNOTATION_MARK_SEEN: seen.text()}}}
+    try:
+        await kube.merge_patch(api.PODS, pod.name, patch, pod.namespace or None)
+    except (NotFound, Conflict):
+        return False
+    return True
 
 
 class Cores:

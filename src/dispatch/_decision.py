@@ -231,6 +231,43 @@ def across(local: Verdict, workers: Sequence[WorkerVerdict]) -> Verdict:
     return Verdict(tuple(remaining), tuple(blockers))
 
 
+def fleet_workers(trainjob: TrainJobView, record: RecordView | None, workers: Collection[str],
+                  seen: Mapping[str, WorkerVerdict]) -> list[WorkerVerdict]:
+    """Which workers' verdicts count for an object under MultiKueue: every worker Kueue knows and every one its
+    identity record remembers (where the previous execution may have run; Kueue forgot it at the eviction). A
+    worker that cannot be read counts only for an object that ran before (A issued): a first execution has
+    nothing anywhere to wait for, and a pod found in a readable worker counts either way."""
+    ran = max(record.admission if record is not None else 0, trainjob.admission) > 0
+    mine = set(workers) | set(record.clusters if record is not None else ())
+    return [seen[w] for w in sorted(mine) if w in seen and (seen[w].verdict is not None or ran)]
+
+
+def admission_verdict(local: Verdict, trainjob: TrainJobView, record: RecordView | None,
+                      workers: Collection[str] | None = None, seen: Mapping[str, WorkerVerdict] | None = None
+                      ) -> Verdict:
+    """The verdict an admission goes by: the rule over this cluster's read (``local``) and, under MultiKueue
+    (``workers``: the workers Kueue knows; ``seen``: what each showed), over every worker that counts."""
+    if workers is None or seen is None:
+        return local
+    return across(local, fleet_workers(trainjob, record, workers, seen))
+
+
+def release_step(trainjob: TrainJobView, workload: WorkloadView | None) -> str:
+    """What a plain ``release`` does with an object as read: ``running`` (nothing to admit: at most a hold Kueue
+    has not acted on is undone), ``finished`` (refused: a new submission runs again), ``kueue`` (a Workload owns
+    it, with or without the queue-name label: its ``active`` flag is the hold, and Kueue admits through
+    dispatch's check) or ``admit``."""
+    if trainjob.state is State.RUNNING:
+        return "running"
+    if trainjob.state in (State.SUCCEEDED, State.FAILED, State.CLOSING):
+        return "finished"
+    return "kueue" if trainjob.queue or workload is not None else "admit"
+
+
+def finished_text(trainjob: TrainJobView) -> str:
+    return f"trainjob {trainjob.name} is {trainjob.state.value.lower()}; open a new submission to run again"
+
+
 def _job_blocker(job: JobView) -> str | None:
     """A child Job that could still start pods: not suspended, or its suspension not yet acted on.
 
@@ -538,6 +575,18 @@ class Plan:
 def carried(trainjob: TrainJobView, pods: Iterable[PodView]) -> int:
     """The highest A the object or any of its pods carries: every A that can have run."""
     return max([trainjob.admission, trainjob.patch_admission, *(p.admission or 0 for p in pods)])
+
+
+def close_record(trainjob: TrainJobView, record: RecordView | None, pods: Iterable[PodView]) -> str | None:
+    """What ``close`` does with the submission's identity record before it deletes the object, so a re-opened
+    submission goes on counting: ``"lift"`` the record this object holds (to the highest A it carried, and the
+    floor's), ``"create"`` one for an object opened before records that carried an A (so its A is kept), or
+    None: the record is another object's (or there is none and nothing ran), and close leaves it."""
+    if not trainjob.labelled:
+        return None
+    if record is not None:
+        return "lift" if record.trainjob == trainjob.name else None
+    return "create" if carried(trainjob, pods) > 0 else None
 
 
 def next_admission(trainjob: TrainJobView, pods: Iterable[PodView], record: RecordView | None = None,

@@ -24,35 +24,47 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from . import _kube as k
-from ._api import TRAINJOBS, Obj
+from ._api import TRAINJOBS, Obj, Res
 from ._records import RemainingPod
 from ._trainer import TrainJobView
+from ._views import Ref
 from .errors import DispatchError
 
 COMPONENT = "dispatch"
 MAX_MESSAGE = 1024
 
 
-def event(tj: TrainJobView, reason: str, message: str, *, warning: bool = False,
-          now: datetime | None = None) -> Obj:
-    """A core/v1 Event about ``tj`` (its uid, so ``kubectl describe`` finds it)."""
+def body(res: Res, ref: Ref, reason: str, message: str, *, warning: bool = False, component: str = COMPONENT,
+         instance: str = "", now: datetime | None = None) -> Obj:
+    """A core/v1 Event about the object ``ref`` of kind ``res`` (its uid, so ``kubectl describe`` finds it): the
+    one Event body, for the verbs' Events and the controller's alike. One about a cluster-scoped object (a
+    ClusterQueue) lives in "default", where kubectl looks for it."""
     stamp = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    ref = tj.ref
-    return {
+    out: Obj = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"name": f"{ref.name}.{secrets.token_hex(8)}", "namespace": ref.namespace},
-        "involvedObject": {"apiVersion": TRAINJOBS.api_version, "kind": TRAINJOBS.kind, "name": ref.name,
-                           "namespace": ref.namespace, "uid": ref.uid, "resourceVersion": ref.resource_version},
+        "metadata": {"name": f"{ref.name}.{secrets.token_hex(8)}", "namespace": ref.namespace or "default"},
+        "involvedObject": {"apiVersion": res.api_version, "kind": res.kind, "name": ref.name,
+                           **({"namespace": ref.namespace} if ref.namespace else {}),
+                           "uid": ref.uid, "resourceVersion": ref.resource_version},
         "reason": reason,
         "message": message if len(message) <= MAX_MESSAGE else message[: MAX_MESSAGE - 15] + "... (truncated)",
         "type": "Warning" if warning else "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
+        "source": {"component": component},
+        "reportingComponent": component,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,
     }
+    if instance:
+        out["reportingInstance"] = instance[:128]
+    return out
+
+
+def event(tj: TrainJobView, reason: str, message: str, *, warning: bool = False,
+          now: datetime | None = None) -> Obj:
+    """A core/v1 Event about ``tj``, from the verbs."""
+    return body(TRAINJOBS, tj.ref, reason, message, warning=warning, now=now)
 
 
 def opened(tj: TrainJobView) -> Obj:
@@ -81,10 +93,10 @@ def closed(tj: TrainJobView, remaining: Sequence[RemainingPod]) -> Obj:
     return event(tj, "Closed", f"closed: deleted, its A kept in the identity record{tail}")
 
 
-async def record(kube: k.Kube, body: Obj) -> bool:
+async def record(kube: k.Kube, event: Obj) -> bool:
     """Send one Event; True if it was written. Never raises for the API's refusal or absence."""
     try:
-        await kube.create(k.EVENTS, body, str(body["metadata"]["namespace"]))
+        await kube.create(k.EVENTS, event, str(event["metadata"]["namespace"]))
     except DispatchError:
         return False
     return True

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import _api as api
+from . import _decision as d
 from . import _names as n
 from ._api import Obj
 from ._kube import Kube
@@ -123,6 +124,12 @@ class WorkerRead:
     """Unreadable, and the operator confirmed this loss: its pods have stopped."""
     removed: bool = False
     """No MultiKueueCluster names it any more (a record remembers it): ``admin worker-down`` makes records forget it."""
+
+    def verdict(self, target: Target) -> d.WorkerVerdict:
+        """What this worker showed of ``target``: its verdict, or why it could not be read."""
+        if self.problem:
+            return d.WorkerVerdict(self.worker, None, self.problem, self.confirmed_down, self.removed)
+        return d.WorkerVerdict(self.worker, self.snapshots[target.name].verdict(target))
 
 
 def kubeconfig_of(secret: Mapping[str, Any], where: str) -> str:

@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 import msgspec
@@ -58,6 +58,8 @@ from .errors import (
 
 if TYPE_CHECKING:
     from ._overrides import ConfigOverrides
+
+T = TypeVar("T")
 
 _encode = msgspec.json.Encoder().encode
 _decoder = msgspec.json.Decoder()
@@ -199,6 +201,28 @@ THROTTLED_ATTEMPTS = 10
 ``maxRetries``."""
 BACKOFF_BASE = 0.05
 BACKOFF_CAP = 5.0
+
+
+CONFLICT_RETRIES = 5
+"""How often a conditioned write is read and tried again when someone else wrote first (a 409)."""
+
+
+def kept_changing(what: str) -> Conflict:
+    """The one ``Conflict`` a conditioned write gives up with: ``what`` changed under every try."""
+    return Conflict(f"{what} kept changing; retry", reason="Conflict", code=409)
+
+
+async def on_conflict(attempt: Callable[[], Awaitable[T]], what: str, *, tries: int = CONFLICT_RETRIES) -> T:
+    """``attempt`` (a read, a decision and a write conditioned on what was read) run again while it raises
+    ``Conflict``, at most ``tries`` times; then ``kept_changing(what)``. The one retry-on-conflict loop:
+    each caller says only what one try is, and a try that must read afresh for any other reason raises
+    ``Conflict`` too."""
+    for _ in range(tries):
+        try:
+            return await attempt()
+        except Conflict:
+            continue
+    raise kept_changing(what)
 
 
 class RateLimit:

@@ -4,14 +4,16 @@ One consistent-read implementation serves one object, many, and a whole namespac
 and child Jobs, then the namespace's pods selected two independent ways (dispatch's identity labels, and
 JobSet's ``jobset-name``) pinned to one resourceVersion, then the Nodes the pods that may run sit on.
 Everything read is parsed once into strict views (``_views``, ``_trainer``, ``_identity``, ``_kueue``);
-what to decide from them is ``_decision``'s. The two pod selections are spelled here and nowhere else.
+what to decide from them is ``_decision``'s. The two pod selections are spelled here and nowhere else, and
+an admission's inputs are gathered here and nowhere else (``Reader.inputs``).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Literal
 
 from . import _api as api
 from . import _decision as d
@@ -49,6 +51,14 @@ def by_identity(pairs: Collection[tuple[str, str]] | None) -> str | None:
         return None
     return (f"{n.LABEL_JOB_ID} in {_in(j for j, _ in pairs)},"
             f"{n.LABEL_SUBMISSION} in {_in(s for _, s in pairs)}")
+
+
+async def _none_of() -> dict[tuple[str, str], ident.RecordView | None]:
+    return {}
+
+
+async def _no_workloads() -> list[kq.WorkloadView | None]:
+    return []
 
 
 async def _nothing() -> list[Obj]:
@@ -112,8 +122,43 @@ class Snapshot:
         return d.object_pods(self.pods, name=target.name, job_id=target.job_id, submission=target.submission)
 
 
+EMPTY = Snapshot(None, (), (), {}, "")
+"""A consistent read not taken (a plain release of an object that runs, has ended or is Kueue's reads none)."""
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """Every read one admission decides from (``Reader.inputs``): the TrainJob, the consistent read of its lower
+    layers, and, as asked, its identity record, its Kueue Workload and its runtime's replicatedJobs. A ``*_read``
+    False means that part was not read (a batch reads records only for the objects found admissible)."""
+
+    trainjob: tr.TrainJobView
+    snapshot: Snapshot
+    record: ident.RecordView | None = None
+    record_read: bool = False
+    workload: kq.WorkloadView | None = None
+    runtime_jobs: list[str] | None = None
+    runtime_read: bool = False
+
+    @property
+    def target(self) -> Target:
+        return Target.of(self.trainjob)
+
+    def verdict(self) -> d.Verdict:
+        """The rule over this object's part of the consistent read (the local verdict: no worker's)."""
+        return self.snapshot.verdict(self.target)
+
+
+RecordRead = Literal["all", "admissible", "none"]
+"""Which identity records ``Reader.inputs`` reads: every object's, only those the consistent read finds admissible
+(after it), or none."""
+WorkloadRead = Literal["none", "own", "copy"]
+"""Which Workload ``Reader.inputs`` reads: none, the one Kueue made for the TrainJob, or (in a MultiKueue worker)
+the one MultiKueue prebuilt for a copy."""
+
+
 class Reader:
-    """The protocol's reads for one namespace (``Core`` adds its writes)."""
+    """The protocol's reads for one namespace (``Core`` holds one and adds the writes)."""
 
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
@@ -149,6 +194,44 @@ class Reader:
                         "in a row; retry", reason="Expired", code=410,
                     ) from exc
         raise AssertionError("unreachable")
+
+    async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
+                     workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
+                     ) -> dict[str, Inputs]:
+        """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
+        inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
+        then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
+        one list for many), each one's Workload (``workload``) and the replicatedJobs of each runtime they name
+        (``runtime``, once per runtime). None of these depends on another: every write made from them is
+        conditioned on the version read, so reading them together changes only the time. A busy controller's
+        batch reads records only for the objects the consistent read finds admissible here (``records``:
+        "admissible"), after it, in one list."""
+        named = [t for t in trainjobs if isinstance(t, str)]
+        got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
+        views = [got[t] if isinstance(t, str) else t for t in trainjobs]
+        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission]
+        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
+        snaps, recs, workloads, jobs = await asyncio.gather(
+            self.read([Target.of(t) for t in views], list_jobsets=list_jobsets),
+            self.records(pairs) if records == "all" else _none_of(),
+            asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
+                             for t in views)) if workload != "none" else _no_workloads(),
+            asyncio.gather(*(self.runtime_jobs_of(t) for t in runtimes.values())))
+        by_runtime = dict(zip(runtimes, jobs, strict=True))
+        out: dict[str, Inputs] = {}
+        for i, t in enumerate(views):
+            out[t.name] = Inputs(
+                t, snaps[t.name], recs.get((t.job_id, t.submission)), records == "all",
+                workloads[i] if workload != "none" else None,
+                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime)
+        if records == "admissible":
+            chosen = [one for one in out.values() if one.verdict().admissible]
+            found = await self.records((one.trainjob.job_id, one.trainjob.submission) for one in chosen
+                                       if one.trainjob.dispatch_object)
+            for one in chosen:
+                key = (one.trainjob.job_id, one.trainjob.submission)
+                out[one.trainjob.name] = replace(one, record=found.get(key), record_read=True)
+        return out
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]
@@ -395,6 +478,53 @@ class Reader:
         except NotFound:
             return None
 
+    async def workloads_named(self, names: Sequence[str], owner_uids: Collection[str] = ()) -> dict[str, Obj | None]:
+        """The Workloads ``names``, fresh: several are listed by their owners' uids (``owner_uids``, one set-based
+        list), and whatever the list misses is got by name; None for one that does not exist."""
+        found: dict[str, Obj | None] = {}
+        uids = sorted({uid for uid in owner_uids if uid and n.label_value_problem(uid) is None})
+        if uids and len(names) > 1:
+            for w in (await self.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
+                name = kq.WorkloadView.from_obj(w).ref.name
+                if name in names:
+                    found[name] = w
+        missing = [name for name in names if name not in found]
+        got = await asyncio.gather(*(self.kube.get_or_none(api.WORKLOADS, name) for name in missing))
+        found.update(zip(missing, got, strict=True))
+        return found
+
+    async def workload_or_none(self, name: str) -> kq.WorkloadView | None:
+        obj = await self.kube.get_or_none(api.WORKLOADS, name)
+        return kq.WorkloadView.from_obj(obj) if obj is not None else None
+
+    async def trainjobs_named(self, wanted: Mapping[str, tuple[str, str] | None]) -> dict[str, tr.TrainJobView | None]:
+        """The TrainJobs named in ``wanted`` (name -> the identity Kueue copied into its pod sets, if
+        known): several are listed by those identity labels, one set-based list, and whatever the list
+        misses (no identity, or labels edited) is got by name; None for one that does not exist."""
+        idents = {i for i in wanted.values() if i is not None}
+        found: dict[str, tr.TrainJobView | None] = {}
+        if idents and len(wanted) > 1:
+            pairs = {(i, s) for i, s in idents if i and s}
+            for view in await self.trainjobs(by_identity(pairs)) if pairs else []:
+                if view.name in wanted:
+                    found[view.name] = view
+        unlisted = sorted(set(wanted) - set(found))
+        got = await asyncio.gather(*(self.trainjob_or_none(name) for name in unlisted))
+        found.update(zip(unlisted, got, strict=True))
+        return found
+
+    async def listed_trainjobs(self, labels: str | None, *, all_namespaces: bool = False) -> list[Obj]:
+        """The TrainJobs ``labels`` selects, as served, in this namespace or (``all_namespaces``) every one."""
+        return (await self.kube.list(api.TRAINJOBS, labels=labels, all_namespaces=all_namespaces)).items
+
+    async def pod_or_none(self, name: str) -> Obj | None:
+        """One pod as served, or None."""
+        return await self.kube.get_or_none(api.PODS, name)
+
+    async def jobset_pods(self, name: str) -> list[Obj]:
+        """The pods of the JobSet ``name`` (its ``jobset-name`` selection), as served."""
+        return (await self.kube.list(api.PODS, labels=by_jobset([name]))).items
+
     async def workload_of(self, tj: tr.TrainJobView) -> kq.WorkloadView | None:
         """The Kueue Workload that owns the TrainJob's admission, if Kueue manages it (label or not)."""
         if not tj.ref.uid:
@@ -512,3 +642,18 @@ class Reader:
                           f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
                           reason="RecordInvalid")
         return parsed
+
+
+class Readers:
+    """One ``Reader`` per namespace, made on first use: the controller's parts that only read (the guard) or
+    read before writing pods alone (the finalizer keeper) serve every namespace through one API client."""
+
+    def __init__(self, kube: Kube) -> None:
+        self._kube = kube
+        self._made: dict[str, Reader] = {}
+
+    def __call__(self, namespace: str) -> Reader:
+        found = self._made.get(namespace)
+        if found is None:
+            found = self._made[namespace] = Reader(self._kube.in_namespace(namespace))
+        return found

@@ -30,8 +30,6 @@ from ._names import (
     REPLICATED_JOB_LABEL,
 )
 
-Obj = Mapping[str, Any]
-
 MAX_DIGITS = 18
 """A stored count has at most 18 digits: far above any real A, and always inside a signed 64-bit int."""
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -74,7 +72,7 @@ def text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def meta(obj: Obj) -> Mapping[str, Any]:
+def meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return mapping(obj.get("metadata"))
 
 
@@ -83,15 +81,15 @@ def strings(value: object) -> dict[str, str]:
     return {k: v for k, v in mapping(value).items() if isinstance(k, str) and isinstance(v, str)}
 
 
-def labels_of(obj: Obj) -> dict[str, str]:
+def labels_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return strings(meta(obj).get("labels"))
 
 
-def annotations_of(obj: Obj) -> dict[str, str]:
+def annotations_of(obj: Mapping[str, Any]) -> dict[str, str]:
     return strings(meta(obj).get("annotations"))
 
 
-def name_of(obj: Obj) -> str:
+def name_of(obj: Mapping[str, Any]) -> str:
     return text(meta(obj).get("name"))
 
 
@@ -113,20 +111,20 @@ def latest(*times: float | None) -> float | None:
     return max(known) if known else None
 
 
-def conditions(obj: Obj) -> dict[str, Mapping[str, Any]]:
+def conditions(obj: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     """Status conditions by type (the last of a type wins)."""
     return {text(c.get("type")): c for c in items(mapping(obj.get("status")).get("conditions"))}
 
 
-def condition_true(obj: Obj, ctype: str) -> bool:
+def condition_true(obj: Mapping[str, Any], ctype: str) -> bool:
     return text(conditions(obj).get(ctype, {}).get("status")) == "True"
 
 
-def is_suspended(obj: Obj) -> bool:
+def is_suspended(obj: Mapping[str, Any]) -> bool:
     return mapping(obj.get("spec")).get("suspend") is True
 
 
-def is_deleting(obj: Obj) -> bool:
+def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
@@ -141,7 +139,7 @@ class Ref:
     generation: int | None
 
     @staticmethod
-    def of(obj: Obj) -> Ref:
+    def of(obj: Mapping[str, Any]) -> Ref:
         m = meta(obj)
         return Ref(text(m.get("name")), text(m.get("namespace")), text(m.get("uid")),
                    text(m.get("resourceVersion")), parse_count(m.get("generation")))
@@ -168,7 +166,7 @@ class NodeView:
     pod was bound to, but one registered again under its name (maybe by another machine)."""
 
     @staticmethod
-    def from_obj(obj: Obj) -> NodeView:
+    def from_obj(obj: Mapping[str, Any]) -> NodeView:
         ready_cond = conditions(obj).get("Ready")
         ready = text(ready_cond.get("status")) or "Unknown" if ready_cond is not None else None
         oos = any(text(t.get("key")) == OUT_OF_SERVICE_TAINT for t in items(mapping(obj.get("spec")).get("taints")))
@@ -182,7 +180,7 @@ class NodeView:
         return NodeView(name, exists=False)
 
     @staticmethod
-    def deleted(obj: Obj) -> NodeView:
+    def deleted(obj: Mapping[str, Any]) -> NodeView:
         """A deleted Node as it was last seen (a watch's DELETED event carries its last state): its Ready
         status then, its taint, its uid and creation."""
         last = NodeView.from_obj(obj)
@@ -474,7 +472,7 @@ class PodView:
     """Its ``creationTimestamp`` (the API server's clock), to tell its Node from one registered again later."""
 
     @staticmethod
-    def from_obj(obj: Obj) -> PodView:
+    def from_obj(obj: Mapping[str, Any]) -> PodView:
         m = meta(obj)
         labels = labels_of(obj)
         deletion = text(m.get("deletionTimestamp")) or None
@@ -724,7 +722,7 @@ class JobSetView:
     that owner's deletion (seen on the real control plane after a kube-apiserver restart)."""
 
     @staticmethod
-    def from_obj(obj: Obj) -> JobSetView:
+    def from_obj(obj: Mapping[str, Any]) -> JobSetView:
         labels = labels_of(obj)
         jobs = tuple(text(rj.get("name")) for rj in items(mapping(obj.get("spec")).get("replicatedJobs"))
                      if text(rj.get("name")))
@@ -757,7 +755,7 @@ class JobView:
     """JobSet's replicatedJob label: which replicatedJob of the runtime the Job was made from."""
 
     @staticmethod
-    def from_obj(obj: Obj) -> JobView:
+    def from_obj(obj: Mapping[str, Any]) -> JobView:
         status = mapping(obj.get("status"))
         started = bool(status.get("startTime")) or (parse_count(status.get("active")) or 0) > 0 or (
             parse_count(status.get("ready")) or 0) > 0

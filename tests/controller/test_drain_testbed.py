@@ -33,7 +33,7 @@ import yaml
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
-from dispatch.controller import _guard as g_
+from dispatch.controller import _tls as g_
 from dispatch.testbed.harness import free_port, probe_denied, scoped, subprocess_controller, until
 
 from . import test_testbed as tt

@@ -30,6 +30,7 @@ from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch.controller import Config
 from dispatch.controller import _guard as g
+from dispatch.controller import _tls as tls
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -304,8 +305,8 @@ async def test_a_renewed_serving_certificate_keeps_asking_for_the_client_certifi
     allowed = json.dumps({"request": {"uid": "u", "operation": "DELETE", "namespace": "default"}}).encode()
     try:
         old_ca = (tmp_path / "certs" / "ca.crt").read_bytes()
-        fresh = g.generate_certs(tmp_path / "certs", ["localhost", "127.0.0.1"])
-        assert fresh.ca_pem != old_ca and running.context is not None and running.context.reload()
+        fresh = tls.generate_certs(tmp_path / "certs", ["localhost", "127.0.0.1"])
+        assert fresh.ca_pem != old_ca and running.upkeep.context.reload()
         server_ca = tmp_path / "certs" / "ca.crt"  # the new one: the handshake serves the renewed certificate
         await refused_in_handshake(running.port, server_ca, allowed, None)
         [(status, answer)] = await post(running.port, server_ca, [allowed], client=api_server)

@@ -25,6 +25,7 @@ from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, POD_FINALIZER, AsyncAdapter,
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch.controller import _guard as g
+from dispatch.controller import _tls as tls
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -126,11 +127,11 @@ def test_timeout_is_most_of_what_the_api_server_allows() -> None:
 
 
 def test_existing_certificates_are_used_as_they_are(tmp_path: Path) -> None:
-    first = g.load_or_generate(tmp_path, ["localhost"])
-    again = g.load_or_generate(tmp_path, ["localhost"])
+    first = tls.load_or_generate(tmp_path, ["localhost"])
+    again = tls.load_or_generate(tmp_path, ["localhost"])
     assert again == first and first.ca_pem is not None
     (tmp_path / "ca.crt").unlink()  # cert-manager's Secret without ca.crt: someone else publishes the CA
-    assert g.load_or_generate(tmp_path, ["localhost"]).ca_pem is None
+    assert tls.load_or_generate(tmp_path, ["localhost"]).ca_pem is None
 
 
 def _ca(days_from_now: int, minutes_ago: int = 0) -> bytes:
@@ -146,13 +147,13 @@ def _ca(days_from_now: int, minutes_ago: int = 0) -> bytes:
 
 def test_the_bundle_keeps_every_live_replicas_ca_and_drops_expired_ones() -> None:
     ours, other, expired = _ca(10), _ca(10, minutes_ago=5), _ca(-1)
-    bundle = g.merged_bundle(other + expired, ours)
+    bundle = tls.merged_bundle(other + expired, ours)
     assert bundle == ours + other
-    assert g.merged_bundle(bundle, ours) == bundle  # publishing again changes nothing
+    assert tls.merged_bundle(bundle, ours) == bundle  # publishing again changes nothing
     many = b"".join(_ca(10, minutes_ago=m) for m in range(12))
-    kept = x509.load_pem_x509_certificates(g.merged_bundle(many, ours, keep=4))
+    kept = x509.load_pem_x509_certificates(tls.merged_bundle(many, ours, keep=4))
     assert len(kept) == 4 and kept[0] == x509.load_pem_x509_certificate(ours)
-    assert g.merged_bundle(b"garbage", ours) == ours
+    assert tls.merged_bundle(b"garbage", ours) == ours
 
 
 # ---------------------------------------------------------------- enrolment (/mutate-trainjob)
@@ -254,23 +255,23 @@ async def test_only_creates_are_enrolled_and_a_slow_runtime_read_is_a_denial(kub
 
 
 def test_renewal_is_due_ahead_of_the_end(tmp_path: Path) -> None:
-    short = g.generate_certs(tmp_path / "short", ["localhost"], days=10)
-    long = g.generate_certs(tmp_path / "long", ["localhost"], days=365)
-    assert g.renewal_due(short.cert) and not g.renewal_due(long.cert)
-    assert g.renewal_due(long.cert, before=dt.timedelta(days=400))
+    short = tls.generate_certs(tmp_path / "short", ["localhost"], days=10)
+    long = tls.generate_certs(tmp_path / "long", ["localhost"], days=365)
+    assert tls.renewal_due(short.cert) and not tls.renewal_due(long.cert)
+    assert tls.renewal_due(long.cert, before=dt.timedelta(days=400))
     (tmp_path / "garbage.crt").write_text("not a certificate")
-    assert g.renewal_due(tmp_path / "garbage.crt") and g.renewal_due(tmp_path / "missing.crt")
+    assert tls.renewal_due(tmp_path / "garbage.crt") and tls.renewal_due(tmp_path / "missing.crt")
 
 
 def test_a_due_certificate_of_our_own_is_replaced_at_start_and_a_mounted_one_is_not(
         tmp_path: Path, monkeypatch: Any) -> None:
-    due = g.generate_certs(tmp_path, ["localhost"], days=10)
-    assert g.load_or_generate(tmp_path, ["localhost"], renew=False) == due   # someone else publishes its CA
-    renewed = g.load_or_generate(tmp_path, ["localhost"])
-    assert renewed.ca_pem != due.ca_pem and not g.renewal_due(renewed.cert)
-    mounted = g.generate_certs(tmp_path, ["localhost"], days=10)
-    monkeypatch.setattr(g, "renewable", lambda directory: False)          # a read-only Secret volume
-    assert g.load_or_generate(tmp_path, ["localhost"]) == mounted
+    due = tls.generate_certs(tmp_path, ["localhost"], days=10)
+    assert tls.load_or_generate(tmp_path, ["localhost"], renew=False) == due   # someone else publishes its CA
+    renewed = tls.load_or_generate(tmp_path, ["localhost"])
+    assert renewed.ca_pem != due.ca_pem and not tls.renewal_due(renewed.cert)
+    mounted = tls.generate_certs(tmp_path, ["localhost"], days=10)
+    monkeypatch.setattr(tls, "renewable", lambda directory: False)          # a read-only Secret volume
+    assert tls.load_or_generate(tmp_path, ["localhost"]) == mounted
 
 
 async def test_a_running_guard_renews_its_certificate_publishing_the_new_ca_first(
@@ -286,7 +287,7 @@ async def test_a_running_guard_renews_its_certificate_publishing_the_new_ca_firs
         first = (tmp_path / "certs" / "ca.crt").read_bytes()
         (tmp_path / "first-ca.crt").write_bytes(first)
         assert (await post(running.port, tmp_path / "first-ca.crt", [b"{}"]))[0][0] == 400   # served, trusted
-        monkeypatch.setattr(g, "RENEW_BEFORE", dt.timedelta(days=400))        # the end is now near
+        monkeypatch.setattr(tls, "RENEW_BEFORE", dt.timedelta(days=400))        # the end is now near
         await running.refresh(switch_delay=0)
         second = (tmp_path / "certs" / "ca.crt").read_bytes()
         assert second != first and running.certs.ca_pem == second
@@ -311,11 +312,11 @@ async def test_files_replaced_by_their_owner_are_served_without_a_restart(
     """cert-manager renews its Secret in place; the guard must serve the new files (else, with
     failurePolicy Fail, every start is refused once the old certificate ends)."""
     mounted = tmp_path / "mounted"
-    g.generate_certs(mounted, ["localhost", "127.0.0.1"])
+    tls.generate_certs(mounted, ["localhost", "127.0.0.1"])
     running = await g.start(kube, host="127.0.0.1", port=0, cert_dir=str(mounted),
                             hosts=["localhost"], webhook="", every=3600)
     try:
-        renewed = g.generate_certs(tmp_path / "renewed", ["localhost", "127.0.0.1"])
+        renewed = tls.generate_certs(tmp_path / "renewed", ["localhost", "127.0.0.1"])
         for name in ("tls.key", "tls.crt", "ca.crt"):
             (mounted / name).write_bytes((tmp_path / "renewed" / name).read_bytes())
         await running.refresh(switch_delay=0)
@@ -349,7 +350,7 @@ async def test_a_renewed_ca_is_published_to_enrolments_mutating_configuration_to
         await running.refresh(switch_delay=0)
         first = (tmp_path / "certs" / "ca.crt").read_bytes()
         assert first.strip() in bundle("mutatingwebhookconfigurations")
-        monkeypatch.setattr(g, "RENEW_BEFORE", dt.timedelta(days=400))
+        monkeypatch.setattr(tls, "RENEW_BEFORE", dt.timedelta(days=400))
         await running.refresh(switch_delay=0)
         second = (tmp_path / "certs" / "ca.crt").read_bytes()
         for plural in ("validatingwebhookconfigurations", "mutatingwebhookconfigurations"):

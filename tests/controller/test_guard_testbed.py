@@ -27,7 +27,8 @@ from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, AsyncAdapter, JobSpec
 from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch import testbed as tb
-from dispatch.controller import _guard as g_
+from dispatch.controller import _guard as guard_paths
+from dispatch.controller import _tls as g_
 from dispatch.errors import PodsRemain, Refused
 from dispatch.testbed.harness import (
     A,
@@ -225,7 +226,7 @@ async def test_a_review_made_up_by_another_caller_learns_no_pod_or_node_and_the_
     ca = tmp_path / "certs" / "ca.crt"  # the guard process's own CA (its --guard-cert-dir)
     [(_, made_up)] = await post(g.port, ca, [review("UPDATE", made_up_start, made_up_old, namespace=g.ns)])
     answers = await post(g.port, ca, [review("CREATE", o, namespace=g.ns) for o in (no_owner, other_owner, by_job)],
-                         path=g_.POD_PATH)
+                         path=guard_paths.POD_PATH)
     (_, ownerless), (_, foreign), (_, owned) = answers
     for answer in (made_up, ownerless, foreign):
         said = message(answer)

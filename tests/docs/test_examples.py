@@ -69,7 +69,8 @@ SOURCES = [ROOT / "README.md", ROOT / "README-pypi.md", *sorted((ROOT / "docs").
 MARKER = re.compile(r"^<!--\s*example:\s*(?P<mode>[\w-]+)\s*(?P<reason>.*?)\s*-->\s*$", re.S)
 NEEDS_REASON = {"cluster", "testbed", "shown"}
 PUBLIC = {"dispatch": dispatch.__all__, "dispatch.errors": dispatch.errors.__all__,
-          "dispatch.testing": importlib.import_module("dispatch.testing").__all__}
+          "dispatch.testing": importlib.import_module("dispatch.testing").__all__,
+          "dispatch.controller.testing": importlib.import_module("dispatch.controller.testing").__all__}
 EXIT_LINE = re.compile(r"^\[exit status (\d+)\]$")
 HEREDOC = re.compile(r"python3? - <<'?(\w+)'?\n(.*?)\n\s*\1\s*$", re.S | re.M)
 CHECKER = doctest.OutputChecker()

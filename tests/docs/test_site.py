@@ -21,7 +21,7 @@ from dispatch.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 PUBLIC_MODULES = {"dispatch": "reference/api", "dispatch.errors": "reference/errors",
-                  "dispatch.testing": "reference/testing"}
+                  "dispatch.testing": "reference/testing", "dispatch.controller.testing": "reference/testing"}
 
 
 @pytest.fixture(scope="module")

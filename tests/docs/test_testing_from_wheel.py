@@ -2,8 +2,9 @@
 installed in a fresh virtual environment, outside the checkout (issue 38).
 
 First a plain install (no ``controller`` extra): every example runs, with the shipped roles read from the
-package, but the lost-node one, whose ``keeper_pass`` says which extra it needs. Then the extra is installed
-and that example runs too. The wheel's dependencies come from the package registry, as a user's do.
+package, but the lost-node one, whose ``dispatch.controller.testing.keeper_pass`` says which extra it needs.
+Then the extra is installed and that example runs too. The wheel's dependencies come from the package
+registry, as a user's do.
 """
 
 from __future__ import annotations

@@ -247,7 +247,7 @@ def test_the_pod_finalizer_release_is_conditioned_on_the_pod_as_read(adapter: Ad
     cluster.settle()
     cluster.advance(60)
     cluster.settle()
-    from dispatch._core import Core
+    from dispatch._core import remove_finalizer
     from dispatch._views import PodView
 
     stale = PodView.from_obj(pod(cluster, first))  # type: ignore[arg-type]
@@ -259,7 +259,7 @@ def test_the_pod_finalizer_release_is_conditioned_on_the_pod_as_read(adapter: Ad
     async def go() -> bool:
         kube = k.Kube.connect(namespace="default", transport=cluster.transport())
         try:
-            return await Core(kube).remove_finalizer(stale)
+            return await remove_finalizer(kube, stale)
         finally:
             await kube.aclose()
 

@@ -31,7 +31,7 @@ import yaml
 from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, Adapter, JobSpec
 from dispatch import testbed as tb
 from dispatch._views import PodView
-from dispatch.controller import _guard as g_
+from dispatch.controller import _tls as g_
 from dispatch.testbed.harness import apply_shipped_roles, controller_name, free_port, scoped
 
 pytestmark = pytest.mark.testbed

@@ -450,7 +450,7 @@ async def _worker_guards(ns: str, tmp: Path, stack: contextlib.AsyncExitStack) -
     """dispatch installed in each worker as deploy/ installs it, narrowed to ``ns``: its controller (guard and
     finalizer keeper) with the worker's own ``dispatch-controller`` role, the guard's webhook and CEL policies
     pointing at it. Returns each worker's guard port."""
-    from dispatch.controller import _guard as g_
+    from dispatch.controller import _tls as g_
     from dispatch.testbed.harness import free_port, scoped
 
     ports: dict[str, int] = {}

@@ -483,3 +483,12 @@ def test_a_copy_that_is_not_armed_is_denied(case: str, expected: str) -> None:
     operation, before = ("CREATE", None) if case == "created running" else ("UPDATE", old)
     msg = d.guard(operation, before, new, CLEAR, None, wl, worker=True)
     assert msg is not None and expected in msg, msg
+
+
+def test_close_lifts_its_own_record_creates_one_for_an_object_that_ran_before_records_and_leaves_anothers() -> None:
+    """``close``'s record policy, pure (issue 36: it was the verb's own branches)."""
+    assert d.close_record(tj(a=2), record(3), []) == "lift"
+    assert d.close_record(tj(a=2), record(3, holder="other"), []) is None       # another object holds it
+    assert d.close_record(tj(a=2), None, []) == "create"                         # opened before records, ran
+    assert d.close_record(tj(a=0, entry=False), None, []) is None                # nothing ran: nothing to keep
+    assert d.close_record(tj(a=2, labels={}), record(3), []) is None             # not dispatch's

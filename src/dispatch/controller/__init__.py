@@ -36,8 +36,16 @@ from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
-import structlog
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+try:  # the controller extra: without it, say which extra to install rather than only which module is missing
+    # isort: off
+    import structlog
+    from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+    import cryptography  # noqa: F401  (the guard's and secure metrics' certificates)
+    # isort: on
+except ModuleNotFoundError as exc:
+    raise ModuleNotFoundError(
+        f"dispatch.controller needs the controller extra ({exc.name or exc} is not installed): "
+        "pip install 'trainjob-dispatch[controller]'", name=exc.name) from exc
 
 from .. import _kube as k
 from .._controller_options import ControllerOptions

@@ -7,11 +7,10 @@ the admission it describes, so they are sent from a background task and the work
 from __future__ import annotations
 
 import asyncio
-import secrets
-from datetime import UTC, datetime
 
 import structlog
 
+from .. import _events as ev
 from .. import _kube as k
 from .._api import TRAINJOBS, Res
 from .._trainer import TrainJobView
@@ -54,30 +53,7 @@ class EventRecorder:
 
     async def _send(self, res: Res, ref: Ref, reason: str, message: str, warning: bool) -> None:
         name, namespace = ref.name, ref.namespace
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            # Events about a cluster-scoped object (a ClusterQueue) live in "default", as kubectl looks there.
-            "metadata": {"name": f"{name}.{secrets.token_hex(8)}", "namespace": namespace or "default"},
-            "involvedObject": {
-                "apiVersion": res.api_version,
-                "kind": res.kind,
-                "name": name,
-                **({"namespace": namespace} if namespace else {}),
-                "uid": ref.uid,
-                "resourceVersion": ref.resource_version,
-            },
-            "reason": reason,
-            "message": message[:1024],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": COMPONENT},
-            "reportingComponent": COMPONENT,
-            "reportingInstance": self.instance[:128],
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+        event = ev.body(res, ref, reason, message, warning=warning, component=COMPONENT, instance=self.instance)
         try:
             await self._kube.create(k.EVENTS, event, namespace or "default")
             self._metrics.writes.labels("event").inc()

@@ -28,10 +28,10 @@ from collections.abc import Iterable
 
 import structlog
 
-from .. import _api as api
+from .. import _core
 from .._api import Obj
-from .._core import Cores
 from .._kube import Kube
+from .._read import Readers
 from .._views import PROVEN, NodeView, PodView, conditions, name_of
 from ..errors import DispatchError
 from ._informer import Pages, feed
@@ -57,7 +57,7 @@ class FinalizerKeeper:
     def __init__(self, kube: Kube, metrics: Metrics, *, workers: int = 2) -> None:
         self._kube = kube
         self._metrics = metrics
-        self._core = Cores(kube)
+        self._read = Readers(kube)
         self.workers = workers
         self.queue = WorkQueue()
         metrics.runtime.declare(POD_FINALIZERS, max(1, workers))
@@ -187,14 +187,14 @@ class FinalizerKeeper:
 
     async def _look(self, key: str) -> tuple[str, PodView | None]:
         namespace, _, name = key.partition("/")
-        core = self._core(namespace)
-        obj = await core.kube.get_or_none(api.PODS, name)
+        reader = self._read(namespace)
+        obj = await reader.pod_or_none(name)
         if obj is None:
             return "gone", None
         pod = PodView.from_obj(obj)
         if not pod.ours:
             return "not-ours", pod
-        nodes = await core.nodes([pod])
+        nodes = await reader.nodes([pod])
         node = nodes.get(pod.node) if pod.node else None
         if node is not None and node.readable and not node.exists and pod.node in self.deleted_nodes:
             node = self.deleted_nodes[pod.node]  # gone: judged by what it was when it was deleted
@@ -203,7 +203,7 @@ class FinalizerKeeper:
             if pod.needs_delete and node is not None and node.readable and node.exists:
                 # A rejected pod never ran and nothing else ever deletes it (Job and JobSet keep failed
                 # pods): without this delete it would block its object for good on a healthy node.
-                if not await core.delete_pod(pod):
+                if not await _core.delete_pod(reader.kube, pod):
                     return "conflict", pod
                 self._metrics.writes.labels("pod-delete").inc()
                 log.info("pod deleted so that its kubelet confirms its end", pod=key, reason=pod.reason)
@@ -211,13 +211,13 @@ class FinalizerKeeper:
             if pod.needs_mark_record:
                 # Someone else marked it terminal: record the resourceVersion at which dispatch first saw the
                 # mark, so `release-pod --process-gone` can tell a later kubelet write (``MarkSeen``).
-                if not await core.record_mark(pod):
+                if not await _core.record_mark(reader.kube, pod):
                     return "conflict", pod
                 self._metrics.writes.labels("pod-mark-seen").inc()
                 log.info("pod's terminal mark recorded", pod=key, mark=pod.foreign_mark)
                 return "unproven", pod
             return "unproven", pod
-        if not await core.remove_finalizer(pod, forbidden_ok=False):
+        if not await _core.remove_finalizer(reader.kube, pod, forbidden_ok=False):
             return "conflict", pod
         self._metrics.writes.labels("pod-finalizer").inc()
         self.released += 1

@@ -18,14 +18,9 @@ controller's own ServiceAccount) and the pure decision ``_decision.guard``.
   ``dispatch-guard``, only for namespaces labelled ``dispatch.phpboyscout.uk/enrol=true``): a TrainJob
   created there is brought under dispatch with the JSONPatch of the pure ``_enrol.enrol``; this file
   only reads the runtime the TrainJob names and encodes the answer.
-* **TLS**: ``--guard-cert-dir`` holding ``tls.crt``/``tls.key`` (cert-manager's Secret, mounted) is used
-  as is; otherwise the controller makes its own CA and serving certificate there and adds the CA to the
-  ``caBundle`` of its webhook configuration (each replica its own CA; the bundle keeps the newest few, and
-  each replica re-adds its own periodically).
-* **never expired**: with ``failurePolicy: Fail`` an expired serving certificate would refuse every start,
-  so the served certificate is reloaded when its files change (cert-manager renews them in place), and a
-  certificate of the controller's own is renewed ``RENEW_BEFORE`` ahead of its end: the new CA is
-  published beside the old one first, then served.
+* **TLS** and **never expired**: the certificate's lifecycle (cert-manager's mounted, or the controller's
+  own: made, its CA published in the webhook configurations' caBundle, renewed before it ends, files
+  replaced by someone else reloaded) is ``_tls.Upkeep``; this file serves with it.
 """
 
 from __future__ import annotations
@@ -33,11 +28,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime as dt
 import json
-import os
 import ssl
-import tempfile
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
@@ -47,7 +39,6 @@ from urllib.parse import parse_qs, urlsplit
 
 import structlog
 from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
@@ -55,14 +46,14 @@ from .. import _decision as d
 from .. import _enrol as e
 from .. import _kube as k
 from .._api import Obj
-from .._core import Cores, Target
-from .._read import by_identity
+from .._read import Readers, WorkloadRead, by_identity
 from .._trainer import TrainJobView
 from .._views import PodView
-from ..errors import Conflict, DispatchError, NotFound
+from ..errors import DispatchError
 from . import _http as http
 from . import _tls as tls
 from ._metrics import WebhookMetrics
+from ._tls import Certs
 
 T = TypeVar("T")
 
@@ -73,8 +64,6 @@ PATH = "/validate-trainjob"
 POD_PATH = "/validate-pod"
 """Pod creates of dispatch objects: the one point where a process starts, whoever creates the pod."""
 MUTATE_PATH = "/mutate-trainjob"
-BUNDLE_KEEP = 8
-"""CAs kept in the caBundle: every live replica's, across a few restarts."""
 REPUBLISH_SECONDS = 60.0
 DEFAULT_TIMEOUT = 10.0
 """The API server's webhook timeout when its URL names none (``timeoutSeconds`` defaults to 10)."""
@@ -86,108 +75,6 @@ MAX_CONNECTIONS = 128
 MAX_BUFFERED = 48 * 1024 * 1024
 """Body bytes held at once over every connection: with the head bound and the connection cap, what any client
 that reaches the port can make the guard hold stays far below its container's 384Mi limit."""
-RENEW_BEFORE = dt.timedelta(days=30)
-"""A certificate of the controller's own is replaced this long before it ends (it lasts 365 days)."""
-SWITCH_DELAY = 5.0
-"""Seconds between publishing a renewed CA and serving the certificate it signed (the API server reloads a
-changed webhook configuration within about a second)."""
-
-
-# --------------------------------------------------------------------------- certificates
-
-
-@dataclass(frozen=True)
-class Certs:
-    """The serving certificate's files, and the CA to publish (None: someone else publishes it)."""
-
-    cert: Path
-    key: Path
-    ca_pem: bytes | None
-
-
-def _write(path: Path, data: bytes, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-
-
-def generate_certs(directory: Path, hosts: Sequence[str], *, days: int = 365) -> Certs:
-    """A fresh CA and a serving certificate for ``hosts`` (DNS names or IP addresses) in ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    made = tls.issue(hosts, ca_name="dispatch-guard-ca", days=days)
-    _write(directory / "tls.key", made.key_pem, 0o600)
-    _write(directory / "ca.crt", made.ca_pem, 0o644)
-    _write(directory / "tls.crt", made.cert_pem, 0o644)
-    return Certs(directory / "tls.crt", directory / "tls.key", made.ca_pem)
-
-
-def renewal_due(cert: Path, *, now: dt.datetime | None = None, before: dt.timedelta | None = None) -> bool:
-    """Whether the certificate in ``cert`` ends within ``before`` (default ``RENEW_BEFORE``), has ended,
-    or cannot be read."""
-    try:
-        leaf = x509.load_pem_x509_certificate(cert.read_bytes())
-    except (OSError, ValueError):
-        return True
-    margin = RENEW_BEFORE if before is None else before
-    return leaf.not_valid_after_utc - (now or dt.datetime.now(dt.UTC)) < margin
-
-
-def renewable(directory: Path) -> bool:
-    """Whether the certificates in ``directory`` are the controller's own to replace: a writable directory
-    (an emptyDir). A mounted Secret (cert-manager's) is read-only and renewed by its owner."""
-    return os.access(directory, os.W_OK)
-
-
-def load_or_generate(directory: Path | None, hosts: Sequence[str], *, renew: bool = True) -> Certs:
-    """``tls.crt``/``tls.key`` already in ``directory`` (cert-manager, or an earlier start) are used, with
-    its ``ca.crt`` if present, unless they are the controller's own and due for renewal (``renew``: the
-    controller publishes its CA, so a new one will be trusted); otherwise a new CA and certificate are made
-    there (a private temporary directory when none is given)."""
-    if directory is not None and (directory / "tls.crt").is_file() and (directory / "tls.key").is_file():
-        if not (renew and renewal_due(directory / "tls.crt") and renewable(directory)):
-            ca = directory / "ca.crt"
-            return Certs(directory / "tls.crt", directory / "tls.key", ca.read_bytes() if ca.is_file() else None)
-        log.info("guard certificate due for renewal; making a new one", directory=str(directory))
-    return generate_certs(directory or Path(tempfile.mkdtemp(prefix="dispatch-guard-")), hosts)
-
-
-def merged_bundle(existing: bytes, ours: bytes, *, keep: int = BUNDLE_KEEP) -> bytes:
-    """``existing`` with ``ours`` added: expired CAs dropped, the newest ``keep`` kept (ours always)."""
-    now = dt.datetime.now(dt.UTC)
-    mine = x509.load_pem_x509_certificate(ours)
-    try:
-        others = x509.load_pem_x509_certificates(existing) if existing.strip() else []
-    except ValueError:
-        others = []  # an unparseable bundle is replaced: the API server could not have used it either
-    kept = [c for c in others if c != mine and c.not_valid_after_utc > now]
-    kept.sort(key=lambda c: c.not_valid_before_utc, reverse=True)
-    chosen = [mine, *kept[: max(0, keep - 1)]]
-    return b"".join(c.public_bytes(serialization.Encoding.PEM) for c in chosen)
-
-
-async def publish_ca(kube: k.Kube, webhook: str, ca_pem: bytes, res: k.Res = api.VALIDATING_WEBHOOKS) -> bool:
-    """Make every webhook of configuration ``webhook`` (of kind ``res``) trust ``ca_pem``; True if anything
-    was written."""
-    for _ in range(5):
-        obj = await kube.get(res, webhook)
-        hooks = list(obj.get("webhooks") or [])
-        changed = False
-        for hook in hooks:
-            client = hook.setdefault("clientConfig", {})
-            current = base64.b64decode(client.get("caBundle") or "")
-            bundle = merged_bundle(current, ca_pem)
-            if bundle != current:
-                client["caBundle"] = base64.b64encode(bundle).decode()
-                changed = True
-        if not changed:
-            return False
-        body = {"metadata": {"resourceVersion": obj.get("metadata", {}).get("resourceVersion")}, "webhooks": hooks}
-        try:
-            await kube.merge_patch(res, webhook, body)
-            return True
-        except Conflict:
-            continue
-    return False
 
 
 # --------------------------------------------------------------------------- the review
@@ -216,7 +103,7 @@ class Guard:
         self.kube = kube
         self.worker = worker
         """This cluster is a MultiKueue worker (``--multikueue-worker``): copies are judged as copies."""
-        self._core = Cores(kube)
+        self._read = Readers(kube)
         self.reviews = 0
         self.denials = 0
         reg = registry if registry is not None else CollectorRegistry()
@@ -247,18 +134,17 @@ class Guard:
             # judged on the write alone; a create that would start is refused whatever its pods, unread
             return d.guard(operation, old, new, None, None, worker=self.worker)
         namespace = str(request.get("namespace") or new.ref.namespace)
-        core = self._core(namespace)
-        target = Target.of(new)
-        snap, record, workload, jobs = await asyncio.gather(
-            core.read_one(target), core.record(new.job_id, new.submission),
-            core.copy_workload(new) if d.multikueue_copy(new, worker=self.worker) else core.workload_of(new),
-            core.runtime_jobs_of(new))
+        reader = self._read(namespace)
+        workload: WorkloadRead = "copy" if d.multikueue_copy(new, worker=self.worker) else "own"
+        got = (await reader.inputs([new], workload=workload, runtime=True))[new.name]
         # a NonIndexed Job's pods could not be told apart from replacements (issue 35 item 6): said first
-        denial = d.nonindexed_text(f"trainjob {new.name} cannot start", d.jobs_nonindexed(snap.jobs, new.name)) \
-            or d.guard(operation, old, new, snap.verdict(target), record, workload, jobs, worker=self.worker)
+        jobs = d.jobs_nonindexed(got.snapshot.jobs, new.name)
+        denial = d.nonindexed_text(f"trainjob {new.name} cannot start", jobs) \
+            or d.guard(operation, old, new, got.verdict(), got.record, got.workload, got.runtime_jobs,
+                       worker=self.worker)
         if denial is None:
             return None
-        live = await core.trainjob_or_none(new.name)
+        live = await reader.trainjob_or_none(new.name)
         if live is not None and old.ref.uid and live.ref.uid == old.ref.uid:
             return denial
         return _unstored(f"trainjob {new.name} cannot start",
@@ -278,14 +164,14 @@ class Guard:
         if problem is not None or not new.job_id or not new.submission:
             return problem
         namespace = str(request.get("namespace") or new.namespace)
-        core = self._core(namespace)
-        pods, nodes = await core.submission_pods(new.job_id, new.submission)
+        reader = self._read(namespace)
+        pods, nodes = await reader.submission_pods(new.job_id, new.submission)
         denial = d.pod_start_problem(new, pods, nodes)
         if denial is None:
             return None
         owner = _controller_job_uid(obj)
         if owner:
-            listed = await core.kube.list(api.JOBS, labels=by_identity([(new.job_id, new.submission)]))
+            listed = await reader.kube.list(api.JOBS, labels=by_identity([(new.job_id, new.submission)]))
             if any((j.get("metadata") or {}).get("uid") == owner for j in listed.items):
                 return denial
         who = f"pod {new.name or 'of ' + new.job_id + '/' + new.submission}"
@@ -331,11 +217,8 @@ class Guard:
         runtime = None
         if ref is not None and not e.is_dispatch(obj):
             kind, name = ref
-            if kind == "TrainingRuntime":
-                namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
-                runtime = await self.kube.get_or_none(api.RUNTIMES, name, namespace)
-            else:
-                runtime = await self.kube.get_or_none(api.CLUSTER_RUNTIMES, name)
+            namespace = str(request.get("namespace") or (obj.get("metadata") or {}).get("namespace") or "")
+            runtime = await self._read(namespace).runtime_or_none(kind, name)
         got = e.enrol(obj, uid, runtime)
         if got.denial is None and got.job_id and got.submission:
             name = str((obj.get("metadata") or {}).get("name") or "")
@@ -347,9 +230,9 @@ class Guard:
     async def _collision(self, request: Obj, name: str, job_id: str, submission: str) -> str | None:
         """``_enrol.collision`` over the submission's record and its live TrainJobs (a get and a list)."""
         namespace = str(request.get("namespace") or "")
-        core = self._core(namespace)
-        record, listed = await asyncio.gather(core.record(job_id, submission),
-                                              core.trainjobs(by_identity([(job_id, submission)])))
+        reader = self._read(namespace)
+        record, listed = await asyncio.gather(reader.record(job_id, submission),
+                                              reader.trainjobs(by_identity([(job_id, submission)])))
         live = [v.name for v in listed if not v.deleting]
         return e.collision(name, job_id, submission, record.trainjob if record is not None else "", live)
 
@@ -508,7 +391,7 @@ def _context(clients: ClientAuth | None = None) -> ssl.SSLContext:
         # a bare server context, our CA its only one: the system's trust store (load_default_certs) would let
         # through a client certificate any public or corporate CA signed
         return clients.context(_alpn(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)))
-    return _alpn(ssl.create_default_context(ssl.Purpose.CLIENT_AUTH))
+    return tls.server_context()
 
 
 def _alpn(context: ssl.SSLContext) -> ssl.SSLContext:
@@ -579,58 +462,31 @@ def _parse_review(body: bytes) -> Obj:
     return review if isinstance(review, dict) else {}
 
 
-async def _publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
-    """Our CA into the validating configuration ``webhook`` and, when installed, enrolment's mutating one
-    of the same name (enrolment is optional: its absence is no warning). True once the API server can
-    trust this replica: the CA is in the validating bundle, or there is no such configuration to call it."""
-    trusted = True
-    try:
-        if await publish_ca(kube, webhook, ca_pem):
-            log.info("guard CA published", webhook=webhook)
-    except NotFound:
-        log.warning("guard webhook configuration not found; its caBundle is not kept", webhook=webhook)
-    except DispatchError as exc:
-        trusted = False
-        log.warning("guard CA not published", webhook=webhook, error=str(exc))
-    try:
-        if await publish_ca(kube, webhook, ca_pem, api.MUTATING_WEBHOOKS):
-            log.info("guard CA published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind)
-    except NotFound:
-        log.debug("no mutating webhook configuration of enrolment; none kept", webhook=webhook)
-    except DispatchError as exc:
-        log.warning("guard CA not published", webhook=webhook, kind=api.MUTATING_WEBHOOKS.kind, error=str(exc))
-    return trusted
-
-
 @dataclass
 class Running:
-    """A started guard: its server, the port it listens on, and the background job keeping its
-    certificate fresh and its CA published."""
+    """A started guard: its server, the port it listens on, and the upkeep of its certificate (``_tls``)."""
 
     guard: Guard
     server: asyncio.Server
     port: int
-    certs: Certs
-    publisher: asyncio.Task[None] | None
-    context: tls.Reloading | None = None
-    webhook: str = ""
-    hosts: tuple[str, ...] = ()
-    kube: k.Kube | None = None
-    reloads: int = 0
-    loaded: tuple[tuple[int, int], ...] = ()
-    """The files' signature when last loaded (a change means someone replaced them)."""
-    trusted: bool = False
-    """Whether the API server can trust our certificate: the CA we keep is in the webhook's bundle (set by
-    the first upkeep round), or another party (cert-manager) keeps the bundle."""
+    upkeep: tls.Upkeep
+    publisher: asyncio.Task[None] | None = None
+
+    @property
+    def certs(self) -> Certs:
+        return self.upkeep.certs
+
+    @property
+    def reloads(self) -> int:
+        return self.upkeep.reloads
 
     def ready(self) -> tuple[bool, str]:
-        """Whether this replica can answer the API server now, for ``/readyz``: a replica whose CA is not yet
-        trusted would fail every review (failurePolicy Fail), so it must not receive them."""
-        if not self.loaded:
-            return False, "guard certificate not loaded"
-        if self.webhook and not self.trusted:
-            return False, f"guard CA not yet in the caBundle of {self.webhook}"
-        return True, "guard serving"
+        """Whether this replica can answer the API server now (``_tls.Upkeep.ready``), for ``/readyz``."""
+        return self.upkeep.ready()
+
+    async def refresh(self, *, switch_delay: float = tls.SWITCH_DELAY) -> None:
+        """One round of the certificate's upkeep (``_tls.Upkeep.refresh``)."""
+        await self.upkeep.refresh(switch_delay=switch_delay)
 
     async def close(self) -> None:
         if self.publisher is not None:
@@ -640,49 +496,6 @@ class Running:
         self.server.close()
         await self.server.wait_closed()
 
-    async def refresh(self, *, switch_delay: float = SWITCH_DELAY) -> None:
-        """One round of upkeep: renew a certificate of our own that is due (publishing its CA before
-        serving it), reload files that someone else replaced, and re-publish our CA."""
-        directory = self.certs.cert.parent
-        if self.context is None:
-            return
-        # Only a certificate whose CA this replica publishes is its own to renew: nobody would trust
-        # another one.
-        if self.webhook and renewal_due(self.certs.cert) and renewable(directory):
-            fresh = generate_certs(directory, self.hosts)
-            if self.kube is not None and fresh.ca_pem is not None:
-                self.trusted = await _publish(self.kube, self.webhook, fresh.ca_pem)
-                await asyncio.sleep(switch_delay)
-            self.certs = fresh
-            if self._load():
-                log.info("guard certificate renewed", cert=str(fresh.cert))
-        elif tls.signature(self.certs.cert, self.certs.key) != self.loaded and self._load():
-            log.info("guard certificate reloaded", cert=str(self.certs.cert))
-        if self.webhook and self.kube is not None and self.certs.ca_pem is not None:
-            self.trusted = await _publish(self.kube, self.webhook, self.certs.ca_pem) or self.trusted
-
-    def _load(self) -> bool:
-        """Serve the current files; False (the old pair still served, a warning logged) when they do not
-        load, as a half-written rotation does: the next round tries again."""
-        assert self.context is not None
-        if not self.context.reload(self.certs.cert, self.certs.key):
-            return False
-        ca = self.certs.cert.parent / "ca.crt"
-        if self.certs.ca_pem is not None and ca.is_file():
-            self.certs = Certs(self.certs.cert, self.certs.key, ca.read_bytes())
-        self.loaded = self.context.loaded
-        self.reloads += 1
-        return True
-
-
-async def _upkeep(running: Running, every: float) -> None:
-    while True:
-        try:
-            await running.refresh()
-        except Exception as exc:   # upkeep must never stop: the next round tries again
-            log.warning("guard certificate upkeep failed", error=str(exc))
-        await asyncio.sleep(every)
-
 
 async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Sequence[str],
                 webhook: str, registry: CollectorRegistry | None = None,
@@ -690,21 +503,15 @@ async def start(kube: k.Kube, *, host: str, port: int, cert_dir: str, hosts: Seq
     """Serve the guard on ``host:port`` (0: any free port), keep its certificate fresh and, when
     ``webhook`` names the configuration, keep this replica's CA in its caBundle. ``worker``: this cluster is a
     MultiKueue worker (``Guard.worker``). ``clients``: answer only callers whose client certificate it accepts."""
-    certs = load_or_generate(Path(cert_dir) if cert_dir else None, hosts, renew=bool(webhook))
-    if renewal_due(certs.cert, before=dt.timedelta(0)):
-        log.warning("guard certificate has expired: the API server will refuse to call the guard",
-                    cert=str(certs.cert))
+    upkeep = tls.Upkeep.start(cert_dir, hosts, webhook, kube, make=lambda: _context(clients))
     guard = Guard(kube, registry, worker=worker)
-    context = tls_context(certs, clients)
-    server = await serve(guard, host, port, certs, context, clients=clients)
+    server = await serve(guard, host, port, upkeep.certs, upkeep.context, clients=clients)
     sock = server.sockets[0] if server.sockets else None
     bound = int(sock.getsockname()[1]) if sock is not None else port
-    running = Running(guard, server, bound, certs, None, context=context,
-                      webhook=webhook if certs.ca_pem is not None else "", hosts=tuple(hosts), kube=kube)
-    running.loaded = context.loaded
-    running.publisher = asyncio.create_task(_upkeep(running, every))
+    running = Running(guard, server, bound, upkeep)
+    running.publisher = asyncio.create_task(upkeep.run(every))
     log.info("guard serving", port=bound, path=PATH, pod_path=POD_PATH, mutate_path=MUTATE_PATH,
-             webhook=webhook or None, cert=str(certs.cert),
+             webhook=webhook or None, cert=str(upkeep.certs.cert),
              client_certificates=("required" + (f" naming {', '.join(sorted(clients.names))}" if clients.names
                                                 else "") if clients is not None else "not asked for"))
     return running

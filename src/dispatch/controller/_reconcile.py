@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -32,15 +32,14 @@ import structlog
 
 from .. import _api as api
 from .. import _decision as d
+from .. import _kube as k
 from .. import _kueue as kq
 from .. import _names as n
 from .. import _trainer as tr
 from .._api import Obj
-from .._core import Cores, Snapshot, Target
+from .._core import Cores, Inputs
 from .._fleet import MULTIKUEUE, Fleet
-from .._identity import RecordView
 from .._kube import Kube
-from .._read import by_identity
 from ..errors import Conflict, DispatchError, Refused
 from ._events import EventRecorder
 from ._metrics import Metrics
@@ -98,9 +97,11 @@ class _Case:
     entry: kq.CheckEntry
     owner: kq.Owner
     trainjob: tr.TrainJobView | None = None
-    snap: Snapshot | None = None
-    clusters: tuple[str, ...] = ()
-    """The MultiKueue workers this admission's execution may run in (recorded with its A)."""
+    inputs: Inputs | None = None
+    workers: tuple[str, ...] | None = None
+    """Under MultiKueue, the workers Kueue knows (this admission's execution may run in one; recorded with its A)."""
+    seen: Mapping[str, d.WorkerVerdict] | None = None
+    """Under MultiKueue, what each worker showed of the object."""
 
 
 class Reconciler:
@@ -211,37 +212,12 @@ class Reconciler:
 
     async def _workloads(self, ns: str, names: list[str],
                          hints: Mapping[str, kq.WorkloadHint]) -> dict[str, Obj | None]:
-        core = self.core(ns)
-        owners = (hints[name].owner_uid for name in names if name in hints)
-        uids = sorted({uid for uid in owners if uid and n.label_value_problem(uid) is None})
-        found: dict[str, Obj | None] = {}
-        if uids and len(names) > 1:
-            for w in (await core.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
-                name = kq.WorkloadView.from_obj(w).ref.name
-                if name in names:
-                    found[name] = w
-        missing = [name for name in names if name not in found]
-        got = await asyncio.gather(*(core.kube.get_or_none(api.WORKLOADS, name) for name in missing))
-        found.update(zip(missing, got, strict=True))
-        return found
+        owners = [hints[name].owner_uid for name in names if name in hints]
+        return await self.core(ns).reader.workloads_named(names, owners)
 
     async def _trainjobs(self, ns: str, wanted: Mapping[str, tuple[str, str] | None]
                          ) -> dict[str, tr.TrainJobView | None]:
-        """The TrainJobs named in ``wanted`` (name -> the identity Kueue copied into its pod sets, if
-        known): several are listed by those identity labels, one set-based list, and whatever the list
-        misses (no identity, or labels edited) is got by name; None for one that does not exist."""
-        core = self.core(ns)
-        idents = {i for i in wanted.values() if i is not None}
-        found: dict[str, tr.TrainJobView | None] = {}
-        if idents and len(wanted) > 1:
-            pairs = {(i, s) for i, s in idents if i and s}
-            for view in await core.trainjobs(by_identity(pairs)) if pairs else []:
-                if view.name in wanted:
-                    found[view.name] = view
-        unlisted = sorted(set(wanted) - set(found))
-        got = await asyncio.gather(*(core.trainjob_or_none(name) for name in unlisted))
-        found.update(zip(unlisted, got, strict=True))
-        return found
+        return await self.core(ns).reader.trainjobs_named(wanted)
 
     async def _read_workloads(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
                               ) -> tuple[dict[str, Obj | None], dict[str, tr.TrainJobView | None]]:
@@ -298,34 +274,29 @@ class Reconciler:
                 out[c.name] = Outcome(refusal)
             else:
                 deciding.append(c)
-        core = self.core(ns)
-        read = core.read([Target.of(c.trainjob) for c in deciding if c.trainjob is not None],
-                         list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
-        early: Mapping[tuple[str, str], RecordView | None] | None = None
         lone = deciding[0].trainjob if len(names) == 1 and len(deciding) == 1 else None
-        if lone is not None and lone.dispatch_object:
-            # One Workload alone (a quiet queue, where latency is what counts): its identity record is
-            # read together with the lower layers rather than after them. Every write to the record is
-            # conditioned on the version read, so when it is read changes nothing but the time. In a
-            # batch (a busy queue) records are read only for the Workloads found admissible.
-            snaps, early = await asyncio.gather(read, core.records([(lone.job_id, lone.submission)]))
-        else:
-            snaps = await read
+        # One Workload alone (a quiet queue, where latency is what counts): its identity record is read together
+        # with the lower layers rather than after them. Every write to the record is conditioned on the version
+        # read, so when it is read changes nothing but the time. In a batch (a busy queue) records are read only
+        # for the Workloads found admissible.
+        got = await self.core(ns).reader.inputs([c.trainjob for c in deciding if c.trainjob is not None],
+                                  records="all" if lone is not None and lone.dispatch_object else "admissible",
+                                  list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
         admits: list[_Case] = []
         verdicts: dict[str, d.Verdict] = {}
         for c in deciding:
             assert c.trainjob is not None
-            c.snap = snaps[c.trainjob.name]
-            verdicts[c.name] = c.snap.verdict(Target.of(c.trainjob))
+            c.inputs = got[c.trainjob.name]
+            verdicts[c.name] = c.inputs.verdict()
         fleet = [c for c in deciding if verdicts[c.name].admissible and _multikueue(c.trainjob)]
-        records = early
         if fleet:
             # MultiKueue runs the object in a worker: what remains there counts too (the record says where
             # the previous execution may have run; Kueue forgot it at the eviction)
-            records = early if early is not None else await core.records(
-                (c.trainjob.job_id, c.trainjob.submission) for c in deciding if c.trainjob is not None
-                and c.trainjob.dispatch_object)
-            verdicts.update(await self._across(ns, fleet, verdicts, records))
+            await self._across(ns, fleet)
+            for c in fleet:
+                assert c.inputs is not None
+                verdicts[c.name] = d.admission_verdict(verdicts[c.name], c.inputs.trainjob, c.inputs.record,
+                                                       c.workers, c.seen)
         for c in deciding:
             if verdicts[c.name].admissible:
                 admits.append(c)
@@ -334,42 +305,23 @@ class Reconciler:
         await _settle(later, out)
         if not admits:
             return
-        records = records if records is not None else await core.records(
-            (c.trainjob.job_id, c.trainjob.submission) for c in admits
-            if c.trainjob is not None and c.trainjob.dispatch_object)
-        raising = [(c.name, self._admit(c, records)) for c in admits]
+        raising = [(c.name, self._admit(c)) for c in admits]
         await _settle(raising, out)
 
-    async def _across(self, ns: str, cases: Sequence[_Case], local: Mapping[str, d.Verdict],
-                      records: Mapping[tuple[str, str], RecordView | None]) -> dict[str, d.Verdict]:
-        """Each case's verdict over the fleet: one consistent read per worker for all of them. A worker
-        that cannot be read blocks only an object that ran before (A issued): a first execution has
-        nothing anywhere to wait for, and a pod found in a readable worker counts either way."""
+    async def _across(self, ns: str, cases: Sequence[_Case]) -> None:
+        """What each worker showed of each case: one consistent read per worker for all of them (the workers
+        Kueue knows and every one a case's record remembers); ``_decision.admission_verdict`` folds it in."""
         workers = await self.fleet.workers()
-        targets = [Target.of(c.trainjob) for c in cases if c.trainjob is not None]
+        targets = [c.inputs.target for c in cases if c.inputs is not None]
         names: set[str] = set(workers)
         for c in cases:
-            assert c.trainjob is not None
-            record = records.get((c.trainjob.job_id, c.trainjob.submission))
-            names.update(record.clusters if record is not None else ())
+            assert c.inputs is not None
+            names.update(c.inputs.record.clusters if c.inputs.record is not None else ())
         reads = await self.fleet.read(ns, targets, names, workers)
-        out: dict[str, d.Verdict] = {}
         for c in cases:
-            tj = c.trainjob
-            assert tj is not None
-            record = records.get((tj.job_id, tj.submission))
-            ran = max(record.admission if record is not None else 0, tj.admission) > 0
-            mine = set(workers) | set(record.clusters if record is not None else ())
-            seen = []
-            for name in sorted(mine):
-                r = reads[name]
-                if not r.problem:
-                    seen.append(d.WorkerVerdict(name, r.snapshots[tj.name].verdict(Target.remote(tj))))
-                elif ran:
-                    seen.append(d.WorkerVerdict(name, None, r.problem, r.confirmed_down, r.removed))
-            c.clusters = tuple(sorted(workers))
-            out[c.name] = d.across(local[c.name], seen)
-        return out
+            assert c.inputs is not None
+            c.workers = tuple(sorted(workers))
+            c.seen = {name: r.verdict(replace(c.inputs.target, uid="")) for name, r in reads.items()}
 
     async def _wait(self, c: _Case, verdict: d.Verdict, *, recheck: bool = False) -> Outcome:
         message = d.waiting_text(verdict)
@@ -381,25 +333,25 @@ class Reconciler:
                 await self._events.emit_for(c.trainjob, "AdmissionDelayed", d.delayed_event(c.entry.name, message))
         return Outcome("waiting", waiting_nodes=nodes, waiting=True, recheck=FLEET_RECHECK if recheck else None)
 
-    async def _admit(self, c: _Case, records: Mapping[tuple[str, str], RecordView | None]) -> Outcome:
-        raised = await self._raise(c, records)
+    async def _admit(self, c: _Case) -> Outcome:
+        raised = await self._raise(c)
         if isinstance(raised, Outcome):
             return raised
         return await self._ready(c, raised)
 
-    async def _raise(self, c: _Case, records: Mapping[tuple[str, str], RecordView | None]) -> Raised | Outcome:
-        """A issued in the identity record and raised on the TrainJob (nothing to raise for a foreign object)."""
-        tj, snap = c.trainjob, c.snap
-        assert tj is not None and snap is not None
+    async def _raise(self, c: _Case) -> Raised | Outcome:
+        """A issued in the identity record and raised on the TrainJob (``Core.admission``; nothing to raise for a
+        foreign object)."""
+        tj, inputs = c.trainjob, c.inputs
+        assert tj is not None and inputs is not None
         if not tj.dispatch_object:
             return Raised(tj, 0, False)
         core = self.core(c.workload.ref.namespace)
         uid, generation = c.workload.ref.uid, tj.ref.generation
         own = {d.kueue_raise_token(uid, generation - 1)} if generation else set()
         try:
-            admitted = await core.admit(tj, snap, records.get((tj.job_id, tj.submission)),
-                                        token=d.kueue_raise_token(uid, generation), own=own, plain=False,
-                                        clusters=c.clusters)
+            got = await core.admission(inputs, token=d.kueue_raise_token(uid, generation), own=own, plain=False,
+                                       workers=c.workers, seen=c.seen)
         except Conflict:
             return Outcome("conflict", retry=True, error="TrainJobConflict")
         except Refused as exc:
@@ -409,7 +361,9 @@ class Reconciler:
                 await self._pending(c.workload, c.entry, message)
                 await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
             return Outcome("refused", retry=True, error=exc.reason or "Refused")
-        return Raised(admitted.trainjob, admitted.admission, True)
+        if got.admitted is None:  # decided from the same read as the pipeline: only if that changed its mind
+            return await self._wait(c, got.verdict, recheck=c.workers is not None)
+        return Raised(got.admitted.trainjob, got.admitted.admission, True)
 
     async def _ready(self, c: _Case, r: Raised) -> Outcome:
         """The last write: our check Ready, labels for the new execution's pods, if nothing moved."""
@@ -428,15 +382,15 @@ class Reconciler:
         ready = kq.entry_body(entry.name, "Ready", message, now_text(), updates)
         current = c.workload
         core = self.core(ns)
-        for _ in range(READY_RETRIES):
+
+        async def once() -> Outcome | None:
+            nonlocal current
             try:
                 await self._write_check(current, ready)
-                break
+                return None
             except Conflict:
-                pass
-            obj = await core.kube.get_or_none(api.WORKLOADS, c.workload.ref.name)
-            fresh = kq.WorkloadView.from_obj(obj) if obj is not None else None
-            why = d.ready_conflict(fresh, entry.name, await core.trainjob_or_none(tj.name), tj, r.admission,
+                fresh = await core.reader.workload_or_none(c.workload.ref.name)
+            why = d.ready_conflict(fresh, entry.name, await core.reader.trainjob_or_none(tj.name), tj, r.admission,
                                    r.dispatch_object)
             if why == "gone":
                 return Outcome("gone")
@@ -444,8 +398,14 @@ class Reconciler:
                 return Outcome("conflict", retry=True, error=why)
             assert fresh is not None
             current = fresh
-        else:
+            raise k.kept_changing(f"workload {ns}/{c.workload.ref.name}")
+
+        try:
+            stopped = await k.on_conflict(once, f"workload {ns}/{c.workload.ref.name}", tries=READY_RETRIES)
+        except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
+        if stopped is not None:
+            return stopped
         self._metrics.admissions.inc()
         if entry.waiting_episode:
             since = kq.parse_time(entry.last_transition)

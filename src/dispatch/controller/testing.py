@@ -36,6 +36,10 @@ from ..testing import ApiFailure, Binding, FakeCluster, Policy
 from ..testing._rbac import SHIPPED_RBAC, Attributes
 from ..testing._server import requester
 
+__all__ = ["keeper_pass"]
+"""Public: ``keeper_pass``, the documented way for a plain-mode test to run the controller's keeper (it needs the
+``controller`` extra, as importing this module does); ``FakeKueue`` is dispatch's own tests' stand-in."""
+
 KUEUE = n.KUEUE_GROUP
 TRAINER = n.TRAINER_GROUP
 KUEUE_MANAGER = "kueue.x-k8s.io/manager"
