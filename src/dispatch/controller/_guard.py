@@ -33,12 +33,10 @@ import ssl
 import time
 from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import structlog
-from cryptography import x509
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from .. import _api as api
@@ -349,16 +347,7 @@ class ClientAuth:
     def load(ca_file: str, names: str = "") -> ClientAuth:
         """From a PEM file of one or more CA certificates and a comma-separated list of names; a clear
         ValueError naming what is wrong (no such file, no certificate in it)."""
-        try:
-            pem = Path(ca_file).read_bytes()
-        except OSError as exc:
-            raise ValueError(f"--guard-client-ca {ca_file}: {exc.strerror or exc}") from None
-        try:
-            found = x509.load_pem_x509_certificates(pem)
-        except ValueError:
-            found = []
-        if not found:
-            raise ValueError(f"--guard-client-ca {ca_file} holds no PEM certificate")
+        pem = tls.read_ca_file(ca_file, option="--guard-client-ca")
         return ClientAuth(pem, frozenset(n.strip() for n in names.split(",") if n.strip()))
 
     def context(self, base: ssl.SSLContext) -> ssl.SSLContext:

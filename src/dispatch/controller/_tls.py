@@ -300,6 +300,22 @@ async def publish(kube: k.Kube, webhook: str, ca_pem: bytes) -> bool:
     return trusted
 
 
+def read_ca_file(ca_file: str, *, option: str) -> bytes:
+    """The PEM bytes of a file of one or more CA certificates, or a ValueError naming ``option`` and what is
+    wrong (no such file, no certificate in it)."""
+    try:
+        pem = Path(ca_file).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{option} {ca_file}: {exc.strerror or exc}") from None
+    try:
+        found = x509.load_pem_x509_certificates(pem)
+    except ValueError:
+        found = []
+    if not found:
+        raise ValueError(f"{option} {ca_file} holds no PEM certificate")
+    return pem
+
+
 def server_context() -> ssl.SSLContext:
     """A webhook server's TLS context: TLS 1.2 or later, HTTP/1.1."""
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
