@@ -30,10 +30,9 @@ import os
 import random
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -49,10 +48,11 @@ from dispatch.controller.testing import (
     KUEUE,
     MANAGER_ROLES,
     ORIGIN_LABEL,
+    FakeGuard,
     FakeMultiKueue,
     manager_policy,
 )
-from dispatch.testing import ApiFailure, FakeCluster
+from dispatch.testing import FakeCluster
 
 NS = "default"
 NAME = "llama-s1"
@@ -100,12 +100,17 @@ class Fleet2(RuleBasedStateMachine):
         self.manager = FakeCluster()
         self.manager.add_runtime(replacement_policy="Failed")
         self.workers = {}
+        self.guards: dict[str, FakeGuard] = {}
         for name in WORKERS:
             w = FakeCluster()
             w.add_runtime(replacement_policy="Failed")  # one pod per rank at a time: pods count executions
             w.server.gc_lag = gc_lag  # the worker's garbage collector waits for the worker_step "gc"
             for node in NODES:
                 w.add_node(node)
+            # dispatch in the worker as docs/how-to/multikueue.md installs it: deploy/ with --multikueue-worker
+            # (the guard's webhooks and the shipped policies; MultiKueue's fake writes as its identity there)
+            self.guards[name] = FakeGuard(w, worker=True)
+            self.guards[name].install()
             self.workers[name] = w
         self.mk = FakeMultiKueue(self.manager, self.workers, release_lost=release_lost)
         self.mk.install()
@@ -522,20 +527,15 @@ def test_seeded_long_walks_of_the_fleet_reach_moves_waits_and_confirmations_and_
     assert SEEN["healed-admitted"] >= 20, SEEN
 
 
-# ------------------------------------------------------------------ a worker's own writers (not stopped)
-
-WORKER_BYPASS = (
-    "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
-    "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
-    "one it did. Nothing on the manager can refuse that write. This fake runs no guard in its workers; the "
-    "guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a pod of the "
-    "submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
-    "worker's Kueue admits while the object runs in another worker is not seen from that worker.")
+# ------------------------------------------------------------------ a worker's own writers (refused)
 
 
 class FleetWithWorkerBypass(Fleet2):
-    """The fleet machine plus a bypassing writer in a worker. Expected to fail (``WORKER_BYPASS``): the
-    observer sees a pod of a copy MultiKueue never dispatched, or two executions at once."""
+    """The fleet machine plus a writer in a worker holding the shipped ``dispatch-writer`` role there, who
+    unsuspends MultiKueue's copy or re-creates a copy MultiKueue deleted. dispatch in the worker refuses both:
+    the ``dispatch-identity`` policy lets only MultiKueue's identity create a TrainJob carrying the origin label
+    (``deploy/worker`` binds ``create`` on ``multikueuecopies`` to it), and the guard's webhook starts a copy only
+    through the Workload MultiKueue made for it, admitted there, once. The observer holds throughout."""
 
     @initialize(release_lost=st.booleans(), gc_lag=st.booleans(), order=st.sampled_from([WORKERS, WORKERS[::-1]]),
                 liveness=st.booleans())
@@ -547,43 +547,58 @@ class FleetWithWorkerBypass(Fleet2):
     def worker_bypass(self, worker: str, how: str) -> None:
         if not self._up(worker):
             return
-        bypass(self.workers[worker], how, self.saved, worker)
+        said = bypass(self.workers[worker], how, self.saved, worker)
+        if said:
+            SEEN[f"bypass-{how}-{'written' if said == 'written' else 'refused'}"] += 1
 
 
-def bypass(w: FakeCluster, how: str, saved: dict[str, dict[str, Any]], worker: str) -> bool:
-    """``kubectl`` in the worker, as someone allowed to write TrainJobs there: unsuspend the copy there, or
-    re-create the last copy seen there after MultiKueue deleted it. True if it wrote."""
+def bypass(w: FakeCluster, how: str, saved: dict[str, dict[str, Any]], worker: str) -> str:
+    """``kubectl`` in the worker as a user of that worker holding the shipped ``dispatch-writer`` role (who may
+    write TrainJobs there): unsuspend the copy there, or re-create the last copy seen there after MultiKueue
+    deleted it. Returns "" if nothing was tried, "written" if the worker took the write, else its refusal."""
     current = w.server.get(TRAINER, "trainjobs", NS, NAME)
     if current is not None and (current["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
         saved[worker] = current
-    try:
-        if how == "unsuspend" and current is not None and current["spec"].get("suspend") and \
-                not current["metadata"].get("deletionTimestamp"):
-            w.server.update(TRAINER, "trainjobs", NS, NAME, lambda o: o["spec"].update(suspend=False), status=False)
-            return True
-        if how == "re-create" and current is None and worker in saved:
-            old = saved[worker]
-            w.server.create(TRAINER, "trainjobs", NS, {
-                "apiVersion": old.get("apiVersion"), "kind": "TrainJob",
+    if how == "unsuspend" and current is not None and current["spec"].get("suspend") and \
+            not current["metadata"].get("deletionTimestamp"):
+        return _kubectl(w, lambda kube: kube.merge_patch(k.TRAINJOBS, NAME, {"spec": {"suspend": False}}))
+    if how == "re-create" and current is None and worker in saved:
+        old = saved[worker]
+        body = {"apiVersion": old.get("apiVersion"), "kind": "TrainJob",
                 "metadata": {"name": NAME, "labels": dict(old["metadata"].get("labels") or {}),
                              "annotations": dict(old["metadata"].get("annotations") or {})},
-                "spec": {**old["spec"], "suspend": False}})
-            return True
-    except ApiFailure:
-        pass
-    return False
+                "spec": {**old["spec"], "suspend": False}}
+        return _kubectl(w, lambda kube: kube.create(k.TRAINJOBS, body))
+    return ""
+
+
+def _kubectl(w: FakeCluster, write: Callable[[k.Kube], Awaitable[object]]) -> str:
+    async def go() -> str:
+        kube = k.Kube.connect(namespace=NS, transport=w.transport(roles=WRITER))
+        try:
+            await write(kube)
+            return "written"
+        except DispatchError as exc:
+            SEEN["bypass-refused"] += 1
+            return str(exc) or type(exc).__name__
+        finally:
+            await kube.aclose()
+    return asyncio.run(go())
 
 
 # The bypass machine runs as the seeded walks below, not as a hypothesis TestCase: hypothesis's uniform choice of
-# rules reaches a copy MultiKueue deleted too rarely to fail reliably in the default number of examples, and an
-# expected failure that sometimes passes would say nothing.
+# rules reaches a copy MultiKueue deleted too rarely to matter in the default number of examples.
+
+COPY_REFUSED = "only the identity MultiKueue writes this worker with creates one"
 
 
-@pytest.mark.xfail(reason=WORKER_BYPASS, raises=AssertionError, strict=True)
-def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() -> None:
-    """The hazard the bypass machine finds, step by step: A=1 runs in worker-1 and is preempted; its copy is
-    suspended and deleted once its pod is gone, so dispatch rightly admits A=2, which MultiKueue sends to
-    worker-2; then someone re-creates the old copy in worker-1. Its pod carries A=1 and runs beside A=2's."""
+def test_a_copy_re_created_in_the_old_worker_is_refused_while_the_next_execution_runs() -> None:
+    """The hazard a writer in a worker made, step by step: A=1 runs in worker-1 and is preempted; its copy is
+    suspended (the writer's unsuspend is refused while its pod remains, then because the copy ran once) and
+    deleted once its pod is gone, so dispatch rightly admits A=2, which MultiKueue sends to worker-2; then the
+    writer re-creates the old copy in worker-1 as MultiKueue made it, unsuspended. The ``dispatch-identity``
+    policy refuses it (only MultiKueue's identity creates a copy), so no pod of A=1 runs beside A=2's, while
+    MultiKueue's own copies start in both workers (the worker's guard allowed them)."""
     sm = Fleet2()
     sm.setup(release_lost=False, gc_lag=False, order=WORKERS, liveness=False)
     try:
@@ -592,9 +607,17 @@ def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() ->
         sm.converge()
         sm.converge()
         saved: dict[str, dict[str, Any]] = {}
-        assert not bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")  # remembers the copy
+        assert bypass(sm.workers["worker-1"], "re-create", saved, "worker-1") == ""  # remembers the copy
         assert [w for w, _ in sm._alive_pods()] == ["worker-1"]
         sm.preempt(requeue=False)
+        sm.mk.sync()                                      # the copy suspended, its pod Terminating
+        refused = bypass(sm.workers["worker-1"], "unsuspend", saved, "worker-1")
+        assert "trainjob llama-s1 cannot start: remaining pods: llama-s1-node-0-0-" in refused, refused
+        for _ in range(3):                                # its pod gone, the copy not deleted yet
+            sm.worker_step("worker-1", "grace-periods-end")
+        assert sm._alive_pods() == []
+        refused = bypass(sm.workers["worker-1"], "unsuspend", saved, "worker-1")
+        assert "this MultiKueue copy has started before" in refused, refused
         sm.mk.order = ["worker-2", "worker-1"]
         for _ in range(3):
             sm.converge()
@@ -603,16 +626,26 @@ def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() ->
         sm.converge()
         sm.converge()
         assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-1", "1"), ("worker-2", "2")]
-        sm.no_two_pods_of_the_submission_alive_anywhere()
-        assert bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")
+        assert [(w, (p["metadata"].get("labels") or {}).get(LABEL_ADMISSION)) for w, p in sm._alive_pods()] == [
+            ("worker-2", "2")]
+        refused = bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")
+        assert "ValidatingAdmissionPolicy 'dispatch-identity'" in refused and COPY_REFUSED in refused, refused
+        assert sm.workers["worker-1"].server.get(TRAINER, "trainjobs", NS, NAME) is None
         sm.worker_step("worker-1", "step")
-        sm.no_two_pods_of_the_submission_alive_anywhere()   # fails: worker-1's A=1 beside worker-2's A=2
+        sm.no_two_pods_of_the_submission_alive_anywhere()
+        sm.every_worker_pod_carries_the_a_of_its_dispatch()
+        sm.the_shipped_roles_allowed_every_request()
+        assert sm.mk.refused == [], sm.mk.refused
+        assert sm.guards["worker-1"].allowed_starts == 1 and sm.guards["worker-2"].allowed_starts == 1
     finally:
         sm.teardown()
 
 
-@pytest.mark.xfail(reason=WORKER_BYPASS, raises=AssertionError, strict=True)
-def test_seeded_walks_with_a_bypassing_writer_in_a_worker_find_an_overlap() -> None:
-    """The walks with the worker's bypass among their steps: the observer fails (an overlap or a pod of a copy
-    MultiKueue never dispatched), which is what ``WORKER_BYPASS`` says dispatch cannot stop yet."""
+def test_seeded_walks_with_a_bypassing_writer_in_a_worker_are_refused_and_never_overlap() -> None:
+    """The walks with the worker writer's unsuspend and re-create among their steps: every one is refused, and
+    the observer (no two pods of the submission alive anywhere, each pod the A of its dispatch) holds."""
+    SEEN.clear()
     _walks(FleetWithWorkerBypass, WALKS)
+    print("walks reached", dict(sorted(SEEN.items())))
+    assert SEEN["bypass-re-create-written"] == 0 and SEEN["bypass-unsuspend-written"] == 0, SEEN
+    assert SEEN["bypass-re-create-refused"] >= 10 and SEEN["bypass-unsuspend-refused"] >= 2, SEEN
