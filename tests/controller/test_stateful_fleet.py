@@ -18,9 +18,13 @@ heal, unconfirmed frozen nodes thaw, grace periods pass, and MultiKueue and the 
 the object is then admitted, or its check message names an action (``dispatch admin worker-down ...``) that,
 taken, admits it.
 
-A worker's own writers are outside dispatch's reach: the guard does not run in workers. The second machine
-(``FleetWithWorkerBypass``) adds someone unsuspending or re-creating the copy in a worker; it finds overlaps,
-and is marked expected to fail for that reason (see its docstring).
+Each worker runs dispatch as docs/how-to/multikueue.md installs it there (``--multikueue-worker``): the guard's
+webhooks and the shipped policies (``FakeGuard(worker=True)``), with MultiKueue writing the worker as its own
+identity (Kueue's rules and ``deploy/worker``, which alone may create a copy). The second machine
+(``FleetWithWorkerBypass``) adds a user of a worker holding the shipped ``dispatch-writer`` role there who
+unsuspends MultiKueue's copy or re-creates one MultiKueue deleted (as it was, or without MultiKueue's labels):
+every such write is refused and the observer holds. What such a writer can still do, open the submission as an
+object of that worker's own, is held as a strict expected failure (``LOCAL_SUBMISSION``).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -48,6 +53,7 @@ from dispatch.controller.testing import (
     KUEUE,
     MANAGER_ROLES,
     ORIGIN_LABEL,
+    PREBUILT_LABEL,
     FakeGuard,
     FakeMultiKueue,
     manager_policy,
@@ -64,6 +70,7 @@ WRITER = ("dispatch-writer", "dispatch-node-reader")
 ADMIN = ("dispatch-admin",)
 TERMINAL = ("Succeeded", "Failed")
 HEALING_ROUNDS = 4
+BYPASSES = ("unsuspend", "re-create", "re-create-unmarked")
 WORKER_DOWN = re.compile(r"`dispatch admin worker-down ([a-z0-9.-]+)`")
 EXAMPLES = int(os.environ.get("DISPATCH_FLEET_EXAMPLES", "300" if os.environ.get("CI") else "80"))
 
@@ -87,7 +94,8 @@ def _ours(pod: dict[str, Any]) -> bool:
 
 
 class Fleet2(RuleBasedStateMachine):
-    """A manager, two workers, one submission: every writer of the fleet but a worker's own bypass."""
+    """A manager, two workers (dispatch's guard in each), one submission: every writer of the fleet but a
+    worker's own users."""
 
     manager: FakeCluster
     workers: dict[str, FakeCluster]
@@ -463,7 +471,7 @@ def _walk_step(rng: random.Random, sm: Fleet2) -> Callable[[], None]:
                          weights=[16, 16, 8, 12, 8, 3, 6, 4, 6, 2, 3, 4,
                                   6 if isinstance(sm, FleetWithWorkerBypass) else 0])[0]
     if choice == "bypass":
-        how = rng.choice(["unsuspend", "re-create"])
+        how = rng.choice(BYPASSES)
         return lambda: sm.worker_bypass(worker, how) if isinstance(sm, FleetWithWorkerBypass) else None
     if choice == "decide":
         mode = rng.choice(["one", "one", "two-replicas", "dies-mid-admission"])
@@ -543,7 +551,7 @@ class FleetWithWorkerBypass(Fleet2):
         super().setup(release_lost, gc_lag, order, liveness)
         self.saved: dict[str, dict[str, Any]] = {}
 
-    @rule(worker=st.sampled_from(WORKERS), how=st.sampled_from(["unsuspend", "re-create"]))
+    @rule(worker=st.sampled_from(WORKERS), how=st.sampled_from(BYPASSES))
     def worker_bypass(self, worker: str, how: str) -> None:
         if not self._up(worker):
             return
@@ -555,17 +563,21 @@ class FleetWithWorkerBypass(Fleet2):
 def bypass(w: FakeCluster, how: str, saved: dict[str, dict[str, Any]], worker: str) -> str:
     """``kubectl`` in the worker as a user of that worker holding the shipped ``dispatch-writer`` role (who may
     write TrainJobs there): unsuspend the copy there, or re-create the last copy seen there after MultiKueue
-    deleted it. Returns "" if nothing was tried, "written" if the worker took the write, else its refusal."""
+    deleted it, as it was or without MultiKueue's two labels (then an object of the worker's own), started.
+    Returns "" if nothing was tried, "written" if the worker took the write, else its refusal."""
     current = w.server.get(TRAINER, "trainjobs", NS, NAME)
     if current is not None and (current["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
         saved[worker] = current
     if how == "unsuspend" and current is not None and current["spec"].get("suspend") and \
             not current["metadata"].get("deletionTimestamp"):
         return _kubectl(w, lambda kube: kube.merge_patch(k.TRAINJOBS, NAME, {"spec": {"suspend": False}}))
-    if how == "re-create" and current is None and worker in saved:
+    if how.startswith("re-create") and current is None and worker in saved:
         old = saved[worker]
+        labels = dict(old["metadata"].get("labels") or {})
+        if how == "re-create-unmarked":  # as an object of this worker's own, not a copy
+            labels = {key: v for key, v in labels.items() if key not in (ORIGIN_LABEL, PREBUILT_LABEL)}
         body = {"apiVersion": old.get("apiVersion"), "kind": "TrainJob",
-                "metadata": {"name": NAME, "labels": dict(old["metadata"].get("labels") or {}),
+                "metadata": {"name": NAME, "labels": labels,
                              "annotations": dict(old["metadata"].get("annotations") or {})},
                 "spec": {**old["spec"], "suspend": False}}
         return _kubectl(w, lambda kube: kube.create(k.TRAINJOBS, body))
@@ -647,5 +659,43 @@ def test_seeded_walks_with_a_bypassing_writer_in_a_worker_are_refused_and_never_
     SEEN.clear()
     _walks(FleetWithWorkerBypass, WALKS)
     print("walks reached", dict(sorted(SEEN.items())))
-    assert SEEN["bypass-re-create-written"] == 0 and SEEN["bypass-unsuspend-written"] == 0, SEEN
-    assert SEEN["bypass-re-create-refused"] >= 10 and SEEN["bypass-unsuspend-refused"] >= 2, SEEN
+    assert all(SEEN[f"bypass-{how}-written"] == 0 for how in BYPASSES), SEEN
+    assert all(SEEN[f"bypass-{how}-refused"] >= 2 for how in BYPASSES), SEEN
+
+
+# ------------------------------------------------------------------ what a worker's writer can still do
+
+LOCAL_SUBMISSION = (
+    "a writer in a worker who may write TrainJobs and identity records there (the shipped dispatch-writer role) "
+    "opens a submission of that worker's own under the manager's job-id and submission and releases it: it is "
+    "no copy (it carries no origin label, and only MultiKueue's identity may create one that does), so the "
+    "worker's guard judges it as any object of that worker, by that worker's records and pods, and admits it. "
+    "The record that issued the manager's A and the pods of the execution running in the other worker are not "
+    "there, and the manager never sees the write. Only not granting dispatch-writer in a worker (the manager's "
+    "users open there) keeps it out; see docs/how-to/multikueue.md, what is not covered.")
+
+
+@pytest.mark.xfail(reason=LOCAL_SUBMISSION, raises=AssertionError, strict=True)
+def test_a_submission_opened_in_another_worker_under_the_managers_identity_runs_beside_the_copy() -> None:
+    """A=1 runs in worker-1 as MultiKueue's copy; a writer of worker-2 opens the same job-id and submission there
+    in plain mode with the library (its own record there issues A=1): two executions of the submission at
+    once, which nothing in worker-2 can tell from a legitimate local one (``LOCAL_SUBMISSION``)."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=False, order=WORKERS, liveness=False)
+    try:
+        sm.open()
+        sm.decide("one")
+        sm.converge()
+        sm.converge()
+        assert [w for w, _ in sm._alive_pods()] == ["worker-1"]
+        local = Adapter.connect(NS, transport=sm.workers["worker-2"].transport(roles=WRITER))
+        local.core.settle_seconds = 0
+        try:
+            local.open(JobSpec(job_id=SPEC.job_id, submission=SPEC.submission), hold=False)
+        finally:
+            local.shutdown()
+        sm.worker_step("worker-2", "step")
+        sm.worker_step("worker-2", "step")
+        sm.no_two_pods_of_the_submission_alive_anywhere()  # fails: worker-2's own A=1 beside worker-1's copy
+    finally:
+        sm.teardown()
