@@ -33,6 +33,7 @@ from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
+from dispatch.controller.testing import ORIGIN_LABEL
 from dispatch.testbed import fleet
 
 pytestmark = [pytest.mark.testbed, pytest.mark.multicluster]
@@ -534,6 +535,85 @@ def test_dispatch_in_the_workers_lets_multikueues_copies_run_and_refuses_a_bypas
     finally:
         print("\n".join(record))
     assert "trainjob by-hand cannot start" in said, said
+
+
+def _worker_users(worker: str, ns: str, tmp: Path) -> dict[str, Path]:
+    """Two users of ``ns`` in ``worker``: one holding the shipped ``dispatch-writer`` role (with
+    ``dispatch-node-reader``), one Kubernetes' built-in ``edit``. Returns each one's kubeconfig (its token only)."""
+    out: dict[str, Path] = {}
+    for account, role in (("writer", "dispatch-writer"), ("editor", "edit")):
+        fleet.kubectl(worker, "-n", ns, "create", "serviceaccount", account)
+        fleet.kubectl(worker, "-n", ns, "create", "rolebinding", account, f"--clusterrole={role}",
+                      f"--serviceaccount={ns}:{account}")
+        path = tmp / f"{worker}-{account}.kubeconfig"
+        path.write_text(_token_kubeconfig(worker, ns, account))
+        out[account] = path
+    return out
+
+
+def test_a_writer_in_a_worker_cannot_re_create_multikueues_copy_beside_the_next_execution(
+        ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
+    """Issue 34 (across clusters) on real control planes, with dispatch installed in every worker as the docs
+    say (``--multikueue-worker``, the guard's webhooks and the shipped policies, ``deploy/worker``): A=1 runs in
+    a worker as MultiKueue's copy, is held (MultiKueue deletes the copy) and released; A=2 runs. Then users of
+    the worker where it does not run, one with the shipped ``dispatch-writer`` role and one with Kubernetes'
+    ``edit``, create the A=1 copy there again as MultiKueue made it, started: the ``dispatch-identity`` policy
+    refuses it (only MultiKueue's identity creates a copy). Without MultiKueue's labels (an object of the
+    worker's own), started at once, the guard refuses it. No pod of A=1 runs beside A=2's."""
+    name = "fleet-s7"
+    record: list[str] = []
+
+    async def story() -> dict[str, str]:
+        said: dict[str, str] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            await _worker_guards(ns, tmp_path, stack)
+            async with Story(ns, controller_kubeconfig) as s:
+                await s.adapter.open(spec("s7"))
+                with Observer(ns, name) as obs:
+                    first = await s.running_in(obs, "1")
+                    copy = json.loads(fleet.kubectl(first, "get", "trainjob", name, "-n", ns, "-o", "json").stdout)
+                    await s.adapter.hold(name)
+                    await _until("the copy gone", lambda: fleet.kubectl(
+                        first, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 60)
+                    await _hold_done(s, name, ns, record)
+                    await s.adapter.release(name)
+                    second = await s.running_in(obs, "2")
+                    target = next(w for w in obs.workers if w != second)
+                    record.append(f"A=1 ran in {first}, A=2 runs in {second}; the writers act in {target}")
+                    users = _worker_users(target, ns, tmp_path)
+                    labels = copy["metadata"]["labels"]
+                    unmarked = {key: v for key, v in labels.items()
+                                if key not in (ORIGIN_LABEL, "kueue.x-k8s.io/prebuilt-workload-name")}
+                    for account, path in users.items():
+                        for how, these in (("copy", labels), ("unmarked", unmarked)):
+                            body = {"apiVersion": copy["apiVersion"], "kind": "TrainJob",
+                                    "metadata": {"name": name, "namespace": ns, "labels": these,
+                                                 "annotations": copy["metadata"].get("annotations", {})},
+                                    "spec": {**copy["spec"], "suspend": False}}
+                            # kubectl off the event loop: the worker's guard answers from this very loop
+                            got = await asyncio.to_thread(fleet.kubectl, target, "create", "-f", "-",
+                                                          input=json.dumps(body), check=False, kubeconfig=path)
+                            said[f"{account}/{how}"] = (got.stderr or got.stdout).strip()
+                            assert got.returncode != 0, f"{account} created the {how} TrainJob: {got.stdout}"
+                    left = fleet.kubectl(target, "get", "trainjob", name, "-n", ns, check=False)
+                    assert left.returncode != 0, left.stdout
+                assert obs.overlaps == [], obs.overlaps
+                assert obs.admissions() == ["1", "2"], obs.seen
+        return said
+
+    try:
+        said = asyncio.run(story())
+        record.extend(f"{who}: {text}" for who, text in sorted(said.items()))
+    finally:
+        print("\n".join(record))
+    assert "ValidatingAdmissionPolicy 'dispatch-identity'" in said["writer/copy"], said
+    assert "only the identity MultiKueue writes this worker with creates one" in said["writer/copy"], said
+    assert f"trainjob {name} cannot start: a dispatch TrainJob is created suspended" in said["writer/unmarked"], said
+    # ``edit`` grants TrainJobs only where Trainer's roles aggregate into it: refused by RBAC or by dispatch
+    for how in ("copy", "unmarked"):
+        text = said[f"editor/{how}"]
+        assert 'cannot create resource "trainjobs"' in text or (
+            "dispatch-identity" in text if how == "copy" else f"trainjob {name} cannot start" in text), said
 
 
 def test_a_worker_removed_from_the_manager_waits_until_the_operator_confirms_it_and_the_records_forget_it(
