@@ -665,3 +665,100 @@ def test_a_worker_removed_from_the_manager_waits_until_the_operator_confirms_it_
         asyncio.run(story())
     finally:
         print("\n".join(record))
+
+
+# --------------------------------------------------------------------------------------------- a small campaign
+
+FLEET_STEPS = {"hold-release": 3.0, "partition-heal": 2.0, "lost-heal": 2.0, "lost-power-off": 1.5}
+"""What a round of the fleet campaign does to the object and to the worker it runs in, and the weights drawn by."""
+
+
+@pytest.mark.slow
+def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
+        ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
+    """Issue 34: a seeded walk on the fleet, with dispatch installed in every worker: rounds drawn from
+    ``FLEET_STEPS`` (a hold and release; the object's worker partitioned and healed before workerLostTimeout;
+    lost past it and healed; lost past it and powered off, then confirmed down, at most once, the worker staying
+    off until the end, when it is powered on again). The observer holds throughout (never two pods of the object
+    alive in the fleet, A as dispatch issued it, rising by one per execution), and after every round the next
+    execution runs. ``DISPATCH_FLEET_CAMPAIGN_SEED`` replays a seed (printed), ``DISPATCH_FLEET_CAMPAIGN_ROUNDS``
+    (4) sizes it."""
+    import os
+    import random
+
+    seed = int(os.environ.get("DISPATCH_FLEET_CAMPAIGN_SEED") or random.SystemRandom().randrange(1 << 31))
+    rounds = int(os.environ.get("DISPATCH_FLEET_CAMPAIGN_ROUNDS", "4"))
+    rng = random.Random(seed)
+    name = "fleet-s8"
+    record: list[str] = [f"fleet campaign seed {seed}, {rounds} rounds"]
+
+    async def lost_until_named(s: Story, where: str) -> str:
+        """``where`` partitioned; dispatch's check naming it once Kueue re-queued the Workload, or ""."""
+        fleet.partition(where)
+
+        async def named() -> str | None:
+            text = str((await _check(s.admin, name)).get("message", ""))
+            return text if f"worker {where} cannot be read" in text else None
+        try:
+            return str(await _until("dispatch's check naming the unreadable worker", named, 45))
+        except AssertionError:
+            return ""
+
+    async def story() -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            await _worker_guards(ns, tmp_path, stack)
+            async with Story(ns, controller_kubeconfig) as s:
+                await s.adapter.open(spec("s8"))
+                off = ""
+                with Observer(ns, name) as obs:
+                    a = 1
+                    where = await s.running_in(obs, "1")
+                    try:
+                        for r in range(rounds):
+                            steps = {k: w for k, w in FLEET_STEPS.items()
+                                     if not (off and k in ("lost-heal", "lost-power-off"))}
+                            step = rng.choices(list(steps), weights=list(steps.values()))[0]
+                            t0 = time.monotonic()
+                            if step == "hold-release":
+                                await s.adapter.hold(name)
+                                await _until("the copy gone", lambda w=where: fleet.kubectl(
+                                    w, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 90)
+                                await _hold_done(s, name, ns, record)
+                                await s.adapter.release(name)
+                            elif step == "partition-heal":
+                                fleet.partition(where)
+                                try:
+                                    await asyncio.sleep(5)  # shorter than workerLostTimeout (20 s)
+                                finally:
+                                    fleet.heal(where)
+                                assert any(pa == str(a) for _, pa in obs.alive(where) or []), obs.seen
+                            else:
+                                message = await lost_until_named(s, where)
+                                if step == "lost-power-off" and message:
+                                    obs.off.add(where)  # the operator powers it off, then confirms it down
+                                    assert (await s.adapter.worker_down(where)).confirmed_down
+                                    off = where
+                                else:
+                                    fleet.heal(where)
+                                    step += " (healed)" if message else " (Kueue kept it evicted; healed)"
+                            if step != "partition-heal":
+                                a += 1
+                                where = await s.running_in(obs, str(a), timeout=300)
+                            record.append(f"round {r}: {step}, {time.monotonic() - t0:.0f}s; A={a} runs in {where}")
+                            assert obs.overlaps == [], obs.overlaps
+                    finally:
+                        if off:
+                            fleet.heal(off)  # powered on again: MultiKueue deletes its stale copy there
+                            await _until(f"the old pods in {off} gone", lambda: obs.alive(off) == [], 180)
+                            obs.off.discard(off)
+                            record.append(f"{off} powered on again; its old pods gone")
+                    assert any(pa == str(a) for _, pa in obs.alive(where) or []), obs.seen
+                assert obs.overlaps == [], obs.overlaps
+                assert obs.admissions() == [str(i) for i in range(1, a + 1)], obs.seen
+                return a
+
+    try:
+        executions = asyncio.run(story())
+        record.append(f"{executions} executions, 0 overlaps in {rounds} rounds")
+    finally:
+        print("\n".join(record))
