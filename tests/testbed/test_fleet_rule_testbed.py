@@ -33,7 +33,7 @@ from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
-from dispatch.controller.testing import ORIGIN_LABEL
+from dispatch.controller.testing import KUEUE_MULTIKUEUE_ROLE, ORIGIN_LABEL
 from dispatch.testbed import fleet
 
 pytestmark = [pytest.mark.testbed, pytest.mark.multicluster]
@@ -43,26 +43,6 @@ DELETE_DELAY = "40"
 """Seconds a deleted worker pod stays Terminating: the window the rule must hold through, longer than Kueue takes
 to finish a hold's eviction (or than the test takes to see it stalled and unstick it)."""
 UNSUPPORTED = ("v0.17.0",)
-
-# What Kueue's MultiKueue needs of a worker: its e2e's rules for each integration the testbed's Kueue enables
-# (batch/job, jobset, trainjob; MultiKueue watches every one of them in each worker, seen here as a 403).
-ALL = ["create", "update", "patch", "delete", "get", "list", "watch"]
-KUEUE_MULTIKUEUE_ROLE: Obj = {
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "multikueue-sa"},
-    "rules": [
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ALL},
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"], "verbs": ["get"]},
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ALL},
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets/status"], "verbs": ["get"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ALL},
-        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
-         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "localqueues"],
-         "verbs": ["get", "list", "watch"]},
-    ]}
-
 
 @pytest.fixture(scope="module")
 def up(fleet_session: None) -> fleet.Fleet:
