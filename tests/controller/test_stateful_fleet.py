@@ -19,10 +19,13 @@ heal, unconfirmed frozen nodes thaw, grace periods pass, and MultiKueue and the 
 the object is then admitted, or its check message names an action (``dispatch admin worker-down ...``) that,
 taken, admits it.
 
-A worker's own writers are outside dispatch's reach: of the guard in each worker only its pod webhook is played
-here (it refuses a pod while a pod of the submission may still run in that worker). The second machine
-(``FleetWithWorkerBypass``) adds someone unsuspending or re-creating the copy in a worker; it finds overlaps,
-and is marked expected to fail for that reason (see its docstring).
+Each worker runs dispatch as docs/how-to/multikueue.md installs it there (``--multikueue-worker``): the guard's
+webhooks and the shipped policies (``FakeGuard(worker=True)``), with MultiKueue writing the worker as its own
+identity (Kueue's rules and ``deploy/worker``, which alone may create a copy). The second machine
+(``FleetWithWorkerBypass``) adds a user of a worker holding the shipped ``dispatch-writer`` role there who
+unsuspends MultiKueue's copy or re-creates one MultiKueue deleted (as it was, or without MultiKueue's labels):
+every such write is refused and the observer holds. What such a writer can still do, open the submission as an
+object of that worker's own, is held as a strict expected failure (``LOCAL_SUBMISSION``).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import os
 import random
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -51,11 +54,12 @@ from dispatch.controller.testing import (
     KUEUE,
     MANAGER_ROLES,
     ORIGIN_LABEL,
+    PREBUILT_LABEL,
     FakeGuard,
     FakeMultiKueue,
     manager_policy,
 )
-from dispatch.testing import ApiFailure, FakeCluster
+from dispatch.testing import FakeCluster
 
 NS = "default"
 NAME = "llama-s1"
@@ -67,6 +71,7 @@ WRITER = ("dispatch-writer", "dispatch-node-reader")
 ADMIN = ("dispatch-admin",)
 TERMINAL = ("Succeeded", "Failed")
 HEALING_ROUNDS = 4
+BYPASSES = ("unsuspend", "re-create", "re-create-unmarked")
 WORKER_DOWN = re.compile(r"`dispatch admin worker-down ([a-z0-9.-]+)`")
 EXAMPLES = int(os.environ.get("DISPATCH_FLEET_EXAMPLES", "300" if os.environ.get("CI") else "80"))
 
@@ -100,7 +105,8 @@ def _may_run(pod: dict[str, Any]) -> bool:
 
 
 class Fleet2(RuleBasedStateMachine):
-    """A manager, two workers, one submission: every writer of the fleet but a worker's own bypass."""
+    """A manager, two workers (dispatch's guard in each), one submission: every writer of the fleet but a
+    worker's own users."""
 
     manager: FakeCluster
     workers: dict[str, FakeCluster]
@@ -118,15 +124,16 @@ class Fleet2(RuleBasedStateMachine):
             w = FakeCluster()
             w.add_runtime(replacement_policy="Failed")  # one pod per rank at a time: pods count executions
             w.server.gc_lag = gc_lag  # the worker's garbage collector waits for the worker_step "gc"
-            # dispatch runs in every worker (docs/how-to/multikueue.md): its guard refuses a pod while a pod of the
-            # submission may still run there. A copy re-created under its name takes over the old copy's lagging
-            # Job (JobSet selects Jobs by its owner's name); the garbage collector deletes that Job, JobSet
-            # re-creates it, and the Job controller (counting a Job's pods by the Job's uid) starts a pod of each
-            # rank beside the old one (issue 35). The worker's TrainJob webhook and Kueue are not modelled.
-            self.guards[name] = FakeGuard(w, worker=True)
-            self.guards[name].install_pod_webhook()
             for node in NODES:
                 w.add_node(node)
+            # dispatch in the worker as docs/how-to/multikueue.md installs it: deploy/ with --multikueue-worker
+            # (the guard's webhooks and the shipped policies; MultiKueue's fake writes as its identity there). Its
+            # pod webhook refuses a pod while a pod of the submission may still run there: a copy re-created under
+            # its name takes over the old copy's lagging Job (JobSet selects Jobs by its owner's name); the garbage
+            # collector deletes that Job, JobSet re-creates it, and the Job controller (counting a Job's pods by the
+            # Job's uid) starts a pod of each rank beside the old one (issue 35).
+            self.guards[name] = FakeGuard(w, worker=True)
+            self.guards[name].install()
             self.workers[name] = w
         self.mk = FakeMultiKueue(self.manager, self.workers, release_lost=release_lost)
         self.mk.install()
@@ -477,7 +484,7 @@ def _walk_step(rng: random.Random, sm: Fleet2) -> Callable[[], None]:
                          weights=[16, 16, 8, 12, 8, 3, 6, 4, 6, 2, 3, 4,
                                   6 if isinstance(sm, FleetWithWorkerBypass) else 0])[0]
     if choice == "bypass":
-        how = rng.choice(["unsuspend", "re-create"])
+        how = rng.choice(BYPASSES)
         return lambda: sm.worker_bypass(worker, how) if isinstance(sm, FleetWithWorkerBypass) else None
     if choice == "decide":
         mode = rng.choice(["one", "one", "two-replicas", "dies-mid-admission"])
@@ -591,20 +598,15 @@ def test_a_pod_deleted_before_it_was_bound_does_not_count_as_alive_beside_the_ne
     assert pods["2"]["status"]["phase"] == "Running" and sm._admitted()
 
 
-# ------------------------------------------------------------------ a worker's own writers (not stopped)
-
-WORKER_BYPASS = (
-    "a writer inside a worker: someone with write access there who unsuspends MultiKueue's copy, or re-creates "
-    "a copy MultiKueue deleted, starts an execution that dispatch never admitted (the copy's old A) beside the "
-    "one it did. Nothing on the manager can refuse that write. This fake runs only the guard's pod webhook in its "
-    "workers; the guard installed in a worker refuses a copy's start its worker's Kueue did not admit, or while a "
-    "pod of the submission may run there (tests/testbed/test_fleet_rule_testbed.py), but a copy-like TrainJob the "
-    "worker's Kueue admits while the object runs in another worker is not seen from that worker.")
+# ------------------------------------------------------------------ a worker's own writers (refused)
 
 
 class FleetWithWorkerBypass(Fleet2):
-    """The fleet machine plus a bypassing writer in a worker. Expected to fail (``WORKER_BYPASS``): the
-    observer sees a pod of a copy MultiKueue never dispatched, or two executions at once."""
+    """The fleet machine plus a writer in a worker holding the shipped ``dispatch-writer`` role there, who
+    unsuspends MultiKueue's copy or re-creates a copy MultiKueue deleted. dispatch in the worker refuses both:
+    the ``dispatch-identity`` policy lets only MultiKueue's identity create a TrainJob carrying the origin label
+    (``deploy/worker`` binds ``create`` on ``multikueuecopies`` to it), and the guard's webhook starts a copy only
+    through the Workload MultiKueue made for it, admitted there, once. The observer holds throughout."""
 
     @initialize(release_lost=st.booleans(), gc_lag=st.booleans(), order=st.sampled_from([WORKERS, WORKERS[::-1]]),
                 liveness=st.booleans())
@@ -612,47 +614,66 @@ class FleetWithWorkerBypass(Fleet2):
         super().setup(release_lost, gc_lag, order, liveness)
         self.saved: dict[str, dict[str, Any]] = {}
 
-    @rule(worker=st.sampled_from(WORKERS), how=st.sampled_from(["unsuspend", "re-create"]))
+    @rule(worker=st.sampled_from(WORKERS), how=st.sampled_from(BYPASSES))
     def worker_bypass(self, worker: str, how: str) -> None:
         if not self._up(worker):
             return
-        bypass(self.workers[worker], how, self.saved, worker)
+        said = bypass(self.workers[worker], how, self.saved, worker)
+        if said:
+            SEEN[f"bypass-{how}-{'written' if said == 'written' else 'refused'}"] += 1
 
 
-def bypass(w: FakeCluster, how: str, saved: dict[str, dict[str, Any]], worker: str) -> bool:
-    """``kubectl`` in the worker, as someone allowed to write TrainJobs there: unsuspend the copy there, or
-    re-create the last copy seen there after MultiKueue deleted it. True if it wrote."""
+def bypass(w: FakeCluster, how: str, saved: dict[str, dict[str, Any]], worker: str) -> str:
+    """``kubectl`` in the worker as a user of that worker holding the shipped ``dispatch-writer`` role (who may
+    write TrainJobs there): unsuspend the copy there, or re-create the last copy seen there after MultiKueue
+    deleted it, as it was or without MultiKueue's two labels (then an object of the worker's own), started.
+    Returns "" if nothing was tried, "written" if the worker took the write, else its refusal."""
     current = w.server.get(TRAINER, "trainjobs", NS, NAME)
     if current is not None and (current["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
         saved[worker] = current
-    try:
-        if how == "unsuspend" and current is not None and current["spec"].get("suspend") and \
-                not current["metadata"].get("deletionTimestamp"):
-            w.server.update(TRAINER, "trainjobs", NS, NAME, lambda o: o["spec"].update(suspend=False), status=False)
-            return True
-        if how == "re-create" and current is None and worker in saved:
-            old = saved[worker]
-            w.server.create(TRAINER, "trainjobs", NS, {
-                "apiVersion": old.get("apiVersion"), "kind": "TrainJob",
-                "metadata": {"name": NAME, "labels": dict(old["metadata"].get("labels") or {}),
+    if how == "unsuspend" and current is not None and current["spec"].get("suspend") and \
+            not current["metadata"].get("deletionTimestamp"):
+        return _kubectl(w, lambda kube: kube.merge_patch(k.TRAINJOBS, NAME, {"spec": {"suspend": False}}))
+    if how.startswith("re-create") and current is None and worker in saved:
+        old = saved[worker]
+        labels = dict(old["metadata"].get("labels") or {})
+        if how == "re-create-unmarked":  # as an object of this worker's own, not a copy
+            labels = {key: v for key, v in labels.items() if key not in (ORIGIN_LABEL, PREBUILT_LABEL)}
+        body = {"apiVersion": old.get("apiVersion"), "kind": "TrainJob",
+                "metadata": {"name": NAME, "labels": labels,
                              "annotations": dict(old["metadata"].get("annotations") or {})},
-                "spec": {**old["spec"], "suspend": False}})
-            return True
-    except ApiFailure:
-        pass
-    return False
+                "spec": {**old["spec"], "suspend": False}}
+        return _kubectl(w, lambda kube: kube.create(k.TRAINJOBS, body))
+    return ""
+
+
+def _kubectl(w: FakeCluster, write: Callable[[k.Kube], Awaitable[object]]) -> str:
+    async def go() -> str:
+        kube = k.Kube.connect(namespace=NS, transport=w.transport(roles=WRITER))
+        try:
+            await write(kube)
+            return "written"
+        except DispatchError as exc:
+            SEEN["bypass-refused"] += 1
+            return str(exc) or type(exc).__name__
+        finally:
+            await kube.aclose()
+    return asyncio.run(go())
 
 
 # The bypass machine runs as the seeded walks below, not as a hypothesis TestCase: hypothesis's uniform choice of
-# rules reaches a copy MultiKueue deleted too rarely to fail reliably in the default number of examples, and an
-# expected failure that sometimes passes would say nothing.
+# rules reaches a copy MultiKueue deleted too rarely to matter in the default number of examples.
+
+COPY_REFUSED = "only the identity MultiKueue writes this worker with creates one"
 
 
-@pytest.mark.xfail(reason=WORKER_BYPASS, raises=AssertionError, strict=True)
-def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() -> None:
-    """The hazard the bypass machine finds, step by step: A=1 runs in worker-1 and is preempted; its copy is
-    suspended and deleted once its pod is gone, so dispatch rightly admits A=2, which MultiKueue sends to
-    worker-2; then someone re-creates the old copy in worker-1. Its pod carries A=1 and runs beside A=2's."""
+def test_a_copy_re_created_in_the_old_worker_is_refused_while_the_next_execution_runs() -> None:
+    """The hazard a writer in a worker made, step by step: A=1 runs in worker-1 and is preempted; its copy is
+    suspended (the writer's unsuspend is refused while its pod remains, then because the copy ran once) and
+    deleted once its pod is gone, so dispatch rightly admits A=2, which MultiKueue sends to worker-2; then the
+    writer re-creates the old copy in worker-1 as MultiKueue made it, unsuspended. The ``dispatch-identity``
+    policy refuses it (only MultiKueue's identity creates a copy), so no pod of A=1 runs beside A=2's, while
+    MultiKueue's own copies start in both workers (the worker's guard allowed them)."""
     sm = Fleet2()
     sm.setup(release_lost=False, gc_lag=False, order=WORKERS, liveness=False)
     try:
@@ -661,9 +682,17 @@ def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() ->
         sm.converge()
         sm.converge()
         saved: dict[str, dict[str, Any]] = {}
-        assert not bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")  # remembers the copy
+        assert bypass(sm.workers["worker-1"], "re-create", saved, "worker-1") == ""  # remembers the copy
         assert [w for w, _ in sm._alive_pods()] == ["worker-1"]
         sm.preempt(requeue=False)
+        sm.mk.sync()                                      # the copy suspended, its pod Terminating
+        refused = bypass(sm.workers["worker-1"], "unsuspend", saved, "worker-1")
+        assert "trainjob llama-s1 cannot start: remaining pods: llama-s1-node-0-0-" in refused, refused
+        for _ in range(3):                                # its pod gone, the copy not deleted yet
+            sm.worker_step("worker-1", "grace-periods-end")
+        assert sm._alive_pods() == []
+        refused = bypass(sm.workers["worker-1"], "unsuspend", saved, "worker-1")
+        assert "this MultiKueue copy has started before" in refused, refused
         sm.mk.order = ["worker-2", "worker-1"]
         for _ in range(3):
             sm.converge()
@@ -672,16 +701,64 @@ def test_a_copy_re_created_in_the_old_worker_runs_beside_the_next_execution() ->
         sm.converge()
         sm.converge()
         assert [(w, a) for _, w, a in sm.mk.dispatched] == [("worker-1", "1"), ("worker-2", "2")]
-        sm.no_two_pods_of_the_submission_alive_anywhere()
-        assert bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")
+        assert [(w, (p["metadata"].get("labels") or {}).get(LABEL_ADMISSION)) for w, p in sm._alive_pods()] == [
+            ("worker-2", "2")]
+        refused = bypass(sm.workers["worker-1"], "re-create", saved, "worker-1")
+        assert "ValidatingAdmissionPolicy 'dispatch-identity'" in refused and COPY_REFUSED in refused, refused
+        assert sm.workers["worker-1"].server.get(TRAINER, "trainjobs", NS, NAME) is None
         sm.worker_step("worker-1", "step")
-        sm.no_two_pods_of_the_submission_alive_anywhere()   # fails: worker-1's A=1 beside worker-2's A=2
+        sm.no_two_pods_of_the_submission_alive_anywhere()
+        sm.every_worker_pod_carries_the_a_of_its_dispatch()
+        sm.the_shipped_roles_allowed_every_request()
+        assert sm.mk.refused == [], sm.mk.refused
+        assert sm.guards["worker-1"].allowed_starts == 1 and sm.guards["worker-2"].allowed_starts == 1
     finally:
         sm.teardown()
 
 
-@pytest.mark.xfail(reason=WORKER_BYPASS, raises=AssertionError, strict=True)
-def test_seeded_walks_with_a_bypassing_writer_in_a_worker_find_an_overlap() -> None:
-    """The walks with the worker's bypass among their steps: the observer fails (an overlap or a pod of a copy
-    MultiKueue never dispatched), which is what ``WORKER_BYPASS`` says dispatch cannot stop yet."""
+def test_seeded_walks_with_a_bypassing_writer_in_a_worker_are_refused_and_never_overlap() -> None:
+    """The walks with the worker writer's unsuspend and re-create among their steps: every one is refused, and
+    the observer (no two pods of the submission alive anywhere, each pod the A of its dispatch) holds."""
+    SEEN.clear()
     _walks(FleetWithWorkerBypass, WALKS)
+    print("walks reached", dict(sorted(SEEN.items())))
+    assert all(SEEN[f"bypass-{how}-written"] == 0 for how in BYPASSES), SEEN
+    assert all(SEEN[f"bypass-{how}-refused"] >= 2 for how in BYPASSES), SEEN
+
+
+# ------------------------------------------------------------------ what a worker's writer can still do
+
+LOCAL_SUBMISSION = (
+    "a writer in a worker who may write TrainJobs and identity records there (the shipped dispatch-writer role) "
+    "opens a submission of that worker's own under the manager's job-id and submission and releases it: it is "
+    "no copy (it carries no origin label, and only MultiKueue's identity may create one that does), so the "
+    "worker's guard judges it as any object of that worker, by that worker's records and pods, and admits it. "
+    "The record that issued the manager's A and the pods of the execution running in the other worker are not "
+    "there, and the manager never sees the write. Only not granting dispatch-writer in a worker (the manager's "
+    "users open there) keeps it out; see docs/how-to/multikueue.md, what is not covered.")
+
+
+@pytest.mark.xfail(reason=LOCAL_SUBMISSION, raises=AssertionError, strict=True)
+def test_a_submission_opened_in_another_worker_under_the_managers_identity_runs_beside_the_copy() -> None:
+    """A=1 runs in worker-1 as MultiKueue's copy; a writer of worker-2 opens the same job-id and submission there
+    in plain mode with the library (its own record there issues A=1): two executions of the submission at
+    once, which nothing in worker-2 can tell from a legitimate local one (``LOCAL_SUBMISSION``)."""
+    sm = Fleet2()
+    sm.setup(release_lost=False, gc_lag=False, order=WORKERS, liveness=False)
+    try:
+        sm.open()
+        sm.decide("one")
+        sm.converge()
+        sm.converge()
+        assert [w for w, _ in sm._alive_pods()] == ["worker-1"]
+        local = Adapter.connect(NS, transport=sm.workers["worker-2"].transport(roles=WRITER))
+        local.core.settle_seconds = 0
+        try:
+            local.open(JobSpec(job_id=SPEC.job_id, submission=SPEC.submission), hold=False)
+        finally:
+            local.shutdown()
+        sm.worker_step("worker-2", "step")
+        sm.worker_step("worker-2", "step")
+        sm.no_two_pods_of_the_submission_alive_anywhere()  # fails: worker-2's own A=1 beside worker-1's copy
+    finally:
+        sm.teardown()

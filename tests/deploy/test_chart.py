@@ -412,17 +412,34 @@ def test_multikueue_roles_are_deploys_and_only_on_request(tools: tuple[Path, Pat
     docs = by_key(chart(tools, "multikueue.workerSecrets={worker-1-kubeconfig,worker-2-kubeconfig}",
                         "multikueue.workerReader.enabled=true"))
     _, kubectl = tools
-    for part in ("multikueue", "worker"):
-        shipped = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / part)], capture_output=True,
-                                       text=True, check=True).stdout)
-        for obj in shipped:
-            assert without_allowed(docs[key(obj)]) == obj, key(obj)
+    shipped = _docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "multikueue")], capture_output=True,
+                                   text=True, check=True).stdout)
+    shipped += _docs((DEPLOY / "worker" / "rbac.yaml").read_text())
+    for obj in shipped:
+        assert without_allowed(docs[key(obj)]) == obj, key(obj)
     moved = chart(tools, "multikueue.workerSecrets={w-a}", "multikueue.kueueNamespace=kueue-alt")
     [role] = [d for d in moved if d["kind"] == "Role" and d["metadata"]["name"] == "dispatch-multikueue-workers"]
     assert role["metadata"]["namespace"] == "kueue-alt" and role["rules"][0]["resourceNames"] == ["w-a"]
     assert "--kueue-namespace=kueue-alt" in container(moved)["args"]
     bad = render(tools, "multikueue.workerSecrets={Not_A_Name}", check=False)
     assert bad.returncode != 0 and "workerSecrets" in bad.stderr
+
+
+def test_deploy_worker_installs_dispatch_on_a_worker_as_the_chart_does(tools: tuple[Path, Path]) -> None:
+    """Issue 34: ``kubectl apply -k deploy/worker/`` is a whole worker install (deploy/ with ``--multikueue-worker``
+    and the worker's roles), field for field what the chart renders with ``multikueue.worker=true``."""
+    _, kubectl = tools
+    shipped = by_key(_docs(subprocess.run([str(kubectl), "kustomize", str(DEPLOY / "worker")], capture_output=True,
+                                          text=True, check=True).stdout))
+    rendered = by_key(chart(tools, "createNamespace=true", "multikueue.worker=true"))
+    assert sorted(rendered) == sorted(shipped)
+    drift = {k: (without_allowed(rendered[k]), shipped[k]) for k in shipped
+             if without_allowed(rendered[k]) != shipped[k]}
+    assert drift == {}, json.dumps({"/".join(k): v for k, v in drift.items()}, indent=1)[:4000]
+    assert "--multikueue-worker" in container(list(shipped.values()))["args"]
+    kinds = {(k[1], k[3]) for k in shipped}
+    assert {("ValidatingWebhookConfiguration", "dispatch-guard"), ("ValidatingAdmissionPolicy", "dispatch-identity"),
+            ("ClusterRoleBinding", "dispatch-multikueue-copier")} <= kinds, sorted(kinds)
 
 
 def _value(values: Obj, path: str) -> Any:

@@ -33,6 +33,7 @@ from dispatch import LABEL_ADMISSION, AsyncAdapter, JobSpec
 from dispatch import _kube as k
 from dispatch import testbed as tb
 from dispatch.controller import Config, Controller
+from dispatch.controller.testing import KUEUE_MULTIKUEUE_ROLE, ORIGIN_LABEL
 from dispatch.testbed import fleet
 
 pytestmark = [pytest.mark.testbed, pytest.mark.multicluster]
@@ -42,26 +43,6 @@ DELETE_DELAY = "40"
 """Seconds a deleted worker pod stays Terminating: the window the rule must hold through, longer than Kueue takes
 to finish a hold's eviction (or than the test takes to see it stalled and unstick it)."""
 UNSUPPORTED = ("v0.17.0",)
-
-# What Kueue's MultiKueue needs of a worker: its e2e's rules for each integration the testbed's Kueue enables
-# (batch/job, jobset, trainjob; MultiKueue watches every one of them in each worker, seen here as a 403).
-ALL = ["create", "update", "patch", "delete", "get", "list", "watch"]
-KUEUE_MULTIKUEUE_ROLE: Obj = {
-    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "multikueue-sa"},
-    "rules": [
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": ALL},
-        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"], "verbs": ["get"]},
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": ALL},
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets/status"], "verbs": ["get"]},
-        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ALL},
-        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
-         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "localqueues"],
-         "verbs": ["get", "list", "watch"]},
-    ]}
-
 
 @pytest.fixture(scope="module")
 def up(fleet_session: None) -> fleet.Fleet:
@@ -536,6 +517,98 @@ def test_dispatch_in_the_workers_lets_multikueues_copies_run_and_refuses_a_bypas
     assert "trainjob by-hand cannot start" in said, said
 
 
+def _worker_users(worker: str, ns: str, tmp: Path) -> dict[str, Path]:
+    """Two users of ``ns`` in ``worker``: one holding the shipped ``dispatch-writer`` role (with
+    ``dispatch-node-reader``), one Kubernetes' built-in ``edit``. Returns each one's kubeconfig (its token only)."""
+    out: dict[str, Path] = {}
+    for account, role in (("writer", "dispatch-writer"), ("editor", "edit")):
+        fleet.kubectl(worker, "-n", ns, "create", "serviceaccount", account)
+        fleet.kubectl(worker, "-n", ns, "create", "rolebinding", account, f"--clusterrole={role}",
+                      f"--serviceaccount={ns}:{account}")
+        path = tmp / f"{worker}-{account}.kubeconfig"
+        path.write_text(_token_kubeconfig(worker, ns, account))
+        out[account] = path
+    return out
+
+
+def test_a_writer_in_a_worker_cannot_re_create_multikueues_copy_beside_the_next_execution(
+        ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
+    """Issue 34 (across clusters) on real control planes, with dispatch installed in every worker as the docs
+    say (``--multikueue-worker``, the guard's webhooks and the shipped policies, ``deploy/worker``): A=1 runs in
+    a worker as MultiKueue's copy, is held (MultiKueue deletes the copy) and released; A=2 runs. Then users of
+    the worker where it does not run, one with the shipped ``dispatch-writer`` role and one with Kubernetes'
+    ``edit``, create the A=1 copy there again as MultiKueue made it, started: the ``dispatch-identity`` policy
+    refuses it (only MultiKueue's identity creates a copy). Without MultiKueue's labels (an object of the
+    worker's own), started at once, the guard refuses it. No pod of A=1 runs beside A=2's."""
+    name = "fleet-s7"
+    record: list[str] = []
+
+    async def story() -> dict[str, str]:
+        said: dict[str, str] = {}
+        async with contextlib.AsyncExitStack() as stack:
+            await _worker_guards(ns, tmp_path, stack)
+            async with Story(ns, controller_kubeconfig) as s:
+                await s.adapter.open(spec("s7"))
+                with Observer(ns, name) as obs:
+                    first = await s.running_in(obs, "1")
+                    copy = json.loads(fleet.kubectl(first, "get", "trainjob", name, "-n", ns, "-o", "json").stdout)
+                    await s.adapter.hold(name)
+                    await _until("the copy gone", lambda: fleet.kubectl(
+                        first, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 60)
+                    await _hold_done(s, name, ns, record)
+                    await s.adapter.release(name)
+                    second = await s.running_in(obs, "2")
+                    target = next(w for w in obs.workers if w != second)
+                    record.append(f"A=1 ran in {first}, A=2 runs in {second}; the writers act in {target}")
+                    users = _worker_users(target, ns, tmp_path)
+                    labels = copy["metadata"]["labels"]
+                    unmarked = {key: v for key, v in labels.items()
+                                if key not in (ORIGIN_LABEL, "kueue.x-k8s.io/prebuilt-workload-name")}
+                    for account, path in users.items():
+                        for how, these in (("copy", labels), ("unmarked", unmarked)):
+                            # as MultiKueue creates it: the worker's Kueue adds its own runtime patch entry
+                            body = {"apiVersion": copy["apiVersion"], "kind": "TrainJob",
+                                    "metadata": {"name": name, "namespace": ns, "labels": these,
+                                                 "annotations": copy["metadata"].get("annotations", {})},
+                                    "spec": {**copy["spec"], "suspend": False, "runtimePatches": [
+                                        e for e in copy["spec"].get("runtimePatches", [])
+                                        if e.get("manager") != "kueue.x-k8s.io/manager"]}}
+                            # kubectl off the event loop: the worker's guard answers from this very loop
+                            got = await asyncio.to_thread(fleet.kubectl, target, "create", "-f", "-",
+                                                          input=json.dumps(body), check=False, kubeconfig=path)
+                            said[f"{account}/{how}"] = (got.stderr or got.stdout).strip()
+                            if got.returncode == 0:
+                                # without MultiKueue's labels it is an object of the worker's own: its queue-name
+                                # label has the worker's Kueue suspend it at creation, and its start (Kueue's,
+                                # once it admits its Workload there) is the guard's to refuse
+                                assert how == "unmarked", f"{account} created the {how} TrainJob: {got.stdout}"
+
+                                tj = json.loads(fleet.kubectl(target, "get", "trainjob", name, "-n", ns,
+                                                              "-o", "json").stdout)
+                                said[f"{account}/{how}"] += f" (suspend={tj['spec'].get('suspend')})"
+                                assert tj["spec"]["suspend"] is True, tj["spec"]
+                                fleet.kubectl(target, "delete", "trainjob", name, "-n", ns, "--wait=false")
+                    assert obs.alive(target) == [], obs.alive(target)
+                assert obs.overlaps == [], obs.overlaps
+                assert obs.admissions() == ["1", "2"], obs.seen
+        return said
+
+    try:
+        said = asyncio.run(story())
+        record.extend(f"{who}: {text}" for who, text in sorted(said.items()))
+    finally:
+        print("\n".join(record))
+    # the shipped dispatch-identity policy, renamed for this test's namespace (harness.scoped)
+    assert "ValidatingAdmissionPolicy 'dispatch-guard-" in said["writer/copy"], said
+    assert "only the identity MultiKueue writes this worker with creates one" in said["writer/copy"], said
+    assert f"trainjob {name}" in said["writer/unmarked"] or "suspend=True" in said["writer/unmarked"], said
+    # ``edit`` grants TrainJobs only where Trainer's roles aggregate into it: refused by RBAC or by dispatch
+    for how in ("copy", "unmarked"):
+        text = said[f"editor/{how}"]
+        assert 'cannot create resource "trainjobs"' in text or (
+            "dispatch-identity" in text if how == "copy" else f"trainjob {name} cannot start" in text), said
+
+
 def test_a_worker_removed_from_the_manager_waits_until_the_operator_confirms_it_and_the_records_forget_it(
         ns: str, controller_kubeconfig: Path) -> None:
     """Issue 35 item 5 on real control planes: A=1 runs in a worker, is held, and that worker's MultiKueueCluster
@@ -583,5 +656,102 @@ def test_a_worker_removed_from_the_manager_waits_until_the_operator_confirms_it_
 
     try:
         asyncio.run(story())
+    finally:
+        print("\n".join(record))
+
+
+# --------------------------------------------------------------------------------------------- a small campaign
+
+FLEET_STEPS = {"hold-release": 3.0, "partition-heal": 2.0, "lost-heal": 2.0, "lost-power-off": 1.5}
+"""What a round of the fleet campaign does to the object and to the worker it runs in, and the weights drawn by."""
+
+
+@pytest.mark.slow
+def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
+        ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
+    """Issue 34: a seeded walk on the fleet, with dispatch installed in every worker: rounds drawn from
+    ``FLEET_STEPS`` (a hold and release; the object's worker partitioned and healed before workerLostTimeout;
+    lost past it and healed; lost past it and powered off, then confirmed down, at most once, the worker staying
+    off until the end, when it is powered on again). The observer holds throughout (never two pods of the object
+    alive in the fleet, A as dispatch issued it, rising by one per execution), and after every round the next
+    execution runs. ``DISPATCH_FLEET_CAMPAIGN_SEED`` replays a seed (printed), ``DISPATCH_FLEET_CAMPAIGN_ROUNDS``
+    (4) sizes it."""
+    import os
+    import random
+
+    seed = int(os.environ.get("DISPATCH_FLEET_CAMPAIGN_SEED") or random.SystemRandom().randrange(1 << 31))
+    rounds = int(os.environ.get("DISPATCH_FLEET_CAMPAIGN_ROUNDS", "4"))
+    rng = random.Random(seed)
+    name = "fleet-s8"
+    record: list[str] = [f"fleet campaign seed {seed}, {rounds} rounds"]
+
+    async def lost_until_named(s: Story, where: str) -> str:
+        """``where`` partitioned; dispatch's check naming it once Kueue re-queued the Workload, or ""."""
+        fleet.partition(where)
+
+        async def named() -> str | None:
+            text = str((await _check(s.admin, name)).get("message", ""))
+            return text if f"worker {where} cannot be read" in text else None
+        try:
+            return str(await _until("dispatch's check naming the unreadable worker", named, 45))
+        except AssertionError:
+            return ""
+
+    async def story() -> int:
+        async with contextlib.AsyncExitStack() as stack:
+            await _worker_guards(ns, tmp_path, stack)
+            async with Story(ns, controller_kubeconfig) as s:
+                await s.adapter.open(spec("s8"))
+                off = ""
+                with Observer(ns, name) as obs:
+                    a = 1
+                    where = await s.running_in(obs, "1")
+                    try:
+                        for r in range(rounds):
+                            steps = {k: w for k, w in FLEET_STEPS.items()
+                                     if not (off and k in ("lost-heal", "lost-power-off"))}
+                            step = rng.choices(list(steps), weights=list(steps.values()))[0]
+                            t0 = time.monotonic()
+                            if step == "hold-release":
+                                await s.adapter.hold(name)
+                                await _until("the copy gone", lambda w=where: fleet.kubectl(
+                                    w, "get", "trainjob", name, "-n", ns, check=False).returncode != 0, 90)
+                                await _hold_done(s, name, ns, record)
+                                await s.adapter.release(name)
+                            elif step == "partition-heal":
+                                fleet.partition(where)
+                                try:
+                                    await asyncio.sleep(5)  # shorter than workerLostTimeout (20 s)
+                                finally:
+                                    fleet.heal(where)
+                                assert any(pa == str(a) for _, pa in obs.alive(where) or []), obs.seen
+                            else:
+                                message = await lost_until_named(s, where)
+                                if step == "lost-power-off" and message:
+                                    obs.off.add(where)  # the operator powers it off, then confirms it down
+                                    assert (await s.adapter.worker_down(where)).confirmed_down
+                                    off = where
+                                else:
+                                    fleet.heal(where)
+                                    step += " (healed)" if message else " (Kueue kept it evicted; healed)"
+                            if step != "partition-heal":
+                                a += 1
+                                where = await s.running_in(obs, str(a), timeout=300)
+                            record.append(f"round {r}: {step}, {time.monotonic() - t0:.0f}s; A={a} runs in {where}")
+                            assert obs.overlaps == [], obs.overlaps
+                    finally:
+                        if off:
+                            fleet.heal(off)  # powered on again: MultiKueue deletes its stale copy there
+                            await _until(f"the old pods in {off} gone", lambda: obs.alive(off) == [], 180)
+                            obs.off.discard(off)
+                            record.append(f"{off} powered on again; its old pods gone")
+                    assert any(pa == str(a) for _, pa in obs.alive(where) or []), obs.seen
+                assert obs.overlaps == [], obs.overlaps
+                assert obs.admissions() == [str(i) for i in range(1, a + 1)], obs.seen
+                return a
+
+    try:
+        executions = asyncio.run(story())
+        record.append(f"{executions} executions, 0 overlaps in {rounds} rounds")
     finally:
         print("\n".join(record))

@@ -33,8 +33,8 @@ from .._kueue import WorkloadView
 from .._trainer import TrainJobView, labels_entry, patch_entries, patch_pod_labels, runtime_jobs
 from .._views import JobSetView, JobView, NodeView, PodView
 from ..testing import ApiFailure, Binding, FakeCluster, Policy
-from ..testing._rbac import SHIPPED_RBAC, Attributes
-from ..testing._server import requester
+from ..testing._rbac import SHIPPED_RBAC, Attributes, Identity
+from ..testing._server import REQUESTER, requester
 
 __all__ = ["keeper_pass"]
 """Public: ``keeper_pass``, the documented way for a plain-mode test to run the controller's keeper (it needs the
@@ -367,6 +367,46 @@ def worker_policy() -> Policy:
     return Policy.load(WORKER_RBAC)
 
 
+_ALL = ["create", "update", "patch", "delete", "get", "list", "watch"]
+KUEUE_MULTIKUEUE_ROLE: Obj = {
+    "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "multikueue-sa"},
+    "rules": [
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"], "verbs": _ALL},
+        {"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs/status"], "verbs": ["get"]},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": _ALL},
+        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets/status"], "verbs": ["get"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": _ALL},
+        {"apiGroups": ["batch"], "resources": ["jobs/status"], "verbs": ["get"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"],
+         "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["get", "patch", "update"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "localqueues"],
+         "verbs": ["get", "list", "watch"]},
+    ]}
+"""What Kueue's MultiKueue needs of a worker (not dispatch's to ship: Kueue's e2e rules for the integrations the
+testbed enables), bound to the service account the manager's Secret for that worker holds."""
+MULTIKUEUE_SA = ("kueue-system", "multikueue-sa")
+
+
+@functools.cache
+def multikueue_policy() -> Policy:
+    """The roles MultiKueue's identity holds in a worker installed as docs/how-to/multikueue.md says: Kueue's own
+    (``KUEUE_MULTIKUEUE_ROLE``) and ``deploy/worker`` (the reader, and ``create`` on ``multikueuecopies``), all
+    bound to ``kueue-system/multikueue-sa``."""
+    ns, sa = MULTIKUEUE_SA
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "multikueue-sa"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "multikueue-sa"},
+               "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+    return Policy.load(WORKER_RBAC.read_text() + "\n---\n" + yaml.safe_dump(KUEUE_MULTIKUEUE_ROLE) + "\n---\n"
+                       + yaml.safe_dump(binding))
+
+
+def multikueue_identity() -> Identity:
+    """MultiKueue's identity in a worker (``kueue-system/multikueue-sa`` and every role bound to it)."""
+    return multikueue_policy().identity(["multikueue-sa"])
+
+
 MANAGER_ROLES: tuple[str | Binding, ...] = (
     "dispatch-controller", Binding("dispatch-multikueue-workers", "kueue-system", "Role"))
 
@@ -376,13 +416,18 @@ class FakeMultiKueue:
 
     What it plays is what Kueue v0.17.1+ does (read in its source; the fleet testbed checks it):
     * a manager Workload is dispatched only once every check but MultiKueue's is Ready (v0.17.0 lacks that
-      gate: dispatch needs v0.17.1 or later); the remote TrainJob is a copy of the manager's labels,
+      gate: dispatch needs v0.17.1 or later); MultiKueue creates in the worker, as its own identity there
+      (``multikueue_identity``: Kueue's rules and ``deploy/worker``'s), the remote Workload (the manager's
+      name, MultiKueue's origin label) and the remote TrainJob, suspended: a copy of the manager's labels,
       annotations and spec at that moment, without ``managedBy`` and without Kueue's runtime patch entry, so
-      dispatch's entry (A) goes with it; the worker admits it at once (its own queueing is not modelled), and
-      MultiKueue's check turns Ready with ``status.clusterName``;
-    * an eviction on the manager suspends the remote copy, releases quota once the copy reports no active
-      Job (Terminating pods do not count), then deletes the copy with background propagation and forgets
-      the cluster (``clusterName`` is cleared); the next dispatch may go anywhere at once;
+      dispatch's entry (A) goes with it, plus the origin and prebuilt-workload labels; the worker's own Kueue
+      adopts the Workload (owner: the copy), admits it at once (its own queueing is not modelled), writes its
+      pod set entry and unsuspends the copy, retrying on its next pass a start a webhook refused
+      (``worker_kueue``); MultiKueue's check turns Ready with ``status.clusterName``;
+    * an eviction on the manager deactivates the remote Workload (the worker's Kueue evicts it and suspends
+      the copy), releases quota once the copy reports no active Job (Terminating pods do not count), then
+      deletes the remote Workload and the copy with background propagation and forgets the cluster
+      (``clusterName`` is cleared); the next dispatch may go anywhere at once;
     * remote objects that could not be deleted because their worker was lost are deleted once it answers
       again (Kueue retries the removal on each pass, and its garbage collector deletes the copies whose
       manager Workload is gone, when their worker is connected);
@@ -417,6 +462,11 @@ class FakeMultiKueue:
         self.removing: set[tuple[str, str, str, str]] = set()
         """(namespace, Workload, TrainJob, worker): remote objects MultiKueue could not delete yet (the worker did
         not answer); retried on every pass until the worker answers."""
+        self.identity = multikueue_identity()
+        """Who MultiKueue writes each worker as: ``kueue-system/multikueue-sa``, holding what a worker installed
+        as the docs say binds to it (so the ``dispatch-identity`` policy lets it, and only it, create copies)."""
+        self.refused: list[tuple[str, str]] = []
+        """(worker, message): each write of MultiKueue or of a worker's Kueue a worker's API server refused."""
         self._clock = 0
 
     def _now(self) -> str:
@@ -519,6 +569,9 @@ class FakeMultiKueue:
         whose checks are all Ready)."""
         self._retry_removals()
         self._collect_garbage()
+        for reachable in sorted(self.workers):
+            if reachable not in self.lost:
+                self.worker_kueue(reachable)
         for wl in self.manager.server.objects(KUEUE, "workloads"):
             ns, name = wl["metadata"]["namespace"], wl["metadata"]["name"]
             owner = (wl["metadata"].get("ownerReferences") or [{}])[0].get("name", "")
@@ -543,7 +596,7 @@ class FakeMultiKueue:
 
     def _evicted(self, wl: Obj, ns: str, name: str, trainjob: str, worker: str | None) -> None:
         """Kueue's eviction forgets where the Workload ran; MultiKueue deactivates the remote Workload, so the
-        worker's Kueue suspends the copy."""
+        worker's Kueue evicts it and suspends the copy."""
         if (wl.get("status") or {}).get("clusterName"):
             def forget(obj: Obj) -> None:
                 obj["status"].pop("clusterName", None)
@@ -552,11 +605,12 @@ class FakeMultiKueue:
         if worker is None or worker in self.lost:
             return
         remote = self.workers[worker]
-        copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
-        if copy_ is not None and not (copy_.get("spec") or {}).get("suspend"):
-            def suspend(obj: Obj) -> None:
-                obj["spec"]["suspend"] = True
-            remote.server.update(TRAINER, "trainjobs", ns, trainjob, suspend, status=False)
+        remote_wl = remote.server.get(KUEUE, "workloads", ns, name)
+        if remote_wl is not None and remote_wl["spec"].get("active") is not False:
+            def deactivate(obj: Obj) -> None:
+                obj["spec"]["active"] = False
+            self._write(worker, "update", KUEUE, "workloads", ns, name, mutate=deactivate)
+        self.worker_kueue(worker)
 
     def _remove_copy(self, ns: str, name: str, trainjob: str, worker: str) -> None:
         if worker not in self.lost:
@@ -573,11 +627,15 @@ class FakeMultiKueue:
     def _delete_copy(self, ns: str, trainjob: str, worker: str) -> None:
         remote = self.workers[worker]
         copy_ = remote.server.get(TRAINER, "trainjobs", ns, trainjob)
-        if copy_ is not None and not copy_["metadata"].get("deletionTimestamp") and \
-                (copy_["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
+        if copy_ is None or not (copy_["metadata"].get("labels") or {}).get(ORIGIN_LABEL):
+            return
+        prebuilt = (copy_["metadata"].get("labels") or {}).get(PREBUILT_LABEL, "")
+        if prebuilt and remote.server.get(KUEUE, "workloads", ns, prebuilt) is not None:
+            self._write(worker, "delete", KUEUE, "workloads", ns, prebuilt)
+        if not copy_["metadata"].get("deletionTimestamp"):
             # no propagation option: the API server's default, background, for a custom resource
             # (trainjob_multikueue_adapter.go:88-93 @v0.17.0): the worker's GC deletes its JobSet later
-            remote.server.delete(TRAINER, "trainjobs", ns, trainjob)
+            self._write(worker, "delete", TRAINER, "trainjobs", ns, trainjob)
 
     def _retry_removals(self) -> None:
         for ns, name, trainjob, worker in sorted(self.removing):
@@ -602,6 +660,102 @@ class FakeMultiKueue:
                 if wl is None or wl["metadata"].get("deletionTimestamp"):
                     self._delete_copy(ns, copy_["metadata"]["name"], worker)
 
+    def _write(self, worker: str, verb: str, group: str, plural: str, ns: str, name: str, *, body: Obj | None = None,
+               mutate: Callable[[Obj], None] | None = None) -> Obj | None:
+        """One write of MultiKueue in ``worker`` (``create`` ``body``, ``update`` by ``mutate``, or ``delete``), as
+        its identity there: the worker's RBAC decides it (a denial is recorded in that worker's ``denied``, as a
+        request's 403 is) and its admission checks see the requester. Returns the object written, or None (a
+        refusal is recorded in ``refused``)."""
+        version = n.TRAINER_VERSION if group == TRAINER else "v1beta2"
+        server = self.workers[worker].server
+        if not self.identity.allows(Attributes(verb, "", True, group, version, plural, "", ns, name)):
+            server.denied.append((self.identity.user, verb, f"{group}/{plural}/{ns}/{name}"))
+            return None
+        token = REQUESTER.set(self.identity)
+        try:
+            if verb == "create":
+                assert body is not None
+                return server.create(group, plural, ns, body)
+            if verb == "delete":
+                return server.delete(group, plural, ns, name)
+            assert mutate is not None
+            return server.update(group, plural, ns, name, mutate, status=False)
+        except ApiFailure as exc:
+            self.refused.append((worker, exc.message))
+            return None
+        finally:
+            REQUESTER.reset(token)
+
+    def worker_kueue(self, worker: str) -> None:
+        """One pass of the worker's own Kueue over MultiKueue's copies there: a Workload MultiKueue deactivated is
+        evicted and its copy suspended; a suspended copy whose Workload (by its prebuilt name) is active and not
+        finished is adopted (the Workload's owner becomes the copy), admitted, given Kueue's pod set entry and
+        unsuspended. A write the worker refuses (dispatch's guard there) is tried again on the next pass."""
+        remote = self.workers[worker]
+        for copy_ in remote.server.objects(TRAINER, "trainjobs"):
+            meta = copy_["metadata"]
+            prebuilt = (meta.get("labels") or {}).get(PREBUILT_LABEL, "")
+            if not (meta.get("labels") or {}).get(ORIGIN_LABEL) or not prebuilt or meta.get("deletionTimestamp"):
+                continue
+            ns, trainjob = meta["namespace"], meta["name"]
+            wl = remote.server.get(KUEUE, "workloads", ns, prebuilt)
+            if wl is None or wl["metadata"].get("deletionTimestamp"):
+                continue
+            try:
+                if wl["spec"].get("active") is False:
+                    self._worker_evict(remote, ns, prebuilt, trainjob, copy_)
+                elif copy_["spec"].get("suspend") and not _cond(wl, "Evicted") and not _cond(wl, "Finished"):
+                    self._worker_start(remote, ns, prebuilt, copy_)
+            except ApiFailure as exc:
+                self.refused.append((worker, exc.message))
+
+    @staticmethod
+    def _worker_evict(remote: FakeCluster, ns: str, wl: str, trainjob: str, copy_: Obj) -> None:
+        if not copy_["spec"].get("suspend"):
+            def suspend(obj: Obj) -> None:
+                obj["spec"]["suspend"] = True
+            remote.server.update(TRAINER, "trainjobs", ns, trainjob, suspend, status=False)
+        current = remote.server.get(KUEUE, "workloads", ns, wl)
+        if current is not None and _cond(current, "Admitted"):
+            def evicted(obj: Obj) -> None:
+                _set(obj, "Evicted", True, "InactiveWorkload")
+                _set(obj, "Admitted", False, "NoReservation")
+            remote.server.update(KUEUE, "workloads", ns, wl, evicted, status=True)
+
+    @staticmethod
+    def _worker_start(remote: FakeCluster, ns: str, wl: str, copy_: Obj) -> None:
+        meta = copy_["metadata"]
+        uid, trainjob = meta["uid"], meta["name"]
+        current = remote.server.get(KUEUE, "workloads", ns, wl)
+        assert current is not None
+        owner = (current["metadata"].get("ownerReferences") or [{}])[0]
+        if owner.get("uid") != uid:
+            if owner.get("uid"):
+                return  # the Workload of another TrainJob of that name: Kueue does not take it over
+
+            def adopt(obj: Obj) -> None:
+                obj["metadata"]["ownerReferences"] = [{
+                    "apiVersion": f"{TRAINER}/{n.TRAINER_VERSION}", "kind": "TrainJob", "name": trainjob,
+                    "uid": uid, "controller": True, "blockOwnerDeletion": True}]
+                obj["metadata"].setdefault("labels", {})[n.KUEUE_JOB_UID_LABEL] = uid
+            remote.server.update(KUEUE, "workloads", ns, wl, adopt, status=None)
+        if not _cond(current, "Admitted"):
+            def admitted(obj: Obj) -> None:
+                _set(obj, "QuotaReserved", True, "QuotaReserved")
+                _set(obj, "Admitted", True, "Admitted")
+            remote.server.update(KUEUE, "workloads", ns, wl, admitted, status=True)
+        if not any(p.get("manager") == KUEUE_MANAGER for p in patch_entries(copy_)):
+            pod_sets = [ps["name"] for ps in current["spec"].get("podSets") or []]
+
+            def pod_set_entry(obj: Obj) -> None:
+                obj["spec"].setdefault("runtimePatches", []).append(
+                    labels_entry(KUEUE_MANAGER, {ps: {} for ps in pod_sets}))
+            remote.server.update(TRAINER, "trainjobs", ns, trainjob, pod_set_entry, status=False)
+
+        def unsuspend(obj: Obj) -> None:
+            obj["spec"]["suspend"] = False
+        remote.server.update(TRAINER, "trainjobs", ns, trainjob, unsuspend, status=False)
+
     def _dispatch(self, tj: Obj, ns: str, name: str) -> None:
         for worker in self.order:
             if worker in self.lost:
@@ -609,23 +763,35 @@ class FakeMultiKueue:
             remote = self.workers[worker]
             if remote.server.get(TRAINER, "trainjobs", ns, tj["metadata"]["name"]) is not None:
                 continue  # an old copy is still there (being deleted): its create would fail
+            if remote.server.get(KUEUE, "workloads", ns, name) is not None:
+                continue  # the old remote Workload is still there
             spec = copy.deepcopy(tj["spec"])
             spec.pop("managedBy", None)
             spec["runtimePatches"] = [p for p in spec.get("runtimePatches") or []
                                       if p.get("manager") != KUEUE_MANAGER]
-            spec["suspend"] = False  # created suspended, admitted at once by the worker's own Kueue
+            spec["suspend"] = True  # created suspended; the worker's own Kueue starts it (``worker_kueue``)
             meta = tj["metadata"]
-            made = remote.server.create(TRAINER, "trainjobs", ns, {
+            manager_wl = self.manager.server.get(KUEUE, "workloads", ns, name) or {"spec": {}}
+            if self._write(worker, "create", KUEUE, "workloads", ns, name, body={
+                    "metadata": {"name": name, "labels": {ORIGIN_LABEL: "multikueue"}},
+                    "spec": {"queueName": manager_wl["spec"].get("queueName", ""), "active": True,
+                             "podSets": copy.deepcopy(manager_wl["spec"].get("podSets") or [])}}) is None:
+                continue
+            made = self._write(worker, "create", TRAINER, "trainjobs", ns, meta["name"], body={
                 "apiVersion": tj.get("apiVersion"), "kind": "TrainJob",
                 "metadata": {"name": meta["name"],
                              "labels": {**(meta.get("labels") or {}), ORIGIN_LABEL: "multikueue",
                                         PREBUILT_LABEL: name},
                              "annotations": dict(meta.get("annotations") or {})},
                 "spec": spec})
+            if made is None:
+                self._write(worker, "delete", KUEUE, "workloads", ns, name)
+                continue
             self.placed[(ns, name)] = worker
             a = (meta.get("annotations") or {}).get(n.ANNOTATION_ADMISSION, "")
             self.dispatched.append((name, worker, a))
             self.copies[(worker, made["metadata"]["uid"])] = a
+            self.worker_kueue(worker)
 
             def ready(obj: Obj, worker: str = worker) -> None:
                 obj["status"]["clusterName"] = worker

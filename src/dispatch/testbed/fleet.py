@@ -180,14 +180,15 @@ def _bin(c: Cluster) -> Path:
 
 
 def kubectl(cluster: str, *args: str, input: str | None = None, check: bool = True,
-            timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """The stack's kubectl against one cluster of the fleet (``manager``, ``worker-1``, ``worker-2``)."""
+            timeout: float = 60.0, kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """The stack's kubectl against one cluster of the fleet (``manager``, ``worker-1``, ``worker-2``), as its
+    admin or as whoever ``kubeconfig`` holds the credentials of (a user of that cluster)."""
     c = fleet().cluster(cluster)
     try:
         bin_dir = _bin(c)
     except (OSError, ValueError, KeyError) as e:
         raise RuntimeError(f"{cluster} is not running (`python -m dispatch.testbed up --clusters`)") from e
-    argv = [str(bin_dir / "kubectl"), f"--kubeconfig={c.kubeconfig}", *args]
+    argv = [str(bin_dir / "kubectl"), f"--kubeconfig={kubeconfig or c.kubeconfig}", *args]
     proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
     if check and proc.returncode != 0:
         raise RuntimeError(f"{cluster}: kubectl {' '.join(args)} failed: {proc.stderr.strip() or proc.stdout.strip()}")
