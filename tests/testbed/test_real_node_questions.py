@@ -563,6 +563,23 @@ async def test_a_pod_made_by_hand_with_dispatchs_labels_and_a_node_name_meets_th
         assert "denied the request" in got.stderr, got.stderr
     print("REFUSED:", json.dumps(refused, indent=1))
 
+    # A pod posing as a static pod's mirror (the kubelet's annotation), which the guard admits: no kubelet runs
+    # a pod that comes from the API with that annotation; the real one deletes it as an orphaned mirror.
+    posing = hand_made_pod("posing", g.ns, tmp_path, node, job_id="hand", submission="s1", a="2", finalizer=False)
+    posing["metadata"]["annotations"] = {MIRROR: "posing"}
+    made_posing = await asyncio.to_thread(create_as, as_editor, posing)
+    print("A POD POSING AS A MIRROR:", made_posing.returncode, made_posing.stdout.strip(), made_posing.stderr.strip())
+    if made_posing.returncode == 0:
+        async def posing_gone() -> bool:
+            return await g.kube.get_or_none(k.PODS, "posing") is None
+        with contextlib.suppress(AssertionError, TimeoutError):
+            await until(posing_gone, what="the kubelet deletes the posing mirror", timeout=40)
+        left = await g.kube.get_or_none(k.PODS, "posing")
+        print("THE POSING MIRROR 40 s ON:", "gone" if left is None else shape(left))
+        assert not any(r.pod == "posing" for r in oracle.read(tmp_path)), "a kubelet ran a pod posing as a mirror"
+        if left is not None:
+            await g.kube.delete(k.PODS, "posing")
+
     await g.adapter.hold("hand-s1")
 
     async def a1_gone() -> bool:
@@ -655,4 +672,65 @@ async def test_a_static_pods_mirror_with_dispatchs_labels_on_a_real_kubelet(
         await g.kube.merge_patch(k.PODS, mirror_name, {"metadata": {"finalizers": None}})
         final = await released(g, "stat-s1")
     assert final == 1
+    oracle.assert_no_overlap(oracle.read(tmp_path))
+
+
+def kubelet_log_lines(word: str, since: int) -> list[str]:
+    """The real kubelet's log lines from byte ``since`` on that mention ``word``."""
+    path = _paths.runtime_dir() / "logs" / "kubelet.log"
+    with path.open("rb") as f:
+        f.seek(since)
+        return [line.decode(errors="replace").strip()[:400] for line in f if word.encode() in line]
+
+
+async def test_a_static_pod_started_beside_a_running_execution_is_seen_through_its_mirror(
+        guarded: Guarded, node: str, tmp_path: Path) -> None:
+    """Question 2c, second part: a static pod with dispatch's labels appears on the node while A=1 of the object
+    runs. The kubelet runs it whatever the API says; a webhook can refuse only its mirror, which would hide its
+    process from the rule (the next release would admit beside it). The guard admits every mirror pod, so the
+    static pod counts among the object's pods and the release after a hold is refused while it runs."""
+    g = guarded
+    manifests = await asyncio.to_thread(_node.static_pod_dir)
+    await asyncio.to_thread(runtime, g.ns, tmp_path)
+    await g.adapter.open(spec("side-s1"))
+    assert await released(g, "side-s1") == 1
+    await until(lambda: asyncio.to_thread(lambda: any(r.event == "TICK" for r in oracle.read(tmp_path))),
+                what="A=1 runs", timeout=90)
+    log = _paths.runtime_dir() / "logs" / "kubelet.log"
+    since = log.stat().st_size if log.exists() else 0
+    path = manifests / f"{g.ns}-beside.json"
+    path.write_text(json.dumps(static_manifest("beside", g.ns, tmp_path, job_id="side", submission="s1", a="0")))
+    mirror_name = f"beside-{node}"
+    try:
+        await until(lambda: asyncio.to_thread(lambda: any(p.pod.startswith("beside") and p.alive for p in
+                                                          oracle.processes(oracle.read(tmp_path)))),
+                    what="the static pod's process runs", timeout=90)
+
+        async def mirror() -> bool:
+            return await g.kube.get_or_none(k.PODS, mirror_name) is not None
+        try:
+            await until(mirror, what="its mirror pod in the API", timeout=60)
+        finally:
+            print("THE KUBELET ON THE MIRROR:", *(kubelet_log_lines("beside", since) or ["(nothing)"])[-6:],
+                  sep="\n  ")
+        await g.adapter.hold("side-s1")
+
+        async def a1_gone() -> bool:
+            return not any(p.alive and p.admission == "1" for p in await asyncio.to_thread(
+                lambda: oracle.processes(oracle.read(tmp_path))))
+        await until(a1_gone, what="A=1's process gone", timeout=120)
+        await asyncio.sleep(5)
+        blocked = await a_release(g, "side-s1")
+        print("RELEASE WHILE THE STATIC POD RUNS:", blocked)
+        assert isinstance(blocked, str) and mirror_name in blocked
+    finally:
+        path.unlink(missing_ok=True)
+    await until(lambda: asyncio.to_thread(lambda: not any(
+        p.alive for p in oracle.processes(oracle.read(tmp_path)) if p.pod.startswith("beside"))),
+        what="the static pod's process ended once its manifest went", timeout=90)
+    with contextlib.suppress(Exception):  # the way out of a mirror left behind (recorded by the test above)
+        await asyncio.sleep(10)
+        if await g.kube.get_or_none(k.PODS, mirror_name) is not None:
+            await g.kube.merge_patch(k.PODS, mirror_name, {"metadata": {"finalizers": None}})
+    assert await released(g, "side-s1") == 2
     oracle.assert_no_overlap(oracle.read(tmp_path))
