@@ -1393,7 +1393,7 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     guard sees only those) must carry dispatch's finalizer, which keeps it visible until its end is proven,
     and no ``MarkSeen`` record, which only dispatch writes on a pod it has read (``pod_create_problem``).
     A static pod's mirror (``PodView.mirror``) is always admitted: its kubelet runs the static pod from a file
-    whatever the API says (seen on a real kubelet), so a refusal would hide its process from the rule, not stop
+    whatever the API says, so a refusal would hide its process from the rule, not stop
     it; and no kubelet runs a pod created through the API with the mirror's annotation."""
     problem = pod_create_problem(new)
     if problem is not None or new.mirror:

@@ -1,6 +1,7 @@
-"""A static pod's mirror carrying dispatch's labels (issue 34, question 2c). On the testbed's real node the
-kubelet ran a static pod from its file while the API had no mirror of it, the mirror's create refused
-(``tests/testbed/test_real_node_questions.py``): a webhook refuses only the API's copy, never the process. So
+"""A static pod's mirror carrying dispatch's labels (issue 34, question 2c). A kubelet runs a static pod from
+its file whatever the API says (its file source feeds the pod workers directly; the mirror is only the API's
+copy), so a webhook that refuses the mirror's create hides the process, never stops it
+(``tests/testbed/test_real_node_questions.py`` watches it on the real node). So
 dispatch's guard admits every mirror, whatever else of the submission runs, and the rule counts it among the
 object's pods: the next release is refused while it may run."""
 
