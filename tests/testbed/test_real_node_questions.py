@@ -338,10 +338,12 @@ def test_an_ephemeral_container_running_on_keeps_its_pod_unended_on_a_real_kubel
         while (debugger := process_of(tmp_path, "debugger")[0]).alive:
             assert now_ms() - t0 < 150_000, "the kubelet left the debugger running past the grace period"
             cessation = adapter.ceased("eph-s1")
-            assert not cessation.ceased, cessation.reason
-            assert isinstance(release_or_remaining(adapter, "eph-s1"), str)
+            released_now = release_or_remaining(adapter, "eph-s1")
             outcome = keeper_pass(ns, controller_kubeconfig).get(f"{ns}/{name}", "gone")
-            assert outcome == "unproven", outcome
+            if cessation.ceased or not isinstance(released_now, str) or outcome != "unproven":
+                # read as ended: right only if the debugger had ended by then (the calls take a second or so)
+                assert not process_of(tmp_path, "debugger")[0].alive, (cessation, released_now, outcome)
+                break
             checks += 1
             time.sleep(1.0)
         time.sleep(2.0)  # the kubelet's writes after the kill
@@ -765,4 +767,7 @@ async def test_a_static_pod_started_beside_a_running_execution_is_seen_through_i
         if await g.kube.get_or_none(k.PODS, mirror_name) is not None:
             await g.kube.merge_patch(k.PODS, mirror_name, {"metadata": {"finalizers": None}})
     assert await released(g, "side-s1") == 2
-    oracle.assert_no_overlap(oracle.read(tmp_path))
+    # The static pod (A=0) ran beside A=1 by construction: its node's administrator started it, nothing of
+    # dispatch did. A=2 never ran beside it.
+    found = oracle.overlaps(oracle.read(tmp_path))
+    assert all({o.first.admission, o.second.admission} == {"0", "1"} for o in found), [str(o) for o in found]
