@@ -1469,7 +1469,7 @@ def pod_create_problem(new: PodView) -> str | None:
     rule; with a ``MarkSeen`` record already on it, the operator's word could count before its kubelet wrote
     anything. dispatch's runtime patch entry gives every pod the finalizer, so a pod without it was built
     from a template someone changed (another manager's entry, a mutating webhook)."""
-    if not new.job_id:
+    if not new.job_id or new.mirror:
         return None
     who = f"pod {new.name or 'of ' + new.job_id + '/' + new.submission}"
     if not new.ours:
@@ -1493,9 +1493,12 @@ def pod_start_problem(new: PodView, pods: Iterable[PodView], nodes: Mapping[str,
     (``PodView.end`` with its Node from ``nodes``), unless that pod runs another rank of the same execution:
     the ranks of one execution run side by side by design. A pod labelled as a dispatch object's (the
     guard sees only those) must carry dispatch's finalizer, which keeps it visible until its end is proven,
-    and no ``MarkSeen`` record, which only dispatch writes on a pod it has read (``pod_create_problem``)."""
+    and no ``MarkSeen`` record, which only dispatch writes on a pod it has read (``pod_create_problem``).
+    A static pod's mirror (``PodView.mirror``) is always admitted: its kubelet runs the static pod from a file
+    whatever the API says, so a refusal would hide its process from the rule, not stop
+    it; and no kubelet runs a pod created through the API with the mirror's annotation."""
     problem = pod_create_problem(new)
-    if problem is not None:
+    if problem is not None or new.mirror:
         return problem
     if not new.job_id or not new.submission:
         return None

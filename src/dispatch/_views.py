@@ -242,6 +242,10 @@ REJECTED_PREFIX = "Pod was rejected: "
 TERMINATED_BY_KUBELET = "The container could not be located when the pod was terminated"
 """The message of the kubelet's last step for a terminal pod (``TerminatePod``), written only once it
 has torn the pod down: that container will never run again."""
+MIRROR_ANNOTATION = "kubernetes.io/config.mirror"
+"""What a kubelet puts on the API's copy (mirror) of a static pod it runs from a file on its node. It runs the
+static pod whatever the API says, and never runs a pod that arrives from the API with this annotation (it
+deletes such a mirror when it has no static pod of that name)."""
 KUBELET_CONDITIONS = frozenset({"PodReadyToStartContainers", "Initialized", "ContainersReady"})
 """Pod conditions only the kubelet sets: a change of one is a report of the kubelet's. Not ``Ready`` (the
 node lifecycle controller's ``MarkPodsNotReady`` writes it too) nor ``PodScheduled`` (the scheduler's)."""
@@ -470,6 +474,9 @@ class PodView:
     Job): the guard cannot tell a second pod of such a Job from a replacement of one that may still run."""
     created: float | None = field(default=None, compare=False)
     """Its ``creationTimestamp`` (the API server's clock), to tell its Node from one registered again later."""
+    mirror: bool = False
+    """A static pod's mirror (``MIRROR_ANNOTATION``): its kubelet runs the static pod from a file on the node,
+    and this object only shows it; refusing the mirror's create would hide that process, not stop it."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> PodView:
@@ -536,6 +543,7 @@ class PodView:
             rank=rank if all(rank) else None,
             unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
             created=instant(m.get("creationTimestamp")),
+            mirror=MIRROR_ANNOTATION in annotations_of(obj),
         )
 
     @property

@@ -274,3 +274,21 @@ def test_an_ended_pod_with_a_debug_or_sidecar_container_running_blocks_its_rank(
     said = problem(old)
     assert said is not None and "llama-s1-node-0-0-old" in said
     assert problem(pod("llama-s1-node-0-0-old", phase="Succeeded", deleting=True)) is None
+
+
+def test_a_static_pods_mirror_is_admitted_whatever_else_runs() -> None:
+    """Issue 34, question 2c: a real kubelet runs a static pod from its file whatever the API says, and a webhook
+    can refuse only its mirror, which would hide that process from the rule instead of stopping it. So the guard
+    admits a mirror (even without dispatch's finalizer, even beside another execution's pod): the rule then
+    counts it among the object's pods."""
+    mirror = {"metadata": {"annotations": {"kubernetes.io/config.mirror": "5d2c1b0a"}}}
+    new = pod("static-node-real", a=0, rank=None, phase="Pending", extra=mirror)
+    assert new.mirror
+    running_other = pod("llama-s1-node-0-0-a1")
+    assert problem(running_other, new=new) is None
+    bare = pod("static-node-real", a=0, rank=None, phase="Pending",
+               extra={"metadata": {**mirror["metadata"], "finalizers": []}})
+    assert d.pod_create_problem(bare) is None and problem(running_other, new=bare) is None
+    # the same pod without the annotation is refused on both counts, as before
+    assert problem(running_other, new=pod("static-node-real", a=0, rank=None, phase="Pending")) is not None
+    assert d.pod_create_problem(dataclasses.replace(bare, mirror=False)) is not None

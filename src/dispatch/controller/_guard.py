@@ -159,8 +159,8 @@ class Guard:
             return None  # the configuration sends creates only
         new = PodView.from_obj(obj)
         problem = d.pod_create_problem(new)  # judged on the pod alone, before any read
-        if problem is not None or not new.job_id or not new.submission:
-            return problem
+        if problem is not None or new.mirror or not new.job_id or not new.submission:
+            return problem  # a static pod's mirror runs nothing: its kubelet runs the static pod regardless
         namespace = str(request.get("namespace") or new.namespace)
         reader = self._read(namespace)
         pods, nodes = await reader.submission_pods(new.job_id, new.submission)

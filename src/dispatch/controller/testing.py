@@ -869,7 +869,7 @@ class FakeGuard:
         """The guard's answer to one pod create: the submission's pods and their Nodes at this moment."""
         view = PodView.from_obj(new)
         problem = d.pod_create_problem(view)  # as the real guard: on the pod alone, before any read
-        if problem is not None or not view.job_id or not view.submission:
+        if problem is not None or view.mirror or not view.job_id or not view.submission:
             return problem
         ns = str(new["metadata"].get("namespace") or self.cluster.namespace)
         pods = [p for p in map(PodView.from_obj, self.server.objects("", "pods", ns))

@@ -187,6 +187,8 @@ class _Dirs:
     pod_logs = _Under("pod-logs")
     images = _Under("images")
     config = _Under("config")
+    manifests = _Under("manifests")
+    """The kubelet's ``staticPodPath``: empty unless a test writes a static pod's manifest there."""
     host = _Under("host.json")
 
 
@@ -314,6 +316,9 @@ def _kubelet_config(d: _Dirs) -> dict[str, object]:
         "syncFrequency": "10s",
         "maxPods": 20,
         "podLogsDir": str(d.pod_logs),
+        # Static pods (issue 34): only files a test writes here, and it is empty otherwise; a directory the
+        # kubelet watches changes nothing until a manifest appears.
+        "staticPodPath": str(d.manifests),
         "volumePluginDir": str(d.base / "volume-plugins"),
         "registerWithTaints": [TAINT],
         # Nothing may evict or garbage-collect the imported images just because the build disk is full.
@@ -414,7 +419,7 @@ def start(kubelet: str, images_dir: str) -> dict[str, str]:
         stop()
     t0 = time.monotonic()
     for sub in (d.base, d.containerd_root, d.containerd_state, d.cni_conf, d.cni_ipam, d.kubelet_root,
-                d.pod_logs, d.config):
+                d.pod_logs, d.config, d.manifests):
         sub.mkdir(parents=True, exist_ok=True)
     _record_host(d)
     try:
@@ -557,6 +562,21 @@ def restart_kubelet() -> None:
         return node is not None and condition(node) == "True"
 
     _wait_for(f"{NODE} to be registered and Ready again", ready, READY_TIMEOUT)
+
+
+def static_pod_dir() -> Path:
+    """The directory the real node's kubelet reads static pod manifests from. A node started before the
+    testbed set ``staticPodPath`` gets it now: its kubelet configuration is rewritten and the kubelet
+    restarted (its containers run on), once."""
+    d = _dirs()
+    path = d.config / "kubelet.yaml"
+    config = yaml.safe_load(path.read_text())
+    d.manifests.mkdir(parents=True, exist_ok=True)
+    if config.get("staticPodPath") != str(d.manifests):
+        config["staticPodPath"] = str(d.manifests)
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        restart_kubelet()
+    return d.manifests
 
 
 def _wait_for(what: str, cond: Callable[[], bool], timeout: float) -> None:
@@ -776,7 +796,7 @@ def stop(delete_pods: bool = True) -> None:
         cl._log("real node: " + "; ".join(problems) + f" (host record kept in {d.host})")
         return
     for sub in (d.containerd_root, d.containerd_state, d.kubelet_root, d.base / "cni", d.base / "opt",
-                d.base / "volume-plugins", d.pod_logs, d.images):
+                d.base / "volume-plugins", d.pod_logs, d.images, d.manifests):
         _remove_tree(sub)
     for sock in (socket_path(), socket_path().with_name(socket_path().name + ".ttrpc")):
         sock.unlink(missing_ok=True)
