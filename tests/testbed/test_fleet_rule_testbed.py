@@ -667,6 +667,7 @@ FLEET_STEPS = {"hold-release": 3.0, "partition-heal": 2.0, "lost-heal": 2.0, "lo
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
         ns: str, controller_kubeconfig: Path, tmp_path: Path) -> None:
     """Issue 34: a seeded walk on the fleet, with dispatch installed in every worker: rounds drawn from

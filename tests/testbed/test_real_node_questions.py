@@ -61,7 +61,7 @@ from dispatch.testbed.harness import (
 )
 from dispatch.testing import ending_shape
 
-pytestmark = [pytest.mark.testbed, pytest.mark.slow]  # each runs one to three minutes
+pytestmark = [pytest.mark.testbed, pytest.mark.slow, pytest.mark.long]  # each runs one to three minutes
 
 Obj = dict[str, Any]
 JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
