@@ -141,9 +141,9 @@ async def test_the_admission_check_names_an_earlier_trainjobs_jobset_and_the_del
         message = kueue.entry(wl)["message"]
         assert kueue.entry(wl)["state"] == "Pending"
         assert "TrainJobResourcesCreationFailed" in message and ACTION in message, message
-        events = [e["message"] for e in cluster.server.objects("", "events")
-                  if e.get("reason") == "AdmissionDelayed"]
-        assert any(d.ORPHANED in m for m in events), events
+        # the controller posts its Event after it wrote the message (one write after the other)
+        await until(lambda: any(d.ORPHANED in e["message"] for e in cluster.server.objects("", "events")
+                                if e.get("reason") == "AdmissionDelayed"), what="the AdmissionDelayed Event")
         cluster.history.check()
         cluster.server.gc_lag = False
         cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)
