@@ -473,9 +473,25 @@ async def test_two_replicas_each_keep_their_ca_in_the_bundle_and_either_one_answ
                                          str(tmp_path / f"certs-{i}"), "--guard-webhook", name,
                                          log=tmp_path / f"replica-{i}.log")
         try:
-            async with replica(0) as first, replica(1):
+            async with replica(0) as first, replica(1) as second:
                 cas = [tmp_path / f"certs-{i}" / "ca.crt" for i in (0, 1)]
-                await until(lambda: all(p.is_file() for p in cas), what="both replicas' CAs")
+
+                def logs() -> str:
+                    out = []
+                    for i, r in enumerate((first, second)):
+                        state = "running" if r.proc.poll() is None else f"ended {r.proc.returncode}"
+                        tail = (tmp_path / f"replica-{i}.log").read_text(errors="replace")[-3000:]
+                        out.append(f"replica {i} ({state}), its log's end:\n{tail}")
+                    return "\n".join(out)
+
+                def made() -> bool:
+                    if any(r.proc.poll() is not None for r in (first, second)):  # it will never make its CA
+                        raise AssertionError(f"a replica ended before its CA was made:\n{logs()}")
+                    return all(p.is_file() for p in cas)
+                try:
+                    await until(made, timeout=120, what="both replicas' CAs")
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}\n{logs()}") from None
 
                 async def both_trusted() -> bool:
                     got = await kube.get(api.VALIDATING_WEBHOOKS, name)

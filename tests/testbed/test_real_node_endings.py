@@ -10,8 +10,10 @@ the token of the shipped ``dispatch-controller`` ServiceAccount, so only the shi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -638,10 +640,82 @@ def own_restarts_runtime(ns: str, oracle_dir: Path, pod_policy: str, own: Obj, c
     return None
 
 
-@pytest.mark.parametrize("case", [
-    # RestartAllContainers restarts about every 2 s with no back-off: a loaded run missed the between-runs status
-    # it waits for (90 s), so that case runs by hand (marked long) until the wait is made robust
-    pytest.param(c, marks=pytest.mark.long) if c == "restart-all-containers" else c for c in OWN_RESTARTS])
+@contextlib.contextmanager
+def watched_pods(ns: str, selector: str) -> Iterator[Iterator[Obj]]:
+    """The pods of ``selector`` as a ``kubectl get --watch`` streams them: every status write as it lands.
+
+    Under ``RestartAllContainers`` the kubelet starts a container again about a second after it ended, with no
+    back-off, so polling with kubectl (a few hundred ms a read on a loaded machine) mostly misses the status
+    between two runs; a watch does not."""
+    watch = subprocess.Popen(testbed.kubectl_argv("get", "pods", "-n", ns, "-l", selector, "--watch", "-o", "json"),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+
+    def objects() -> Iterator[Obj]:
+        assert watch.stdout is not None
+        decoder, buf = json.JSONDecoder(), ""
+        while chunk := watch.stdout.read1(65536).decode():  # type: ignore[attr-defined]
+            buf += chunk
+            while buf.strip():
+                try:
+                    obj, end = decoder.raw_decode(buf.lstrip())
+                except json.JSONDecodeError:
+                    break  # the rest of this object is still on its way
+                buf = buf.lstrip()[end:]
+                yield obj
+    try:
+        yield objects()
+    finally:
+        watch.kill()
+        watch.wait(10)
+
+
+def between_runs(pod: Obj, code: int) -> bool:
+    """The kubelet reports the pod Running with its container ended with ``code``: between two of its runs."""
+    return pod["status"].get("phase") == "Running" and any(
+        (c.get("state") or {}).get("terminated", {}).get("exitCode") == code
+        for c in pod["status"].get("containerStatuses") or [])
+
+
+def first_between_runs(ns: str, code: int, timeout: float = 180.0) -> Obj:
+    """The first status of the object's pod that reads a container ended with ``code`` while the phase stays
+    Running (see :func:`watched_pods`)."""
+    deadline = time.monotonic() + timeout
+    with watched_pods(ns, f"{JOBSET_LABEL}=own-s1") as seen:
+        for pod in seen:
+            if between_runs(pod, code):
+                return pod
+            if time.monotonic() > deadline:
+                break
+    raise AssertionError(f"no status between two runs in {timeout:g}s")
+
+
+def freeze_between_runs(ns: str, name: str, node: str, code: int, oracle_dir: Path,
+                        crashed: Callable[[], Obj | None], timeout: float = 180.0) -> Obj:
+    """Freeze the kubelet while pod ``name`` reads its container ended with ``code`` between two runs and no
+    process of it runs (the oracle), as in the measurement; returns the pod as the API then shows it. The
+    freeze follows the watched status write at once; one that came too late (the next run already handed to
+    containerd) is thawed and the next gap tried."""
+    deadline = time.monotonic() + timeout
+    tries = 0
+    with watched_pods(ns, f"{JOBSET_LABEL}=own-s1") as seen:
+        for pod in seen:
+            if time.monotonic() > deadline:
+                break
+            if pod["metadata"]["name"] != name or not between_runs(pod, code):
+                continue
+            tries += 1
+            testbed.freeze(node)
+            time.sleep(1.0)  # a start already handed to containerd shows in the oracle by now
+            again = crashed()
+            if again is not None and again["metadata"]["name"] == name and not any(
+                    p.alive for p in oracle.processes(oracle.read(oracle_dir))):
+                print("FROZEN BETWEEN RUNS after", tries, "tries")
+                return again
+            testbed.thaw(node)
+    raise AssertionError(f"the kubelet never stood still between two runs ({tries} tries in {timeout:g}s)")
+
+
+@pytest.mark.parametrize("case", list(OWN_RESTARTS))
 def test_a_failed_written_over_a_container_its_own_rules_restart_is_no_proof_on_a_real_kubelet(
         adapter: Adapter, ns: str, node: str, tmp_path: Path, admin_kubeconfig: str, controller_kubeconfig: Path,
         case: str) -> None:
@@ -665,11 +739,9 @@ def test_a_failed_written_over_a_container_its_own_rules_restart_is_no_proof_on_
                     "dropped it)")
 
     def crashed() -> Obj | None:
-        got = [p for p in pods(ns, "own-s1") if p["status"].get("phase") == "Running" and any(
-            (c.get("state") or {}).get("terminated", {}).get("exitCode") == code
-            for c in p["status"].get("containerStatuses") or [])]
+        got = [p for p in pods(ns, "own-s1") if between_runs(p, code)]
         return got[0] if got else None
-    first = wait_for("the container ended and the kubelet reported it, the phase Running", crashed, 90)
+    first = first_between_runs(ns, code)
     name = first["metadata"]["name"]
     print("BETWEEN RUNS:", case, json.dumps(ending_shape(first["status"])))
     assert ending_shape(first["status"]) == ending_shape(RECORDED[f"{case}-between-runs"]["status"])
@@ -678,17 +750,7 @@ def test_a_failed_written_over_a_container_its_own_rules_restart_is_no_proof_on_
         for c in p["status"].get("containerStatuses") or []), 60)
     assert [p["status"].get("phase") for p in pods(ns, "own-s1")] == ["Running"]
 
-    for _ in range(20):  # frozen while it reads terminated (between runs), as in the measurement
-        pod = crashed()
-        testbed.freeze(node)
-        time.sleep(1.0)
-        again = crashed()
-        if pod is not None and again is not None and again["metadata"]["name"] == name and not any(
-                p.alive for p in oracle.processes(oracle.read(tmp_path))):
-            break
-        testbed.thaw(node)
-    else:
-        raise AssertionError("the kubelet never stood still between two runs")
+    again = freeze_between_runs(ns, name, node, code, tmp_path, crashed)
     try:
         adapter.hold("own-s1")
         testbed.kubectl("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(
@@ -745,8 +807,6 @@ def test_a_failed_written_over_a_container_its_own_rules_restart_is_no_proof_on_
 # ---------------------------------------------------------------- issue 40: a Node deleted under a live kubelet
 
 
-@pytest.mark.slow  # 95 s and more: the 90 s grace period runs out on the real node
-@pytest.mark.long  # its way out (A=2 after the kubelet's restart) timed out twice on a loaded machine: by hand
 def test_a_node_deleted_while_its_real_kubelet_lives_is_no_proof_until_it_registers_again(
         adapter: Adapter, ns: str, node: str, tmp_path: Path, admin_kubeconfig: str,
         controller_kubeconfig: Path) -> None:
@@ -799,20 +859,31 @@ def test_a_node_deleted_while_its_real_kubelet_lives_is_no_proof_until_it_regist
         testbed.restart_kubelet(node)  # the runbook's way out of a mistaken delete
         registered = True
         taken: list[str] = []
+        trace: list[tuple[float, str]] = []  # what each step answered, printed when the way out times out
+
+        def note(what: str) -> None:
+            if not trace or trace[-1][1] != what:
+                trace.append((round(time.time() - deleted, 1), what))
 
         def way_out() -> int | None:
-            keeper_pass(ns, controller_kubeconfig)
+            note(f"keeper: {keeper_pass(ns, controller_kubeconfig).get(f'{ns}/{name}', 'gone')}")
             result = release_or_remaining(adapter, "del-s1")
             if isinstance(result, int):
                 return result
+            note(f"release: {result}")
             if "--process-gone" in result and not taken:
                 with Adapter.connect(ns, kubeconfig=admin_kubeconfig) as admin:
                     try:
                         taken.append(admin.release_pod(name, process_gone=True).proof)
                     except Refused as exc:
+                        note(f"release-pod --process-gone: {exc.reason}: {exc}")
                         assert exc.reason in ("Unproven", "KubeletNotReported", "NodeNotReady"), exc
             return None
-        assert wait_for("A=2 once the kubelet registered again", way_out, 120) == 2
+        try:
+            assert wait_for("A=2 once the kubelet registered again", way_out, 120) == 2
+        except AssertionError:
+            print("THE WAY OUT (s after the delete, what each step answered):", trace)
+            raise
         print("WAY OUT TAKEN:", taken or ["its own end"], round(time.time() - deleted, 1), "s after the delete")
     finally:
         if not registered and testbed.kubectl("get", "node", node, check=False).returncode != 0:

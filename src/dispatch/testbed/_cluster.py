@@ -428,6 +428,12 @@ def _wait(names: Sequence[str], timeout: float = WARMUP_TIMEOUT) -> None:
 # --------------------------------------------------------------------------------------------- kubectl
 
 
+def kubectl_argv(*args: str) -> list[str]:
+    """The command line of the testbed's own kubectl with ``args``, for a caller that streams its output (a
+    ``--watch``) instead of waiting for it to end."""
+    return [str(_bin_dir() / "kubectl"), f"--kubeconfig={_paths.kubeconfig_path()}", *args]
+
+
 def kubectl(
     *args: str, input: str | None = None, check: bool = True, timeout: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
@@ -436,7 +442,7 @@ def kubectl(
     A request the server never received (its TLS handshake timed out or the dial was refused, as a busy
     2-core machine does now and then) is sent again, twice at most: it cannot have been applied, so even a
     write is safe to repeat, and a test does not fail on the machine's load."""
-    argv = [str(_bin_dir() / "kubectl"), f"--kubeconfig={_paths.kubeconfig_path()}", *args]
+    argv = kubectl_argv(*args)
     for attempt in range(3):
         proc = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=timeout, check=False)
         if proc.returncode == 0 or not _never_sent(proc.stderr) or attempt == 2:

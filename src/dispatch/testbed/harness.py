@@ -17,6 +17,7 @@ import contextlib
 import copy
 import functools
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -321,7 +322,27 @@ def controller_name(ns: str) -> str:
     return f"{CTL}-{ns.split('-', 1)[1]}"
 
 
+_OWN_PORTS_ABOVE = 20000
+
+
 def free_port() -> int:
+    """A port free now, for a server a test starts in a moment (a controller's probes, a guard replica).
+
+    Chosen below the kernel's ephemeral range: a port the kernel hands out for ``bind(0)`` is also one it may
+    hand to any outgoing connection (the suite beside this one makes thousands) before the server binds it,
+    and the server then fails with "address already in use". Above the testbed's own fixed ports (10247 to
+    about 20000 with a fleet's offsets), which a component restarted by a test binds again."""
+    low = 32768
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(_OWN_PORTS_ABOVE, low) if low > _OWN_PORTS_ABOVE + 1000 else 0
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return int(s.getsockname()[1])
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
