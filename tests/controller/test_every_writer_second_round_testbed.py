@@ -339,10 +339,13 @@ async def test_item3_a_runtime_that_gained_a_job_after_open_names_close_and_reop
         assert not await pods_of(g.kube, name)
     detail = await cause_of(g, name)
     print("STATUS (runtime gained a job):", detail)
-    events = [e["message"] for e in (await g.kube.list(EVENTS)).items
-              if e["involvedObject"].get("name") == name and e["reason"] == "TrainJobResourcesCreationFailed"]
-    print("TRAINER EVENTS:", events[-1:])
-    assert events, "Trainer records why it cannot update the JobSet"
+
+    async def trainer_events() -> list[str]:
+        return [e["message"] for e in (await g.kube.list(EVENTS)).items
+                if e["involvedObject"].get("name") == name and e["reason"] == "TrainJobResourcesCreationFailed"]
+    # Trainer records why it cannot update the JobSet; its Event may land after dispatch named the stall
+    await until(trainer_events, what="Trainer's Event of why it cannot update the JobSet")
+    print("TRAINER EVENTS:", (await trainer_events())[-1:])
     await g.adapter.close(name)
     await until(lambda: _absent(g, name), what="the TrainJob gone")
     await until(lambda: _no_pods(g, name), what="its pods gone")
