@@ -418,6 +418,7 @@ def test_a_restart_under_a_terminating_pod_is_no_end_on_a_real_kubelet(
                 assert isinstance(release_or_remaining(adapter, "rst-s1"), str)
                 time.sleep(1.0)
         finally:
+            restarting_ms = now_ms()
             for component in start:
                 if component == "shim":
                     if shim:
@@ -445,7 +446,14 @@ def test_a_restart_under_a_terminating_pod_is_no_end_on_a_real_kubelet(
     versions = watch.versions
     print(f"RESTART {what}:", *events, sep="\n  ")
     print("WHAT THE API SERVED (s after the hold):", *timeline(versions, t0), sep="\n  ")
-    assert checks > 0, "the process ended before the restart's writes could be checked"
+    if what == "containerd-shim-stuck" and checks == 0:
+        # Seen on kubelet v1.37.2 / containerd: containerd, started again while the shim does not answer, gave up
+        # on it after about 10 s and the process was killed within that start (so nothing was left to check
+        # after it); the kubelet then wrote terminated (ContainerStatusUnknown, 255) and Failed, after the end
+        assert process.ended_ms is not None and process.ended_ms >= restarting_ms, \
+            "the process ended before containerd was started again: the stop alone ended it"
+    else:
+        assert checks > 0, "the process ended before the restart's writes could be checked"
     assert false_ends(versions, process) == []
     taken: list[str] = []
 
