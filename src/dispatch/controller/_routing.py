@@ -84,6 +84,10 @@ def unfile(index: dict[K, tuple[str, ...]], value: K, key: str) -> bool:
     return True
 
 
+_CONDS: dict[tuple[bool, bool, bool, bool], tuple[bool, bool, bool, bool]] = {}
+"""Each of the 16 condition tuples once, shared by the Workloads that have it."""
+
+
 @dataclass(frozen=True, slots=True)
 class RoutedWorkload:
     """What routing keeps of a Workload: the batch's hint (``kq.WorkloadHint``, the one slim shape a
@@ -103,9 +107,10 @@ class RoutedWorkload:
 
     @staticmethod
     def of(view: kq.WorkloadView) -> RoutedWorkload:
+        conds = (view.quota_reserved, view.evicted, view.finished, view.admitted)
         return RoutedWorkload(
             view.key, _intern(view.ref.namespace), kq.WorkloadHint.of(view), view.owner, view.active,
-            view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
+            view.deleting, _CONDS.setdefault(conds, conds))
 
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return self.hint.entry(names)
