@@ -8,8 +8,9 @@ interleaved round by round so that a change of the machine's load touches every 
 * ``status NAME``: from the process's start to its first request reaching an API server (a local HTTP
   server in this process, named by a kubeconfig; it answers 404 and the command ends).
 * references: ``import typer.main`` (what ``--help`` cannot avoid), the third-party modules first estimated
-  for ``status NAME`` (``THIRD_PARTY``) and those it does load before its first request
-  (``STATUS_THIRD_PARTY``), the part of its start that is not dispatch's.
+  for ``status NAME`` (``THIRD_PARTY``), those it does load before its first request
+  (``STATUS_THIRD_PARTY``: the part of its start that is not dispatch's) and those it loaded before its
+  plain values were converted without typer's pydantic adapters (``STATUS_THIRD_PARTY_BEFORE``).
 * The kubeconfig is YAML with several clusters and users (``kubeconfig_text``), as a developer's is.
 * a completion TAB: ``dispatch sta<TAB>`` as the shells' scripts ask it (``dispatch __complete sta``), and
   ``status lla<TAB>`` (object names, listed from the same local server).
@@ -44,13 +45,15 @@ THIRD_PARTY = ("import typer.main, pydantic, rich.console, rich.table, httpx2, a
 """The third-party part of ``status NAME``'s start as first estimated (typer 0.29 converts each parameter's value
 with pydantic): kept as the reference earlier runs printed."""
 
-STATUS_THIRD_PARTY = ("import typer.main, typer._adapters, pydantic.plugin._loader, httpx2, httpcore2, asyncio, "
-                      "yaml, msgspec, ssl, threading")
+STATUS_THIRD_PARTY = "import typer.main, httpx2, httpcore2, asyncio, yaml, msgspec, ssl, threading"
 """What ``status NAME`` itself loads of other packages before its first request (read from ``sys.modules`` as the
-request leaves): typer builds a pydantic ``TypeAdapter`` for each parameter it converts (``typer._adapters``
-imports most of pydantic, whose plugin loader reads the installed packages' metadata), httpx2's transport
-imports httpcore2 (and with it h11, anyio, truststore). rich prints after the answer. The floor under which no
-change to dispatch's own modules can bring the command."""
+request leaves): typer (its parser), httpx2's transport and httpcore2 (and with it h11, anyio, truststore), the
+YAML reader of the kubeconfig. rich prints after the answer. The floor under which no change to dispatch's own
+modules can bring the command."""
+
+STATUS_THIRD_PARTY_BEFORE = STATUS_THIRD_PARTY + ", typer._adapters, pydantic.plugin._loader"
+"""What it loaded before ``cli._coerce``: typer built a pydantic ``TypeAdapter`` for each parameter it converted
+(``typer._adapters`` imports most of pydantic, whose plugin loader reads the installed packages' metadata)."""
 
 
 def kubeconfig_text(port: int) -> str:
@@ -140,6 +143,7 @@ def main() -> None:
         "import typer": lambda: run([*py, "import typer.main"], env),
         "import what status needs (no dispatch)": lambda: run([*py, THIRD_PARTY], env),
         "import what status loads (no dispatch)": lambda: run([*py, STATUS_THIRD_PARTY], env),
+        "what status loaded before (pydantic)": lambda: run([*py, STATUS_THIRD_PARTY_BEFORE], env),
         "dispatch --version": lambda: run([*py, ENTRY, "--version"], env),
         "dispatch --help": lambda: run([*py, ENTRY, "--help"], env),
         "dispatch status NAME (to 1st request)": lambda: to_first_request([*py, ENTRY, "status", "llama-s1"], env),

@@ -8,6 +8,7 @@ coordinates in ``_api``).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,9 +23,10 @@ WAITING_PREFIX = "waiting for "
 """Every message dispatch writes while it holds a check Pending starts so (restart-safe episode marker)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CheckEntry:
-    """One entry of a Workload's ``status.admissionChecks``."""
+    """One entry of a Workload's ``status.admissionChecks``. Slotted, its name and state shared (interned):
+    the controller keeps each Workload's entries."""
 
     name: str
     state: str
@@ -37,9 +39,10 @@ class CheckEntry:
         return self.state == "Pending" and self.message.startswith(WAITING_PREFIX)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Owner:
-    """A Workload's controller owner."""
+    """A Workload's controller owner. Slotted, its apiVersion and kind shared (interned): the controller keeps
+    one per Workload."""
 
     api_version: str
     kind: str
@@ -54,8 +57,8 @@ class Owner:
 def controller_owner(obj: Mapping[str, Any]) -> Owner | None:
     for ref in items(mapping(obj.get("metadata")).get("ownerReferences")):
         if ref.get("controller") is True:
-            return Owner(text(ref.get("apiVersion")), text(ref.get("kind")), text(ref.get("name")),
-                         text(ref.get("uid")))
+            return Owner(sys.intern(text(ref.get("apiVersion"))), sys.intern(text(ref.get("kind"))),
+                         text(ref.get("name")), text(ref.get("uid")))
     return None
 
 
@@ -93,7 +96,7 @@ class WorkloadView:
     def from_obj(obj: Mapping[str, Any]) -> WorkloadView:
         status = mapping(obj.get("status"))
         checks = tuple(
-            CheckEntry(text(c.get("name")), text(c.get("state")), text(c.get("message")),
+            CheckEntry(sys.intern(text(c.get("name"))), sys.intern(text(c.get("state"))), text(c.get("message")),
                        text(c.get("lastTransitionTime")))
             for c in items(status.get("admissionChecks"))
         )

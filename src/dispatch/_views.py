@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -128,9 +129,10 @@ def is_deleting(obj: Mapping[str, Any]) -> bool:
     return bool(meta(obj).get("deletionTimestamp"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Ref:
-    """Name, namespace, uid and resourceVersion: what a conditioned write needs of an object."""
+    """Name, namespace, uid and resourceVersion: what a conditioned write needs of an object. Slotted: the
+    controller keeps one per Workload (10,000 and more)."""
 
     name: str
     namespace: str
@@ -141,7 +143,7 @@ class Ref:
     @staticmethod
     def of(obj: Mapping[str, Any]) -> Ref:
         m = meta(obj)
-        return Ref(text(m.get("name")), text(m.get("namespace")), text(m.get("uid")),
+        return Ref(text(m.get("name")), sys.intern(text(m.get("namespace"))), text(m.get("uid")),
                    text(m.get("resourceVersion")), parse_count(m.get("generation")))
 
 

@@ -83,6 +83,9 @@ def test_object_names_of_the_namespace(kubeconfig: Path) -> None:
     assert complete(kubeconfig, "-n", "team-a", "hold", "")[0] == ["bert-s1"]
     assert complete(kubeconfig, "close", "--namespace=team-a", "b")[0] == ["bert-s1"]  # the flag after the command
     assert Api.paths[-1].endswith("/namespaces/team-a/trainjobs")
+    assert complete(kubeconfig, "get", "m") == (["mistral-s1"], ":4")  # kubectl's verb, as status
+    assert complete(kubeconfig, "logs", "llama-s2") == (["llama-s2"], ":4")
+    assert complete(kubeconfig, "find", "") == ([], ":4")  # no NAME argument
 
 
 def test_namespaces_and_contexts(kubeconfig: Path) -> None:

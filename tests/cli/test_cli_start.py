@@ -114,6 +114,29 @@ def test_a_tab_on_a_command_name_loads_no_parser(tmp_path: Path) -> None:
     assert loaded(modules, (*PARSER, *COMMAND_MODULES, *NEVER)) == []
 
 
+def test_a_tab_on_an_object_name_loads_no_parser(tmp_path: Path) -> None:
+    """``status lla<TAB>`` lists the namespace's TrainJobs: which commands take a TrainJob's name first is in the
+    command table, so neither the parser nor the command's module is loaded (only the client that lists)."""
+    for args in (("__complete", "status", "x"), ("__complete", "get", ""), ("__complete", "release", "a")):
+        modules = modules_after(*args, tmp_path=tmp_path)
+        assert "dispatch._kube" in modules, args  # it did ask the cluster
+        assert loaded(modules, ("typer", "pydantic", "rich", "dispatch._adapter", *COMMAND_MODULES, *NEVER)) == []
+
+
+def test_the_command_table_knows_which_commands_take_a_trainjob_name_first() -> None:
+    """``Entry.names_object`` (what a TAB right after the command reads) is what the command's own first
+    argument says."""
+    from dispatch.cli._app import load
+    from dispatch.cli._completion import OBJECT_ARGUMENTS
+    from dispatch.cli._registry import COMMANDS
+
+    for name, entry in COMMANDS.items():
+        command = load(name)
+        arguments = [p for p in command.params if p.param_type_name == "argument"]
+        takes_name = not entry.group and bool(arguments) and arguments[0].metavar in OBJECT_ARGUMENTS
+        assert entry.names_object == takes_name, name
+
+
 @pytest.mark.parametrize("args", [
     ("status", "x"), ("status",), ("find",), ("get", "x"), ("ceased", "x"), ("hold", "x"), ("close", "x"),
     ("release", "x"), ("wait", "x", "--for", "Running", "--timeout", "0"), ("logs", "x"),
@@ -138,6 +161,16 @@ def test_status_sends_its_first_request_before_loading_rich_or_the_template_pars
     modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
     assert "dispatch._adapter" in modules  # the request did go out through the library
     assert loaded(modules, ("rich", "dispatch.cli._jsonpath", "dispatch.cli._release", *NEVER)) == []
+
+
+def test_status_converts_its_values_without_pydantic(tmp_path: Path) -> None:
+    """typer converts each parameter's value with a pydantic adapter it builds on first use; ``status NAME``'s
+    values are plain (strings, flags, absent options), converted by ``cli._coerce`` as typer would, so neither
+    pydantic nor typer's adapters are loaded before its first request (they cost more than the rest of its
+    start). A value typer must convert still loads them (``test_coerce``)."""
+    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules
+    assert loaded(modules, ("pydantic", "pydantic_core", "typer._adapters")) == []
 
 
 def test_a_template_format_still_loads_its_parser(tmp_path: Path) -> None:

@@ -95,6 +95,28 @@ async def test_paging_with_continue_returns_one_snapshot(api: k.Kube) -> None:
     assert [o["metadata"]["name"] for o in whole.items] == ["p0", "p1", "p2", "p3", "p9"]
 
 
+async def test_paging_across_namespaces_follows_the_storage_order(api: k.Kube) -> None:
+    """The storage orders a kind's objects by ``namespace/name`` as text, so a namespace named like this
+    one plus ``-b`` comes first ('-' sorts before '/'), and a paged list over every namespace returns each
+    object once in that order (the continue token resumes after the last name returned)."""
+    other = f"{api.namespace}-b"
+    await api.create(k.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": other}})
+    try:
+        label = {"cross": api.namespace}
+        for name in ("x1", "x2"):
+            await api.create(CONFIGMAPS, configmap(name, label))
+            await api.create(CONFIGMAPS, configmap(name, label), namespace=other)
+        listed = await api.list(CONFIGMAPS, labels=f"cross={api.namespace}", limit=1, all_namespaces=True)
+        assert listed.requests >= 4
+        assert [(o["metadata"]["namespace"], o["metadata"]["name"]) for o in listed.items] == [
+            (other, "x1"), (other, "x2"), (api.namespace, "x1"), (api.namespace, "x2")]
+    finally:
+        try:
+            await api.delete(k.NAMESPACES, other)
+        except NotFound:
+            pass
+
+
 async def test_continue_with_a_resource_version_is_rejected(api: k.Kube) -> None:
     for i in range(3):
         await api.create(CONFIGMAPS, configmap(f"c{i}", {"c": "1"}))

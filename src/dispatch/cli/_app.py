@@ -22,6 +22,7 @@ from typer.core import TyperCommand, TyperGroup
 from .. import __version__
 from .._overrides import ConfigOverrides
 from ._codes import EXIT_CODES_HELP
+from ._coerce import convert_plainly
 from ._common import OUTPUT_HELP, NoHeadersOpt, _format, _set_format
 from ._registry import ALIASES, COMMANDS, KUBECTL_VERBS, hoist
 from ._state import CliState, Settings
@@ -51,7 +52,7 @@ def load(name: str) -> Any:
         one.registered_commands.append(info)
         command = typer.main.get_command(one)
     command.name = name
-    return command
+    return convert_plainly(command)
 
 
 class Commands(MutableMapping[str, Any]):
@@ -86,6 +87,7 @@ class DispatchGroup(TyperGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self.commands = Commands()
+        convert_plainly(self, subcommands=False)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         return super().parse_args(ctx, hoist(args))

@@ -122,6 +122,10 @@ def _candidates(args: list[str]) -> tuple[list[str], int]:
     words, incomplete = (hoist(args[:-1]), args[-1]) if args else ([], "")
     if not words and not incomplete.startswith("-"):
         return _prefixed(list(COMMANDS), incomplete), COBRA_NO_FILE_COMPLETION  # nothing built, nothing loaded
+    if len(words) == 1 and not incomplete.startswith("-"):
+        entry = COMMANDS.get(ALIASES.get(words[0], words[0]))
+        if entry is not None and entry.names_object:  # its NAME, as below, without building the parser
+            return _prefixed(_from_cluster("trainjobs", {}), incomplete), COBRA_NO_FILE_COMPLETION
     import typer.main
 
     from ._app import app

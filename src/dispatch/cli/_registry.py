@@ -16,25 +16,28 @@ class Entry(NamedTuple):
     group: bool = False
     starts: bool = False
     """It starts something (an execution, a controller, a testbed): never offered for a mistyped verb."""
+    names_object: bool = False
+    """Its first argument names a TrainJob (``NAME``): a TAB right after the command lists the namespace's
+    TrainJobs without loading the parser (a test holds this equal to the command's own first argument)."""
 
 
 COMMANDS: dict[str, Entry] = {
     "open": Entry("_open", "commands", "Create a TrainJob for one submission, held unless --no-hold.", starts=True),
     "release": Entry("_commands", "commands", "Admit a held object if no pod of it may still run (A rises by one); "
-                     "else exit 3, nothing written.", starts=True),
+                     "else exit 3, nothing written.", starts=True, names_object=True),
     "hold": Entry("_commands", "commands", "Suspend an object (Kueue mode: deactivate its Workload). Its pods then "
-                  "start to go."),
+                  "start to go.", names_object=True),
     "close": Entry("_commands", "commands", "Delete an object. Lists pods that remain: they still block a "
-                   "same-named new object."),
+                   "same-named new object.", names_object=True),
     "status": Entry("_commands", "commands", "Inspect one object, or find many: state, identity with A, age and "
-                    "cause."),
+                    "cause.", names_object=True),
     "find": Entry("_commands", "commands", "List objects with their state, identity, A, age and cause (`status` "
                   "without a NAME)."),
     "ceased": Entry("_commands", "commands", "Whether the object's processes are proven gone (writes nothing; "
-                    "needs get on Nodes)."),
+                    "needs get on Nodes).", names_object=True),
     "wait": Entry("_commands", "commands", "Wait until the object is in one of the given states; print its "
-                  "status."),
-    "logs": Entry("_commands", "commands", "Print the trainer logs of one node of the object."),
+                  "status.", names_object=True),
+    "logs": Entry("_commands", "commands", "Print the trainer logs of one node of the object.", names_object=True),
     "completion": Entry("_commands", "commands", "Print the shell completion script for bash, zsh or fish "
                         "(commands, options, object names, namespaces, contexts)."),
     "controller": Entry("_controller", "commands", "Run the Kueue admission-check controller until SIGTERM or "

@@ -37,7 +37,6 @@ from ..errors import DispatchError
 from ._informer import Pages, feed
 from ._metrics import Metrics
 from ._queue import WorkQueue
-from ._routing import unindex
 
 log = structlog.get_logger("dispatch.controller")
 
@@ -61,10 +60,12 @@ class FinalizerKeeper:
         self.workers = workers
         self.queue = WorkQueue()
         metrics.runtime.declare(POD_FINALIZERS, max(1, workers))
-        self.on_node_of: dict[str, set[str]] = {}
-        """Pod keys (``namespace/name``) carrying our finalizer, by the Node they sit on."""
-        self.node_of: dict[str, str] = {}
         self.signatures: dict[str, tuple[object, ...]] = {}
+        """Per pod key (``namespace/name``) carrying our finalizer, what of the pod the keeper last saw:
+        (node, ...). The one table keyed by pod: the pods on a Node are found from it (``pods_on``), read
+        only when a Node is proven down, so no second table files each pod again (~9 MiB at 100,000 pods)."""
+        self.pods_per_node: dict[str, int] = {}
+        """How many pods of ``signatures`` sit on each Node (the Nodes that hold our pods)."""
         self._signature_of: dict[tuple[object, ...], tuple[object, ...]] = {}
         """Each distinct signature once (at most a few per Node): 100,000 pods keep ~1,000 tuples, not 100,000."""
         self.released = 0
@@ -89,12 +90,31 @@ class FinalizerKeeper:
 
     # ------------------------------------------------------------------ routing
 
+    def pods_on(self, node: str) -> list[str]:
+        """The keys of our pods on ``node``: one pass over every pod (milliseconds at 100,000), run only for
+        a Node proven down."""
+        return [key for key, seen in self.signatures.items() if seen[0] == node] if node in self.pods_per_node else []
+
+    @property
+    def on_node_of(self) -> dict[str, set[str]]:
+        """Our pods' keys by the Node they sit on (for a reader: the keeper itself counts them per Node)."""
+        found: dict[str, set[str]] = {}
+        for key, seen in self.signatures.items():
+            if isinstance(seen[0], str) and seen[0]:
+                found.setdefault(seen[0], set()).add(key)
+        return found
+
     def _forget(self, key: str) -> None:
-        self.signatures.pop(key, None)
+        seen = self.signatures.pop(key, None)
         self.held.pop(key, None)
-        node = self.node_of.pop(key, None)
-        if node is not None and unindex(self.on_node_of, node, key):
-            self.deleted_nodes.pop(node, None)  # remembered only while a pod of ours sits on it
+        node = seen[0] if seen is not None else None
+        if isinstance(node, str) and node:
+            left = self.pods_per_node.get(node, 0) - 1
+            if left > 0:
+                self.pods_per_node[node] = left
+            else:
+                self.pods_per_node.pop(node, None)
+                self.deleted_nodes.pop(node, None)  # remembered only while a pod of ours sits on it
 
     def on_pod(self, etype: str, obj: Obj) -> None:
         pod = PodView.from_obj(obj)
@@ -103,12 +123,12 @@ class FinalizerKeeper:
             self._forget(key)
             return
         node = sys.intern(pod.node) if pod.node else pod.node  # one string per Node, not per pod
-        if node and self.node_of.get(key) != node:
+        seen = self.signatures.get(key)
+        if node and (seen[0] if seen is not None else None) != node:
             self._forget(key)
-            self.node_of[key] = node
-            self.on_node_of.setdefault(node, set()).add(key)
+            self.pods_per_node[node] = self.pods_per_node.get(node, 0) + 1
         signature = (node, pod.kubelet_confirmed, pod.deleting, pod.needs_delete, pod.needs_mark_record)
-        if self.signatures.get(key) == signature:
+        if seen == signature:
             return
         # one tuple per distinct signature (a Node's running pods all share one), not one per pod; the table
         # starts afresh past a bound, so Nodes long gone (an autoscaled fleet) are not remembered for ever
@@ -133,14 +153,14 @@ class FinalizerKeeper:
             seen = self.last_seen.pop(name, None)
             view = (NodeView.deleted(obj) if conditions(obj) or seen is None
                     else dataclasses.replace(seen, exists=False))
-            if name in self.on_node_of:
+            if name in self.pods_per_node:
                 self.deleted_nodes[name] = view
         else:
             view = NodeView.from_obj(obj)
             self.last_seen[name] = view
             self.deleted_nodes.pop(name, None)
         if view.proven_down:
-            for key in sorted(self.on_node_of.get(view.name, ())):
+            for key in sorted(self.pods_on(view.name)):
                 self.queue.add(key)
 
     def list_nodes(self, items: Iterable[Obj]) -> None:
@@ -158,7 +178,7 @@ class FinalizerKeeper:
 
     def nodes_end(self) -> None:
         seen, self._nodes_seen = self._nodes_seen, set()
-        for node in list(self.on_node_of):
+        for node in list(self.pods_per_node):
             if node not in seen:
                 self.on_node("DELETED", {"metadata": {"name": node}})
 

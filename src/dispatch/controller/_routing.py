@@ -7,8 +7,9 @@ whose pod sets carry that identity), so a pod that only one selection finds stil
 Nothing here decides: decisions re-read the API.
 
 Memory follows what routing needs, not the cluster: a pod is kept as its routing signature (node,
-may-run, namespace, jobset-name, job-id, submission; strings shared), a Workload as a slim view (owner,
-pod-set identity, check entries, the conditions the decision screens on), a Node as its view. Lists
+may-run, and its group: namespace, jobset-name, job-id, submission; strings and groups shared), a
+Workload as a slim view (owner, pod-set identity, check entries, the conditions the decision screens on),
+a Node as its view. Lists
 arrive a page at a time (``_informer.Sink``); a relist compares what it found with what was known and
 routes only the pods that changed or went while no watch ran.
 """
@@ -31,8 +32,12 @@ from ._queue import WorkQueue
 OURS = object()
 Pair = tuple[str, str]
 Ident = tuple[str, str, str]
-PodSig = tuple[str, bool, str, str, str, str]
-"""A pod as routing needs it: (node, may-run, namespace, jobset-name, job-id, submission)."""
+PodGroup = tuple[str, str, str, str]
+"""What a pod routes by: (namespace, jobset-name, job-id, submission); one tuple for all the pods of a JobSet."""
+PodSig = tuple[str, bool, PodGroup]
+"""A pod as routing needs it: (node, may-run, its group)."""
+SHARED_GROUPS = 65_536
+"""At most this many pod groups are kept for sharing (one per JobSet); the table starts afresh past it."""
 
 _intern = sys.intern
 K = TypeVar("K")
@@ -41,8 +46,8 @@ K = TypeVar("K")
 def pod_signature(obj: Obj) -> tuple[str, PodSig]:
     """(uid, signature) of a pod; the strings are interned, so the pods of one JobSet or node share them."""
     pod = PodView.from_obj(obj)
-    return _intern(pod.uid), (_intern(pod.node or ""), pod.may_run, _intern(pod.namespace),
-                              _intern(pod.jobset_name), _intern(pod.job_id), _intern(pod.submission))
+    return _intern(pod.uid), (_intern(pod.node or ""), pod.may_run, (
+        _intern(pod.namespace), _intern(pod.jobset_name), _intern(pod.job_id), _intern(pod.submission)))
 
 
 def unindex(index: dict[K, set[str]], value: K, key: str) -> bool:
@@ -56,6 +61,31 @@ def unindex(index: dict[K, set[str]], value: K, key: str) -> bool:
         return False
     del index[value]
     return True
+
+
+def file_under(index: dict[K, tuple[str, ...]], value: K, key: str) -> None:
+    """Add ``key`` to the keys ``index`` holds under ``value``: a tuple, as most values hold one key (one
+    Workload per TrainJob and identity; an empty set alone is 216 bytes, a one-key tuple 64)."""
+    keys = index.get(value, ())
+    if key not in keys:
+        index[value] = (*keys, key)
+
+
+def unfile(index: dict[K, tuple[str, ...]], value: K, key: str) -> bool:
+    """``unindex`` for an index of tuples: True if ``key`` was the last under ``value``."""
+    keys = index.get(value)
+    if keys is None:
+        return False
+    rest = tuple(k for k in keys if k != key)
+    if rest:
+        index[value] = rest
+        return False
+    del index[value]
+    return True
+
+
+_CONDS: dict[tuple[bool, bool, bool, bool], tuple[bool, bool, bool, bool]] = {}
+"""Each of the 16 condition tuples once, shared by the Workloads that have it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +107,10 @@ class RoutedWorkload:
 
     @staticmethod
     def of(view: kq.WorkloadView) -> RoutedWorkload:
+        conds = (view.quota_reserved, view.evicted, view.finished, view.admitted)
         return RoutedWorkload(
             view.key, _intern(view.ref.namespace), kq.WorkloadHint.of(view), view.owner, view.active,
-            view.deleting, (view.quota_reserved, view.evicted, view.finished, view.admitted))
+            view.deleting, _CONDS.setdefault(conds, conds))
 
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return self.hint.entry(names)
@@ -143,11 +174,12 @@ class Router:
         """Last seen Workloads (slim): kept so a change of our check names can re-sort them without a relist."""
         self.pending: set[str] = set()
         self.owner_of: dict[str, Pair] = {}
-        self.by_owner: dict[Pair, set[str]] = {}
+        self.by_owner: dict[Pair, tuple[str, ...]] = {}
         self.ident_of: dict[str, Ident] = {}
-        self.by_ident: dict[Ident, set[str]] = {}
+        self.by_ident: dict[Ident, tuple[str, ...]] = {}
         self.signatures: dict[str, tuple[object, ...]] = {}
         self.pod_indexes: dict[str, PodIndex] = {}
+        self._groups: dict[PodGroup, PodGroup] = {}
         self.nodes: dict[str, NodeView] = {}
         self.node_waiters: dict[str, set[str]] = {}
         self.waiting: dict[str, tuple[float, frozenset[str]]] = {}
@@ -161,13 +193,19 @@ class Router:
 
     def shared_signature(self, uid: str, sig: PodSig) -> PodSig:
         """``sig``, or the equal tuple another pod selection already keeps for the pod: both selections find
-        most pods, and one tuple for the two saves ~90 bytes a pod (~9 MiB at 100,000 pods)."""
+        most pods, and one tuple for the two saves ~90 bytes a pod (~9 MiB at 100,000 pods). A new one
+        holds its JobSet's group as the pods before it did (one 4-tuple a JobSet, not one a pod: ~4 MiB
+        at 100,000 pods)."""
         for index in self.pod_indexes.values():
             for known in (index.live, index._next):
                 found = known.get(uid) if known is not None else None
                 if found is not None and found == sig:
                     return found
-        return sig
+        node, may_run, group = sig
+        if len(self._groups) > SHARED_GROUPS:
+            self._groups.clear()
+        shared = self._groups.setdefault(group, group)
+        return sig if shared is group else (node, may_run, shared)
 
     # ------------------------------------------------------------------ Workloads
 
@@ -185,11 +223,11 @@ class Router:
 
     def _forget(self, key: str) -> None:
         owner = self.owner_of.pop(key, None)
-        if owner is not None and unindex(self.by_owner, owner, key):
+        if owner is not None and unfile(self.by_owner, owner, key):
             self.last_gone.pop(owner, None)
         ident = self.ident_of.pop(key, None)
         if ident is not None:
-            unindex(self.by_ident, ident, key)
+            unfile(self.by_ident, ident, key)
 
     def index_workload(self, obj: Obj, *, force: bool = False) -> None:
         self._index(RoutedWorkload.of(kq.WorkloadView.from_obj(obj)), force=force)
@@ -204,10 +242,10 @@ class Router:
             self._forget(key)
             if pair is not None:
                 self.owner_of[key] = pair
-                self.by_owner.setdefault(pair, set()).add(key)
+                file_under(self.by_owner, pair, key)
             if ident is not None:
                 self.ident_of[key] = ident
-                self.by_ident.setdefault(ident, set()).add(key)
+                file_under(self.by_ident, ident, key)
         entry = view.entry(self.check_names)
         if entry is not None and entry.state == "Pending":
             self.pending.add(key)
@@ -295,10 +333,10 @@ class Router:
 
     def route_pod(self, sig: PodSig, *, gone: bool) -> None:
         """Queue the pending Workloads a pod's change may concern, by both selections."""
-        _node, may_run, ns, jobset_name, job_id, submission = sig
+        _node, may_run, (ns, jobset_name, job_id, submission) = sig
         keys = set(self.by_owner.get((ns, jobset_name), ()))
         if job_id:
-            keys |= self.by_ident.get((ns, job_id, submission), set())
+            keys.update(self.by_ident.get((ns, job_id, submission), ()))
         if not keys:
             return
         if gone or not may_run:

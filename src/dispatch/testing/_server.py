@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import bisect
 import copy
 import json
 import re
@@ -408,6 +409,9 @@ class FakeApiServer:
         self._history: list[tuple[int, str, Key, Obj]] = []
         self._label_index: dict[tuple[str, str, str], set[Key]] = defaultdict(set)
         self._kind_keys: dict[tuple[str, str], set[Key]] = defaultdict(set)
+        self._ordered: dict[tuple[str, str], list[str]] = defaultdict(list)
+        """Per kind, every ``namespace/name`` it ever held, sorted: the order of the real API server's storage
+        keys, which a list walks from a continue token's position instead of rescanning the kind."""
         self._managed: dict[Key, dict[str, set[tuple[str, ...]]]] = defaultdict(dict)
         self._watchers: list[_Watcher] = []
         self._admission: dict[str, list[Admission]] = defaultdict(list)
@@ -494,7 +498,10 @@ class FakeApiServer:
         for lk, lv in (obj["metadata"].get("labels") or {}).items():
             self._label_index[(key[1], lk, lv)].add(key)
             self._label_index[(key[1], lk, "")].add(key)
-        self._kind_keys[(key[0], key[1])].add(key)
+        known = self._kind_keys[(key[0], key[1])]
+        if key not in known:
+            known.add(key)
+            bisect.insort(self._ordered[(key[0], key[1])], f"{key[2]}/{key[3]}")
         kind = self._kinds.get((key[0], key[1]))
         if kind is None:
             return
@@ -860,23 +867,41 @@ class FakeApiServer:
 
     # ------------------------------------------------------------------ lists
 
-    def _candidates(self, kind: Kind, namespace: str | None,
-                    selector: list[tuple[str, str, tuple[str, ...]]]) -> list[Key]:
-        keys: set[Key] | None = None
+    def _candidates(self, kind: Kind, namespace: str | None, selector: list[tuple[str, str, tuple[str, ...]]],
+                    after: str, limit: int) -> Iterable[Key]:
+        """The keys a list examines, in the real storage's order (``namespace/name`` as text, as etcd orders
+        its keys), each strictly after ``after`` (a continue token's last name): a superset of the objects the
+        selector matches at any snapshot (the label index only grows). A selective selector reads the label
+        index; one that matches much of the kind walks the sorted keys from ``after``, so that a paged list of
+        100,000 pods costs each page its own items, not a rescan of the kind."""
+        ordered = self._ordered.get((kind.group, kind.plural), [])
+        indexed: list[set[Key]] = []
         for key_, op, values in selector:
             if op == "=":
-                found = self._label_index.get((kind.plural, key_, values[0]), set())
+                indexed.append(self._label_index.get((kind.plural, key_, values[0]), set()))
             elif op == "in":   # the union of each value's entries (batched reads select many objects so)
-                found = set().union(*(self._label_index.get((kind.plural, key_, v), set()) for v in values))
+                indexed.append(set().union(*(self._label_index.get((kind.plural, key_, v), set()) for v in values)))
             elif op == "exists":
-                found = self._label_index.get((kind.plural, key_, ""), set())
-            else:
-                continue
-            keys = set(found) if keys is None else keys & found
-        if keys is None:
-            keys = set(self._kind_keys.get((kind.group, kind.plural), set()))
-        return sorted(k for k in keys if k[0] == kind.group and k[1] == kind.plural
-                      and (namespace is None or k[2] == namespace))
+                indexed.append(self._label_index.get((kind.plural, key_, ""), set()))
+        smallest = min((len(found) for found in indexed), default=None)
+        if smallest is not None and (not limit or smallest * smallest <= limit * len(ordered) + len(ordered)):
+            indexed.sort(key=len)
+            keys = set(indexed[0]).intersection(*indexed[1:])
+            chosen = sorted((f"{k[2]}/{k[3]}", k) for k in keys if k[0] == kind.group and k[1] == kind.plural
+                            and (namespace is None or k[2] == namespace))
+            return (k for text, k in chosen if not after or text > after)
+        return self._walk(kind, ordered, namespace, after)
+
+    @staticmethod
+    def _walk(kind: Kind, ordered: list[str], namespace: str | None, after: str) -> Iterable[Key]:
+        prefix = "" if namespace is None else f"{namespace}/"
+        start = max(bisect.bisect_right(ordered, after) if after else 0, bisect.bisect_left(ordered, prefix))
+        for i in range(start, len(ordered)):
+            text = ordered[i]
+            if prefix and not text.startswith(prefix):
+                return
+            ns, name = text.split("/", 1)
+            yield (kind.group, kind.plural, ns, name)
 
     def _at(self, key: Key, rv: int) -> Obj | None:
         found: Obj | None = None
@@ -919,10 +944,7 @@ class FakeApiServer:
                 snap_rv = self._rv
             items: list[Obj] = []
             next_after = ""
-            for key in self._candidates(kind, namespace, selector):
-                sort_key = f"{key[2]}/{key[3]}"
-                if after and sort_key <= after:
-                    continue
+            for key in self._candidates(kind, namespace, selector, after, limit):
                 obj = self._objects.get(key) if snap_rv == self._rv else self._at(key, snap_rv)
                 if obj is None or not matches(obj["metadata"].get("labels") or {}, selector):
                     continue
@@ -1147,7 +1169,7 @@ class FakeApiServer:
                     if matches(obj["metadata"].get("labels") or {}, selector):
                         queue.put_nowait((etype, copy.deepcopy(obj)))
             else:
-                for key in self._candidates(kind, namespace, selector):
+                for key in self._candidates(kind, namespace, selector, "", 0):
                     live = self._objects.get(key)
                     if live and matches(live["metadata"].get("labels") or {}, selector):
                         queue.put_nowait(("ADDED", copy.deepcopy(live)))
