@@ -32,8 +32,8 @@ from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
 from ._names import ANNOTATION_MARK_SEEN
-from ._read import Inputs, Reader, Snapshot, Target, _no_record_kind
-from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
+from ._read import TRAINER_MISSING, Inputs, Reader, Snapshot, Target, _no_record_kind
+from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, name_of, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admission", "Admitted", "Core", "Cores", "Inputs", "Snapshot", "Target"]
@@ -44,6 +44,8 @@ class Admitted:
 
     trainjob: tr.TrainJobView
     admission: int
+    started: bool = False
+    """Plain mode: the raise started the execution in the same write (else the verb unsuspends)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Core:
         """Every read the protocol takes (``_read``): the core holds one, and decides nothing from it itself."""
         self.on_write = on_write
         """Called with "record", "trainjob" or "workload" after each admitting write (the controller's metrics)."""
+        self.atomic_start = True
+        """Plain mode raises A and starts in one write until this cluster's Trainer refuses that (before v2.2.1 its
+        webhook lets runtime patches change only in a write that leaves the TrainJob suspended): then in two."""
 
     # ------------------------------------------------------------------ the identity record
 
@@ -261,6 +266,9 @@ class Core:
         reconciler sets its check Ready (or writes its Pending message). A Conflict: read and decide again."""
         tj = inputs.trainjob
         if plain:
+            refusal = d.dispatch_refusal(tj)
+            if refusal is not None:
+                raise Refused(refusal[0], reason=refusal[1])
             step = d.release_step(tj, inputs.workload)
             if step == "finished":
                 raise Refused(d.finished_text(tj), reason=tj.state.value)
@@ -311,11 +319,15 @@ class Core:
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token, clusters)
             self.on_write("record")
-        raised = tj
+        raised, started = tj, False
         if plan.write_trainjob or retarget:
-            # a re-target alone (the raise was found) keeps the raise's token: a token changes only with A
-            raised = await self.raise_trainjob(tj, plan.admission, token if plan.write_trainjob else tj.token,
-                                               jobs=jobs)
+            # a re-target alone (the raise was found) keeps the raise's token: a token changes only with A.
+            # Plain mode starts in the same write when the pods Trainer builds from every entry will carry A
+            # (judged on the entries as the write leaves them, before it); else the verb unsuspends after
+            start = plain and self.atomic_start and not d.effective_problem(tr.raised_view(tj, plan.admission, jobs))
+            raised, started = await self.raise_trainjob(tj, plan.admission,
+                                                        token if plan.write_trainjob else tj.token, jobs=jobs,
+                                                        start=start)
             self.on_write("trainjob")
         # dispatch's own writers judge the pods Trainer will build from every entry, as the guard does, so a
         # stale entry of another manager never decides the A the pods carry, with or without the guard (the A
@@ -323,17 +335,27 @@ class Core:
         effective = d.effective_problem(raised, kueue=not plain)
         if effective:
             raise Refused(effective, reason="ForeignRuntimePatch")
-        return Admitted(raised, plan.admission)
+        return Admitted(raised, plan.admission, started)
 
     async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str,
-                             jobs: list[str] | None = None) -> tr.TrainJobView:
+                             jobs: list[str] | None = None, *, start: bool = False) -> tuple[tr.TrainJobView, bool]:
         """A on the TrainJob and in dispatch's runtime patch entry, re-targeted at the runtime's replicatedJobs
-        ``jobs`` (SSA, conditioned on the RV read)."""
+        ``jobs`` (SSA, conditioned on the RV read), and whether the same write started it (``start``, plain mode).
+        A start refused (by Trainer before v2.2.1, or by the guard: pods appeared since the read) is raised alone:
+        the unsuspend after it then meets the same judgement it always did."""
         if not tj.dispatch_object:
             raise Refused(f"trainjob {tj.name} has no dispatch runtime patch; it was not opened by dispatch",
                           reason="NotDispatchObject")
+        if start:
+            try:
+                obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs,
+                                                                                  start=True))
+                return tr.TrainJobView.from_obj(obj), True
+            except Refused as exc:
+                if d.start_refused_by_trainer(exc.message):
+                    self.atomic_start = False
         obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs))
-        return tr.TrainJobView.from_obj(obj)
+        return tr.TrainJobView.from_obj(obj), False
 
     async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = k.CONFLICT_RETRIES) -> bool:
         """The write that starts the execution, conditioned on the TrainJob as the raise left it; a 409
@@ -359,9 +381,32 @@ class Core:
         except Conflict:
             return False
 
+    async def open(self, body: Obj, name: str, job_id: str, submission: str) -> tr.TrainJobView:
+        """``open``'s writes: the submission claimed for ``name`` (only one open can win it), then the TrainJob
+        created, suspended; a create that cannot be made (no Trainer, the name taken) releases the claim."""
+        record = await self.claim(job_id, submission, name)
+        try:
+            return tr.TrainJobView.from_obj(await self.create_trainjob(body))
+        except NotFound:
+            await self.unclaim(record)
+            raise
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                await self.unclaim(record)
+            raise
+
     async def create_trainjob(self, body: Obj, *, dry_run: bool = False) -> Obj:
-        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run."""
-        return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run; a kind
+        not served and a name taken are named."""
+        try:
+            return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+        except NotFound as exc:
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                raise Refused(f"trainjob {name_of(body)} already exists in namespace {self.kube.namespace}; "
+                              "choose another name or submission", reason="AlreadyExists", code=exc.code) from exc
+            raise
 
     async def delete_trainjob(self, name: str) -> None:
         """``close``'s delete, after its record policy; its lower layers go in the background."""

@@ -23,7 +23,7 @@ from . import _names as n
 from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
-from ._records import JobSpec
+from ._records import Cessation, JobSpec, State, Status
 from ._views import JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
 from .errors import DispatchError, FieldCause, Forbidden, InvalidInput, NotFound, NotServed, Refused, Unreachable
 
@@ -642,6 +642,148 @@ class Reader:
                           f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
                           reason="RecordInvalid")
         return parsed
+
+
+    # ------------------------------------------------------------------ status (``inspect``, ``find``)
+
+    def status_of(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
+                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
+                record: ident.RecordView | None = None, workload: kq.WorkloadView | None = None,
+                stalled: str | None = None) -> Status:
+        managed = bool(tj.queue) if kueue is None else kueue
+        return Status(
+            name=tj.name,
+            namespace=tj.ref.namespace or self.namespace,
+            state=tj.state,
+            identity=tj.identity,
+            cause=d.explain(tj, verdict, check, note, record, stalled),
+            mode="kueue" if managed else "plain",
+            queue=tj.queue,
+            created=tj.created,
+            remaining=verdict.remaining if verdict else (),
+            resource_version=tj.ref.resource_version,
+            managed=tj.labelled,
+            created_by=tj.created_by,
+            warnings=tuple(w for w in warnings if w),
+            cluster=workload.cluster_name if workload is not None else "",
+        )
+
+    def keeper_idle(self, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+        """Whether ended pods wait for a controller that is not freeing them, on the API server's own clock
+        (the Date of its last answer, the clock its deletion times are on); no answer dated, no warning."""
+        now = self.kube.server_time
+        return d.keeper_idle_warning(pods, nodes, now) if now is not None else None
+
+    async def status(self, name: str) -> Status:
+        """``inspect``: the object's state, identity and cause; a not-running object names what keeps it waiting."""
+        tj = await self.trainjob(name)
+        runtime_jobs, runtime_gone = await self.runtime_of(tj)
+        gap = [d.uncovered_warning(tj, runtime_jobs), d.runtime_missing_warning(tj, runtime_gone)]
+        if tj.state is State.RUNNING:
+            # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
+            running_in = await self.workload_of(tj) if tj.managed_by == n.MULTIKUEUE else None
+            jobset = (await self.jobsets([name])).get(name) if tj.dispatch_object else None
+            # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
+            pods, nodes = (await self.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
+                           if tj.labelled and tj.managed_by != n.MULTIKUEUE else ([], {}))
+            jobs = await self.jobs_of(name)
+            # a NonIndexed Job's other pods are refused by the guard while one runs: say why
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
+                       d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
+            return self.status_of(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
+                                                    self.keeper_idle(pods, nodes)],
+                                workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
+        snap = await self.read_one(Target.of(tj))
+        verdict = snap.verdict(Target.of(tj))
+        workload = await self.workload_of(tj)  # Kueue may manage it without the queue-name label
+        record = (await self.status_records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
+        check = None
+        if workload is not None:
+            check = kq.check_of(workload, await self.our_checks())
+        return self.status_of(tj, verdict, check, d.workload_note(workload, tj),
+                            kueue=workload is not None or bool(tj.queue),
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
+                                      d.nonindexed_text(f"trainjob {name} cannot start",
+                                                        d.jobs_nonindexed(snap.jobs, name)),
+                                      self.keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
+                            record=record, workload=workload,
+                            stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
+
+    async def statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
+        """``find``'s statuses of the TrainJobs listed in this reader's namespace."""
+        trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
+        if state is not None:
+            wanted = {state} if isinstance(state, State) else set(state)
+            trainjobs = [t for t in trainjobs if t.state in wanted]
+        idle = [t for t in trainjobs if t.state is not State.RUNNING]
+        refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
+        got = await asyncio.gather(*(self.runtime_of(next(t for t in trainjobs
+                                                               if (t.runtime_kind, t.runtime_name) == ref))
+                                     for ref in refs))
+        runtimes = dict(zip(refs, got, strict=True))
+        running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
+        jobsets = await self.jobsets(running)
+        # a rank whose new pod the guard refuses while the pod before it may still run: one pod list for them all
+        here = {(t.job_id, t.submission) for t in trainjobs
+                if t.state is State.RUNNING and t.labelled and t.managed_by != n.MULTIKUEUE}
+        ranked, ranked_nodes = await self.submissions_pods(sorted(here), deleting_nodes=True)
+
+        def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
+            return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
+
+        def gap(t: tr.TrainJobView) -> list[str | None]:
+            jobs, gone = runtimes.get((t.runtime_kind, t.runtime_name), (None, False))
+            return [d.uncovered_warning(t, jobs), d.runtime_missing_warning(t, gone)]
+
+        def run(t: tr.TrainJobView, workload: kq.WorkloadView | None = None) -> Status:
+            mine = [p for p in ranked if (p.job_id, p.submission) == (t.job_id, t.submission)]
+            stalled = [d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)),
+                       d.waiting_ranks_text(t, mine, ranked_nodes) if (t.job_id, t.submission) in here else None]
+            return self.status_of(t, None, warnings=gap(t), workload=workload,
+                                stalled="; ".join(filter(None, stalled)) or None)
+        fleet = any(t.managed_by == n.MULTIKUEUE for t in trainjobs)
+        if not idle and not fleet:
+            return sorted((run(t) for t in trainjobs), key=lambda s: s.name)
+        # Kueue may manage an object without the queue-name label: its Workload says so (and, under
+        # MultiKueue, which worker runs it)
+        workloads = await self.workloads_by_owner()
+        if not idle:
+            return sorted((run(t, workloads.get(t.ref.uid)) for t in trainjobs), key=lambda s: s.name)
+        snaps = await self.read([Target.of(t) for t in idle], namespace=True)
+        records = await self.status_records([(t.job_id, t.submission) for t in idle if t.labelled])
+        ours = await self.our_checks()
+        out: list[Status] = []
+        for t in trainjobs:
+            if t.state is State.RUNNING:
+                out.append(run(t, workloads.get(t.ref.uid)))
+                continue
+            snap = snaps[t.name]
+            wl = workloads.get(t.ref.uid)
+            out.append(self.status_of(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
+                                    d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), *gap(t)],
+                                    record=records.get((t.job_id, t.submission)), workload=wl,
+                                    stalled=d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))))
+        return sorted(out, key=lambda s: s.name)
+
+    async def status_records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
+        """Status's records (whether a close was interrupted): none where they cannot be read, as status
+        reads without them otherwise."""
+        try:
+            return await self.records([p for p in pairs if p[0] and p[1]])
+        except (Refused, Forbidden):
+            return {}
+
+    async def cessation(self, name: str) -> tuple[tr.TrainJobView | None, d.Verdict, Cessation]:
+        """``ceased`` in this cluster: the TrainJob (None if gone), the rule's verdict and whether the object's
+        processes are proven gone here (under MultiKueue the workers are read after, ``_fleet.ceased_across``)."""
+        tj = await self.trainjob_or_none(name)
+        target = Target.of(tj) if tj is not None else Target(name)
+        snap = await self.read_one(target)
+        here = d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
+                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
+                           kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
+        return tj, snap.verdict(target), here
 
 
 class Readers:

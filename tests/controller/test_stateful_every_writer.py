@@ -102,6 +102,12 @@ ACTION = re.compile(r"`(?:dispatch admin release-pod ([a-z0-9.-]+) (--process-go
 WAYS = ("plain", "kueue", "kueue-unlabelled", "kueue-without-queue-name")
 """How an object is managed: by dispatch alone; by Kueue through the queue-name label; through the label,
 removed while suspended; or without a label by a Kueue with ``manageJobsWithoutQueueName``."""
+RELEASE_BOUNDARIES = (0, 1, 2, 8, 9, 10, 12)
+"""Where ``release_with_event_inside`` lands its event, as the count of the release's requests sent before it. An
+admitting plain release sends the TrainJob's get (1), then every other read at once (its Workload, runtime, record,
+JobSets and Jobs: 7), the two pod lists (pinned one after the other), then the floor, the record and the raise that
+starts (the writes): so before the release, between the TrainJob and the rest, among the reads sent together,
+after them, between the pod lists, after the consistent read, and between the record's A and the TrainJob's."""
 EXAMPLES = int(os.environ.get("DISPATCH_EVERY_WRITER_EXAMPLES", "2000" if os.environ.get("CI") else "100"))
 
 def _directive_entry(pod: dict[str, Any] | None = None, *, job: dict[str, Any] | None = None,
@@ -402,13 +408,14 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
           event=st.sampled_from(["trainer", "jobset", "job", "kubelet", "kubelet-now", "gc", "kueue-sync",
                                  "kueue-evict", "kueue-jobs", "bypass"]))
     def release_with_event_inside(self, name: str, at: int, event: str) -> None:
-        """A cluster event, Kueue, or the bypassing writer acts between release's read and its write."""
+        """A cluster event, Kueue, or the bypassing writer acts between release's read and its write: before one
+        of the boundaries of an admitting release's requests (``RELEASE_BOUNDARIES``)."""
         count = {"n": 0}
         c = self.cluster
 
         def hook(method: str, path: str) -> None:
             count["n"] += 1
-            if count["n"] != at + 1:
+            if count["n"] != RELEASE_BOUNDARIES[at] + 1:
                 return
             c.server.before_request = None
             try:

@@ -32,6 +32,13 @@ NAME = "llama-s1"
 SPEC = JobSpec(job_id="llama", submission="s1")
 
 
+
+def two_writes(adapter: Adapter, cluster: FakeCluster) -> None:
+    """A plain release as on Trainer before v2.2.1, whose webhook lets runtime patches change only in a write that
+    leaves the TrainJob suspended: A raised, then the unsuspend (as once the cluster refused the one-write start)."""
+    cluster.trainer_before_2_2_1 = True
+    adapter.core.core.atomic_start = False
+
 def running(adapter: Adapter, cluster: FakeCluster) -> str:
     """Open, release and settle: one pod of execution 1 Running. Returns its name."""
     adapter.open(SPEC)
@@ -196,6 +203,7 @@ def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter,
 def test_admitting_writes_are_conditioned_on_the_resource_version_read(
     adapter: Adapter, cluster: FakeCluster
 ) -> None:
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     cluster.server.requests.clear()
     adapter.release(NAME)
@@ -586,6 +594,7 @@ def test_a_status_write_between_raise_and_unsuspend_does_not_skip_a_number(
     """Trainer writes a new TrainJob's status right after it is created; found on the testbed, where
     the unsuspend then met a 409 and release raised A again, so a fresh object started at A=2.
     Only the resourceVersion moved (still suspended, same generation, our A): the unsuspend is retried."""
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     patches = {"n": 0}
 
@@ -610,6 +619,7 @@ def test_a_status_write_between_raise_and_unsuspend_does_not_skip_a_number(
 def test_a_spec_change_between_raise_and_unsuspend_decides_afresh(adapter: Adapter, cluster: FakeCluster) -> None:
     """If the spec moved (another writer raised A), the unsuspend is not retried blindly: release decides
     again from a new consistent read, and the number it writes is above every one seen."""
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     patches = {"n": 0}
 
