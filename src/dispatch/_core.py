@@ -253,14 +253,13 @@ class Core:
 
     # ------------------------------------------------------------------ admitting writes
 
-    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool,
-                        workers: Collection[str] | None = None, seen: Mapping[str, d.WorkerVerdict] | None = None
-                        ) -> Admission:
+    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool) -> Admission:
         """The one admission entry, for the verb and the reconciler: the verdict over ``inputs`` (under
-        MultiKueue, ``workers`` and what each showed, ``seen``, folded in by ``_decision.admission_verdict``)
+        MultiKueue, the workers it read and what each showed folded in by ``_decision.admission_verdict``)
         and, when nothing of the object may still run, the admission's first writes (``admit``). Nothing is
         written when it is not admissible. A plain release (``plain``) of an object already running, or of one
-        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``).
+        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``). Under
+        Kueue, a TrainJob dispatch did not open goes by the rule alone: nothing of it is raised.
 
         Each caller then does only what differs: the verb unsuspends (or raises ``PodsRemain``), the
         reconciler sets its check Ready (or writes its Pending message). A Conflict: read and decide again."""
@@ -278,12 +277,17 @@ class Core:
                 if inputs.workload is not None and (step == "kueue" or tj.queue):
                     await self.set_active(inputs.workload, True)
                 return Admission(d.Verdict((), ()), handed=step)
+        local = inputs.verdict()
+        if not local.admissible:
+            return Admission(local)
+        if not plain and not tj.dispatch_object:
+            return Admission(local, Admitted(tj, 0))
         record = inputs.record if inputs.record_read else await self.reader.record(tj.job_id, tj.submission)
-        verdict = d.admission_verdict(inputs.verdict(), tj, record, workers, seen)
+        verdict = d.admission_verdict(local, tj, record, inputs.workers, inputs.seen)
         if not verdict.admissible:
             return Admission(verdict)
         admitted = await self.admit(tj, inputs.snapshot, record, token=token, own=own, plain=plain,
-                                    clusters=tuple(sorted(workers or ())),
+                                    clusters=inputs.workers or (),
                                     runtime=(inputs.runtime_jobs,) if inputs.runtime_read else None)
         return Admission(verdict, admitted)
 
@@ -419,12 +423,37 @@ class Core:
         if workload.active != active:
             await self.kube.merge_patch(api.WORKLOADS, workload.ref.name, kq.active_patch(active))
 
-    async def write_check(self, workload: kq.Addressed, entry: dict[str, object], *, field_manager: str
-                          ) -> None:
-        """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion."""
-        await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
-                              workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
-        self.on_write("workload")
+    async def write_check(self, workload: kq.Addressed, entry: dict[str, object], *, field_manager: str,
+                          admitted: Admitted | None = None, tries: int = k.CONFLICT_RETRIES) -> str | None:
+        """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion.
+
+        The Ready write of an admission (``admitted``: its raise) meets Kueue's frequent Workload writes: after a
+        409 it is written again on the fresh Workload while the decision still holds (``_decision.ready_conflict``),
+        else the reason it does not ("gone" for a Workload gone) is returned; None once written. Any other entry
+        (Pending) raises the Conflict: its caller decides afresh."""
+        current = workload
+
+        async def once() -> str | None:
+            nonlocal current
+            try:
+                await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(current, entry),
+                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
+                self.on_write("workload")
+                return None
+            except Conflict:
+                if admitted is None:
+                    raise
+                fresh = await self.reader.workload_or_none(workload.ref.name)
+                live = await self.reader.trainjob_or_none(admitted.trainjob.name)
+            why = d.ready_conflict(fresh, str(entry["name"]), live, admitted.trainjob, admitted.admission,
+                                   admitted.trainjob.dispatch_object)
+            if why:
+                return why
+            assert fresh is not None
+            current = fresh
+            raise k.kept_changing(f"workload {workload.ref.namespace}/{workload.ref.name}")
+
+        return await k.on_conflict(once, f"workload {workload.ref.namespace}/{workload.ref.name}", tries=tries)
 
 
 # --------------------------------------------------------------------------- dispatch's pod finalizer

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from . import _api as api
 from . import _decision as d
@@ -139,6 +139,10 @@ class Inputs:
     workload: kq.WorkloadView | None = None
     runtime_jobs: list[str] | None = None
     runtime_read: bool = False
+    workers: tuple[str, ...] | None = None
+    """Under MultiKueue (read with a ``fleet``, for an object admissible here): the workers Kueue knows."""
+    seen: Mapping[str, d.WorkerVerdict] | None = None
+    """Under MultiKueue: what each worker that counts (Kueue's, and every one the record remembers) showed."""
 
     @property
     def target(self) -> Target:
@@ -147,6 +151,21 @@ class Inputs:
     def verdict(self) -> d.Verdict:
         """The rule over this object's part of the consistent read (the local verdict: no worker's)."""
         return self.snapshot.verdict(self.target)
+
+
+class WorkerReads(Protocol):
+    """What one MultiKueue worker showed of the objects read (``_fleet.WorkerRead``)."""
+
+    def verdict(self, target: Target) -> d.WorkerVerdict: ...
+
+
+class FleetReads(Protocol):
+    """The MultiKueue workers, read as ``Reader.inputs`` reads them (``_fleet.Fleet``)."""
+
+    async def workers(self) -> Mapping[str, Any]: ...
+
+    async def read(self, namespace: str, targets: Sequence[Target], names: Collection[str],
+                   workers: Any = None) -> Mapping[str, WorkerReads]: ...
 
 
 RecordRead = Literal["all", "admissible", "none"]
@@ -197,7 +216,7 @@ class Reader:
 
     async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
-                     ) -> dict[str, Inputs]:
+                     fleet: FleetReads | None = None) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
         then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
@@ -205,7 +224,9 @@ class Reader:
         (``runtime``, once per runtime). None of these depends on another: every write made from them is
         conditioned on the version read, so reading them together changes only the time. A busy controller's
         batch reads records only for the objects the consistent read finds admissible here (``records``:
-        "admissible"), after it, in one list."""
+        "admissible"), after it, in one list. With a ``fleet``, an object MultiKueue dispatches that is admissible
+        here has its workers read too (one consistent read per worker for them all: every worker Kueue knows and
+        every one its record remembers), for ``_decision.admission_verdict`` to fold in."""
         named = [t for t in trainjobs if isinstance(t, str)]
         got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
         views = [got[t] if isinstance(t, str) else t for t in trainjobs]
@@ -231,7 +252,24 @@ class Reader:
             for one in chosen:
                 key = (one.trainjob.job_id, one.trainjob.submission)
                 out[one.trainjob.name] = replace(one, record=found.get(key), record_read=True)
+        if fleet is not None:
+            await self._across(fleet, out)
         return out
+
+    async def _across(self, fleet: FleetReads, out: dict[str, Inputs]) -> None:
+        """The workers' part of the inputs of the objects MultiKueue dispatches that are admissible here."""
+        cases = [one for one in out.values() if one.trainjob.dispatch_object
+                 and one.trainjob.managed_by == n.MULTIKUEUE and one.verdict().admissible]
+        if not cases:
+            return
+        workers = await fleet.workers()
+        names: set[str] = set(workers)
+        for one in cases:
+            names.update(one.record.clusters if one.record is not None else ())
+        reads = await fleet.read(self.namespace, [one.target for one in cases], names, workers)
+        for one in cases:
+            out[one.trainjob.name] = replace(one, workers=tuple(sorted(workers)), seen={
+                name: r.verdict(replace(one.target, uid="")) for name, r in reads.items()})
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]
