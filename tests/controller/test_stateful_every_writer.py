@@ -1142,7 +1142,18 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
         owners = rng.choice([1, 0])
         return lambda: sm.garbage_collector(owners)
     if choice == "runtime-edit":
-        return lambda: sm.runtime_edit(True)
+        if name != OBJECTS[0]:
+            return lambda: sm.runtime_edit(True)
+
+        def edit_then_reopen() -> None:
+            """The runtime gains a job; then a user closes the first object and opens it again (released), so
+            Trainer builds its JobSet from the runtime as it is now (a JobSet already built keeps its jobs: JobSet's
+            webhook) and the pods of the job it gained run only under dispatch's rule: covered by its entry, or
+            refused. (Drawn by the object already chosen, so the walks' other draws stay as they were.)"""
+            sm.runtime_edit(True)
+            sm.writer("close", name)
+            sm.writer("reopen", name)
+        return edit_then_reopen
     if choice == "interrupted-close":
         if name not in sm.interrupted:
             return lambda: sm.interrupted_close(name)
