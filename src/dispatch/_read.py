@@ -216,7 +216,8 @@ class Reader:
 
     async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
-                     fleet: FleetReads | None = None) -> dict[str, Inputs]:
+                     fleet: FleetReads | None = None, identities: Mapping[str, tuple[str, str] | None] | None = None,
+                     lower: bool = True) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
         then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
@@ -226,10 +227,21 @@ class Reader:
         batch reads records only for the objects the consistent read finds admissible here (``records``:
         "admissible"), after it, in one list. With a ``fleet``, an object MultiKueue dispatches that is admissible
         here has its workers read too (one consistent read per worker for them all: every worker Kueue knows and
-        every one its record remembers), for ``_decision.admission_verdict`` to fold in."""
+        every one its record remembers), for ``_decision.admission_verdict`` to fold in.
+
+        The controller reads its TrainJobs by name as a set (``identities``: the identity each is known by, which
+        selects several in one list; ``trainjobs_named``), where a TrainJob that does not exist is left out of the
+        answer; and it may read them alone first (``lower=False``: each ``Inputs`` holds only its TrainJob), to
+        screen them against their Workloads before it asks for the rest."""
         named = [t for t in trainjobs if isinstance(t, str)]
-        got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
-        views = [got[t] if isinstance(t, str) else t for t in trainjobs]
+        got: Mapping[str, tr.TrainJobView | None]
+        if identities is not None:
+            got = await self.trainjobs_named({name: identities.get(name) for name in named})
+        else:
+            got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
+        views = [t for t in (got[t] if isinstance(t, str) else t for t in trainjobs) if t is not None]
+        if not lower:
+            return {t.name: Inputs(t, EMPTY) for t in views}
         pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission]
         runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
         snaps, recs, workloads, jobs = await asyncio.gather(

@@ -48,13 +48,14 @@ carrying the A its TrainJob reported, and A rising from one execution to the nex
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import os
 import random
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -109,6 +110,19 @@ JobSets and Jobs: 7), the two pod lists (pinned one after the other), then the f
 starts (the writes): so before the release, between the TrainJob and the rest, among the reads sent together,
 after them, between the pod lists, after the consistent read, and between the record's A and the TrainJob's."""
 EXAMPLES = int(os.environ.get("DISPATCH_EVERY_WRITER_EXAMPLES", "2000" if os.environ.get("CI") else "100"))
+
+def _to_its_end(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` to its end: here, or, when a cluster event lands inside a request the fake serves to a client
+    whose loop is running (``release_with_event_inside``), on a loop of a thread of its own, as the controller
+    runs beside that client."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(work())
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(work())).result()
+
 
 def _directive_entry(pod: dict[str, Any] | None = None, *, job: dict[str, Any] | None = None,
                      jobset: dict[str, Any] | None = None) -> Callable[[str], dict[str, Any]]:
@@ -179,7 +193,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
             kubelet's write lets the operator's word count. (A kubelet that wins that race, or a mark written
             while no controller runs, leaves only a shut-down node's word: tests/fake/test_process_gone.py.)"""
             if any(PodView.from_obj(p).needs_mark_record for p in self.cluster.pods()):
-                asyncio.run(self._release_finalizers())
+                _to_its_end(self._release_finalizers)
             sync(honour_grace=honour_grace)
         self.cluster.kubelet_sync = kubelet_sync_after_the_controller_saw  # type: ignore[method-assign]
         self.kueue = FakeKueue(self.cluster, manage_jobs_without_queue_name="kueue-without-queue-name" in ways)

@@ -212,7 +212,9 @@ class Reconciler:
 
     async def _trainjobs(self, ns: str, wanted: Mapping[str, tuple[str, str] | None]
                          ) -> dict[str, tr.TrainJobView | None]:
-        return await self.core(ns).reader.trainjobs_named(wanted)
+        """The Workloads' owners alone (``Reader.inputs`` without the lower layers), to screen them first."""
+        got = await self.core(ns).reader.inputs(list(wanted), identities=wanted, lower=False)
+        return {name: got[name].trainjob if name in got else None for name in wanted}
 
     async def _read_workloads(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
                               ) -> tuple[dict[str, Obj | None], dict[str, tr.TrainJobView | None]]:
