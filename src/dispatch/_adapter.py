@@ -251,7 +251,8 @@ class AsyncAdapter:
             delay, deadline = 0.1, time.monotonic() + self.settle_seconds
             while True:
                 # every read the admission decides from, at once (the TrainJob first: the rest are selected by it)
-                inputs = (await self.core.reader.inputs([name], workload="own", runtime=True))[name]
+                inputs = (await self.core.reader.inputs([name], workload="own", runtime=True,
+                                                        lower=d.release_reads))[name]
                 got = await self.core.admission(inputs, token=token, own={token}, plain=True)
                 # wait briefly while the only blockers are layers that have not yet acknowledged a suspension (a
                 # Job just created suspended gets its Suspended condition within moments): admission still needs

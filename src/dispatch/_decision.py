@@ -264,6 +264,12 @@ def release_step(trainjob: TrainJobView, workload: WorkloadView | None) -> str:
     return "kueue" if trainjob.queue or workload is not None else "admit"
 
 
+def release_reads(trainjob: TrainJobView) -> bool:
+    """Whether a plain release reads the object's lower layers, record and runtime: not for one that runs or has
+    ended, which ``release_step`` answers from the TrainJob (and its Workload) alone."""
+    return release_step(trainjob, None) not in ("running", "finished")
+
+
 def dispatch_refusal(trainjob: TrainJobView) -> tuple[str, str] | None:
     """Why a verb that admits or holds leaves the object alone (message, reason): not dispatch's, or fields
     dispatch owns that do not parse; None for an object it may act on."""

@@ -11,7 +11,7 @@ an admission's inputs are gathered here and nowhere else (``Reader.inputs``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Protocol
 
@@ -143,13 +143,19 @@ class Inputs:
     """Under MultiKueue (read with a ``fleet``, for an object admissible here): the workers Kueue knows."""
     seen: Mapping[str, d.WorkerVerdict] | None = None
     """Under MultiKueue: what each worker that counts (Kueue's, and every one the record remembers) showed."""
+    lower_read: bool = True
+    """The consistent read was taken (False: only the TrainJob, and its Workload as asked, were read)."""
 
     @property
     def target(self) -> Target:
         return Target.of(self.trainjob)
 
     def verdict(self) -> d.Verdict:
-        """The rule over this object's part of the consistent read (the local verdict: no worker's)."""
+        """The rule over this object's part of the consistent read (the local verdict: no worker's); never from
+        a read not taken, which would show nothing in the way."""
+        if not self.lower_read:
+            raise RuntimeError(f"no consistent read was taken for trainjob {self.trainjob.name}: nothing to decide "
+                               "from")
         return self.snapshot.verdict(self.target)
 
 
@@ -217,7 +223,7 @@ class Reader:
     async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
                      fleet: FleetReads | None = None, identities: Mapping[str, tuple[str, str] | None] | None = None,
-                     lower: bool = True) -> dict[str, Inputs]:
+                     lower: bool | Callable[[tr.TrainJobView], bool] = True) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
         then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
@@ -232,7 +238,9 @@ class Reader:
         The controller reads its TrainJobs by name as a set (``identities``: the identity each is known by, which
         selects several in one list; ``trainjobs_named``), where a TrainJob that does not exist is left out of the
         answer; and it may read them alone first (``lower=False``: each ``Inputs`` holds only its TrainJob), to
-        screen them against their Workloads before it asks for the rest."""
+        screen them against their Workloads before it asks for the rest). ``lower`` may also say, per TrainJob,
+        whether anything but it and its Workload is read (a release answers an object that runs or has ended from
+        those alone); an ``Inputs`` without the rest refuses to give a verdict."""
         named = [t for t in trainjobs if isinstance(t, str)]
         got: Mapping[str, tr.TrainJobView | None]
         if identities is not None:
@@ -240,12 +248,13 @@ class Reader:
         else:
             got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
         views = [t for t in (got[t] if isinstance(t, str) else t for t in trainjobs) if t is not None]
-        if not lower:
-            return {t.name: Inputs(t, EMPTY) for t in views}
-        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission]
-        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
+        if lower is False:
+            return {t.name: Inputs(t, EMPTY, lower_read=False) for t in views}
+        deep = {t.name for t in views if lower is True or lower(t)}
+        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission and t.name in deep]
+        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views if t.name in deep} if runtime else {}
         snaps, recs, workloads, jobs = await asyncio.gather(
-            self.read([Target.of(t) for t in views], list_jobsets=list_jobsets),
+            self.read([Target.of(t) for t in views if t.name in deep], list_jobsets=list_jobsets),
             self.records(pairs) if records == "all" else _none_of(),
             asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
                              for t in views)) if workload != "none" else _no_workloads(),
@@ -253,12 +262,13 @@ class Reader:
         by_runtime = dict(zip(runtimes, jobs, strict=True))
         out: dict[str, Inputs] = {}
         for i, t in enumerate(views):
+            read = t.name in deep
             out[t.name] = Inputs(
-                t, snaps[t.name], recs.get((t.job_id, t.submission)), records == "all",
+                t, snaps[t.name] if read else EMPTY, recs.get((t.job_id, t.submission)), records == "all" and read,
                 workloads[i] if workload != "none" else None,
-                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime)
+                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime and read, lower_read=read)
         if records == "admissible":
-            chosen = [one for one in out.values() if one.verdict().admissible]
+            chosen = [one for one in out.values() if one.lower_read and one.verdict().admissible]
             found = await self.records((one.trainjob.job_id, one.trainjob.submission) for one in chosen
                                        if one.trainjob.dispatch_object)
             for one in chosen:
@@ -270,7 +280,7 @@ class Reader:
 
     async def _across(self, fleet: FleetReads, out: dict[str, Inputs]) -> None:
         """The workers' part of the inputs of the objects MultiKueue dispatches that are admissible here."""
-        cases = [one for one in out.values() if one.trainjob.dispatch_object
+        cases = [one for one in out.values() if one.trainjob.dispatch_object and one.lower_read
                  and one.trainjob.managed_by == n.MULTIKUEUE and one.verdict().admissible]
         if not cases:
             return

@@ -720,3 +720,18 @@ def test_a_raise_alone_after_a_one_write_start_keeps_the_object_suspended_until_
     assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)
             if p["status"].get("phase") == "Running"} == {"2"}
     cluster.history.check()
+
+
+def test_a_release_of_a_running_object_reads_only_its_trainjob_and_workload(adapter: Adapter, cluster: FakeCluster
+                                                                            ) -> None:
+    """An object that runs is answered from its TrainJob (and its Workload, for a hold Kueue has not acted on):
+    release reads nothing else of it, and an ``Inputs`` without its consistent read gives no verdict."""
+    adapter.open(SPEC)
+    adapter.release(NAME)
+    cluster.settle()
+    cluster.server.requests.clear()
+    assert adapter.release(NAME).admission == 1
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _ in cluster.server.requests] == [("GET", NAME), ("GET", "workloads")]
+    got = adapter._run(adapter.core.core.reader.inputs([NAME], lower=False))[NAME]
+    with pytest.raises(RuntimeError, match="no consistent read was taken"):
+        got.verdict()
