@@ -5,6 +5,10 @@ not the namespace. Measured on the in-process fake: requests, bytes received and
 runs), each reported as the ratio of the crowded namespace to the empty one, beside the same ratios for a
 naive decision that lists the whole namespace (the baseline, measured in the same run).
 
+It also counts one admitting release's sequential round trips: every request is delayed by the same time on
+the fake's transport, and a request sent while no other is in flight starts a round (requests sent together
+share one), on a Trainer that takes A raised and the execution started in one write and on one before v2.2.1.
+
 Run: python -m bench.release_decision [--unrelated 10000] [--runs 15]
 """
 
@@ -16,6 +20,8 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass
+
+import httpx2
 
 from dispatch import AsyncAdapter, JobSpec, PodsRemain
 from dispatch import _kube as k
@@ -29,6 +35,51 @@ class Cost:
     requests: float
     bytes: float
     seconds: float
+
+
+class Rounds(httpx2.AsyncBaseTransport):
+    """The fake's transport with a fixed delay on every request, counting sequential rounds while ``counting``."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, delay: float = 0.002) -> None:
+        self.inner, self.delay = inner, delay
+        self.in_flight = self.rounds = 0
+        self.counting = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.counting and self.in_flight == 0:
+            self.rounds += 1
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(self.delay)
+            return await self.inner.handle_async_request(request)
+        finally:
+            self.in_flight -= 1
+
+
+async def admitting_rounds(*, trainer_before_2_2_1: bool = False) -> tuple[int, int]:
+    """(requests, sequential rounds) of an admitting release: the adapter's second (the first learned what the
+    cluster's Trainer takes), after the first execution's pods are gone."""
+    cluster = FakeCluster()
+    cluster.trainer_before_2_2_1 = trainer_before_2_2_1
+    cluster.add_runtime()
+    cluster.add_node("node-0")
+    transport = Rounds(cluster.transport(roles=("dispatch-writer", "dispatch-node-reader")))
+    adapter = AsyncAdapter.connect("default", transport=transport)
+    try:
+        await adapter.open(JobSpec(job_id="llama", submission="s1"))
+        await adapter.release(NAME)
+        cluster.settle()
+        await adapter.hold(NAME)
+        cluster.settle()
+        cluster.advance(120)
+        cluster.settle(honour_grace=False)
+        before = adapter.kube.requests
+        transport.counting = True
+        await adapter.release(NAME)
+        transport.counting = False
+        return adapter.kube.requests - before, transport.rounds
+    finally:
+        await adapter.aclose()
 
 
 def crowded_cluster(unrelated: int) -> FakeCluster:
@@ -106,6 +157,9 @@ def main() -> None:
     worst = max(getattr(costs["rule/crowded"], f) / getattr(costs["rule/empty"], f)
                 for f in ("requests", "bytes", "seconds"))
     print(f"target: every rule ratio <= 1.5 -> worst {worst:.2f}, {'met' if worst <= 1.5 else 'NOT met'}")
+    for label, old in (("Trainer v2.2.1 and later", False), ("Trainer before v2.2.1", True)):
+        requests, rounds = asyncio.run(admitting_rounds(trainer_before_2_2_1=old))
+        print(f"one admitting release ({label}): {requests} requests in {rounds} sequential round trips")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import dataclasses
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -25,21 +25,19 @@ from . import _decision as d
 from . import _enrol as enr
 from . import _events as ev
 from . import _kube as k
-from . import _kueue as kq
 from . import _names as n
 from . import _trainer as tr
 from ._api import Obj
 from ._core import Core
-from ._fleet import MULTIKUEUE, Fleet, WorkerView
+from ._fleet import MULTIKUEUE, Fleet, WorkerView, ceased_across
 from ._follow import Follower, Selection, selections
-from ._identity import RecordView
 from ._overrides import ConfigOverrides
-from ._read import EMPTY, TRAINER_MISSING, Inputs, Target
+from ._read import TRAINER_MISSING, Reader, Target
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
 from ._validate import runtime_problems
 from ._validate import validate_spec as validate_spec
-from ._views import NodeView, PodView, annotations_of, labels_of, name_of
-from .errors import FieldCause, Forbidden, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+from ._views import PodView, annotations_of, labels_of, name_of
+from .errors import FieldCause, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
@@ -129,75 +127,12 @@ class AsyncAdapter:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _writer(self, verb: str) -> None:
-        if self.read_only:
-            raise ReadOnly(f"cannot {verb}: this adapter is read-only", reason="ReadOnly")
-
     # ------------------------------------------------------------------ reads
-
-    def _status(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
-                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
-                record: RecordView | None = None, workload: kq.WorkloadView | None = None,
-                stalled: str | None = None) -> Status:
-        managed = bool(tj.queue) if kueue is None else kueue
-        return Status(
-            name=tj.name,
-            namespace=tj.ref.namespace or self.namespace,
-            state=tj.state,
-            identity=tj.identity,
-            cause=d.explain(tj, verdict, check, note, record, stalled),
-            mode="kueue" if managed else "plain",
-            queue=tj.queue,
-            created=tj.created,
-            remaining=verdict.remaining if verdict else (),
-            resource_version=tj.ref.resource_version,
-            managed=tj.labelled,
-            created_by=tj.created_by,
-            warnings=tuple(w for w in warnings if w),
-            cluster=workload.cluster_name if workload is not None else "",
-        )
-
-    def _keeper_idle(self, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
-        """Whether ended pods wait for a controller that is not freeing them, on the API server's own clock
-        (the Date of its last answer, the clock its deletion times are on); no answer dated, no warning."""
-        now = self._kube.server_time
-        return d.keeper_idle_warning(pods, nodes, now) if now is not None else None
 
     async def inspect(self, name: str) -> Status:
         """The object's state, identity and cause; a not-running object names what keeps it waiting."""
         n.validate_ref(name)
-        tj = await self.core.reader.trainjob(name)
-        runtime_jobs, runtime_gone = await self.core.reader.runtime_of(tj)
-        gap = [d.uncovered_warning(tj, runtime_jobs), d.runtime_missing_warning(tj, runtime_gone)]
-        if tj.state is State.RUNNING:
-            # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
-            running_in = await self.core.reader.workload_of(tj) if tj.managed_by == MULTIKUEUE else None
-            jobset = (await self.core.reader.jobsets([name])).get(name) if tj.dispatch_object else None
-            # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
-            pods, nodes = (await self.core.reader.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
-                           if tj.labelled and tj.managed_by != MULTIKUEUE else ([], {}))
-            jobs = await self.core.reader.jobs_of(name)
-            # a NonIndexed Job's other pods are refused by the guard while one runs: say why
-            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
-                       d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
-            return self._status(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
-                                                    self._keeper_idle(pods, nodes)],
-                                workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
-        snap = await self.core.reader.read_one(Target.of(tj))
-        verdict = snap.verdict(Target.of(tj))
-        workload = await self.core.reader.workload_of(tj)  # Kueue may manage it without the queue-name label
-        record = (await self._records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
-        check = None
-        if workload is not None:
-            check = kq.check_of(workload, await self.core.reader.our_checks())
-        return self._status(tj, verdict, check, d.workload_note(workload, tj),
-                            kueue=workload is not None or bool(tj.queue),
-                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
-                                      d.nonindexed_text(f"trainjob {name} cannot start",
-                                                        d.jobs_nonindexed(snap.jobs, name)),
-                                      self._keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
-                            record=record, workload=workload,
-                            stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
+        return await self.core.reader.status(name)
 
     async def find(
         self,
@@ -226,118 +161,23 @@ class AsyncAdapter:
                               code=exc.code, causes=exc.causes) from exc
             raise
         if not all_namespaces:
-            return await self._statuses(listed, state)
+            return await self.core.reader.statuses(listed, state)
         by_namespace: dict[str, list[Obj]] = {}
         for obj in listed:
             by_namespace.setdefault(str((obj.get("metadata") or {}).get("namespace") or ""), []).append(obj)
         out: list[Status] = []
         for ns in sorted(by_namespace):
-            other = AsyncAdapter(self._kube.in_namespace(ns), read_only=True)
-            out.extend(await other._statuses(by_namespace[ns], state))
+            out.extend(await Reader(self._kube.in_namespace(ns)).statuses(by_namespace[ns], state))
         return out
-
-    async def _statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
-        """``find``'s statuses of the TrainJobs listed in this adapter's namespace."""
-        trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
-        if state is not None:
-            wanted = {state} if isinstance(state, State) else set(state)
-            trainjobs = [t for t in trainjobs if t.state in wanted]
-        idle = [t for t in trainjobs if t.state is not State.RUNNING]
-        refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
-        got = await asyncio.gather(*(self.core.reader.runtime_of(next(t for t in trainjobs
-                                                               if (t.runtime_kind, t.runtime_name) == ref))
-                                     for ref in refs))
-        runtimes = dict(zip(refs, got, strict=True))
-        running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
-        jobsets = await self.core.reader.jobsets(running)
-        # a rank whose new pod the guard refuses while the pod before it may still run: one pod list for them all
-        here = {(t.job_id, t.submission) for t in trainjobs
-                if t.state is State.RUNNING and t.labelled and t.managed_by != MULTIKUEUE}
-        ranked, ranked_nodes = await self.core.reader.submissions_pods(sorted(here), deleting_nodes=True)
-
-        def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
-            return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
-
-        def gap(t: tr.TrainJobView) -> list[str | None]:
-            jobs, gone = runtimes.get((t.runtime_kind, t.runtime_name), (None, False))
-            return [d.uncovered_warning(t, jobs), d.runtime_missing_warning(t, gone)]
-
-        def run(t: tr.TrainJobView, workload: kq.WorkloadView | None = None) -> Status:
-            mine = [p for p in ranked if (p.job_id, p.submission) == (t.job_id, t.submission)]
-            stalled = [d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)),
-                       d.waiting_ranks_text(t, mine, ranked_nodes) if (t.job_id, t.submission) in here else None]
-            return self._status(t, None, warnings=gap(t), workload=workload,
-                                stalled="; ".join(filter(None, stalled)) or None)
-        fleet = any(t.managed_by == MULTIKUEUE for t in trainjobs)
-        if not idle and not fleet:
-            return sorted((run(t) for t in trainjobs), key=lambda s: s.name)
-        # Kueue may manage an object without the queue-name label: its Workload says so (and, under
-        # MultiKueue, which worker runs it)
-        workloads = await self.core.reader.workloads_by_owner()
-        if not idle:
-            return sorted((run(t, workloads.get(t.ref.uid)) for t in trainjobs), key=lambda s: s.name)
-        snaps = await self.core.reader.read([Target.of(t) for t in idle], namespace=True)
-        records = await self._records([(t.job_id, t.submission) for t in idle if t.labelled])
-        ours = await self.core.reader.our_checks()
-        out: list[Status] = []
-        for t in trainjobs:
-            if t.state is State.RUNNING:
-                out.append(run(t, workloads.get(t.ref.uid)))
-                continue
-            snap = snaps[t.name]
-            wl = workloads.get(t.ref.uid)
-            out.append(self._status(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
-                                    d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
-                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), *gap(t)],
-                                    record=records.get((t.job_id, t.submission)), workload=wl,
-                                    stalled=d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))))
-        return sorted(out, key=lambda s: s.name)
-
-    async def _records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], RecordView | None]:
-        """Status's records (whether a close was interrupted): none where they cannot be read, as status
-        reads without them otherwise."""
-        try:
-            return await self.core.reader.records([p for p in pairs if p[0] and p[1]])
-        except (Refused, Forbidden):
-            return {}
 
     async def ceased(self, name: str) -> Cessation:
         """Whether the object's processes are proven gone. Writes nothing; needs get on Nodes."""
         n.validate_ref(name)
-        tj = await self.core.reader.trainjob_or_none(name)
-        target = Target.of(tj) if tj is not None else Target(name)
-        snap = await self.core.reader.read_one(target)
-        here = d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
-                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
-                           kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
+        tj, local, here = await self.core.reader.cessation(name)
         if tj is None or tj.managed_by != MULTIKUEUE or not here.ceased:
             return here
-        return await self._ceased_across(tj, snap.verdict(target), here)
+        return await ceased_across(Fleet(self._kube), self.core.reader, tj, local, here)
 
-    async def _ceased_across(self, tj: tr.TrainJobView, local: d.Verdict, here: Cessation) -> Cessation:
-        """Under MultiKueue the pods are in workers: read them as dispatch's check does, where this role may."""
-        fleet = Fleet(self._kube)
-        try:
-            workers = await fleet.workers()
-            record = (await self._records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
-            names = set(workers) | set(record.clusters if record is not None else ())
-            reads = await fleet.read(self.namespace, [Target.of(tj)], names, workers)
-        except Forbidden:
-            return Cessation(False, f"trainjob {tj.name} is dispatched by MultiKueue: its pods are in worker clusters, "
-                             "which this role cannot read; dispatch's check on the manager reads them "
-                             f"(`dispatch status {tj.name}` shows what it says)")
-        finally:
-            await fleet.aclose()
-        seen = d.fleet_workers(tj, record, workers, {w: r.verdict(Target.remote(tj)) for w, r in reads.items()})
-        verdict = d.across(local, seen)
-        if not verdict.admissible:
-            return Cessation(False, verdict.detail(), remaining=verdict.remaining, ends=here.ends)
-        confirmed = [w.worker for w in seen if w.verdict is None]
-        read = [w.worker for w in seen if w.verdict is not None]
-        why = f"{here.reason}; no pod remains in worker {', '.join(read)}" if read else here.reason
-        if confirmed:
-            why += f"; worker {', '.join(confirmed)} confirmed down by an operator"
-        return Cessation(True, why, ends=here.ends)
 
     # ------------------------------------------------------------------ writes
 
@@ -348,11 +188,11 @@ class AsyncAdapter:
         its A is recorded before anything can start.
         """
         name = validate_spec(spec)
-        self._writer("open")
-        body, warnings = await self._body(spec, name)
+        _writer(self, "open")
+        body, warnings = await _body(self.core.reader, spec, name)
         if spec.termination_grace_period_seconds is not None:
             await self.core.reader.check_grace_kept(body)
-        return await self._create(body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
+        return await _create(self, body, name, spec.job_id, spec.submission, hold=hold or spec.queue is not None,
                                   warnings=warnings)
 
     async def open_manifest(self, manifest: Mapping[str, Any], *, hold: bool = True) -> Status:
@@ -365,67 +205,17 @@ class AsyncAdapter:
         The job-id is the ``job-id`` label, else the name; the submission the ``submission`` label, else a
         fresh UUID (as enrolment takes its admission request's uid), so opening one manifest twice makes two
         submissions (the second refused while the name is taken)."""
-        self._writer("open")
-        body, job_id, submission = await self._manifest_body(manifest)
+        _writer(self, "open")
+        body, job_id, submission = await _manifest_body(self.core.reader, manifest)
         kueue = bool(labels_of(body).get(n.KUEUE_QUEUE_LABEL))
-        return await self._create(body, name_of(body), job_id, submission, hold=hold or kueue, warnings=())
+        return await _create(self, body, name_of(body), job_id, submission, hold=hold or kueue, warnings=())
 
     async def open_manifest_dry_run(self, manifest: Mapping[str, Any], *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open_manifest`` would create, and nothing written (as ``open_dry_run``)."""
         if server:
-            self._writer("open")
-        body, _, _ = await self._manifest_body(manifest)
-        return await self._dry_create(body) if server else body
-
-    async def _manifest_body(self, manifest: Mapping[str, Any]) -> tuple[Obj, str, str]:
-        """(the body, job-id, submission) of a TrainJob manifest brought under dispatch by ``_enrol.enrol``."""
-        problems = enr.manifest_problems(manifest, self.namespace)
-        n.check([FieldCause(field, message, "FieldValueInvalid") for field, message in problems])
-        ref = enr.runtime_ref(manifest)
-        runtime = await self.core.reader.runtime_or_none(*ref) if ref is not None else None
-        got = enr.enrol(manifest, str(uuid.uuid4()), runtime)
-        if got.denial is not None:
-            raise InvalidInput(got.denial.replace("cannot be enrolled in dispatch", "cannot be opened by dispatch"),
-                               reason="Invalid")
-        return enr.apply_patch(manifest, got.patch), got.job_id, got.submission
-
-    async def _create(self, body: Obj, name: str, job_id: str, submission: str, *, hold: bool,
-                      warnings: tuple[str, ...]) -> Status:
-        """``open``'s writes after its body is built: the submission claimed, the TrainJob created, and
-        (``hold`` False) released through the same check as ``release``."""
-        if not hold:
-            # An earlier object of the same name or submission may still have pods: refuse before writing
-            # anything (release reads again before it admits).
-            target = Target(name, job_id, submission)
-            verdict = (await self.core.reader.read_one(target)).verdict(target)
-            if verdict.remaining:
-                raise _pods_remain(name, verdict)
-        record = await self.core.claim(job_id, submission, name)
-        try:
-            created = tr.TrainJobView.from_obj(await self.core.create_trainjob(body))
-        except NotFound as exc:
-            await self.core.unclaim(record)
-            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
-        except Refused as exc:
-            if exc.reason == "AlreadyExists":
-                await self.core.unclaim(record)
-                raise Refused(f"trainjob {name} already exists in namespace {self.namespace}; choose another "
-                              "name or submission", reason="AlreadyExists", code=exc.code) from exc
-            raise
-        if hold:
-            if not created.queue:  # plain mode tells its story in Events, as Kueue mode does
-                await ev.record(self._kube, ev.opened(created))
-            return self._status(created, d.Verdict((), ()), warnings=warnings)
-        await self.release(name)
-        status = await self.inspect(name)
-        return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*warnings, *status.warnings])))
-
-    async def _body(self, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
-        """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
-        warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
-        shape, warnings = await self.core.reader.runtime_shape(spec)
-        n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
-        return tr.trainjob_body(spec, name, self.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
+            _writer(self, "open")
+        body, _, _ = await _manifest_body(self.core.reader, manifest)
+        return await self.core.create_trainjob(body, dry_run=True) if server else body
 
     async def open_dry_run(self, spec: JobSpec, *, server: bool = True) -> dict[str, Any]:
         """The TrainJob ``open`` would create, and nothing written (kubectl's ``--dry-run``).
@@ -436,26 +226,13 @@ class AsyncAdapter:
         is found only by the real ``open``."""
         name = validate_spec(spec)
         if server:
-            self._writer("open")
-        body, _ = await self._body(spec, name)
+            _writer(self, "open")
+        body, _ = await _body(self.core.reader, spec, name)
         if not server:
             return body
         if spec.termination_grace_period_seconds is not None:
             await self.core.reader.check_grace_kept(body)
-        return await self._dry_create(body)
-
-    async def _dry_create(self, body: Obj) -> dict[str, Any]:
-        name = name_of(body)
-        try:
-            return await self.core.create_trainjob(body, dry_run=True)
-        except NotFound as exc:
-            raise NotFound("the TrainJob kind is not served: is Kubeflow Trainer installed in this cluster?",
-                           reason=exc.reason, code=exc.code) from exc
-        except Refused as exc:
-            if exc.reason == "AlreadyExists":
-                raise Refused(f"trainjob {name} already exists in namespace {self.namespace}; choose another "
-                              "name or submission", reason="AlreadyExists", code=exc.code) from exc
-            raise
+        return await self.core.create_trainjob(body, dry_run=True)
 
     async def release(self, name: str) -> Identity:
         """Admit the object if no pod of it may still run; else write nothing and raise PodsRemain.
@@ -467,24 +244,15 @@ class AsyncAdapter:
         Kueue admits through dispatch's check.
         """
         n.validate_ref(name)
-        self._writer("release")
+        _writer(self, "release")
         token = uuid.uuid4().hex
 
         async def once() -> Identity:
-            # the TrainJob and (unless it runs, or has ended) its Workload come first, alone: an object that runs,
-            # has ended or is Kueue's is answered from them, and the state machines inject cluster events between
-            # release's first requests, so their order is kept
-            tj = await self.core.reader.trainjob(name)
-            ident = self._require_dispatch(tj)
-            step = d.release_step(tj, None)
-            workload = (await self.core.reader.workload_of(tj)
-                        if step in ("admit", "kueue") or (step == "running" and tj.queue) else None)
             delay, deadline = 0.1, time.monotonic() + self.settle_seconds
             while True:
-                if d.release_step(tj, workload) == "admit":
-                    inputs = (await self.core.reader.inputs([tj]))[name]
-                else:
-                    inputs = Inputs(tj, EMPTY, workload=workload)
+                # every read the admission decides from, at once (the TrainJob first: the rest are selected by it)
+                inputs = (await self.core.reader.inputs([name], workload="own", runtime=True,
+                                                        lower=d.release_reads))[name]
                 got = await self.core.admission(inputs, token=token, own={token}, plain=True)
                 # wait briefly while the only blockers are layers that have not yet acknowledged a suspension (a
                 # Job just created suspended gets its Suspended condition within moments): admission still needs
@@ -495,34 +263,29 @@ class AsyncAdapter:
                     break
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            tj, admitted = inputs.trainjob, got.admitted
             if got.handed:
-                return ident
-            if got.admitted is None:
+                return tj.identity
+            if admitted is None:
                 await ev.record(self._kube, ev.delayed(tj, got.verdict.detail()))
-                raise _pods_remain(name, got.verdict)
-            admitted = got.admitted
-            if not await self.core.unsuspend(admitted.trainjob, admitted.admission, self.conflict_retries):
+                raise PodsRemain(name, got.verdict.detail(), remaining=got.verdict.remaining)
+            # started by the raise itself, or (a raise found, or a Trainer before v2.2.1) by the unsuspend
+            if not admitted.started and not await self.core.unsuspend(admitted.trainjob, admitted.admission,
+                                                                      self.conflict_retries):
                 raise k.kept_changing(f"trainjob {name}")  # the decision no longer holds: decide afresh
             await ev.record(self._kube, ev.admitted(admitted.trainjob, admitted.admission))
             return Identity(tj.job_id, tj.submission, admitted.admission)
 
         return await k.on_conflict(once, f"trainjob {name} under release", tries=self.conflict_retries)
 
-    @staticmethod
-    def _require_dispatch(tj: tr.TrainJobView) -> Identity:
-        if not tj.labelled:
-            raise Refused(f"trainjob {tj.name} is {d.unmanaged_text(tj)}", reason="NotDispatchObject")
-        if tj.problems:
-            raise Refused(f"trainjob {tj.name} cannot be admitted: {'; '.join(tj.problems)}",
-                          reason="InvalidObject")
-        return tj.identity
-
     async def hold(self, name: str) -> Status:
         """Suspend the object (in Kueue mode: deactivate its Workload). Its pods then start to go."""
         n.validate_ref(name)
-        self._writer("hold")
+        _writer(self, "hold")
         tj = await self.core.reader.trainjob(name)
-        self._require_dispatch(tj)
+        refusal = d.dispatch_refusal(tj)
+        if refusal is not None:
+            raise Refused(refusal[0], reason=refusal[1])
         workload = await self.core.reader.workload_of(tj)
         if workload is not None:
             await self.core.set_active(workload, False)
@@ -538,7 +301,7 @@ class AsyncAdapter:
         (the record outlives it, so a re-opened submission goes on counting). Returns the pods that
         remain: they still block a same-named or same-submission new object."""
         n.validate_ref(name)
-        self._writer("close")
+        _writer(self, "close")
         tj = await self.core.reader.trainjob_or_none(name)
         if tj is None:
             if await self.core.close_unopened(name):  # an open that claimed its submission, never created it
@@ -574,7 +337,7 @@ class AsyncAdapter:
         problem = n.dns1123_subdomain_problem(pod)
         if problem:
             n.check([FieldCause("pod", f"{pod!r} {problem}", "FieldValueInvalid")])
-        self._writer("release a pod")
+        _writer(self, "release a pod")
 
         async def once() -> PodEnd:
             obj = await self.core.reader.pod_or_none(pod)
@@ -607,7 +370,7 @@ class AsyncAdapter:
 
         Only for a submission no process of which can still run and whose old A nothing fences on any
         more: after it, a re-opened submission may reuse numbers. Refused while a TrainJob holds it."""
-        self._writer("forget")
+        _writer(self, "forget")
         n.check([FieldCause(f, f"{v!r} is not a valid label value", "FieldValueInvalid")
                  for f, v in (("job_id", job_id), ("submission", submission))
                  if not v or n.label_value_problem(v)])
@@ -639,7 +402,7 @@ class AsyncAdapter:
     async def migrate(self) -> tuple[int, int]:
         """Fold the old ``dispatch-admissions`` ledger and every dispatch TrainJob's A into identity
         records, then delete the ledger (needs ``dispatch-admin``). Returns (created, raised)."""
-        self._writer("migrate")
+        _writer(self, "migrate")
         return await _admin.migrate(self.core)
 
     # ------------------------------------------------------------------ waiting and logs
@@ -730,12 +493,56 @@ class AsyncAdapter:
             yield line
 
 
+def _writer(adapter: AsyncAdapter, verb: str) -> None:
+    if adapter.read_only:
+        raise ReadOnly(f"cannot {verb}: this adapter is read-only", reason="ReadOnly")
+
+
+async def _body(reader: Reader, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
+    """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
+    warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
+    shape, warnings = await reader.runtime_shape(spec)
+    n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
+    return tr.trainjob_body(spec, name, reader.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
+
+
+async def _manifest_body(reader: Reader, manifest: Mapping[str, Any]) -> tuple[Obj, str, str]:
+    """(the body, job-id, submission) of a TrainJob manifest brought under dispatch by ``_enrol.enrol``."""
+    problems = enr.manifest_problems(manifest, reader.namespace)
+    n.check([FieldCause(field, message, "FieldValueInvalid") for field, message in problems])
+    ref = enr.runtime_ref(manifest)
+    runtime = await reader.runtime_or_none(*ref) if ref is not None else None
+    got = enr.enrol(manifest, str(uuid.uuid4()), runtime)
+    if got.denial is not None:
+        raise InvalidInput(got.denial.replace("cannot be enrolled in dispatch", "cannot be opened by dispatch"),
+                           reason="Invalid")
+    return enr.apply_patch(manifest, got.patch), got.job_id, got.submission
+
+
+async def _create(adapter: AsyncAdapter, body: Obj, name: str, job_id: str, submission: str, *, hold: bool,
+                  warnings: tuple[str, ...]) -> Status:
+    """``open``'s writes after its body is built: the TrainJob created on its claimed submission (``Core.open``),
+    and (``hold`` False) released through the same check as ``release``."""
+    core = adapter.core
+    if not hold:
+        # An earlier object of the same name or submission may still have pods: refuse before writing
+        # anything (release reads again before it admits).
+        target = Target(name, job_id, submission)
+        verdict = (await core.reader.read_one(target)).verdict(target)
+        if verdict.remaining:
+            raise PodsRemain(name, verdict.detail(), remaining=verdict.remaining)
+    created = await core.open(body, name, job_id, submission)
+    if hold:
+        if not created.queue:  # plain mode tells its story in Events, as Kueue mode does
+            await ev.record(adapter.kube, ev.opened(created))
+        return core.reader.status_of(created, d.Verdict((), ()), warnings=warnings)
+    await adapter.release(name)
+    status = await adapter.inspect(name)
+    return dataclasses.replace(status, warnings=tuple(dict.fromkeys([*warnings, *status.warnings])))
+
+
 def _worker(w: WorkerView) -> Worker:
     return Worker(w.name, w.active, w.active_reason, w.active_message, w.lost_since, w.down_confirmed)
-
-
-def _pods_remain(name: str, verdict: d.Verdict) -> PodsRemain:
-    return PodsRemain(name, verdict.detail(), [p.describe() for p in verdict.remaining], verdict.remaining)
 
 
 class Adapter:

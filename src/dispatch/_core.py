@@ -32,8 +32,8 @@ from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
 from ._names import ANNOTATION_MARK_SEEN
-from ._read import Inputs, Reader, Snapshot, Target, _no_record_kind
-from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, parse_count
+from ._read import TRAINER_MISSING, Inputs, Reader, Snapshot, Target, _no_record_kind
+from ._views import POD_FINALIZER, MarkSeen, NodeView, PodView, name_of, parse_count
 from .errors import Conflict, Forbidden, NotFound, NotServed, Refused
 
 __all__ = ["Admission", "Admitted", "Core", "Cores", "Inputs", "Snapshot", "Target"]
@@ -44,6 +44,8 @@ class Admitted:
 
     trainjob: tr.TrainJobView
     admission: int
+    started: bool = False
+    """Plain mode: the raise started the execution in the same write (else the verb unsuspends)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,9 @@ class Core:
         """Every read the protocol takes (``_read``): the core holds one, and decides nothing from it itself."""
         self.on_write = on_write
         """Called with "record", "trainjob" or "workload" after each admitting write (the controller's metrics)."""
+        self.atomic_start = True
+        """Plain mode raises A and starts in one write until this cluster's Trainer refuses that (before v2.2.1 its
+        webhook lets runtime patches change only in a write that leaves the TrainJob suspended): then in two."""
 
     # ------------------------------------------------------------------ the identity record
 
@@ -248,19 +253,21 @@ class Core:
 
     # ------------------------------------------------------------------ admitting writes
 
-    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool,
-                        workers: Collection[str] | None = None, seen: Mapping[str, d.WorkerVerdict] | None = None
-                        ) -> Admission:
+    async def admission(self, inputs: Inputs, *, token: str, own: Iterable[str], plain: bool) -> Admission:
         """The one admission entry, for the verb and the reconciler: the verdict over ``inputs`` (under
-        MultiKueue, ``workers`` and what each showed, ``seen``, folded in by ``_decision.admission_verdict``)
+        MultiKueue, the workers it read and what each showed folded in by ``_decision.admission_verdict``)
         and, when nothing of the object may still run, the admission's first writes (``admit``). Nothing is
         written when it is not admissible. A plain release (``plain``) of an object already running, or of one
-        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``).
+        a Kueue Workload owns, writes only that Workload's ``active`` flag (``_decision.release_step``). Under
+        Kueue, a TrainJob dispatch did not open goes by the rule alone: nothing of it is raised.
 
         Each caller then does only what differs: the verb unsuspends (or raises ``PodsRemain``), the
         reconciler sets its check Ready (or writes its Pending message). A Conflict: read and decide again."""
         tj = inputs.trainjob
         if plain:
+            refusal = d.dispatch_refusal(tj)
+            if refusal is not None:
+                raise Refused(refusal[0], reason=refusal[1])
             step = d.release_step(tj, inputs.workload)
             if step == "finished":
                 raise Refused(d.finished_text(tj), reason=tj.state.value)
@@ -270,12 +277,17 @@ class Core:
                 if inputs.workload is not None and (step == "kueue" or tj.queue):
                     await self.set_active(inputs.workload, True)
                 return Admission(d.Verdict((), ()), handed=step)
+        local = inputs.verdict()
+        if not local.admissible:
+            return Admission(local)
+        if not plain and not tj.dispatch_object:
+            return Admission(local, Admitted(tj, 0))
         record = inputs.record if inputs.record_read else await self.reader.record(tj.job_id, tj.submission)
-        verdict = d.admission_verdict(inputs.verdict(), tj, record, workers, seen)
+        verdict = d.admission_verdict(local, tj, record, inputs.workers, inputs.seen)
         if not verdict.admissible:
             return Admission(verdict)
         admitted = await self.admit(tj, inputs.snapshot, record, token=token, own=own, plain=plain,
-                                    clusters=tuple(sorted(workers or ())),
+                                    clusters=inputs.workers or (),
                                     runtime=(inputs.runtime_jobs,) if inputs.runtime_read else None)
         return Admission(verdict, admitted)
 
@@ -311,11 +323,15 @@ class Core:
         if plan.write_record:
             await self.issue(record, tj, plan.admission, token, clusters)
             self.on_write("record")
-        raised = tj
+        raised, started = tj, False
         if plan.write_trainjob or retarget:
-            # a re-target alone (the raise was found) keeps the raise's token: a token changes only with A
-            raised = await self.raise_trainjob(tj, plan.admission, token if plan.write_trainjob else tj.token,
-                                               jobs=jobs)
+            # a re-target alone (the raise was found) keeps the raise's token: a token changes only with A.
+            # Plain mode starts in the same write when the pods Trainer builds from every entry will carry A
+            # (judged on the entries as the write leaves them, before it); else the verb unsuspends after
+            start = plain and self.atomic_start and not d.effective_problem(tr.raised_view(tj, plan.admission, jobs))
+            raised, started = await self.raise_trainjob(tj, plan.admission,
+                                                        token if plan.write_trainjob else tj.token, jobs=jobs,
+                                                        start=start)
             self.on_write("trainjob")
         # dispatch's own writers judge the pods Trainer will build from every entry, as the guard does, so a
         # stale entry of another manager never decides the A the pods carry, with or without the guard (the A
@@ -323,17 +339,27 @@ class Core:
         effective = d.effective_problem(raised, kueue=not plain)
         if effective:
             raise Refused(effective, reason="ForeignRuntimePatch")
-        return Admitted(raised, plan.admission)
+        return Admitted(raised, plan.admission, started)
 
     async def raise_trainjob(self, tj: tr.TrainJobView, admission: int, token: str,
-                             jobs: list[str] | None = None) -> tr.TrainJobView:
+                             jobs: list[str] | None = None, *, start: bool = False) -> tuple[tr.TrainJobView, bool]:
         """A on the TrainJob and in dispatch's runtime patch entry, re-targeted at the runtime's replicatedJobs
-        ``jobs`` (SSA, conditioned on the RV read)."""
+        ``jobs`` (SSA, conditioned on the RV read), and whether the same write started it (``start``, plain mode).
+        A start refused (by Trainer before v2.2.1, or by the guard: pods appeared since the read) is raised alone:
+        the unsuspend after it then meets the same judgement it always did."""
         if not tj.dispatch_object:
             raise Refused(f"trainjob {tj.name} has no dispatch runtime patch; it was not opened by dispatch",
                           reason="NotDispatchObject")
+        if start:
+            try:
+                obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs,
+                                                                                  start=True))
+                return tr.TrainJobView.from_obj(obj), True
+            except Refused as exc:
+                if d.start_refused_by_trainer(exc.message):
+                    self.atomic_start = False
         obj = await self.kube.apply(api.TRAINJOBS, tj.name, tr.raise_body(tj, admission, token, jobs))
-        return tr.TrainJobView.from_obj(obj)
+        return tr.TrainJobView.from_obj(obj), False
 
     async def unsuspend(self, raised: tr.TrainJobView, admission: int, retries: int = k.CONFLICT_RETRIES) -> bool:
         """The write that starts the execution, conditioned on the TrainJob as the raise left it; a 409
@@ -359,9 +385,32 @@ class Core:
         except Conflict:
             return False
 
+    async def open(self, body: Obj, name: str, job_id: str, submission: str) -> tr.TrainJobView:
+        """``open``'s writes: the submission claimed for ``name`` (only one open can win it), then the TrainJob
+        created, suspended; a create that cannot be made (no Trainer, the name taken) releases the claim."""
+        record = await self.claim(job_id, submission, name)
+        try:
+            return tr.TrainJobView.from_obj(await self.create_trainjob(body))
+        except NotFound:
+            await self.unclaim(record)
+            raise
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                await self.unclaim(record)
+            raise
+
     async def create_trainjob(self, body: Obj, *, dry_run: bool = False) -> Obj:
-        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run."""
-        return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+        """``open``'s create of the TrainJob (suspended, after its submission was claimed), or its dry run; a kind
+        not served and a name taken are named."""
+        try:
+            return await self.kube.create(api.TRAINJOBS, body, dry_run=dry_run)
+        except NotFound as exc:
+            raise NotFound(TRAINER_MISSING, reason=exc.reason, code=exc.code) from exc
+        except Refused as exc:
+            if exc.reason == "AlreadyExists":
+                raise Refused(f"trainjob {name_of(body)} already exists in namespace {self.kube.namespace}; "
+                              "choose another name or submission", reason="AlreadyExists", code=exc.code) from exc
+            raise
 
     async def delete_trainjob(self, name: str) -> None:
         """``close``'s delete, after its record policy; its lower layers go in the background."""
@@ -374,12 +423,37 @@ class Core:
         if workload.active != active:
             await self.kube.merge_patch(api.WORKLOADS, workload.ref.name, kq.active_patch(active))
 
-    async def write_check(self, workload: kq.Addressed, entry: dict[str, object], *, field_manager: str
-                          ) -> None:
-        """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion."""
-        await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(workload, entry),
-                              workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
-        self.on_write("workload")
+    async def write_check(self, workload: kq.Addressed, entry: dict[str, object], *, field_manager: str,
+                          admitted: Admitted | None = None, tries: int = k.CONFLICT_RETRIES) -> str | None:
+        """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion.
+
+        The Ready write of an admission (``admitted``: its raise) meets Kueue's frequent Workload writes: after a
+        409 it is written again on the fresh Workload while the decision still holds (``_decision.ready_conflict``),
+        else the reason it does not ("gone" for a Workload gone) is returned; None once written. Any other entry
+        (Pending) raises the Conflict: its caller decides afresh."""
+        current = workload
+
+        async def once() -> str | None:
+            nonlocal current
+            try:
+                await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(current, entry),
+                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
+                self.on_write("workload")
+                return None
+            except Conflict:
+                if admitted is None:
+                    raise
+                fresh = await self.reader.workload_or_none(workload.ref.name)
+                live = await self.reader.trainjob_or_none(admitted.trainjob.name)
+            why = d.ready_conflict(fresh, str(entry["name"]), live, admitted.trainjob, admitted.admission,
+                                   admitted.trainjob.dispatch_object)
+            if why:
+                return why
+            assert fresh is not None
+            current = fresh
+            raise k.kept_changing(f"workload {workload.ref.namespace}/{workload.ref.name}")
+
+        return await k.on_conflict(once, f"workload {workload.ref.namespace}/{workload.ref.name}", tries=tries)
 
 
 # --------------------------------------------------------------------------- dispatch's pod finalizer

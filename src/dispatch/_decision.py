@@ -264,6 +264,22 @@ def release_step(trainjob: TrainJobView, workload: WorkloadView | None) -> str:
     return "kueue" if trainjob.queue or workload is not None else "admit"
 
 
+def release_reads(trainjob: TrainJobView) -> bool:
+    """Whether a plain release reads the object's lower layers, record and runtime: not for one that runs or has
+    ended, which ``release_step`` answers from the TrainJob (and its Workload) alone."""
+    return release_step(trainjob, None) not in ("running", "finished")
+
+
+def dispatch_refusal(trainjob: TrainJobView) -> tuple[str, str] | None:
+    """Why a verb that admits or holds leaves the object alone (message, reason): not dispatch's, or fields
+    dispatch owns that do not parse; None for an object it may act on."""
+    if not trainjob.labelled:
+        return f"trainjob {trainjob.name} is {unmanaged_text(trainjob)}", "NotDispatchObject"
+    if trainjob.problems:
+        return f"trainjob {trainjob.name} cannot be admitted: {'; '.join(trainjob.problems)}", "InvalidObject"
+    return None
+
+
 def finished_text(trainjob: TrainJobView) -> str:
     return f"trainjob {trainjob.name} is {trainjob.state.value.lower()}; open a new submission to run again"
 
@@ -731,6 +747,13 @@ def claim(job_id: str, submission: str, trainjob: str, record: RecordView | None
 
 
 # --------------------------------------------------------------------------- after a conflict
+
+
+def start_refused_by_trainer(message: str) -> bool:
+    """Whether a raise that also unsuspends was refused by Trainer's rule on runtime patches (before v2.2.1 they
+    may change only in a write that leaves the TrainJob suspended): the cluster then takes them in two writes."""
+    lowered = message.lower()
+    return "runtimepatches" in lowered.replace(" ", "") and "suspended" in lowered
 
 
 def unsuspend_still_holds(raised: TrainJobView, fresh: TrainJobView | None, admission: int) -> bool:

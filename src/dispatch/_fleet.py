@@ -21,13 +21,15 @@ from typing import Any
 from . import _api as api
 from . import _decision as d
 from . import _names as n
+from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
 from ._read import Reader, Snapshot, Target
+from ._records import Cessation
 from ._views import items, mapping, text
-from .errors import DispatchError, InvalidInput, NotFound, Refused
+from .errors import DispatchError, Forbidden, InvalidInput, NotFound, Refused
 
-MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+MULTIKUEUE = n.MULTIKUEUE
 """The ``spec.managedBy`` Kueue's webhook gives a TrainJob queued to a ClusterQueue with MultiKueue's check."""
 MULTIKUEUE_CONTROLLER = MULTIKUEUE
 """The ``controllerName`` of MultiKueue's AdmissionCheck."""
@@ -235,3 +237,30 @@ class Fleet:
         if worker.active != "True":
             problem = f"{problem}; Kueue sees it {worker.kueue_says()}"
         return WorkerRead(name, {}, problem, confirmed_down=worker.down_confirmed)
+
+
+async def ceased_across(fleet: Fleet, reader: Reader, tj: tr.TrainJobView, local: d.Verdict, here: Cessation
+                        ) -> Cessation:
+    """``ceased`` under MultiKueue, once this cluster's part is proven (``here``): the pods are in workers, read
+    as dispatch's check reads them, where this role may. The fleet is closed after."""
+    try:
+        workers = await fleet.workers()
+        record = (await reader.status_records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
+        names = set(workers) | set(record.clusters if record is not None else ())
+        reads = await fleet.read(reader.namespace, [Target.of(tj)], names, workers)
+    except Forbidden:
+        return Cessation(False, f"trainjob {tj.name} is dispatched by MultiKueue: its pods are in worker clusters, "
+                         "which this role cannot read; dispatch's check on the manager reads them "
+                         f"(`dispatch status {tj.name}` shows what it says)")
+    finally:
+        await fleet.aclose()
+    seen = d.fleet_workers(tj, record, workers, {w: r.verdict(Target.remote(tj)) for w, r in reads.items()})
+    verdict = d.across(local, seen)
+    if not verdict.admissible:
+        return Cessation(False, verdict.detail(), remaining=verdict.remaining, ends=here.ends)
+    confirmed = [w.worker for w in seen if w.verdict is None]
+    read = [w.worker for w in seen if w.verdict is not None]
+    why = f"{here.reason}; no pod remains in worker {', '.join(read)}" if read else here.reason
+    if confirmed:
+        why += f"; worker {', '.join(confirmed)} confirmed down by an operator"
+    return Cessation(True, why, ends=here.ends)

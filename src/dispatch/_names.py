@@ -49,6 +49,8 @@ POD_KEPT_LABELS = (
 controller's selections): the pod policy keeps them as they were created (``deploy/base/guard.yaml``,
 ``dispatch-pods``), so no writer can hide a pod that may run from the rule's two selections."""
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+MULTIKUEUE = "kueue.x-k8s.io/multikueue"
+"""``spec.managedBy`` of a TrainJob MultiKueue dispatches to a worker (and its admission check's controller)."""
 MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 """MultiKueue's label on the objects it creates in a worker (the copy of a manager's TrainJob, its Workload)."""
 PREBUILT_WORKLOAD_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"

@@ -11,9 +11,9 @@ an admission's inputs are gathered here and nowhere else (``Reader.inputs``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from . import _api as api
 from . import _decision as d
@@ -23,7 +23,7 @@ from . import _names as n
 from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
-from ._records import JobSpec
+from ._records import Cessation, JobSpec, State, Status
 from ._views import JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
 from .errors import DispatchError, FieldCause, Forbidden, InvalidInput, NotFound, NotServed, Refused, Unreachable
 
@@ -139,14 +139,39 @@ class Inputs:
     workload: kq.WorkloadView | None = None
     runtime_jobs: list[str] | None = None
     runtime_read: bool = False
+    workers: tuple[str, ...] | None = None
+    """Under MultiKueue (read with a ``fleet``, for an object admissible here): the workers Kueue knows."""
+    seen: Mapping[str, d.WorkerVerdict] | None = None
+    """Under MultiKueue: what each worker that counts (Kueue's, and every one the record remembers) showed."""
+    lower_read: bool = True
+    """The consistent read was taken (False: only the TrainJob, and its Workload as asked, were read)."""
 
     @property
     def target(self) -> Target:
         return Target.of(self.trainjob)
 
     def verdict(self) -> d.Verdict:
-        """The rule over this object's part of the consistent read (the local verdict: no worker's)."""
+        """The rule over this object's part of the consistent read (the local verdict: no worker's); never from
+        a read not taken, which would show nothing in the way."""
+        if not self.lower_read:
+            raise RuntimeError(f"no consistent read was taken for trainjob {self.trainjob.name}: nothing to decide "
+                               "from")
         return self.snapshot.verdict(self.target)
+
+
+class WorkerReads(Protocol):
+    """What one MultiKueue worker showed of the objects read (``_fleet.WorkerRead``)."""
+
+    def verdict(self, target: Target) -> d.WorkerVerdict: ...
+
+
+class FleetReads(Protocol):
+    """The MultiKueue workers, read as ``Reader.inputs`` reads them (``_fleet.Fleet``)."""
+
+    async def workers(self) -> Mapping[str, Any]: ...
+
+    async def read(self, namespace: str, targets: Sequence[Target], names: Collection[str],
+                   workers: Any = None) -> Mapping[str, WorkerReads]: ...
 
 
 RecordRead = Literal["all", "admissible", "none"]
@@ -197,7 +222,8 @@ class Reader:
 
     async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
-                     ) -> dict[str, Inputs]:
+                     fleet: FleetReads | None = None, identities: Mapping[str, tuple[str, str] | None] | None = None,
+                     lower: bool | Callable[[tr.TrainJobView], bool] = True) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
         then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
@@ -205,14 +231,30 @@ class Reader:
         (``runtime``, once per runtime). None of these depends on another: every write made from them is
         conditioned on the version read, so reading them together changes only the time. A busy controller's
         batch reads records only for the objects the consistent read finds admissible here (``records``:
-        "admissible"), after it, in one list."""
+        "admissible"), after it, in one list. With a ``fleet``, an object MultiKueue dispatches that is admissible
+        here has its workers read too (one consistent read per worker for them all: every worker Kueue knows and
+        every one its record remembers), for ``_decision.admission_verdict`` to fold in.
+
+        The controller reads its TrainJobs by name as a set (``identities``: the identity each is known by, which
+        selects several in one list; ``trainjobs_named``), where a TrainJob that does not exist is left out of the
+        answer; and it may read them alone first (``lower=False``: each ``Inputs`` holds only its TrainJob), to
+        screen them against their Workloads before it asks for the rest). ``lower`` may also say, per TrainJob,
+        whether anything but it and its Workload is read (a release answers an object that runs or has ended from
+        those alone); an ``Inputs`` without the rest refuses to give a verdict."""
         named = [t for t in trainjobs if isinstance(t, str)]
-        got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
-        views = [got[t] if isinstance(t, str) else t for t in trainjobs]
-        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission]
-        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views} if runtime else {}
+        got: Mapping[str, tr.TrainJobView | None]
+        if identities is not None:
+            got = await self.trainjobs_named({name: identities.get(name) for name in named})
+        else:
+            got = dict(zip(named, await asyncio.gather(*(self.trainjob(name) for name in named)), strict=True))
+        views = [t for t in (got[t] if isinstance(t, str) else t for t in trainjobs) if t is not None]
+        if lower is False:
+            return {t.name: Inputs(t, EMPTY, lower_read=False) for t in views}
+        deep = {t.name for t in views if lower is True or lower(t)}
+        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission and t.name in deep]
+        runtimes = {(t.runtime_kind, t.runtime_name): t for t in views if t.name in deep} if runtime else {}
         snaps, recs, workloads, jobs = await asyncio.gather(
-            self.read([Target.of(t) for t in views], list_jobsets=list_jobsets),
+            self.read([Target.of(t) for t in views if t.name in deep], list_jobsets=list_jobsets),
             self.records(pairs) if records == "all" else _none_of(),
             asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
                              for t in views)) if workload != "none" else _no_workloads(),
@@ -220,18 +262,36 @@ class Reader:
         by_runtime = dict(zip(runtimes, jobs, strict=True))
         out: dict[str, Inputs] = {}
         for i, t in enumerate(views):
+            read = t.name in deep
             out[t.name] = Inputs(
-                t, snaps[t.name], recs.get((t.job_id, t.submission)), records == "all",
+                t, snaps[t.name] if read else EMPTY, recs.get((t.job_id, t.submission)), records == "all" and read,
                 workloads[i] if workload != "none" else None,
-                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime)
+                by_runtime.get((t.runtime_kind, t.runtime_name)), runtime and read, lower_read=read)
         if records == "admissible":
-            chosen = [one for one in out.values() if one.verdict().admissible]
+            chosen = [one for one in out.values() if one.lower_read and one.verdict().admissible]
             found = await self.records((one.trainjob.job_id, one.trainjob.submission) for one in chosen
                                        if one.trainjob.dispatch_object)
             for one in chosen:
                 key = (one.trainjob.job_id, one.trainjob.submission)
                 out[one.trainjob.name] = replace(one, record=found.get(key), record_read=True)
+        if fleet is not None:
+            await self._across(fleet, out)
         return out
+
+    async def _across(self, fleet: FleetReads, out: dict[str, Inputs]) -> None:
+        """The workers' part of the inputs of the objects MultiKueue dispatches that are admissible here."""
+        cases = [one for one in out.values() if one.trainjob.dispatch_object and one.lower_read
+                 and one.trainjob.managed_by == n.MULTIKUEUE and one.verdict().admissible]
+        if not cases:
+            return
+        workers = await fleet.workers()
+        names: set[str] = set(workers)
+        for one in cases:
+            names.update(one.record.clusters if one.record is not None else ())
+        reads = await fleet.read(self.namespace, [one.target for one in cases], names, workers)
+        for one in cases:
+            out[one.trainjob.name] = replace(one, workers=tuple(sorted(workers)), seen={
+                name: r.verdict(replace(one.target, uid="")) for name, r in reads.items()})
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]
@@ -642,6 +702,148 @@ class Reader:
                           f"{job_id}/{submission}, not a number; fix it or run `dispatch admin migrate`",
                           reason="RecordInvalid")
         return parsed
+
+
+    # ------------------------------------------------------------------ status (``inspect``, ``find``)
+
+    def status_of(self, tj: tr.TrainJobView, verdict: d.Verdict | None, check: kq.CheckEntry | None = None,
+                note: str = "", *, kueue: bool | None = None, warnings: Sequence[str | None] = (),
+                record: ident.RecordView | None = None, workload: kq.WorkloadView | None = None,
+                stalled: str | None = None) -> Status:
+        managed = bool(tj.queue) if kueue is None else kueue
+        return Status(
+            name=tj.name,
+            namespace=tj.ref.namespace or self.namespace,
+            state=tj.state,
+            identity=tj.identity,
+            cause=d.explain(tj, verdict, check, note, record, stalled),
+            mode="kueue" if managed else "plain",
+            queue=tj.queue,
+            created=tj.created,
+            remaining=verdict.remaining if verdict else (),
+            resource_version=tj.ref.resource_version,
+            managed=tj.labelled,
+            created_by=tj.created_by,
+            warnings=tuple(w for w in warnings if w),
+            cluster=workload.cluster_name if workload is not None else "",
+        )
+
+    def keeper_idle(self, pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> str | None:
+        """Whether ended pods wait for a controller that is not freeing them, on the API server's own clock
+        (the Date of its last answer, the clock its deletion times are on); no answer dated, no warning."""
+        now = self.kube.server_time
+        return d.keeper_idle_warning(pods, nodes, now) if now is not None else None
+
+    async def status(self, name: str) -> Status:
+        """``inspect``: the object's state, identity and cause; a not-running object names what keeps it waiting."""
+        tj = await self.trainjob(name)
+        runtime_jobs, runtime_gone = await self.runtime_of(tj)
+        gap = [d.uncovered_warning(tj, runtime_jobs), d.runtime_missing_warning(tj, runtime_gone)]
+        if tj.state is State.RUNNING:
+            # under MultiKueue the Workload says which worker runs it (the manager has no pods of it)
+            running_in = await self.workload_of(tj) if tj.managed_by == n.MULTIKUEUE else None
+            jobset = (await self.jobsets([name])).get(name) if tj.dispatch_object else None
+            # a rank whose new pod the guard refuses while the pod before it may still run (a deleted Job)
+            pods, nodes = (await self.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
+                           if tj.labelled and tj.managed_by != n.MULTIKUEUE else ([], {}))
+            jobs = await self.jobs_of(name)
+            # a NonIndexed Job's other pods are refused by the guard while one runs: say why
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
+                       d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
+            return self.status_of(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
+                                                    self.keeper_idle(pods, nodes)],
+                                workload=running_in, stalled="; ".join(filter(None, stalled)) or None)
+        snap = await self.read_one(Target.of(tj))
+        verdict = snap.verdict(Target.of(tj))
+        workload = await self.workload_of(tj)  # Kueue may manage it without the queue-name label
+        record = (await self.status_records([(tj.job_id, tj.submission)])).get((tj.job_id, tj.submission))
+        check = None
+        if workload is not None:
+            check = kq.check_of(workload, await self.our_checks())
+        return self.status_of(tj, verdict, check, d.workload_note(workload, tj),
+                            kueue=workload is not None or bool(tj.queue),
+                            warnings=[d.jobs_replacement_warning(snap.jobs, name), *gap,
+                                      d.nonindexed_text(f"trainjob {name} cannot start",
+                                                        d.jobs_nonindexed(snap.jobs, name)),
+                                      self.keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
+                            record=record, workload=workload,
+                            stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
+
+    async def statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
+        """``find``'s statuses of the TrainJobs listed in this reader's namespace."""
+        trainjobs = [tr.TrainJobView.from_obj(t) for t in listed]
+        if state is not None:
+            wanted = {state} if isinstance(state, State) else set(state)
+            trainjobs = [t for t in trainjobs if t.state in wanted]
+        idle = [t for t in trainjobs if t.state is not State.RUNNING]
+        refs = sorted({(t.runtime_kind, t.runtime_name) for t in trainjobs if t.dispatch_object})
+        got = await asyncio.gather(*(self.runtime_of(next(t for t in trainjobs
+                                                               if (t.runtime_kind, t.runtime_name) == ref))
+                                     for ref in refs))
+        runtimes = dict(zip(refs, got, strict=True))
+        running = [t.name for t in trainjobs if t.state is State.RUNNING and t.dispatch_object]
+        jobsets = await self.jobsets(running)
+        # a rank whose new pod the guard refuses while the pod before it may still run: one pod list for them all
+        here = {(t.job_id, t.submission) for t in trainjobs
+                if t.state is State.RUNNING and t.labelled and t.managed_by != n.MULTIKUEUE}
+        ranked, ranked_nodes = await self.submissions_pods(sorted(here), deleting_nodes=True)
+
+        def runtime_jobs(t: tr.TrainJobView) -> list[str] | None:
+            return runtimes.get((t.runtime_kind, t.runtime_name), (None, False))[0]
+
+        def gap(t: tr.TrainJobView) -> list[str | None]:
+            jobs, gone = runtimes.get((t.runtime_kind, t.runtime_name), (None, False))
+            return [d.uncovered_warning(t, jobs), d.runtime_missing_warning(t, gone)]
+
+        def run(t: tr.TrainJobView, workload: kq.WorkloadView | None = None) -> Status:
+            mine = [p for p in ranked if (p.job_id, p.submission) == (t.job_id, t.submission)]
+            stalled = [d.stalled_jobset_text(t, jobsets.get(t.name), runtime_jobs(t)),
+                       d.waiting_ranks_text(t, mine, ranked_nodes) if (t.job_id, t.submission) in here else None]
+            return self.status_of(t, None, warnings=gap(t), workload=workload,
+                                stalled="; ".join(filter(None, stalled)) or None)
+        fleet = any(t.managed_by == n.MULTIKUEUE for t in trainjobs)
+        if not idle and not fleet:
+            return sorted((run(t) for t in trainjobs), key=lambda s: s.name)
+        # Kueue may manage an object without the queue-name label: its Workload says so (and, under
+        # MultiKueue, which worker runs it)
+        workloads = await self.workloads_by_owner()
+        if not idle:
+            return sorted((run(t, workloads.get(t.ref.uid)) for t in trainjobs), key=lambda s: s.name)
+        snaps = await self.read([Target.of(t) for t in idle], namespace=True)
+        records = await self.status_records([(t.job_id, t.submission) for t in idle if t.labelled])
+        ours = await self.our_checks()
+        out: list[Status] = []
+        for t in trainjobs:
+            if t.state is State.RUNNING:
+                out.append(run(t, workloads.get(t.ref.uid)))
+                continue
+            snap = snaps[t.name]
+            wl = workloads.get(t.ref.uid)
+            out.append(self.status_of(t, snap.verdict(Target.of(t)), kq.check_of(wl, ours) if wl else None,
+                                    d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
+                                    warnings=[d.jobs_replacement_warning(snap.jobs, t.name), *gap(t)],
+                                    record=records.get((t.job_id, t.submission)), workload=wl,
+                                    stalled=d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))))
+        return sorted(out, key=lambda s: s.name)
+
+    async def status_records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:
+        """Status's records (whether a close was interrupted): none where they cannot be read, as status
+        reads without them otherwise."""
+        try:
+            return await self.records([p for p in pairs if p[0] and p[1]])
+        except (Refused, Forbidden):
+            return {}
+
+    async def cessation(self, name: str) -> tuple[tr.TrainJobView | None, d.Verdict, Cessation]:
+        """``ceased`` in this cluster: the TrainJob (None if gone), the rule's verdict and whether the object's
+        processes are proven gone here (under MultiKueue the workers are read after, ``_fleet.ceased_across``)."""
+        tj = await self.trainjob_or_none(name)
+        target = Target.of(tj) if tj is not None else Target(name)
+        snap = await self.read_one(target)
+        here = d.cessation(trainjob=tj, name=name, job_id=target.job_id, submission=target.submission,
+                           pods=snap.pods, nodes=snap.nodes, jobset=snap.jobset, jobs=snap.jobs,
+                           kin_jobsets=snap.kin_jobsets, kin_jobs=snap.kin_jobs)
+        return tj, snap.verdict(target), here
 
 
 class Readers:

@@ -9,6 +9,7 @@ server-side-apply body that raises A, and capability checks such as the grace-pe
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -700,11 +701,49 @@ def uncovered(tj: TrainJobView, jobs: Sequence[str]) -> list[str]:
     return [job for job in jobs if job not in tj.patch_targets]
 
 
-def raise_body(tj: TrainJobView, admission: int, token: str, jobs: Sequence[str] | None = None) -> Obj:
+def raise_body(tj: TrainJobView, admission: int, token: str, jobs: Sequence[str] | None = None, *,
+               start: bool = False) -> Obj:
     """Server-side apply body of the first admitting write: A (and its token) on the TrainJob and in
     dispatch's runtime patch entry, conditioned on the resourceVersion read. Only dispatch's own entry of
     ``spec.runtimePatches`` is sent, so Kueue's entry (same list, another key) is merged, not replaced.
-    With ``jobs`` (the runtime's replicatedJobs now) the entry is re-targeted at them (``retarget``)."""
+    With ``jobs`` (the runtime's replicatedJobs now) the entry is re-targeted at them (``retarget``).
+
+    ``start`` (plain mode): the same write also starts execution ``admission``, as ``unsuspend_patch`` does
+    (``spec.suspend`` false, the ``started`` mark at A), which Trainer v2.2.1 and later accept ("suspended
+    before or after the update"). The body always names ``spec.suspend`` and the ``started`` mark (as read,
+    unless it starts): fields an apply once set and later leaves out are removed by the API server, so a
+    raise that left them out after a start would unsuspend the object, or drop its mark."""
+    entry = raise_entry(tj, admission, jobs)
+    annotations = {ANNOTATION_ADMISSION: str(admission), ANNOTATION_TOKEN: token}
+    if start or tj.started:
+        annotations[ANNOTATION_STARTED] = str(admission if start else tj.started)
+    return {
+        "apiVersion": api.TRAINJOBS.api_version,
+        "kind": "TrainJob",
+        "metadata": {
+            "name": tj.name,
+            "namespace": tj.ref.namespace,
+            "resourceVersion": tj.ref.resource_version,
+            "annotations": annotations,
+        },
+        "spec": {"suspend": not start and tj.suspended, "runtimePatches": [entry]},
+    }
+
+
+def raised_view(tj: TrainJobView, admission: int, jobs: Sequence[str] | None = None) -> TrainJobView:
+    """The TrainJob as ``raise_body`` will leave it, as far as the pods Trainer builds are concerned (A, and
+    every runtime patch entry with dispatch's replaced in its place): judged before a raise that also starts."""
+    entry = raise_entry(tj, admission, jobs)
+    patches = [entry if e.get("manager") == PATCH_MANAGER else e for e in tj.patches]
+    if not any(e.get("manager") == PATCH_MANAGER for e in tj.patches):
+        patches.append(entry)
+    targets = tuple(text(rj.get("name")) for rj in _patch_replicated_jobs(entry) if text(rj.get("name")))
+    return dataclasses.replace(tj, admission=admission, patch_admission=admission, patch_targets=targets,
+                               patch_entry=entry, patches=tuple(patches))
+
+
+def raise_entry(tj: TrainJobView, admission: int, jobs: Sequence[str] | None = None) -> Obj:
+    """dispatch's runtime patch entry carrying A (re-targeted at ``jobs``, if given)."""
     entry = copy.deepcopy(dict(tj.patch_entry or {}))
     entry.pop("time", None)  # stamped by Trainer's defaulting webhook; not ours to own
     retarget(entry, jobs)
@@ -720,17 +759,7 @@ def raise_body(tj: TrainJobView, admission: int, token: str, jobs: Sequence[str]
         tmeta.setdefault("labels", {}).update(labels)
         if POD_FINALIZER not in (tmeta.get("finalizers") or []):
             tmeta["finalizers"] = [*(tmeta.get("finalizers") or []), POD_FINALIZER]
-    return {
-        "apiVersion": api.TRAINJOBS.api_version,
-        "kind": "TrainJob",
-        "metadata": {
-            "name": tj.name,
-            "namespace": tj.ref.namespace,
-            "resourceVersion": tj.ref.resource_version,
-            "annotations": {ANNOTATION_ADMISSION: str(admission), ANNOTATION_TOKEN: token},
-        },
-        "spec": {"runtimePatches": [entry]},
-    }
+    return entry
 
 
 def unsuspend_patch(tj: TrainJobView, admission: int) -> Obj:

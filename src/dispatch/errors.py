@@ -127,5 +127,5 @@ class PodsRemain(Unreachable):
         )
         self.name = name
         self.detail = detail
-        self.pods: tuple[str, ...] = tuple(pods)
+        self.pods: tuple[str, ...] = tuple(pods) if pods else tuple(p.describe() for p in remaining)
         self.remaining: tuple[RemainingPod, ...] = tuple(remaining)

@@ -141,7 +141,10 @@ def test_item3_every_raise_re_targets_dispatchs_entry_at_the_runtime_as_it_is_no
 
 def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
         writer: Adapter, cluster: FakeCluster, guard: FakeGuard) -> None:
-    """The runtime gains its job between release's raise and its unsuspend: the guard refuses the start."""
+    """The runtime gains its job between release's raise and its unsuspend: the guard refuses the start. (The two
+    writes of a Trainer before v2.2.1: the one write of a later one is the next test.)"""
+    cluster.trainer_before_2_2_1 = True
+    writer.core.core.atomic_start = False
     writer.open(SPEC)
     seen = {"raised": False}
 
@@ -169,6 +172,31 @@ def test_item3_the_guard_refuses_a_start_that_leaves_a_replicated_job_uncovered(
     jobset = cluster.server.get(n.JOBSET_GROUP, "jobsets", "default", NAME)
     assert jobset is not None and jobset["spec"]["suspend"]
     assert cluster.running_processes(NAME) == []
+    cluster.history.check()
+
+
+def test_item3_the_guard_refuses_a_raise_that_starts_and_leaves_a_replicated_job_uncovered(
+        writer: Adapter, cluster: FakeCluster, guard: FakeGuard) -> None:
+    """The runtime gains its job after release read it and before its one write that raises A and starts: the guard
+    refuses that start; the raise alone then goes through (it starts nothing) and its unsuspend is refused too."""
+    writer.open(SPEC)
+
+    def before_the_write(method: str, path: str) -> None:
+        if method == "PATCH" and "/trainjobs/" in path:
+            cluster.server.before_request = None
+            gain_job(cluster)
+    cluster.server.before_request = before_the_write
+    with pytest.raises(Exception, match="replicatedJob launcher of ClusterTrainingRuntime torch-distributed is not "
+                                        "covered by dispatch's runtime patch entry"):
+        writer.release(NAME)
+    cluster.server.before_request = None
+    assert writer.core.core.atomic_start  # the guard refused it, not Trainer: the next release starts in one write
+    cluster.settle()
+    assert cluster.running_processes(NAME) == []
+    cluster.server.denied.clear()
+    assert writer.release(NAME).admission == 1  # the next release re-targets; the A never ran, so it is taken
+    cluster.settle()
+    assert cluster.running_processes(NAME) == []  # the JobSet built before the re-target is kept (see above)
     cluster.history.check()
 
 

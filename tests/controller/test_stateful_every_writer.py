@@ -48,13 +48,14 @@ carrying the A its TrainJob reported, and A rising from one execution to the nex
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import os
 import random
 import re
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import pytest
@@ -102,7 +103,26 @@ ACTION = re.compile(r"`(?:dispatch admin release-pod ([a-z0-9.-]+) (--process-go
 WAYS = ("plain", "kueue", "kueue-unlabelled", "kueue-without-queue-name")
 """How an object is managed: by dispatch alone; by Kueue through the queue-name label; through the label,
 removed while suspended; or without a label by a Kueue with ``manageJobsWithoutQueueName``."""
+RELEASE_BOUNDARIES = (0, 1, 2, 8, 9, 10, 12)
+"""Where ``release_with_event_inside`` lands its event, as the count of the release's requests sent before it. An
+admitting plain release sends the TrainJob's get (1), then every other read at once (its Workload, runtime, record,
+JobSets and Jobs: 7), the two pod lists (pinned one after the other), then the floor, the record and the raise that
+starts (the writes): so before the release, between the TrainJob and the rest, among the reads sent together,
+after them, between the pod lists, after the consistent read, and between the record's A and the TrainJob's."""
 EXAMPLES = int(os.environ.get("DISPATCH_EVERY_WRITER_EXAMPLES", "2000" if os.environ.get("CI") else "100"))
+
+def _to_its_end(work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``work`` to its end: here, or, when a cluster event lands inside a request the fake serves to a client
+    whose loop is running (``release_with_event_inside``), on a loop of a thread of its own, as the controller
+    runs beside that client."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(work())
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(lambda: asyncio.run(work())).result()
+
 
 def _directive_entry(pod: dict[str, Any] | None = None, *, job: dict[str, Any] | None = None,
                      jobset: dict[str, Any] | None = None) -> Callable[[str], dict[str, Any]]:
@@ -173,7 +193,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
             kubelet's write lets the operator's word count. (A kubelet that wins that race, or a mark written
             while no controller runs, leaves only a shut-down node's word: tests/fake/test_process_gone.py.)"""
             if any(PodView.from_obj(p).needs_mark_record for p in self.cluster.pods()):
-                asyncio.run(self._release_finalizers())
+                _to_its_end(self._release_finalizers)
             sync(honour_grace=honour_grace)
         self.cluster.kubelet_sync = kubelet_sync_after_the_controller_saw  # type: ignore[method-assign]
         self.kueue = FakeKueue(self.cluster, manage_jobs_without_queue_name="kueue-without-queue-name" in ways)
@@ -402,13 +422,14 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
           event=st.sampled_from(["trainer", "jobset", "job", "kubelet", "kubelet-now", "gc", "kueue-sync",
                                  "kueue-evict", "kueue-jobs", "bypass"]))
     def release_with_event_inside(self, name: str, at: int, event: str) -> None:
-        """A cluster event, Kueue, or the bypassing writer acts between release's read and its write."""
+        """A cluster event, Kueue, or the bypassing writer acts between release's read and its write: before one
+        of the boundaries of an admitting release's requests (``RELEASE_BOUNDARIES``)."""
         count = {"n": 0}
         c = self.cluster
 
         def hook(method: str, path: str) -> None:
             count["n"] += 1
-            if count["n"] != at + 1:
+            if count["n"] != RELEASE_BOUNDARIES[at] + 1:
                 return
             c.server.before_request = None
             try:
@@ -1135,7 +1156,18 @@ def _walk_step(rng: random.Random, sm: EveryWriter) -> Callable[[], None]:
         owners = rng.choice([1, 0])
         return lambda: sm.garbage_collector(owners)
     if choice == "runtime-edit":
-        return lambda: sm.runtime_edit(True)
+        if name != OBJECTS[0]:
+            return lambda: sm.runtime_edit(True)
+
+        def edit_then_reopen() -> None:
+            """The runtime gains a job; then a user closes the first object and opens it again (released), so
+            Trainer builds its JobSet from the runtime as it is now (a JobSet already built keeps its jobs: JobSet's
+            webhook) and the pods of the job it gained run only under dispatch's rule: covered by its entry, or
+            refused. (Drawn by the object already chosen, so the walks' other draws stay as they were.)"""
+            sm.runtime_edit(True)
+            sm.writer("close", name)
+            sm.writer("reopen", name)
+        return edit_then_reopen
     if choice == "interrupted-close":
         if name not in sm.interrupted:
             return lambda: sm.interrupted_close(name)

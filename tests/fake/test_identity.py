@@ -30,6 +30,13 @@ SPEC = JobSpec(job_id="llama", submission="s1")
 RECORD = record_name("llama", "s1")
 
 
+def two_writes(adapter: Adapter, cluster: FakeCluster) -> None:
+    """A plain release as on Trainer before v2.2.1, whose webhook lets runtime patches change only in a write that
+    leaves the TrainJob suspended: A raised, then the unsuspend (as once the cluster refused the one-write start)."""
+    cluster.trainer_before_2_2_1 = True
+    adapter.core.core.atomic_start = False
+
+
 def record(cluster: FakeCluster, job_id: str = "llama", submission: str = "s1") -> dict[str, object] | None:
     return cluster.server.get(n.DOMAIN, "submissionrecords", NS, record_name(job_id, submission))
 
@@ -199,6 +206,7 @@ def test_concurrent_releases_of_one_object_admit_once_with_one_number(cluster: F
 def test_a_lost_reply_after_the_server_applied_the_write_does_not_raise_a_again(
     adapter: Adapter, cluster: FakeCluster, write: str
 ) -> None:
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     path = {"record": rf"/submissionrecords/{RECORD}$", "trainjob": rf"/trainjobs/{NAME}$",
             "unsuspend": rf"/trainjobs/{NAME}$"}[write]

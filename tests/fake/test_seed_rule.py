@@ -32,6 +32,13 @@ NAME = "llama-s1"
 SPEC = JobSpec(job_id="llama", submission="s1")
 
 
+def two_writes(adapter: Adapter, cluster: FakeCluster) -> None:
+    """A plain release as on Trainer before v2.2.1, whose webhook lets runtime patches change only in a write that
+    leaves the TrainJob suspended: A raised, then the unsuspend (as once the cluster refused the one-write start)."""
+    cluster.trainer_before_2_2_1 = True
+    adapter.core.core.atomic_start = False
+
+
 def running(adapter: Adapter, cluster: FakeCluster) -> str:
     """Open, release and settle: one pod of execution 1 Running. Returns its name."""
     adapter.open(SPEC)
@@ -196,6 +203,7 @@ def test_a_is_raised_once_per_admission_and_strictly_increases(adapter: Adapter,
 def test_admitting_writes_are_conditioned_on_the_resource_version_read(
     adapter: Adapter, cluster: FakeCluster
 ) -> None:
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     cluster.server.requests.clear()
     adapter.release(NAME)
@@ -586,6 +594,7 @@ def test_a_status_write_between_raise_and_unsuspend_does_not_skip_a_number(
     """Trainer writes a new TrainJob's status right after it is created; found on the testbed, where
     the unsuspend then met a 409 and release raised A again, so a fresh object started at A=2.
     Only the resourceVersion moved (still suspended, same generation, our A): the unsuspend is retried."""
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     patches = {"n": 0}
 
@@ -610,6 +619,7 @@ def test_a_status_write_between_raise_and_unsuspend_does_not_skip_a_number(
 def test_a_spec_change_between_raise_and_unsuspend_decides_afresh(adapter: Adapter, cluster: FakeCluster) -> None:
     """If the spec moved (another writer raised A), the unsuspend is not retried blindly: release decides
     again from a new consistent read, and the number it writes is above every one seen."""
+    two_writes(adapter, cluster)  # the raise and the unsuspend are two writes there
     adapter.open(SPEC)
     patches = {"n": 0}
 
@@ -628,3 +638,100 @@ def test_a_spec_change_between_raise_and_unsuspend_decides_afresh(adapter: Adapt
     finally:
         cluster.server.before_request = None
     assert identity.admission == 6
+
+
+def _trainjob_writes(cluster: FakeCluster) -> list[str]:
+    """The TrainJob writes sent since the requests were last cleared: "apply" (server-side) or "merge"."""
+    return ["apply" if "fieldManager" in q else "merge" for m, p, q in cluster.server.requests
+            if m == "PATCH" and p.endswith(f"/trainjobs/{NAME}")]
+
+
+def test_a_release_raises_a_and_starts_the_execution_in_one_write(adapter: Adapter, cluster: FakeCluster) -> None:
+    """Trainer v2.2.1 and later take runtime patches that change in the write that unsuspends: A is raised on the
+    TrainJob and the execution started in one conditioned write, after the record issued A (issue 36)."""
+    adapter.open(SPEC)
+    cluster.server.requests.clear()
+    assert adapter.release(NAME).admission == 1
+    assert _trainjob_writes(cluster) == ["apply"]
+    tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+    assert tj is not None and tj["spec"]["suspend"] is False
+    assert tj["metadata"]["annotations"][ANNOTATION_ADMISSION] == "1"
+    assert tj["metadata"]["annotations"]["dispatch.phpboyscout.uk/started"] == "1"
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)} == {"1"}
+    cluster.history.check()
+
+
+def test_a_trainer_before_2_2_1_refuses_the_one_write_start_and_the_release_takes_two(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """Trainer v2.2.0 lets runtime patches change only in a write that leaves the TrainJob suspended: the refused
+    start is raised alone and then unsuspended, and the adapter remembers it for its next releases."""
+    cluster.trainer_before_2_2_1 = True
+    adapter.open(SPEC)
+    cluster.server.requests.clear()
+    assert adapter.release(NAME).admission == 1
+    assert _trainjob_writes(cluster) == ["apply", "apply", "merge"]  # refused, raised alone, unsuspended
+    assert adapter.core.core.atomic_start is False
+    cluster.settle()
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    cluster.server.requests.clear()
+    assert adapter.release(NAME).admission == 2
+    assert _trainjob_writes(cluster) == ["apply", "merge"]
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)
+            if p["status"].get("phase") == "Running"} == {"2"}
+    cluster.history.check()
+
+
+def test_a_raise_alone_after_a_one_write_start_keeps_the_object_suspended_until_its_unsuspend(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """A server-side apply removes the fields its manager set before and leaves out now: a raise alone after a
+    raise that started (a Trainer refusing the start, a start the guard refused) names ``spec.suspend`` as read,
+    so it never unsuspends the object itself; only the conditioned unsuspend after it starts the execution."""
+    adapter.open(SPEC)
+    adapter.release(NAME)
+    cluster.settle()
+    adapter.hold(NAME)
+    cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    adapter.core.core.atomic_start = False
+    seen: list[bool] = []
+
+    def before_the_unsuspend(method: str, path: str) -> None:
+        if method == "PATCH" and path.endswith(f"/trainjobs/{NAME}") and not seen:
+            tj = cluster.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME)
+            assert tj is not None
+            if tj["metadata"]["annotations"].get(ANNOTATION_ADMISSION) == "2":  # the raise landed; this is next
+                seen.append(bool(tj["spec"].get("suspend")))
+
+    cluster.server.before_request = before_the_unsuspend
+    try:
+        assert adapter.release(NAME).admission == 2
+    finally:
+        cluster.server.before_request = None
+    assert seen == [True]
+    cluster.settle()
+    assert {p["metadata"]["labels"][LABEL_ADMISSION] for p in cluster.pods(NAME)
+            if p["status"].get("phase") == "Running"} == {"2"}
+    cluster.history.check()
+
+
+def test_a_release_of_a_running_object_reads_only_its_trainjob_and_workload(adapter: Adapter, cluster: FakeCluster
+                                                                            ) -> None:
+    """An object that runs is answered from its TrainJob (and its Workload, for a hold Kueue has not acted on):
+    release reads nothing else of it, and an ``Inputs`` without its consistent read gives no verdict."""
+    adapter.open(SPEC)
+    adapter.release(NAME)
+    cluster.settle()
+    cluster.server.requests.clear()
+    assert adapter.release(NAME).admission == 1
+    assert [(m, p.rsplit("/", 1)[-1]) for m, p, _ in cluster.server.requests] == [("GET", NAME), ("GET", "workloads")]
+    got = adapter._run(adapter.core.core.reader.inputs([NAME], lower=False))[NAME]
+    with pytest.raises(RuntimeError, match="no consistent read was taken"):
+        got.verdict()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
@@ -32,13 +32,12 @@ import structlog
 
 from .. import _api as api
 from .. import _decision as d
-from .. import _kube as k
 from .. import _kueue as kq
 from .. import _names as n
 from .. import _trainer as tr
 from .._api import Obj
-from .._core import Cores, Inputs
-from .._fleet import MULTIKUEUE, Fleet
+from .._core import Admitted, Cores, Inputs
+from .._fleet import Fleet
 from .._kube import Kube
 from ..errors import Conflict, DispatchError, Refused
 from ._events import EventRecorder
@@ -98,10 +97,6 @@ class _Case:
     owner: kq.Owner
     trainjob: tr.TrainJobView | None = None
     inputs: Inputs | None = None
-    workers: tuple[str, ...] | None = None
-    """Under MultiKueue, the workers Kueue knows (this admission's execution may run in one; recorded with its A)."""
-    seen: Mapping[str, d.WorkerVerdict] | None = None
-    """Under MultiKueue, what each worker showed of the object."""
 
 
 class Reconciler:
@@ -217,7 +212,9 @@ class Reconciler:
 
     async def _trainjobs(self, ns: str, wanted: Mapping[str, tuple[str, str] | None]
                          ) -> dict[str, tr.TrainJobView | None]:
-        return await self.core(ns).reader.trainjobs_named(wanted)
+        """The Workloads' owners alone (``Reader.inputs`` without the lower layers), to screen them first."""
+        got = await self.core(ns).reader.inputs(list(wanted), identities=wanted, lower=False)
+        return {name: got[name].trainjob if name in got else None for name in wanted}
 
     async def _read_workloads(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
                               ) -> tuple[dict[str, Obj | None], dict[str, tr.TrainJobView | None]]:
@@ -278,50 +275,16 @@ class Reconciler:
         # One Workload alone (a quiet queue, where latency is what counts): its identity record is read together
         # with the lower layers rather than after them. Every write to the record is conditioned on the version
         # read, so when it is read changes nothing but the time. In a batch (a busy queue) records are read only
-        # for the Workloads found admissible.
+        # for the Workloads found admissible. MultiKueue's workers are read for the objects it dispatches.
         got = await self.core(ns).reader.inputs([c.trainjob for c in deciding if c.trainjob is not None],
                                   records="all" if lone is not None and lone.dispatch_object else "admissible",
-                                  list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known)
-        admits: list[_Case] = []
-        verdicts: dict[str, d.Verdict] = {}
+                                  list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known,
+                                  fleet=self.fleet)
         for c in deciding:
             assert c.trainjob is not None
             c.inputs = got[c.trainjob.name]
-            verdicts[c.name] = c.inputs.verdict()
-        fleet = [c for c in deciding if verdicts[c.name].admissible and _multikueue(c.trainjob)]
-        if fleet:
-            # MultiKueue runs the object in a worker: what remains there counts too (the record says where
-            # the previous execution may have run; Kueue forgot it at the eviction)
-            await self._across(ns, fleet)
-            for c in fleet:
-                assert c.inputs is not None
-                verdicts[c.name] = d.admission_verdict(verdicts[c.name], c.inputs.trainjob, c.inputs.record,
-                                                       c.workers, c.seen)
-        for c in deciding:
-            if verdicts[c.name].admissible:
-                admits.append(c)
-            else:
-                later.append((c.name, self._wait(c, verdicts[c.name], recheck=c in fleet)))
+        later.extend((c.name, self._admit(c)) for c in deciding)
         await _settle(later, out)
-        if not admits:
-            return
-        raising = [(c.name, self._admit(c)) for c in admits]
-        await _settle(raising, out)
-
-    async def _across(self, ns: str, cases: Sequence[_Case]) -> None:
-        """What each worker showed of each case: one consistent read per worker for all of them (the workers
-        Kueue knows and every one a case's record remembers); ``_decision.admission_verdict`` folds it in."""
-        workers = await self.fleet.workers()
-        targets = [c.inputs.target for c in cases if c.inputs is not None]
-        names: set[str] = set(workers)
-        for c in cases:
-            assert c.inputs is not None
-            names.update(c.inputs.record.clusters if c.inputs.record is not None else ())
-        reads = await self.fleet.read(ns, targets, names, workers)
-        for c in cases:
-            assert c.inputs is not None
-            c.workers = tuple(sorted(workers))
-            c.seen = {name: r.verdict(replace(c.inputs.target, uid="")) for name, r in reads.items()}
 
     async def _wait(self, c: _Case, verdict: d.Verdict, *, recheck: bool = False) -> Outcome:
         message = d.waiting_text(verdict)
@@ -334,24 +297,15 @@ class Reconciler:
         return Outcome("waiting", waiting_nodes=nodes, waiting=True, recheck=FLEET_RECHECK if recheck else None)
 
     async def _admit(self, c: _Case) -> Outcome:
-        raised = await self._raise(c)
-        if isinstance(raised, Outcome):
-            return raised
-        return await self._ready(c, raised)
-
-    async def _raise(self, c: _Case) -> Raised | Outcome:
-        """A issued in the identity record and raised on the TrainJob (``Core.admission``; nothing to raise for a
-        foreign object)."""
+        """``Core.admission`` (the verdict, and A issued in the identity record and raised on the TrainJob), then
+        our check: Ready, or Pending with what it waits for or why it is refused."""
         tj, inputs = c.trainjob, c.inputs
         assert tj is not None and inputs is not None
-        if not tj.dispatch_object:
-            return Raised(tj, 0, False)
         core = self.core(c.workload.ref.namespace)
         uid, generation = c.workload.ref.uid, tj.ref.generation
         own = {d.kueue_raise_token(uid, generation - 1)} if generation else set()
         try:
-            got = await core.admission(inputs, token=d.kueue_raise_token(uid, generation), own=own, plain=False,
-                                       workers=c.workers, seen=c.seen)
+            got = await core.admission(inputs, token=d.kueue_raise_token(uid, generation), own=own, plain=False)
         except Conflict:
             return Outcome("conflict", retry=True, error="TrainJobConflict")
         except Refused as exc:
@@ -361,9 +315,10 @@ class Reconciler:
                 await self._pending(c.workload, c.entry, message)
                 await self._events.emit_for(tj, "AdmissionRefused", message, warning=True)
             return Outcome("refused", retry=True, error=exc.reason or "Refused")
-        if got.admitted is None:  # decided from the same read as the pipeline: only if that changed its mind
-            return await self._wait(c, got.verdict, recheck=c.workers is not None)
-        return Raised(got.admitted.trainjob, got.admitted.admission, True)
+        if got.admitted is None:
+            return await self._wait(c, got.verdict, recheck=inputs.workers is not None)
+        return await self._ready(c, Raised(got.admitted.trainjob, got.admitted.admission,
+                                           got.admitted.trainjob.dispatch_object))
 
     async def _ready(self, c: _Case, r: Raised) -> Outcome:
         """The last write: our check Ready, labels for the new execution's pods, if nothing moved."""
@@ -380,32 +335,16 @@ class Reconciler:
             if hasattr(hook, "__await__"):
                 await hook
         ready = kq.entry_body(entry.name, "Ready", message, now_text(), updates)
-        current = c.workload
-        core = self.core(ns)
-
-        async def once() -> Outcome | None:
-            nonlocal current
-            try:
-                await self._write_check(current, ready)
-                return None
-            except Conflict:
-                fresh = await core.reader.workload_or_none(c.workload.ref.name)
-            why = d.ready_conflict(fresh, entry.name, await core.reader.trainjob_or_none(tj.name), tj, r.admission,
-                                   r.dispatch_object)
-            if why == "gone":
-                return Outcome("gone")
-            if why:
-                return Outcome("conflict", retry=True, error=why)
-            assert fresh is not None
-            current = fresh
-            raise k.kept_changing(f"workload {ns}/{c.workload.ref.name}")
-
         try:
-            stopped = await k.on_conflict(once, f"workload {ns}/{c.workload.ref.name}", tries=READY_RETRIES)
+            why = await self.core(ns).write_check(c.workload, ready, field_manager=self.field_manager,
+                                                  admitted=Admitted(tj, r.admission), tries=READY_RETRIES)
         except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
-        if stopped is not None:
-            return stopped
+        if why == "gone":
+            return Outcome("gone")
+        if why:
+            return Outcome("conflict", retry=True, error=why)
+        self.on_written(f"{ns}/{c.workload.ref.name}", "Ready", message)
         self._metrics.admissions.inc()
         if entry.waiting_episode:
             since = kq.parse_time(entry.last_transition)
@@ -432,10 +371,6 @@ class Reconciler:
         except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
         return Outcome("foreign-ready")
-
-
-def _multikueue(tj: tr.TrainJobView | None) -> bool:
-    return tj is not None and tj.dispatch_object and tj.managed_by == MULTIKUEUE
 
 
 async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:

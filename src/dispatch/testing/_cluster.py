@@ -272,6 +272,9 @@ class FakeCluster:
         Ready) with its node's clock; the control plane's writers (PodGC, Kueue) with the cluster's."""
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
+        self.trainer_before_2_2_1 = False
+        """Trainer v2.2.0's webhook rule: runtime patches change only in a write that leaves the TrainJob suspended
+        (v2.2.1 and later: suspended before or after it, so a raise of A may also unsuspend)."""
         self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
         self._identities: dict[str, tuple[str, str]] = {}  # TrainJob uid -> its (job-id, submission) labels
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
@@ -576,7 +579,8 @@ class FakeCluster:
             return f"runtime '{ref['name']}' not found"
         if (old.get("spec") or {}).get("runtimePatches") == (new.get("spec") or {}).get("runtimePatches"):
             return None
-        if not (old.get("spec") or {}).get("suspend") and not (new.get("spec") or {}).get("suspend"):
+        if not (new.get("spec") or {}).get("suspend") and (
+                self.trainer_before_2_2_1 or not (old.get("spec") or {}).get("suspend")):
             return "RuntimePatches can only be changed when the TrainJob is suspended"
         js = self.server.get(JOBSET, "jobsets", new["metadata"]["namespace"], new["metadata"]["name"])
         if js is not None:
