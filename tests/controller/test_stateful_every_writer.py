@@ -1207,7 +1207,8 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
     pods that may still run, refused bypasses and re-admission many times, with every writer, so the
     checker runs on exactly the schedules that matter (and the test fails if they stop being reached)."""
     SEEN.clear()
-    rng = random.Random(int(os.environ.get("DISPATCH_WALK_SEED", "20261201")))
+    seed = int(os.environ.get("DISPATCH_WALK_SEED", "20261201"))
+    rng = random.Random(seed)
     for _ in range(WALKS):
         sm = EveryWriter()
         ways = tuple(rng.choice(WAYS) for _ in OBJECTS)
@@ -1222,31 +1223,35 @@ def test_seeded_long_walks_of_every_writer_reach_waiting_and_re_admission_and_ne
         finally:
             sm.teardown()
     print("walks reached", dict(SEEN))
-    assert SEEN["waited"] >= 150 and SEEN["re-admitted"] >= 30, SEEN
-    assert SEEN["bypass-refused"] >= 50, SEEN
+    # The floors below are tuned on the default seed. Another seed's walks may reach some schedule less often
+    # (seeds 1, 2, 5 and 10 re-admit 16 to 27 times, not 30) after the checker passed every step: a floor missed
+    # says the seed covers less, not that the promise broke (the "== 0" counts below are the writers' own).
+    reached = f"seed {seed}'s walks passed the checker at every step; floors tuned on seed 20261201: {dict(SEEN)}"
+    assert SEEN["waited"] >= 150 and SEEN["re-admitted"] >= 30, reached
+    assert SEEN["bypass-refused"] >= 50, reached
     # the kubelet outcomes and the healing phase are reached too
-    assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, SEEN
+    assert SEEN["crashed"] >= 10 and SEEN["failure-recovery"] >= 2, reached
     # Nodes of live kubelets were deleted (their processes ran on, unseen by a plain read) and registered again
-    assert SEEN["node-deleted-live"] >= 5 and SEEN["kubelet-registered-again"] >= 1, SEEN
-    assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, SEEN
+    assert SEEN["node-deleted-live"] >= 5 and SEEN["kubelet-registered-again"] >= 1, reached
+    assert SEEN["healed-ceased"] >= 10 and SEEN["healed-by-action"] >= 2, reached
     # issue 25's writers are reached, and every one that could hide a pod or reuse an A was refused
-    assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, SEEN
-    assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, SEEN
-    assert SEEN["directive-entry-refused"] >= 3 and SEEN["directive-entry-went-through"] == 0, SEEN
-    assert SEEN["enrol-collision-refused"] >= 3, SEEN
+    assert SEEN["pod-write-refused"] >= 20 and SEEN["pod-write-went-through"] == 0, reached
+    assert SEEN["record-bind-refused"] >= 3 and SEEN["foreign-entry-refused"] >= 3, reached
+    assert SEEN["directive-entry-refused"] >= 3 and SEEN["directive-entry-went-through"] == 0, reached
+    assert SEEN["enrol-collision-refused"] >= 3, reached
     # issue 35's writers: MultiKueue's marks and NonIndexed runtimes, every one refused
-    assert SEEN["copy-marks-refused"] >= 3 and SEEN["nonindexed-open-refused"] >= 3, SEEN
+    assert SEEN["copy-marks-refused"] >= 3 and SEEN["nonindexed-open-refused"] >= 3, reached
     # a lagging garbage collector found a closed object's Job still there; runtime edits were refused (by the
     # guard, or JobSet's webhook keeping a JobSet as it was built) or covered by a raise, and no pod of a job
     # they added ran outside dispatch's rule; interrupted closes were named and finished by `close` again
-    assert SEEN["gc-lagging-job"] >= 10 and SEEN["gc-lagging-job-unsuspended"] >= 3, SEEN
-    assert SEEN["runtime-edit-refused"] + SEEN["runtime-edit-jobset-kept"] >= 3, SEEN
-    assert SEEN["runtime-edit-covered"] >= 2 and SEEN["runtime-edit-uncovered-ran"] == 0, SEEN
-    assert SEEN["close-interrupted-named"] >= 10 and SEEN["close-interrupted-finished"] >= 3, SEEN
+    assert SEEN["gc-lagging-job"] >= 10 and SEEN["gc-lagging-job-unsuspended"] >= 3, reached
+    assert SEEN["runtime-edit-refused"] + SEEN["runtime-edit-jobset-kept"] >= 3, reached
+    assert SEEN["runtime-edit-covered"] >= 2 and SEEN["runtime-edit-uncovered-ran"] == 0, reached
+    assert SEEN["close-interrupted-named"] >= 10 and SEEN["close-interrupted-finished"] >= 3, reached
     # the namespace was deleted (held Terminating by pods whose end was unproven) and re-created; submissions
     # ran again in its next life, and every A issued there was above those of its earlier lives
-    assert SEEN["ns-deleted"] >= 8 and SEEN["ns-held"] >= 10 and SEEN["ns-recreated"] >= 5, SEEN
-    assert SEEN["ns-a-continued"] >= 10 and SEEN["ns-ran-in-two-lives"] >= 3, SEEN
+    assert SEEN["ns-deleted"] >= 8 and SEEN["ns-held"] >= 10 and SEEN["ns-recreated"] >= 5, reached
+    assert SEEN["ns-a-continued"] >= 10 and SEEN["ns-ran-in-two-lives"] >= 3, reached
 
 
 def test_a_foreign_entry_below_the_raised_a_is_refused_without_the_webhook_so_pods_carry_the_reported_a() -> None:
@@ -1271,6 +1276,32 @@ def test_a_foreign_entry_below_the_raised_a_is_refused_without_the_webhook_so_po
         sm.no_two_executions_overlap()
         ran = [p for p in sm.cluster.history.processes if p.obj_name == "a-s1"]
         assert ran and {p.admission for p in ran} == {1}, [p.describe() for p in ran]
+    finally:
+        sm.teardown()
+
+
+def test_a_resume_trainer_could_not_build_then_held_and_released_is_one_execution_of_the_last_a() -> None:
+    """Issue 34, as the walks of seeds 1 and 10 found it, shrunk: a closed object's JobSet is still there (the
+    collector lags) when the submission is opened again, released (A=1); Trainer sees that resume and builds
+    nothing beside the old JobSet; a hold and a release (A=2) land before its next pass, so it never sees the
+    object suspended. Once the collector takes the old JobSet, Trainer builds from the TrainJob as it reads it
+    then: every pod carries A=2, what the release reported, and no process carried 1. The checker took the A of
+    the resume Trainer first saw as reported (1) and failed this history; it now takes the A Trainer built from."""
+    sm = EveryWriter()
+    sm.setup_every_writer(ways=("plain", "plain", "plain"), guard_everyone=False, gc_lag=True)
+    try:
+        sm.cluster_step("grace-periods-end")   # Trainer builds c-s1's JobSet, suspended
+        sm.writer("close", "c-s1")              # its collector has not reached the JobSet
+        sm.writer("reopen", "c-s1")             # opened again, released: A=1
+        sm.cluster_step("grace-periods-end")   # Trainer sees the resume and refuses to build beside the old JobSet
+        assert not sm.cluster.pods("c-s1")
+        sm.writer("hold", "c-s1")
+        sm.writer("release", "c-s1")            # A=2, before Trainer's next pass
+        sm.no_two_executions_overlap()
+        sm.faults_stop_and_every_ended_object_becomes_admissible()   # the collector takes the old JobSet
+        ran = [p for p in sm.cluster.history.processes if p.obj_name == "c-s1"]
+        assert ran and {(p.admission, p.reported) for p in ran} == {(2, 2)}, [p.describe() for p in ran]
+        assert len({p.execution for p in ran}) == 1
     finally:
         sm.teardown()
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import Adapter, JobSpec
+from dispatch import ANNOTATION_ADMISSION, Adapter, JobSpec
 from dispatch.testing import FakeCluster, History, Process
 
 Obj = dict[str, Any]
@@ -174,3 +174,23 @@ def test_a_clean_schedule_passes_and_records_what_the_checker_needs(adapter: Ada
     assert {p.admission for p in cluster.running_processes()} == {4}
     cluster.history.check()
     assert len({p.execution for p in cluster.history.processes}) == 4
+
+
+def test_pods_built_from_a_trainjob_whose_annotation_is_not_its_entrys_a_are_caught(
+    adapter: Adapter, cluster: FakeCluster
+) -> None:
+    """The reported A is the one Trainer built the resume from (issue 34), read from the TrainJob's annotation,
+    while the pods' A comes from dispatch's runtime patch entry: a writer that sets the annotation alone (here
+    straight to the store, past every policy) and unsuspends makes pods whose A the TrainJob does not report."""
+    adapter.open(JobSpec(job_id="llama", submission="s1", num_nodes=2))
+    cluster.settle()
+
+    def forge(obj: Obj) -> None:
+        obj["metadata"].setdefault("annotations", {})[ANNOTATION_ADMISSION] = "5"
+        obj["spec"]["suspend"] = False
+    cluster.server.update(TRAINER, "trainjobs", "default", "llama-s1", forge, status=False)
+    cluster.settle()
+    running = cluster.running_processes("llama-s1")
+    assert len(running) == 2 and {(p.admission, p.reported) for p in running} == {(0, 5)}
+    with pytest.raises(AssertionError, match="carries A=0 but its TrainJob reported A=5 at admission"):
+        cluster.history.check()

@@ -104,3 +104,40 @@ def test_without_the_pod_webhook_two_processes_of_one_rank_run(lagging: FakeClus
     assert guard.pod_unenforced
     with pytest.raises(AssertionError, match="two processes of one rank of one execution"):
         lagging.history.check()
+
+
+def test_a_resume_trainer_could_not_build_then_held_and_released_between_its_passes_runs_the_last_a(
+    lagging: FakeCluster, writer: Adapter
+) -> None:
+    """The every-writer walk's seed 1, shrunk (issue 34): a re-opened object's first release (A=2) is seen by
+    Trainer, which builds nothing while the earlier TrainJob's JobSet is still there (its collector lags); the
+    object is held and released again (A=3) before Trainer's next pass, so Trainer, which reconciles the
+    TrainJob's latest state and not each write, never sees it suspended. Once the collector removes the old
+    JobSet, Trainer builds from what it reads then: every pod carries A=3, the A the release reported, and no
+    process ever carried 2. The checker must take as reported the A Trainer built the resume from; it took the A
+    of the resume it first saw (2), and failed a history with one execution and one A."""
+    guard = FakeGuard(lagging)
+    guard.install()
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    lagging.settle()
+    writer.hold(NAME)
+    lagging.settle()
+    lagging.advance(31)
+    lagging.settle()
+    keeper_pass(lagging, settle=False)
+    assert lagging.pods(NAME) == []
+    writer.close(NAME)           # the collector has not reached the TrainJob's JobSet yet
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 2
+    lagging.trainer_sync()       # Trainer sees the resume, and refuses to build beside the old JobSet
+    assert lagging.pods(NAME) == []
+    writer.hold(NAME)
+    assert writer.release(NAME).admission == 3   # before Trainer's next pass: it never sees the hold
+    lagging.server.collect_garbage()
+    lagging.server.collect_garbage()
+    lagging.settle()
+    running = lagging.running_processes(NAME)
+    assert len(running) == 2 and {p.admission for p in running} == {3}, [p.describe() for p in running]
+    assert {p.reported for p in running} == {3}
+    lagging.history.check()

@@ -90,7 +90,7 @@ class Process:
     """Which resume of its TrainJob, as the fake's controllers passed it down, created the pod: pods created
     from one resume are one execution (A alone cannot tell two apart when A was not raised between them)."""
     reported: int | None = None
-    """The A its TrainJob's annotation reported when that resume was seen (the admission's A)."""
+    """The A its TrainJob's annotation reported when Trainer built that resume's JobSet (the admission's A)."""
 
     @property
     def subject(self) -> tuple[str, ...]:
@@ -275,7 +275,7 @@ class FakeCluster:
         self.trainer_before_2_2_1 = False
         """Trainer v2.2.0's webhook rule: runtime patches change only in a write that leaves the TrainJob suspended
         (v2.2.1 and later: suspended before or after it, so a raise of A may also unsuspend)."""
-        self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> its A at that resume
+        self._reported: dict[tuple[str, int], int | None] = {}  # (TrainJob uid, run) -> the A it was built from
         self._identities: dict[str, tuple[str, str]] = {}  # TrainJob uid -> its (job-id, submission) labels
         # Which run each layer was last given, by uid, kept beside the objects so nothing a test reads changes.
         self._jobset_runs: dict[str, tuple[str, int]] = {}
@@ -635,6 +635,8 @@ class FakeCluster:
                 }, admit=False)
                 if made is not None:
                     self._jobset_runs[made["metadata"]["uid"]] = (meta["uid"], runs)
+                    if not suspend:
+                        self._built_from(meta, runs)
             elif suspend or (js.get("spec") or {}).get("suspend"):
                 def mutate(obj: Obj, desired: Obj = desired, tj: Obj = tj) -> None:
                     obj["spec"] = desired
@@ -642,12 +644,22 @@ class FakeCluster:
                 try:
                     self.server.update(JOBSET, "jobsets", ns, name, mutate, status=False)
                     self._jobset_runs[js["metadata"]["uid"]] = (meta["uid"], runs)
+                    if not suspend:
+                        self._built_from(meta, runs)
                 except ApiFailure:
                     pass  # refused (JobSet's webhook): the real Trainer records an Event, sets Suspended all the same
 
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
             self.server.update(TRAINER, "trainjobs", ns, name, cond, status=True)
+
+    def _built_from(self, meta: Obj, run: int) -> None:
+        """The run's reported A is the one Trainer built its JobSet from. Trainer reconciles a TrainJob's latest
+        state, not each write: a resume it saw but could not build (an earlier TrainJob's JobSet still there),
+        then a hold and a release landing between two of its passes, is one resume to it, built from the A the
+        last release wrote; the A of the resume it first saw ran nowhere."""
+        adm = (meta.get("annotations") or {}).get(ANNOTATION_ADMISSION)
+        self._reported[(meta["uid"], run)] = _number(adm) if adm is not None else None
 
     @staticmethod
     def _jobset_labels(tj: Obj) -> dict[str, str]:
