@@ -479,6 +479,10 @@ class PodView:
     mirror: bool = False
     """A static pod's mirror (``MIRROR_ANNOTATION``): its kubelet runs the static pod from a file on the node,
     and this object only shows it; refusing the mirror's create would hide that process, not stop it."""
+    deleted_at: float | None = field(default=None, compare=False)
+    """Its ``deletionTimestamp`` (the API server's clock): never earlier than the first delete request (a later,
+    shorter delete moves it back at most to that request's time, or to its own), so a Node created after it was
+    registered after the pod was deleted (``kubelet_started_after_deletion``)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> PodView:
@@ -546,6 +550,7 @@ class PodView:
             unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
             created=instant(m.get("creationTimestamp")),
             mirror=MIRROR_ANNOTATION in annotations_of(obj),
+            deleted_at=instant(deletion),
         )
 
     @property
@@ -566,6 +571,17 @@ class PodView:
         seen = self.mark_seen
         return (bool(self.foreign_mark) and seen is not None and now is not None and now > seen.resource_version
                 and self.kubelet_fingerprint != seen.fingerprint)
+
+    def kubelet_started_after_deletion(self, node: NodeView | None) -> bool:
+        """Its Node (``node``, as read now) was registered after the pod was deleted: both times are the API
+        server's. A kubelet registers its Node only when it starts (a live one whose Node is deleted does not
+        register again: seen on a real kubelet v1.37), and a kubelet that starts with the pod already deleting
+        tears it down and never starts a container of it (its pod worker's first view has the deletion): it
+        has no earlier view of the pod to act on, unlike a kubelet back from a cut (``kubelet_wrote_since_mark``
+        guards that one). Whether that Node is the machine that ran the pod is the operator's word
+        (``release-pod --process-gone``), never this."""
+        return (node is not None and node.readable and node.exists and node.created is not None
+                and self.deleted_at is not None and node.created > self.deleted_at)
 
     @property
     def needs_mark_record(self) -> bool:
@@ -674,17 +690,29 @@ class PodView:
             still = (f"container {', '.join(self.running)} is reported running" if self.running else
                      f"under restartPolicy {self.restart_policy} its kubelet may still start "
                      f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
+            head = f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}"
+            seen = self.mark_seen
+            back = node is not None and node.readable and node.exists and node.ready == "True"
+            if back and not self.running:
+                # its kubelet answers: name the one word `release-pod` takes now (``release_pod_proof``)
+                if self.kubelet_wrote_since_mark or self.kubelet_started_after_deletion(node):
+                    how = ("has written the pod's status since dispatch first saw the mark"
+                           if self.kubelet_wrote_since_mark else
+                           f"registered node {where} again after the pod was deleted, so it never starts a "
+                           "container of it")
+                    return (f"{head}; its kubelet {how}: once the process is gone, "
+                            f"`dispatch admin release-pod {self.name} --process-gone` ends the wait")
+                if seen is not None:
+                    return (f"{head}; its kubelet is back but has not written the pod's status since dispatch "
+                            f"first saw the mark (resourceVersion {seen.resource_version}), so --process-gone "
+                            "is refused until it does (and --node-confirmed-down while the node reports "
+                            f"Ready=True); a kubelet that wrote it before writes nothing more: then shut {where} "
+                            f"down and run `dispatch admin release-pod {self.name} --node-confirmed-down`")
             down = ("" if replaced or deleted else "taint it node.kubernetes.io/out-of-service or ")
-            out = (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
+            out = (f"{head}; "
                    f"once {where} is confirmed down, {down}run "
                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
-            seen = self.mark_seen
-            if seen is not None and not self.kubelet_wrote_since_mark and node is not None and node.ready == "True":
-                out += (f", which counts once its kubelet writes the pod's status after dispatch saw the mark "
-                        f"(resourceVersion {seen.resource_version}); a kubelet that wrote it before writes nothing "
-                        f"more: then shut {where} down and run `dispatch admin release-pod {self.name} "
-                        "--node-confirmed-down`")
             return out + (f" ({where} was deleted: restart its kubelet and it registers again)" if deleted else "")
         if replaced:
             return (f"node {where} was registered again after the pod was created (a new Node object, maybe "
