@@ -11,7 +11,16 @@ from typing import Any
 
 import pytest
 
-from dispatch import LABEL_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER, Adapter, JobSpec, PodsRemain, Refused
+from dispatch import (
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    POD_FINALIZER,
+    Adapter,
+    JobSpec,
+    PodsRemain,
+    Refused,
+)
 from dispatch.controller.testing import FakeGuard, keeper_pass
 from dispatch.testing import FakeCluster
 
@@ -221,5 +230,5 @@ def test_a_rank_kept_from_starting_by_a_pod_of_a_node_deleted_and_registered_aga
     (new,) = cluster.pods(NAME)
     assert new["metadata"]["name"] != old and new["status"]["phase"] == "Running"
     assert new["metadata"]["labels"][LABEL_ADMISSION] == "1"
-    assert adapter.inspect(NAME).cause.detail == "execution 1 admitted"  # type: ignore[union-attr]
+    assert adapter.inspect(NAME).cause.detail == "execution 1 admitted"
     cluster.history.check()
