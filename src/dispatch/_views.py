@@ -696,11 +696,11 @@ class PodView:
             if back and not self.running:
                 # its kubelet answers: name the one word `release-pod` takes now (``release_pod_proof``)
                 if self.kubelet_wrote_since_mark or self.kubelet_started_after_deletion(node):
-                    how = ("has written the pod's status since dispatch first saw the mark"
+                    how = ("its kubelet has written the pod's status since dispatch first saw the mark"
                            if self.kubelet_wrote_since_mark else
-                           f"registered node {where} again after the pod was deleted, so it never starts a "
-                           "container of it")
-                    return (f"{head}; its kubelet {how}: once the process is gone, "
+                           f"node {where} was registered again after the pod was deleted: if it is the machine "
+                           "that ran the pod, its kubelet started since and never starts a container of it")
+                    return (f"{head}; {how}: once the process is gone there, "
                             f"`dispatch admin release-pod {self.name} --process-gone` ends the wait")
                 if seen is not None:
                     return (f"{head}; its kubelet is back but has not written the pod's status since dispatch "

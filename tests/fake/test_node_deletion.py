@@ -215,8 +215,9 @@ def test_a_rank_kept_from_starting_by_a_pod_of_a_node_deleted_and_registered_aga
         "execution 1 admitted; a rank of execution 1 waits to start again while the pod before may still run "
         f"(remaining pods: {old} on node-0 (Ready=True)): the guard refuses a rank's new pod until that pod's end "
         f"is proven; pod {old}: marked Failed by PodGC, not its kubelet, and under restartPolicy OnFailure its "
-        "kubelet may still start container node; its kubelet registered node node-0 again after the pod was "
-        f"deleted, so it never starts a container of it: once the process is gone, {word} ends the wait"), \
+        "kubelet may still start container node; node node-0 was registered again after the pod was deleted: if it "
+        "is the machine that ran the pod, its kubelet started since and never starts a container of it: once the "
+        f"process is gone there, {word} ends the wait"), \
         status.cause
     assert "--node-confirmed-down" not in status.cause.detail  # refused while node-0 reports Ready=True
     assert adapter.find(job_id="llama")[0].cause == status.cause

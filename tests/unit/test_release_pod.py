@@ -211,12 +211,12 @@ def test_status_names_the_one_word_release_pod_takes_for_a_pod_someone_else_mark
     after = deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z")
     assert after.unproven_why(registered("2026-12-02T08:11:00Z")) == (
         "marked Failed by Kueue's failure recovery, not its kubelet, and under restartPolicy OnFailure its kubelet "
-        "may still start container node; its kubelet registered node n again after the pod was deleted, so it never "
-        "starts a container of it: once the process is gone, `dispatch admin release-pod train-0 --process-gone` "
-        "ends the wait")
+        "may still start container node; node n was registered again after the pod was deleted: if it is the machine "
+        "that ran the pod, its kubelet started since and never starts a container of it: once the process is gone "
+        "there, `dispatch admin release-pod train-0 --process-gone` ends the wait")
     wrote = marked(sandbox="False", seen_from={"sandbox": "True"})
     assert wrote.unproven_why(BACK).endswith(
-        "its kubelet has written the pod's status since dispatch first saw the mark: once the process is gone, "
+        "its kubelet has written the pod's status since dispatch first saw the mark: once the process is gone there, "
         "`dispatch admin release-pod train-0 --process-gone` ends the wait")
     silent = deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z")
     why = silent.unproven_why(registered("2026-12-02T08:10:00Z"))
