@@ -166,19 +166,21 @@ def test_a_node_registered_again_under_the_name_proves_nothing_of_the_old_pods()
     assert keeper_pass(cluster, settle=False) == {"default/p": "unproven"}
 
 
+@pytest.mark.parametrize("jobset_deleted", [True, False], ids=["jobset-deleted-first", "running-when-node-deleted"])
 def test_a_rank_kept_from_starting_by_a_pod_of_a_node_deleted_and_registered_again_names_the_word_that_ends_it(
-        adapter: Adapter, cluster: FakeCluster) -> None:
-    """Issue 34's campaign stall (seed 1049686256, k8s-1.37): a running object's JobSet deleted (its old pod in its
-    grace period), the Node deleted under its live kubelet, dispatch's controller down (both replicas) while PodGC
-    marked the pod Failed and deleted it for good and the kubelet killed the process at its grace end and wrote
-    the container's end, then the kubelet restarted (it registers its Node again: a new object). When the
-    controller is back it first sees PodGC's mark on the kubelet's last write, which writes nothing more. The
-    re-created Job's pod of the same rank is refused by the guard over and over, and the object stays Running with
-    no process. On main, status named the pod but the words `release-pod --process-gone` were refused
-    (``KubeletNotReported``) and `--node-confirmed-down` too (``NodeReady``): only a shut-down of the running node
-    was left. A kubelet that registered its Node after the pod was deleted started after that deletion, so it
-    tore the pod down without starting a container of it (its first view had the deletion): the operator's word
-    that the process is gone is taken, and status names it as the one command that ends the wait."""
+        adapter: Adapter, cluster: FakeCluster, jobset_deleted: bool) -> None:
+    """Issue 34's campaign stall (seed 1049686256, k8s-1.37): the Node deleted under its live kubelet while a
+    running object's pod was in its grace period (the operator had deleted the JobSet) or still running, dispatch's
+    controller down (both replicas) while PodGC marked the pod Failed and deleted it for good and the kubelet
+    killed the process and wrote the container's end, then the kubelet restarted (it registers its Node again: a
+    new object). When the controller is back it first sees PodGC's mark on the kubelet's last write, which writes
+    nothing more. The Job controller's new pod of the same rank is refused by the guard over and over, and the
+    object stays Running with no process. On main, status named the pod but the words `release-pod
+    --process-gone` were refused (``KubeletNotReported``) and `--node-confirmed-down` too (``NodeReady``): only a
+    shut-down of the running node was left. A kubelet that registered its Node after the pod was deleted started
+    after that deletion, so it tore the pod down without starting a container of it (its first view had the
+    deletion): the operator's word that the process is gone is taken, and status names it as the one command
+    that ends the wait."""
     guard = FakeGuard(cluster)
     guard.install()
     grace(cluster, 60)
@@ -187,16 +189,20 @@ def test_a_rank_kept_from_starting_by_a_pod_of_a_node_deleted_and_registered_aga
     cluster.settle()
     (pod,) = cluster.pods(NAME)
     old = pod["metadata"]["name"]
-    cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)  # the operator deletes the JobSet
-    cluster.settle()
-    assert cluster.refused_pods, "Trainer, JobSet and the Job controller make the rank's pod again at once"
+    if jobset_deleted:
+        cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)  # the operator deletes the JobSet
+        cluster.settle()
+        assert cluster.refused_pods, "Trainer, JobSet and the Job controller make the rank's pod again at once"
     cluster.delete_node("node-0")  # its kubelet runs on, unregistered
     # dispatch's controller is down from here: no keeper pass until the kubelet has written its last
     cluster.advance(45)
     cluster.settle()  # PodGC: Failed (DisruptionTarget/DeletionByPodGC), deleted for good; the finalizer keeps it
-    cluster.advance(16)
-    cluster.settle()  # the grace period's end: the kubelet kills the process and writes its end (Error 137)
+    if jobset_deleted:
+        cluster.advance(16)
+        cluster.settle()  # the grace period's end: the kubelet kills the process and writes its end (Error 137)
     assert cluster.running_processes() == []
+    assert cluster.refused_pods, "the Job controller replaces the deleted pod, and the guard refuses it"
+    cluster.advance(10)
     cluster.restart_kubelet("node-0")  # the campaign's runner restarted it 30 s after the heal began
     cluster.settle()
     assert keeper_pass(cluster, settle=False) == {f"default/{old}": "unproven"}  # the controller back: records
