@@ -479,10 +479,6 @@ class PodView:
     mirror: bool = False
     """A static pod's mirror (``MIRROR_ANNOTATION``): its kubelet runs the static pod from a file on the node,
     and this object only shows it; refusing the mirror's create would hide that process, not stop it."""
-    deleted_at: float | None = field(default=None, compare=False)
-    """Its ``deletionTimestamp`` (the API server's clock): never earlier than the first delete request (a later,
-    shorter delete moves it back at most to that request's time, or to its own), so a Node created after it was
-    registered after the pod was deleted (``kubelet_started_after_deletion``)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> PodView:
@@ -550,7 +546,6 @@ class PodView:
             unindexed=f"replicatedJob {rank[0]}, job {rank[1]}" if rank[0] and rank[1] and not rank[2] else "",
             created=instant(m.get("creationTimestamp")),
             mirror=MIRROR_ANNOTATION in annotations_of(obj),
-            deleted_at=instant(deletion),
         )
 
     @property
@@ -571,6 +566,14 @@ class PodView:
         seen = self.mark_seen
         return (bool(self.foreign_mark) and seen is not None and now is not None and now > seen.resource_version
                 and self.kubelet_fingerprint != seen.fingerprint)
+
+    @property
+    def deleted_at(self) -> float | None:
+        """Its ``deletionTimestamp`` (the API server's clock): never earlier than the first delete request (a
+        later, shorter delete moves it back at most to that request's time, or to its own), so a Node created
+        after it was registered after the pod was deleted (``kubelet_started_after_deletion``). Read on demand:
+        few pods are asked, and a field would cost every pod held."""
+        return instant(self.deletion_timestamp)
 
     def kubelet_started_after_deletion(self, node: NodeView | None) -> bool:
         """Its Node (``node``, as read now) was registered after the pod was deleted: both times are the API
