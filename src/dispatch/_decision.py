@@ -1587,7 +1587,10 @@ def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_dow
     own Running over the Failed and started the container once more before it did, so the word counts only
     once the kubelet wrote the pod's status after dispatch first saw the mark (``PodView.kubelet_wrote_since_mark``:
     a later resourceVersion, as the API server orders writes, never a comparison of the node's clock with the
-    control plane's)."""
+    control plane's), or once its Node was registered after the pod was deleted
+    (``PodView.kubelet_started_after_deletion``): a kubelet that started with the pod already deleting never
+    starts a container of it, and has no earlier view to act on (the Node deleted under a live kubelet, then the
+    kubelet restarted: it writes nothing more when the pod's end is already written)."""
     if not pod.ours:
         return "", (f"pod {pod.name} does not carry dispatch's finalizer {POD_FINALIZER}; nothing to release",
                     "NotHeld")
@@ -1606,7 +1609,7 @@ def release_pod_proof(pod: PodView, node: NodeView | None, *, node_confirmed_dow
             return "", (f"node {pod.node or '(none)'} is {state}: its kubelet is not back, so it may still start "
                         f"a container of pod {pod.name}; once the node is confirmed shut down, pass "
                         "--node-confirmed-down", "NodeNotReady")
-        if not pod.kubelet_wrote_since_mark:
+        if not pod.kubelet_wrote_since_mark and not pod.kubelet_started_after_deletion(node):
             seen = pod.mark_seen
             since = (f"dispatch first saw it marked {pod.phase} (resourceVersion {seen.resource_version})"
                      if seen is not None else f"it was marked {pod.phase}")

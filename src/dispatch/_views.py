@@ -568,6 +568,25 @@ class PodView:
                 and self.kubelet_fingerprint != seen.fingerprint)
 
     @property
+    def deleted_at(self) -> float | None:
+        """Its ``deletionTimestamp`` (the API server's clock): never earlier than the first delete request (a
+        later, shorter delete moves it back at most to that request's time, or to its own), so a Node created
+        after it was registered after the pod was deleted (``kubelet_started_after_deletion``). Read on demand:
+        few pods are asked, and a field would cost every pod held."""
+        return instant(self.deletion_timestamp)
+
+    def kubelet_started_after_deletion(self, node: NodeView | None) -> bool:
+        """Its Node (``node``, as read now) was registered after the pod was deleted: both times are the API
+        server's. A kubelet registers its Node only when it starts (a live one whose Node is deleted does not
+        register again: seen on a real kubelet v1.37), and a kubelet that starts with the pod already deleting
+        tears it down and never starts a container of it (its pod worker's first view has the deletion): it
+        has no earlier view of the pod to act on, unlike a kubelet back from a cut (``kubelet_wrote_since_mark``
+        guards that one). Whether that Node is the machine that ran the pod is the operator's word
+        (``release-pod --process-gone``), never this."""
+        return (node is not None and node.readable and node.exists and node.created is not None
+                and self.deleted_at is not None and node.created > self.deleted_at)
+
+    @property
     def needs_mark_record(self) -> bool:
         """A pod of ours marked terminal by someone other than its kubelet, not proven ended, without a record
         of when dispatch first saw the mark (or with one naming a resourceVersion above the pod's own, which
@@ -674,17 +693,29 @@ class PodView:
             still = (f"container {', '.join(self.running)} is reported running" if self.running else
                      f"under restartPolicy {self.restart_policy} its kubelet may still start "
                      f"{('container ' + ', '.join(restartable)) if restartable else 'a sidecar'}")
+            head = f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}"
+            seen = self.mark_seen
+            back = node is not None and node.readable and node.exists and node.ready == "True"
+            if back and not self.running:
+                # its kubelet answers: name the one word `release-pod` takes now (``release_pod_proof``)
+                if self.kubelet_wrote_since_mark or self.kubelet_started_after_deletion(node):
+                    how = ("its kubelet has written the pod's status since dispatch first saw the mark"
+                           if self.kubelet_wrote_since_mark else
+                           f"node {where} was registered again after the pod was deleted: if it is the machine "
+                           "that ran the pod, its kubelet started since and never starts a container of it")
+                    return (f"{head}; {how}: once the process is gone there, "
+                            f"`dispatch admin release-pod {self.name} --process-gone` ends the wait")
+                if seen is not None:
+                    return (f"{head}; its kubelet is back but has not written the pod's status since dispatch "
+                            f"first saw the mark (resourceVersion {seen.resource_version}), so --process-gone "
+                            "is refused until it does (and --node-confirmed-down while the node reports "
+                            f"Ready=True); a kubelet that wrote it before writes nothing more: then shut {where} "
+                            f"down and run `dispatch admin release-pod {self.name} --node-confirmed-down`")
             down = ("" if replaced or deleted else "taint it node.kubernetes.io/out-of-service or ")
-            out = (f"marked {self.phase} by {self.foreign_mark}, not its kubelet, and {still}; "
+            out = (f"{head}; "
                    f"once {where} is confirmed down, {down}run "
                    f"`dispatch admin release-pod {self.name} --node-confirmed-down`; once its kubelet is back "
                    f"and the process is gone, run `dispatch admin release-pod {self.name} --process-gone`")
-            seen = self.mark_seen
-            if seen is not None and not self.kubelet_wrote_since_mark and node is not None and node.ready == "True":
-                out += (f", which counts once its kubelet writes the pod's status after dispatch saw the mark "
-                        f"(resourceVersion {seen.resource_version}); a kubelet that wrote it before writes nothing "
-                        f"more: then shut {where} down and run `dispatch admin release-pod {self.name} "
-                        "--node-confirmed-down`")
             return out + (f" ({where} was deleted: restart its kubelet and it registers again)" if deleted else "")
         if replaced:
             return (f"node {where} was registered again after the pod was created (a new Node object, maybe "

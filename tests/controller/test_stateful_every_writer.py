@@ -1042,6 +1042,15 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
                 continue
             node = (c.server.get("", "pods", NS, pod) or {}).get("spec", {}).get("nodeName")
             if flag == "--node-confirmed-down" and node not in self.tainted and node not in c.frozen:
+                if node and f"shut {node} down and run `dispatch admin release-pod {pod} --node-confirmed-down`" \
+                        in reason:
+                    # its kubelet wrote the pod's end before dispatch saw the mark and writes nothing more: the
+                    # status names the node's shut-down as the way out, then the word
+                    c.shut_down(node)
+                    self.tainted.add(node)  # down for good in this walk: its pods are the operator's to release
+                    admin.release_pod(pod, node_confirmed_down=True)
+                    SEEN["healed-by-shutdown"] += 1
+                    SEEN["healed-by-action"] += 1
                 continue  # only true of a node that is down; a healed node's kubelet acts itself
             try:
                 admin.release_pod(pod, process_gone=flag == "--process-gone",

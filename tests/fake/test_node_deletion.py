@@ -11,8 +11,17 @@ from typing import Any
 
 import pytest
 
-from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, POD_FINALIZER, Adapter, JobSpec, PodsRemain, Refused
-from dispatch.controller.testing import keeper_pass
+from dispatch import (
+    LABEL_ADMISSION,
+    LABEL_JOB_ID,
+    LABEL_SUBMISSION,
+    POD_FINALIZER,
+    Adapter,
+    JobSpec,
+    PodsRemain,
+    Refused,
+)
+from dispatch.controller.testing import FakeGuard, keeper_pass
 from dispatch.testing import FakeCluster
 
 NAME = "llama-s1"
@@ -155,3 +164,78 @@ def test_a_node_registered_again_under_the_name_proves_nothing_of_the_old_pods()
     assert keeper_pass(cluster, settle=False) == {"default/p": "unproven"}
     cluster.server.delete("", "nodes", "", "node-0")  # the new one, last seen Ready=Unknown
     assert keeper_pass(cluster, settle=False) == {"default/p": "unproven"}
+
+
+@pytest.mark.parametrize("jobset_deleted", [True, False], ids=["jobset-deleted-first", "running-when-node-deleted"])
+def test_a_rank_kept_from_starting_by_a_pod_of_a_node_deleted_and_registered_again_names_the_word_that_ends_it(
+        adapter: Adapter, cluster: FakeCluster, jobset_deleted: bool) -> None:
+    """Issue 34's campaign stall (seed 1049686256, k8s-1.37): the Node deleted under its live kubelet while a
+    running object's pod was in its grace period (the operator had deleted the JobSet) or still running, dispatch's
+    controller down (both replicas) while PodGC marked the pod Failed and deleted it for good and the kubelet
+    killed the process and wrote the container's end, then the kubelet restarted (it registers its Node again: a
+    new object). When the controller is back it first sees PodGC's mark on the kubelet's last write, which writes
+    nothing more. The Job controller's new pod of the same rank is refused by the guard over and over, and the
+    object stays Running with no process. On main, status named the pod but the words `release-pod
+    --process-gone` were refused (``KubeletNotReported``) and `--node-confirmed-down` too (``NodeReady``): only a
+    shut-down of the running node was left. A kubelet that registered its Node after the pod was deleted started
+    after that deletion, so it tore the pod down without starting a container of it (its first view had the
+    deletion): the operator's word that the process is gone is taken, and status names it as the one command
+    that ends the wait."""
+    guard = FakeGuard(cluster)
+    guard.install()
+    grace(cluster, 60)
+    adapter.open(spec())
+    assert adapter.release(NAME).admission == 1
+    cluster.settle()
+    (pod,) = cluster.pods(NAME)
+    old = pod["metadata"]["name"]
+    if jobset_deleted:
+        cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)  # the operator deletes the JobSet
+        cluster.settle()
+        assert cluster.refused_pods, "Trainer, JobSet and the Job controller make the rank's pod again at once"
+    cluster.delete_node("node-0")  # its kubelet runs on, unregistered
+    # dispatch's controller is down from here: no keeper pass until the kubelet has written its last
+    cluster.advance(45)
+    cluster.settle()  # PodGC: Failed (DisruptionTarget/DeletionByPodGC), deleted for good; the finalizer keeps it
+    if jobset_deleted:
+        cluster.advance(16)
+        cluster.settle()  # the grace period's end: the kubelet kills the process and writes its end (Error 137)
+    assert cluster.running_processes() == []
+    assert cluster.refused_pods, "the Job controller replaces the deleted pod, and the guard refuses it"
+    cluster.advance(10)
+    cluster.restart_kubelet("node-0")  # the campaign's runner restarted it 30 s after the heal began
+    cluster.settle()
+    assert keeper_pass(cluster, settle=False) == {f"default/{old}": "unproven"}  # the controller back: records
+    cluster.settle()
+    assert keeper_pass(cluster, settle=False) == {f"default/{old}": "unproven"}  # ... and nothing more comes
+    before = len(cluster.refused_pods)
+    cluster.settle()
+    assert len(cluster.refused_pods) > before, "the Job controller's new pod is refused over and over"
+    assert [p["metadata"]["name"] for p in cluster.pods(NAME)] == [old]
+    assert cluster.running_processes() == []
+
+    status = adapter.inspect(NAME)
+    assert status.state.value == "Running"
+    word = f"`dispatch admin release-pod {old} --process-gone`"
+    assert status.cause is not None and status.cause.detail.startswith(
+        "execution 1 admitted; a rank of execution 1 waits to start again while the pod before may still run "
+        f"(remaining pods: {old} on node-0 (Ready=True)): the guard refuses a rank's new pod until that pod's end "
+        f"is proven; pod {old}: marked Failed by PodGC, not its kubelet, and under restartPolicy OnFailure its "
+        "kubelet may still start container node; node node-0 was registered again after the pod was deleted: if it "
+        "is the machine that ran the pod, its kubelet started since and never starts a container of it: once the "
+        f"process is gone there, {word} ends the wait"), \
+        status.cause
+    assert "--node-confirmed-down" not in status.cause.detail  # refused while node-0 reports Ready=True
+    assert adapter.find(job_id="llama")[0].cause == status.cause
+    assert word in guard.pod_denied[-1]
+    with Adapter.connect("default", transport=cluster.transport(roles=ADMIN)) as admin:
+        with pytest.raises(Refused) as refused:
+            admin.release_pod(old, node_confirmed_down=True)
+        assert refused.value.reason == "NodeReady"
+        assert admin.release_pod(old, process_gone=True).proof == "operator-confirmed"
+    cluster.settle()  # the Job controller's next try is allowed: the rank runs again, with the same A
+    (new,) = cluster.pods(NAME)
+    assert new["metadata"]["name"] != old and new["status"]["phase"] == "Running"
+    assert new["metadata"]["labels"][LABEL_ADMISSION] == "1"
+    assert adapter.inspect(NAME).cause.detail == "execution 1 admitted"
+    cluster.history.check()

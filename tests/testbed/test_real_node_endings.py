@@ -887,7 +887,9 @@ def test_a_node_deleted_while_its_real_kubelet_lives_is_no_proof_until_it_regist
                         assert exc.reason in ("Unproven", "KubeletNotReported", "NodeNotReady"), exc
                         # dispatch first saw PodGC's mark only on the kubelet's last write (a loaded run reads the
                         # pod less often than PodGC's Failed lasts before the kubelet writes Running over it):
-                        # that kubelet writes nothing more, and the refusal names the other way out, which works
+                        # that kubelet writes nothing more, and the refusal names the other way out, which works.
+                        # Since issue 34 the word is taken without that write once the Node was registered after
+                        # the pod was deleted, as here after restart_kubelet; this stays for a refusal before it
                         if exc.reason == "KubeletNotReported" and "--node-confirmed-down" in str(exc) and \
                                 time.time() - registered_at > 20:
                             testbed.power_off(node)

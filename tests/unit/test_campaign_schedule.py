@@ -8,6 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dispatch import POD_FINALIZER
+from dispatch._names import ANNOTATION_MARK_SEEN
+from dispatch._views import NodeView, PodView, kubelet_fingerprint
 from dispatch.testbed import campaign as c
 from dispatch.testbed import oracle
 
@@ -306,3 +309,32 @@ def test_a_kubeconfig_holding_a_token_is_rewritten_to_read_it_from_a_file(tmp_pa
     assert not list(tmp_path.glob("*.new"))
     (tmp_path / "kubeconfig").write_text(config)
     assert isinstance(_kubeconfig.load(tmp_path / "kubeconfig").auth, _kubeconfig.TokenFileAuth)
+
+
+def _marked_pod(deleted: str) -> PodView:
+    """k0-s1-node-0-0-bf9hq under OnFailure, marked Failed by PodGC over its container's exit 137, deleted at
+    ``deleted``, dispatch's record of the mark taken at its current resourceVersion (no kubelet write since)."""
+    status: dict[str, object] = {"phase": "Failed", "conditions": [
+        {"type": "DisruptionTarget", "status": "True", "reason": "DeletionByPodGC"}],
+        "containerStatuses": [{"name": "node", "state": {"terminated": {"exitCode": 137, "reason": "Error"}}}]}
+    return PodView.from_obj({
+        "metadata": {"name": "k0-s1-node-0-0-bf9hq", "uid": "u", "finalizers": [POD_FINALIZER],
+                     "resourceVersion": "10", "deletionTimestamp": deleted, "deletionGracePeriodSeconds": 0,
+                     "annotations": {ANNOTATION_MARK_SEEN: f"10/{kubelet_fingerprint(status)}"}},
+        "spec": {"nodeName": "node-real", "restartPolicy": "OnFailure", "containers": [{"name": "node"}]},
+        "status": status})
+
+
+def test_the_liveness_pass_reads_the_word_a_running_objects_status_names() -> None:
+    """Issue 34: the runner takes the word status names for the pod that keeps a rank from starting, read from
+    the very sentence ``PodView.unproven_why`` writes; a status naming neither word gives none."""
+    node = NodeView.from_obj({"metadata": {"name": "node-real", "creationTimestamp": "2026-12-04T01:03:56Z"},
+                              "status": {"conditions": [{"type": "Ready", "status": "True"}]}})
+    after = _marked_pod("2026-12-04T01:03:40Z").unproven_why(node)
+    assert c.named_word(f"Running as A=2 but no live process (status: ...; pod x: {after})") == \
+        c.Word("process-gone", "k0-s1-node-0-0-bf9hq")
+    before = _marked_pod("2026-12-04T01:04:10Z").unproven_why(node)
+    assert c.named_word(before) == c.Word("node-down", "k0-s1-node-0-0-bf9hq", "node-real")
+    lost = _marked_pod("2026-12-04T01:03:40Z").unproven_why(NodeView("node-real", ready="Unknown"))
+    assert c.named_word(lost) is None  # its kubelet not back: both words, each for a case the runner
+    assert c.named_word("Running as A=2 but no live process of A=2 on the node yet") is None

@@ -160,3 +160,74 @@ def test_process_gone_is_for_a_pod_someone_else_marked() -> None:
     """On a pod no other writer marked the word does not apply: the ordinary refusal says what ends the wait."""
     got, refusal = d.release_pod_proof(view(), UP, node_confirmed_down=False, process_gone=True)
     assert got == "" and refusal is not None and refusal[1] == "Unproven"
+
+
+def deleted_at(obj: dict[str, Any], when: str, grace: int = 0) -> PodView:
+    """``obj`` being deleted, its deletionTimestamp ``when`` (the API server's clock)."""
+    obj["metadata"].update(deletionTimestamp=when, deletionGracePeriodSeconds=grace)
+    return PodView.from_obj(obj)
+
+
+def registered(at: str, ready: str = "True") -> NodeView:
+    """Node n as a kubelet registered it at ``at`` (its creationTimestamp, the API server's clock)."""
+    return NodeView.from_obj({"metadata": {"name": "n", "uid": f"node-{at}", "creationTimestamp": at},
+                              "status": {"conditions": [{"type": "Ready", "status": ready}]}})
+
+
+@pytest.mark.parametrize(("pod", "node", "reason"), [
+    # issue 34's campaign stall: the Node deleted under its live kubelet, PodGC's mark, the kubelet's end written
+    # before dispatch saw the mark (its controller down), then the kubelet restarted: it registered its Node again
+    # after the pod was deleted, so its first view of the pod had the deletion: it never starts a container of it
+    (deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z"), registered("2026-12-02T08:11:00Z"), None),
+    (deleted_at(marked_obj(), "2026-12-02T08:10:20Z"), registered("2026-12-02T08:11:00Z"), None),  # no record yet
+    # registered before the deletion (or at the same second): that kubelet may have viewed the pod running
+    (deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z"), registered("2026-12-02T08:10:00Z"),
+     "KubeletNotReported"),
+    (deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z"), registered("2026-12-02T08:10:20Z"),
+     "KubeletNotReported"),
+    # a graceful delete's deletionTimestamp is its deadline: a Node registered before it proves nothing
+    (deleted_at(marked_obj(seen_from={}), "2026-12-02T08:11:20Z", 60), registered("2026-12-02T08:11:00Z"),
+     "KubeletNotReported"),
+    # not being deleted: a kubelet's first view of it may be before the mark
+    (marked(seen_from={}), registered("2026-12-02T08:11:00Z"), "KubeletNotReported"),
+    # the registered Node not answering, or a container of the pod reported running: refused as before
+    (deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z"), registered("2026-12-02T08:11:00Z", "Unknown"),
+     "NodeNotReady"),
+    (deleted_at(marked_obj(seen_from={}, debug="running"), "2026-12-02T08:10:20Z"),
+     registered("2026-12-02T08:11:00Z"), "Unproven"),
+])
+def test_the_word_that_the_process_is_gone_counts_once_its_node_was_registered_after_the_pod_was_deleted(
+        pod: PodView, node: NodeView, reason: str | None) -> None:
+    proof, refusal = d.release_pod_proof(pod, node, node_confirmed_down=False, process_gone=True)
+    assert (refusal[1] if refusal else None) == reason, refusal
+    assert proof == ("" if reason else d.OPERATOR_CONFIRMED)
+    started = reason != "KubeletNotReported"  # the other refusals are of a Node registered after the deletion
+    assert pod.kubelet_started_after_deletion(node) == started
+
+
+def test_status_names_the_one_word_release_pod_takes_for_a_pod_someone_else_marked() -> None:
+    """Issue 34: a rank kept from starting by a pod whose end is not proven says why and the one command that ends
+    the wait now, not a list of words some of which are refused."""
+    after = deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z")
+    assert after.unproven_why(registered("2026-12-02T08:11:00Z")) == (
+        "marked Failed by Kueue's failure recovery, not its kubelet, and under restartPolicy OnFailure its kubelet "
+        "may still start container node; node n was registered again after the pod was deleted: if it is the machine "
+        "that ran the pod, its kubelet started since and never starts a container of it: once the process is gone "
+        "there, `dispatch admin release-pod train-0 --process-gone` ends the wait")
+    wrote = marked(sandbox="False", seen_from={"sandbox": "True"})
+    assert wrote.unproven_why(BACK).endswith(
+        "its kubelet has written the pod's status since dispatch first saw the mark: once the process is gone there, "
+        "`dispatch admin release-pod train-0 --process-gone` ends the wait")
+    silent = deleted_at(marked_obj(seen_from={}), "2026-12-02T08:10:20Z")
+    why = silent.unproven_why(registered("2026-12-02T08:10:00Z"))
+    assert why.endswith(
+        "its kubelet is back but has not written the pod's status since dispatch first saw the mark (resourceVersion "
+        "10), so --process-gone is refused until it does (and --node-confirmed-down while the node reports "
+        "Ready=True); a kubelet that wrote it before writes nothing more: then shut n down and run "
+        "`dispatch admin release-pod train-0 --node-confirmed-down`"), why
+    assert "`dispatch admin release-pod train-0 --process-gone`" not in why
+    # its kubelet not back: both words, each for its own case, as before
+    lost = marked(seen_from={}).unproven_why(NodeView("n", ready="Unknown"))
+    assert "once n is confirmed down, taint it node.kubernetes.io/out-of-service or run `dispatch admin release-pod " \
+        "train-0 --node-confirmed-down`; once its kubelet is back and the process is gone, run `dispatch admin " \
+        "release-pod train-0 --process-gone`" in lost, lost

@@ -74,7 +74,8 @@ def admin_release_pod(
     while the pod's Node is Ready. --process-gone is for a pod Kueue's failure recovery or PodGC marked
     Failed while its node was unreachable, once the node's kubelet is back and has written the pod's
     status since dispatch first saw the mark (the first run records the mark on the pod if dispatch's
-    controller has not): check the process is gone on the node, then give it.
+    controller has not), or once its Node was registered again after the pod was deleted (its kubelet
+    restarted): check the process is gone on the node, then give it.
     """
     state = _state(ctx, output, namespace)
     with guard(state):

@@ -51,8 +51,10 @@ from dispatch.testbed.campaign import (
     Report,
     Round,
     Schedule,
+    Word,
     excused_by_taint,
     judge,
+    named_word,
     parse_fence_events,
     renewals_due,
     shrink,
@@ -186,6 +188,8 @@ class Campaign:
     admin: k.Kube | None = None
     writers: list[AsyncAdapter] = field(default_factory=list)
     editor: k.Kube | None = None
+    operator: AsyncAdapter | None = None
+    """A user bound as the install docs bind ``dispatch-admin``: the operator's words (``release-pod``)."""
     replicas: list[Replica] = field(default_factory=list)
     desired: dict[str, str] = field(default_factory=dict)
     """What each submission should be doing after the writers' last word: running, held or absent."""
@@ -271,6 +275,10 @@ class Campaign:
                 self.writers.append(AsyncAdapter(writer))
             self.editor = await self._editor(kube, ns)
             stack.push_async_callback(self.editor.aclose)
+            text = await stack.enter_async_context(harness.role_kubeconfig(kube, ns, "dispatch-admin"))
+            operator = k.Kube.connect(namespace=ns, kubeconfig=await self._hold("operator", ns, text))
+            stack.push_async_callback(operator.aclose)
+            self.operator = AsyncAdapter(operator)
             renewer = asyncio.create_task(self._renewer())
             stack.push_async_callback(self._stop_task, renewer)
             yield
@@ -692,7 +700,10 @@ class Campaign:
             return False, f"{st.state.value}: {st.cause.reason}: {st.cause.detail}" + "".join(f"; {w}" for w in orphan)
         procs = oracle.processes(oracle.read(realnode.oracle_file(self.oracle_dir)))
         if not any(p.alive and p.job_id == sub and p.admission == a for p in procs):
-            return False, f"Running as A={a} but no live process of A={a} on the node yet"
+            # what status says of it (a rank kept from starting names the pod and the word that ends its wait)
+            said = st.cause.detail if st.cause is not None else ""
+            more = f" (status: {said})" if said and said != f"execution {a} admitted" else ""
+            return False, f"Running as A={a} but no live process of A={a} on the node yet{more}"
         return True, f"A={a}"
 
     async def liveness(self) -> None:
@@ -783,6 +794,8 @@ class Campaign:
             elif name is None:
                 await adapter.open(self.spec(sub, "a"), hold=False)
                 self.report.liveness_actions["open"] += 1
+            elif name is not None and why.startswith("Running") and (word := named_word(why)) is not None:
+                await self._give_word(sub, word)
             elif why.startswith(("Failed", "Succeeded")):
                 await adapter.close(name)
                 self.report.liveness_actions["close and open again"] += 1
@@ -795,6 +808,39 @@ class Campaign:
                 with contextlib.suppress(Exception):
                     gone = await self._remove_orphans(name)
                     self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
+
+    async def _give_word(self, sub: str, word: Word) -> None:
+        """The operator's word a running object's status names for the pod that keeps a rank of it from starting
+        (``campaign.named_word``), given as the runbook says: only once the process oracle shows no live process
+        of the submission (the operator checked the machine), and for ``node-down`` with the node shut down
+        first (powered off, then on again once the word was taken)."""
+        assert self.operator is not None
+        procs = oracle.processes(oracle.read(realnode.oracle_file(self.oracle_dir)))
+        if any(p.alive and p.job_id == sub for p in procs):
+            self.report.liveness_actions[f"release-pod --{word.kind}: not given, a process of {sub} lives"] += 1
+            return
+        if word.kind == "process-gone":
+            await self.operator.release_pod(word.pod, process_gone=True)
+            self.report.liveness_actions["release-pod --process-gone"] += 1
+            self.note(f"released pod {word.pod} of {sub} with --process-gone, as its status named")
+            return
+        self.note(f"shutting {word.node} down to release pod {word.pod} of {sub} with --node-confirmed-down, as its "
+                  "status named")
+        await asyncio.to_thread(testbed.power_off, word.node)
+        try:
+            async def taken() -> bool:
+                assert self.operator is not None
+                try:
+                    await self.operator.release_pod(word.pod, node_confirmed_down=True)
+                except Refused as e:
+                    if e.reason != "NodeReady":  # refused until the node controller stops calling it Ready
+                        raise
+                    return False
+                return True
+            await harness.until(taken, timeout=NODE_READY_TIMEOUT, what=f"{word.node} no longer Ready", poll=2)
+            self.report.liveness_actions["shut the node down, release-pod --node-confirmed-down"] += 1
+        finally:
+            await asyncio.to_thread(testbed.power_on, word.node)
 
     async def _remove_orphans(self, name: str) -> str:
         """The action status names for layers an earlier TrainJob of the name left (``d.orphan_removal``),

@@ -20,6 +20,7 @@ import base64
 import itertools
 import json
 import random
+import re
 import sys
 import time
 from collections import Counter, defaultdict
@@ -389,6 +390,37 @@ def read_logs(checkpoints: Path) -> dict[tuple[str, str], list[LogEntry]]:
             entries.append(LogEntry(int(f.name), str(raw["kind"]), int(raw["admission"]), int(raw.get("step", -1))))
         out[(log.parent.parent.name, log.parent.name)] = entries
     return out
+
+
+# --------------------------------------------------------------------------------------------- liveness
+
+
+_PROCESS_GONE = re.compile(r"`dispatch admin release-pod ([a-z0-9.-]+) --process-gone` ends the wait")
+_SHUT_DOWN = re.compile(r"then shut ([a-z0-9.-]+) down and run `dispatch admin release-pod ([a-z0-9.-]+) "
+                        r"--node-confirmed-down`")
+
+
+@dataclass(frozen=True)
+class Word:
+    """The operator's word a status names as the one that ends a pod's wait: ``process-gone`` (once the
+    process is checked gone) or ``node-down`` (once ``node`` is shut down)."""
+
+    kind: str
+    pod: str
+    node: str = ""
+
+
+def named_word(cause: str) -> Word | None:
+    """The word a running object's status names for the pod that keeps a rank of it from starting (a pod
+    someone else marked terminal, its kubelet back: ``PodView.unproven_why``), which the liveness pass takes as
+    the operator would; None when it names neither (the wait ends by itself, or needs something else)."""
+    found = _PROCESS_GONE.search(cause)
+    if found:
+        return Word("process-gone", found.group(1))
+    down = _SHUT_DOWN.search(cause)
+    if down:
+        return Word("node-down", down.group(2), down.group(1))
+    return None
 
 
 # --------------------------------------------------------------------------------------------- shrinking
