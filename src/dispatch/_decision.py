@@ -44,6 +44,7 @@ from ._views import (
     PROOF_UNPROVEN,
     PROVEN,
     TERMINAL_PHASES,
+    EventView,
     JobSetView,
     JobView,
     NodeView,
@@ -53,7 +54,8 @@ from ._views import (
 )
 
 __all__ = [
-    "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "JobSetView", "JobView", "NodeView", "Plan", "PodView",
+    "TERMINAL_PHASES", "WAITING_PREFIX", "CheckEntry", "EventView", "JobSetView", "JobView", "NodeView", "Plan",
+    "PodView",
     "Verdict", "cessation", "decide", "ends", "explain", "guard", "next_admission", "object_pods", "pod_start_problem",
     "releasable",
     "remaining",
@@ -340,8 +342,8 @@ def decide(
         if job.jobset_name != name:
             continue
         blocker = _job_blocker(job)
-        if blocker:
-            blockers.append(blocker)
+        if blocker:  # an earlier JobSet's Job no one will suspend: say so, and the way out
+            blockers.append(orphaned_job_text(job, jobset) or blocker)
     blockers.extend(kin_blockers(name, kin_jobsets, kin_jobs))
     return Verdict(remaining(views, nodes), tuple(blockers))
 
@@ -381,6 +383,80 @@ def orphaned_jobset_text(jobset: JobSetView, uid: str) -> str | None:
             "Trainer refuses to build this TrainJob's layers while the old ones exist (Warning Event "
             "TrainJobResourcesCreationFailed: a snapshot configmap exists but is owned by another object); "
             f"delete them: {orphan_removal(jobset.name)}")
+
+
+ORPHANED_JOB = "belongs to an earlier JobSet"
+"""The words that mark a child Job left behind by its deleted JobSet (the campaign runner acts on them too)."""
+
+
+def orphaned_job_text(job: JobView, jobset: JobSetView | None) -> str | None:
+    """Why a child Job named for this JobSet but not controlled by it keeps it from running; or None.
+
+    JobSet names each child Job after itself (``<jobset>-<replicatedJob>-<index>``), so a Job an earlier
+    JobSet of the name left behind takes the name the current JobSet's Job needs: JobSet's create of it is
+    refused (AlreadyExists), JobSet reports a Warning Event ``JobCreationFailed`` and retries for ever, and the
+    execution never starts. JobSet never adopts such a Job (v0.11 and v0.12 find their Jobs by the controller
+    owner's uid), nor one with no owner at all (orphaned by ``--cascade=orphan``). Seen on the real control
+    plane (issue 34, the two-hour campaign): 4 minutes after kube-apiserver restarts the garbage collector had
+    not removed such a Job, its owner long gone. A Job made after the JobSet read is not called an earlier
+    one's (a read that raced a re-creation)."""
+    if (jobset is None or jobset.deleting or not jobset.uid or job.owner_uid == jobset.uid
+            or job.jobset_name != jobset.name):
+        return None
+    if job.created is not None and jobset.created is not None and job.created > jobset.created:
+        return None
+    state = ("has finished" if job.finished else "is suspended" if job.suspended
+             else "is not suspended and could still start pods")
+    whose = (f"{ORPHANED_JOB} of this name (uid {job.owner_uid}), deleted since," if job.owner_uid
+             else f"has no owner: it {ORPHANED_JOB} of this name, orphaned, and belongs")
+    return (f"job {job.name} {whose} not to this one (uid {jobset.uid}), and {state}: JobSet cannot create this "
+            "JobSet's job of that name while it exists (Warning Event JobCreationFailed: already exists), so the "
+            "execution's pods are never made; the garbage collector normally removes an earlier JobSet's Job "
+            "within seconds, but if it stays it missed its owner's deletion (seen after a kube-apiserver restart); "
+            f"delete it: {job_removal(job.name)}")
+
+
+def job_removal(name: str) -> str:
+    """The action that ends the wait on an earlier JobSet's child Job: delete it, as the collector would have."""
+    return (f"`kubectl delete job/{name}` in the object's namespace (by someone who may delete Jobs, as Kubernetes' "
+            "edit role may; its pods stay under dispatch's rule until each one's end is proven)")
+
+
+def orphaned_jobs_text(jobset: JobSetView | None, jobs: Iterable[JobView]) -> str | None:
+    """``orphaned_job_text`` for every child Job of the JobSet's name, joined; or None."""
+    said = [t for t in (orphaned_job_text(j, jobset) for j in sorted(jobs, key=lambda j: j.name)) if t]
+    return "; ".join(said) or None
+
+
+BUILD_FAILED = "TrainJobResourcesCreationFailed"
+"""The reason of Trainer's Warning Event when it could not build a TrainJob's JobSet (v2.3: the only report)."""
+
+SNAPSHOT_OWNED = "a snapshot configmap exists but is owned by another object"
+"""Trainer v2.3's words when the runtime snapshot ConfigMap ``<name>-runtime-snapshot`` of an earlier TrainJob
+of the name is still there."""
+
+
+def unbuilt_text(trainjob: TrainJobView, events: Iterable[EventView]) -> str | None:
+    """Why Trainer built no JobSet for this TrainJob, from its newest build failure Event; or None.
+
+    Trainer v2.3 keeps a snapshot of the runtime in a ConfigMap owned by the TrainJob and refuses to build a
+    TrainJob whose snapshot ConfigMap is owned by another uid: an earlier TrainJob of the same name, deleted,
+    whose ConfigMap the garbage collector has not removed (seen on the real control plane, issue 34: 4 minutes
+    after kube-apiserver restarts). It says so only in a Warning Event on the TrainJob, so an execution that
+    dispatch admitted (nothing of the earlier one may run) never starts and nothing in the object says why.
+    dispatch does not delete the ConfigMap itself: its roles read no ConfigMap but its own ledger."""
+    failed = [e for e in events if e.reason == BUILD_FAILED]
+    if not failed:
+        return None
+    newest = max(failed, key=lambda e: e.last or 0.0)
+    what = f"Trainer has built no JobSet for trainjob {trainjob.name}"
+    if SNAPSHOT_OWNED in newest.message:
+        return (f"{what}: its runtime snapshot configmap {trainjob.name}-runtime-snapshot {ORPHANED} of this name, "
+                f"deleted since, not to this one (uid {trainjob.ref.uid}) (Warning Event {BUILD_FAILED}: "
+                f"{SNAPSHOT_OWNED}); the garbage collector normally removes it within seconds, but if it stays it "
+                "missed its owner's deletion (seen after a kube-apiserver restart); delete it: "
+                f"{orphan_removal(trainjob.name)}")
+    return f"{what} (Warning Event {BUILD_FAILED}): {newest.message[:400]}"
 
 
 def kin_blockers(name: str, jobsets: Iterable[JobSetView], jobs: Iterable[JobView]) -> list[str]:

@@ -603,6 +603,7 @@ class Kube:
         namespace: str | None = None,
         *,
         labels: str | None = None,
+        fields: str | None = None,
         limit: int = 500,
         resource_version: str | None = None,
         exact: bool = False,
@@ -613,13 +614,14 @@ class Kube:
 
         With ``resource_version`` unset the first page is a quorum read at revision R and every
         continue page belongs to that same snapshot. With ``exact`` the list is pinned to
-        ``resource_version`` (resourceVersionMatch=Exact). A continue page never resends the RV.
+        ``resource_version`` (resourceVersionMatch=Exact). A continue page never resends the RV. ``fields`` is a
+        field selector (``involvedObject.uid=U,reason=R`` for Events), sent with every page as labels are.
         """
         items: list[Obj] = []
         rv = ""
         requests = 0
-        async for page in self.pages(res, namespace, labels=labels, limit=limit, resource_version=resource_version,
-                                     exact=exact, all_namespaces=all_namespaces):
+        async for page in self.pages(res, namespace, labels=labels, fields=fields, limit=limit,
+                                     resource_version=resource_version, exact=exact, all_namespaces=all_namespaces):
             items.extend(page.items)
             rv = rv or page.resource_version
             requests += 1
@@ -631,6 +633,7 @@ class Kube:
         namespace: str | None = None,
         *,
         labels: str | None = None,
+        fields: str | None = None,
         limit: int = 500,
         resource_version: str | None = None,
         exact: bool = False,
@@ -644,9 +647,8 @@ class Kube:
         """
         ns = None if all_namespaces else self._ns(res, namespace)
         path = res.path(ns)
-        params: dict[str, str] = {"limit": str(limit)}
-        if labels:
-            params["labelSelector"] = labels
+        selectors = {k: v for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v}
+        params: dict[str, str] = {"limit": str(limit), **selectors}
         if resource_version is not None:
             params["resourceVersion"] = resource_version
             if exact:
@@ -664,9 +666,7 @@ class Kube:
             del items
             if not token:
                 break
-            params = {"limit": str(limit), "continue": str(token)}
-            if labels:
-                params["labelSelector"] = labels
+            params = {"limit": str(limit), "continue": str(token), **selectors}
 
     async def create(self, res: Res, obj: Obj, namespace: str | None = None, *, dry_run: bool = False) -> Obj:
         """Create; with ``dry_run`` the server validates, defaults and prunes but stores nothing."""

@@ -24,7 +24,7 @@ from . import _trainer as tr
 from ._api import Obj
 from ._kube import Kube
 from ._records import Cessation, JobSpec, State, Status
-from ._views import JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
+from ._views import EventView, JobSetView, JobView, NodeView, PodView, labels_of, name_of, parse_count
 from .errors import DispatchError, FieldCause, Forbidden, InvalidInput, NotFound, NotServed, Refused, Unreachable
 
 READ_ATTEMPTS = 3
@@ -420,6 +420,20 @@ class Reader:
         """The child Jobs of one JobSet (none where the Job kind cannot be read as such)."""
         return [JobView.from_obj(j) for j in await self._list_or_empty(api.JOBS, by_jobset([name]))]
 
+    async def build_failures(self, tj: tr.TrainJobView) -> list[EventView]:
+        """Trainer's Warning Events that it could not build this TrainJob's JobSet (by the TrainJob's uid, so
+        an earlier TrainJob of the name is not read), read only when status finds no JobSet for a dispatch
+        object. A role without ``list`` on Events (an install before this read) reads none: status then says
+        less, never fails."""
+        if not tj.ref.uid or not tj.dispatch_object or tj.managed_by == n.MULTIKUEUE:
+            return []
+        try:
+            got = await self.kube.list(api.EVENTS, fields=f"involvedObject.uid={tj.ref.uid},reason={d.BUILD_FAILED}",
+                                       limit=50)
+        except (NotFound, Forbidden):
+            return []
+        return [EventView.from_obj(e) for e in got.items[:200]]
+
     async def _list_or_empty(self, res: api.Res, labels: str | None = None) -> list[Obj]:
         try:
             return (await self.kube.list(res, labels=labels)).items
@@ -747,8 +761,11 @@ class Reader:
             pods, nodes = (await self.submission_pods(tj.job_id, tj.submission, deleting_nodes=True)
                            if tj.labelled and tj.managed_by != n.MULTIKUEUE else ([], {}))
             jobs = await self.jobs_of(name)
+            # layers an earlier TrainJob or JobSet of the name left: Trainer or JobSet cannot build this one's
+            unbuilt = d.unbuilt_text(tj, await self.build_failures(tj)) if jobset is None else None
             # a NonIndexed Job's other pods are refused by the guard while one runs: say why
-            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), d.waiting_ranks_text(tj, pods, nodes),
+            stalled = [d.stalled_jobset_text(tj, jobset, runtime_jobs), unbuilt, d.orphaned_jobs_text(jobset, jobs),
+                       d.waiting_ranks_text(tj, pods, nodes),
                        d.nonindexed_text(f"trainjob {name}", d.jobs_nonindexed(jobs, name), running=True)]
             return self.status_of(tj, None, warnings=[d.jobs_replacement_warning(jobs, name), *gap,
                                                     self.keeper_idle(pods, nodes)],
@@ -767,7 +784,10 @@ class Reader:
                                                         d.jobs_nonindexed(snap.jobs, name)),
                                       self.keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
                             record=record, workload=workload,
-                            stalled=d.stalled_jobset_text(tj, snap.jobset, runtime_jobs))
+                            stalled="; ".join(filter(None, [
+                                d.stalled_jobset_text(tj, snap.jobset, runtime_jobs),
+                                d.unbuilt_text(tj, await self.build_failures(tj)) if snap.jobset is None else None,
+                                d.orphaned_jobs_text(snap.jobset, snap.jobs)])) or None)
 
     async def statuses(self, listed: list[Obj], state: State | Collection[State] | None) -> list[Status]:
         """``find``'s statuses of the TrainJobs listed in this reader's namespace."""

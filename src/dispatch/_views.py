@@ -761,17 +761,50 @@ class JobSetView:
     """The uid of the TrainJob that controls it (its controller ownerReference; "" if none): a JobSet named
     as a TrainJob but owned by another uid is an earlier TrainJob's, left by a garbage collector that missed
     that owner's deletion (seen on the real control plane after a kube-apiserver restart)."""
+    uid: str = ""
+    created: float | None = None
+    """Its own uid and ``creationTimestamp``: a child Job of its name controlled by another JobSet uid, made
+    before it, is an earlier JobSet's that the garbage collector left (``JobView.owner_uid``)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> JobSetView:
         labels = labels_of(obj)
         jobs = tuple(text(rj.get("name")) for rj in items(mapping(obj.get("spec")).get("replicatedJobs"))
                      if text(rj.get("name")))
-        owner = next((text(o.get("uid")) for o in items(meta(obj).get("ownerReferences"))
-                      if o.get("controller") is True and text(o.get("kind")) == "TrainJob"), "")
         return JobSetView(name_of(obj), is_suspended(obj), is_deleting(obj),
                           condition_true(obj, "Completed") or condition_true(obj, "Failed"),
-                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), jobs, owner)
+                          labels.get(LABEL_JOB_ID, ""), labels.get(LABEL_SUBMISSION, ""), jobs,
+                          controller_uid(obj, "TrainJob"), text(meta(obj).get("uid")),
+                          instant(meta(obj).get("creationTimestamp")))
+
+
+@dataclass(frozen=True)
+class EventView:
+    """A controller's Event about one object, as status reads it: the only place Trainer says why it built no
+    JobSet for a TrainJob (v2.3 reports a failed build as a Warning Event ``TrainJobResourcesCreationFailed``
+    and nothing in the TrainJob's status)."""
+
+    reason: str
+    message: str
+    last: float | None
+    """When it was last seen (``lastTimestamp``, ``series.lastObservedTime`` or ``eventTime``)."""
+
+    MESSAGE_LIMIT = 1024
+    """An Event's message is at most 1 KiB where the API server validates it; anything longer is cut."""
+
+    @staticmethod
+    def from_obj(obj: Mapping[str, Any]) -> EventView:
+        series = mapping(obj.get("series"))
+        last = latest(instant(obj.get("lastTimestamp")), instant(series.get("lastObservedTime")),
+                      instant(obj.get("eventTime")))
+        message = text(obj.get("message")) or text(obj.get("note"))
+        return EventView(text(obj.get("reason"))[:128], message[:EventView.MESSAGE_LIMIT], last)
+
+
+def controller_uid(obj: Mapping[str, Any], kind: str) -> str:
+    """The uid of ``obj``'s controller ownerReference when that controller is a ``kind``; "" otherwise."""
+    return next((text(o.get("uid")) for o in items(meta(obj).get("ownerReferences"))
+                 if o.get("controller") is True and text(o.get("kind")) == kind), "")
 
 
 @dataclass(frozen=True)
@@ -794,6 +827,11 @@ class JobView:
     parallelism: int = 1
     replicated_job: str = ""
     """JobSet's replicatedJob label: which replicatedJob of the runtime the Job was made from."""
+    owner_uid: str = ""
+    created: float | None = None
+    """The uid of the JobSet that controls it and its ``creationTimestamp``: JobSet names a child Job after
+    itself, so an earlier JobSet's Job that the garbage collector left keeps the current one's Job of that name
+    from being created (JobSet: ``JobCreationFailed``, AlreadyExists; seen on the real control plane)."""
 
     @staticmethod
     def from_obj(obj: Mapping[str, Any]) -> JobView:
@@ -810,4 +848,5 @@ class JobView:
             text(mapping(obj.get("spec")).get("completionMode")),
             parse_count(mapping(obj.get("spec")).get("parallelism")) or 1,
             labels.get(REPLICATED_JOB_LABEL, ""),
+            controller_uid(obj, "JobSet"), instant(meta(obj).get("creationTimestamp")),
         )

@@ -72,9 +72,10 @@ def test_a_jobset_of_a_deleted_trainjob_of_the_same_name_names_the_delete_that_e
     ceased = writer.ceased(NAME)
     assert not ceased.ceased and f"jobset {NAME} {d.ORPHANED}" in ceased.reason, ceased.reason
     cluster.history.check()
-    # the action named: the operator deletes the old JobSet (the collector follows that deletion as usual)
+    # the action named: the operator deletes the old JobSet and snapshot (the collector follows as usual)
     cluster.server.gc_lag = False
     cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)
+    cluster.server.delete("", "configmaps", "default", f"{NAME}-runtime-snapshot")
     for _ in range(6):
         cluster.advance(60)
         cluster.settle()
@@ -147,6 +148,7 @@ async def test_the_admission_check_names_an_earlier_trainjobs_jobset_and_the_del
         cluster.history.check()
         cluster.server.gc_lag = False
         cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)
+        cluster.server.delete("", "configmaps", "default", f"{NAME}-runtime-snapshot")
         for _ in range(6):
             cluster.advance(60)
             cluster.settle()

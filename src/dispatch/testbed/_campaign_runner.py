@@ -788,7 +788,7 @@ class Campaign:
         name = await self.current(sub)
         adapter = self.writers[0]
         try:
-            if name is not None and d.ORPHANED in why:
+            if name is not None and (d.ORPHANED in why or d.ORPHANED_JOB in why):
                 gone = await self._remove_orphans(name)
                 self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
             elif name is None:
@@ -804,7 +804,7 @@ class Campaign:
                 self.report.liveness_actions["release"] += 1
         except Exception as e:
             self.report.liveness_actions[f"{'open' if name is None else 'release'} {_outcome(e)}"] += 1
-            if name is not None and d.ORPHANED in str(e):  # a release refused naming the earlier layers
+            if name is not None and (d.ORPHANED in str(e) or d.ORPHANED_JOB in str(e)):  # refused naming them
                 with contextlib.suppress(Exception):
                     gone = await self._remove_orphans(name)
                     self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
@@ -843,9 +843,10 @@ class Campaign:
             await asyncio.to_thread(testbed.power_on, word.node)
 
     async def _remove_orphans(self, name: str) -> str:
-        """The action status names for layers an earlier TrainJob of the name left (``d.orphan_removal``),
-        taken by the operator: its JobSet and Trainer's snapshot ConfigMap, each only while it is still
-        controlled by a TrainJob uid other than the current one's. Returns what was deleted."""
+        """The actions status names for layers an earlier TrainJob or JobSet of the name left
+        (``d.orphan_removal``, ``d.job_removal``), taken by the operator: its JobSet and Trainer's snapshot
+        ConfigMap, each only while still controlled by a TrainJob uid other than the current one's, and child
+        Jobs of the name controlled by a JobSet uid other than the current JobSet's. Returns what was deleted."""
         assert self.admin is not None
         tj = await self.admin.get_or_none(k.TRAINJOBS, name)
         uid = str(tj["metadata"]["uid"]) if tj is not None else ""
@@ -857,6 +858,14 @@ class Campaign:
             if got is not None and owners and owners[0].get("uid") != uid:
                 await self.admin.delete(res, obj_name, propagation="Background")
                 gone.append(res.kind)
+        jobset = await self.admin.get_or_none(k.JOBSETS, name)
+        if jobset is not None:
+            for job in (await self.admin.list(k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items:
+                owners = [o for o in job["metadata"].get("ownerReferences") or []
+                          if o.get("controller") and o.get("kind") == "JobSet"]
+                if not owners or owners[0].get("uid") != jobset["metadata"]["uid"]:
+                    await self.admin.delete(k.JOBS, job["metadata"]["name"], propagation="Background")
+                    gone.append(f"Job {job['metadata']['name']}")
         self.note(f"deleted {', '.join(gone) or 'nothing'} of an earlier TrainJob {name}, as its status named")
         return " and ".join(gone)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -612,12 +613,13 @@ class FakeCluster:
                 self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
-            if js is not None and any(o.get("controller") and o.get("kind") == "TrainJob"
-                                      and o.get("uid") != meta["uid"]
-                                      for o in js["metadata"].get("ownerReferences") or []):
-                # an earlier TrainJob's JobSet (its collector missed that owner's deletion): the real Trainer
-                # v2.3 builds nothing while it and its snapshot ConfigMap exist (TrainJobResourcesCreationFailed,
-                # "a snapshot configmap exists but is owned by another object"), and leaves the JobSet alone; its
+            earlier = js is not None and any(o.get("controller") and o.get("kind") == "TrainJob"
+                                             and o.get("uid") != meta["uid"]
+                                             for o in js["metadata"].get("ownerReferences") or [])
+            if not self._snapshot(tj) or earlier:
+                # an earlier TrainJob's snapshot ConfigMap or JobSet (its collector missed that owner's deletion):
+                # the real Trainer v2.3 builds nothing while either exists (TrainJobResourcesCreationFailed, "a
+                # snapshot configmap exists but is owned by another object"), and leaves the JobSet alone; its
                 # status still says Suspended as the spec does (seen: Suspended=True while it refused)
                 def suspended(obj: Obj, suspend: bool = suspend) -> None:
                     _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
@@ -652,6 +654,54 @@ class FakeCluster:
             def cond(obj: Obj, suspend: bool = suspend) -> None:
                 _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
             self.server.update(TRAINER, "trainjobs", ns, name, cond, status=True)
+
+    SNAPSHOT_REFUSED = ("TrainJob resources reconciliation failed: unable to get runtime snapshot: invalid runtime "
+                        "snapshot: a snapshot configmap exists but is owned by another object")
+    """What Trainer v2.3 reports (a Warning Event on the TrainJob, nothing in its status) when the snapshot
+    ConfigMap of the TrainJob's name is controlled by another uid (pkg/runtime/core/snapshot.go)."""
+
+    def _snapshot(self, tj: Obj) -> bool:
+        """Trainer v2.3's runtime snapshot: a ConfigMap ``<name>-runtime-snapshot`` the TrainJob controls, made
+        on its first build. One controlled by another uid (an earlier TrainJob of the name that the garbage
+        collector has not reached) stops every build of this one: a Warning Event each pass, and no JobSet.
+        Returns whether Trainer may build."""
+        meta = tj["metadata"]
+        ns, cm_name = meta["namespace"], f"{meta['name']}-runtime-snapshot"
+        cm = self.server.get("", "configmaps", ns, cm_name)
+        if cm is None:
+            made = self._create_content("", "configmaps", ns, {
+                "metadata": {"name": cm_name, "ownerReferences": [
+                    {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": meta["name"],
+                     "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+                "data": {"runtime": str(((tj.get("spec") or {}).get("runtimeRef") or {}).get("name", ""))}},
+                admit=False)
+            return made is not None
+        owner = next((o for o in cm["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
+        if owner is not None and owner.get("uid") == meta["uid"]:
+            return True
+        self.event(tj, "Warning", "TrainJobResourcesCreationFailed", self.SNAPSHOT_REFUSED, "trainer")
+        return False
+
+    def event(self, about: Obj, etype: str, reason: str, message: str, component: str) -> None:
+        """A controller's Event about ``about``, as the real ones record them: one per (object, reason, message),
+        its count and lastTimestamp raised when repeated (the recorders' aggregation)."""
+        meta = about["metadata"]
+        ns = meta.get("namespace") or "default"
+        key = hashlib.sha256(f"{meta['uid']}/{reason}/{message}".encode()).hexdigest()[:10]
+        name = f"{meta['name']}.{key}"
+        now = self.server.clock().strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.server.get("", "events", ns, name) is not None:
+            def again(obj: Obj) -> None:
+                obj["count"] = int(obj.get("count") or 1) + 1
+                obj["lastTimestamp"] = now
+            self.server.update("", "events", ns, name, again, status=False)
+            return
+        self._create_content("", "events", ns, {
+            "metadata": {"name": name},
+            "involvedObject": {"apiVersion": about.get("apiVersion", ""), "kind": about.get("kind", ""),
+                               "name": meta["name"], "namespace": ns, "uid": meta["uid"]},
+            "type": etype, "reason": reason, "message": message, "source": {"component": component},
+            "reportingComponent": component, "count": 1, "firstTimestamp": now, "lastTimestamp": now}, admit=False)
 
     def _built_from(self, meta: Obj, run: int) -> None:
         """The run's reported A is the one Trainer built its JobSet from. Trainer reconciles a TrainJob's latest
@@ -713,6 +763,15 @@ class FakeCluster:
                 job_name = f"{name}-{rj['name']}-0"
                 template = rj["template"]["spec"]["template"]
                 job = self.server.get("batch", "jobs", ns, job_name)
+                if job is not None and not any(o.get("controller") and o.get("uid") == meta["uid"]
+                                               for o in job["metadata"].get("ownerReferences") or []):
+                    # an earlier JobSet's Job of this name, which its collector missed: the real JobSet's create
+                    # is refused (AlreadyExists), it records JobCreationFailed and retries; this one never runs
+                    self.event(js, "Warning", "JobCreationFailed",
+                               f'jobs.batch "{job_name}" already exists', "jobset-controller")
+                    statuses.append({"name": rj["name"], "active": 0, "ready": 0, "succeeded": 0, "failed": 0,
+                                     "suspended": 0})
+                    continue
                 if job is None:
                     # As the real JobSet labels a child Job and its pods (seen on the testbed, v0.12): which
                     # replicatedJob and which of its replicas (the fake makes one Job of each).

@@ -179,6 +179,40 @@ def parse_selector(text: str) -> list[tuple[str, str, tuple[str, ...]]]:
             out.append((part, "exists", ()))
     return out
 
+EVENT_FIELDS = ("involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+                "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+                "reportingComponent", "source", "type")
+"""The fields the real API server selects Events by besides ``metadata.name`` and ``metadata.namespace`` (its
+Event field label conversion; any other is refused: tests/contract)."""
+
+
+def parse_fields(plural: str, text: str) -> list[tuple[str, bool, str]]:
+    """A field selector, ``a=b``, ``a==b`` or ``a!=b`` terms joined by commas, as (path, equal, value). The
+    fields the real server supports for ``plural`` only; any other is refused as the real one refuses it."""
+    out = []
+    for term in filter(None, text.split(",")):
+        found = re.fullmatch(r"([A-Za-z.]+)(!=|==|=)(.*)", term)
+        if not found:
+            raise ApiFailure(400, "BadRequest", f"invalid selector: '{text}'; can't understand '{term}'")
+        path, op, value = found.groups()
+        allowed = ("metadata.name", "metadata.namespace", *(EVENT_FIELDS if plural == "events" else ()))
+        if path not in allowed:
+            raise ApiFailure(400, "BadRequest", f"field label not supported: {path}")
+        out.append((path, op != "!=", value))
+    return out
+
+
+def fields_match(obj: Obj, selector: list[tuple[str, bool, str]]) -> bool:
+    def value(path: str) -> str:
+        if path == "source":
+            return str(((obj.get("source") or {}).get("component")) or "")
+        got: Any = obj
+        for part in path.split("."):
+            got = got.get(part) if isinstance(got, dict) else None
+        return "" if got is None else str(got)
+    return all((value(path) == want) == equal for path, equal, want in selector)
+
+
 def matches(labels: Mapping[str, str], selector: list[tuple[str, str, tuple[str, ...]]]) -> bool:
     for key, op, values in selector:
         have = key in labels
@@ -914,6 +948,7 @@ class FakeApiServer:
     def list(self, kind: Kind, namespace: str | None, params: Mapping[str, str]) -> Obj:
         with self._lock:
             selector = parse_selector(params.get("labelSelector", ""))
+            fields = parse_fields(kind.plural, params.get("fieldSelector", ""))
             limit = int(params.get("limit") or 0)
             token = params.get("continue")
             rv_param = params.get("resourceVersion")
@@ -947,6 +982,8 @@ class FakeApiServer:
             for key in self._candidates(kind, namespace, selector, after, limit):
                 obj = self._objects.get(key) if snap_rv == self._rv else self._at(key, snap_rv)
                 if obj is None or not matches(obj["metadata"].get("labels") or {}, selector):
+                    continue
+                if fields and not fields_match(obj, fields):
                     continue
                 if limit and len(items) >= limit:
                     next_after = items[-1]["metadata"].get("namespace", "") + "/" + items[-1]["metadata"]["name"]
