@@ -400,13 +400,20 @@ def orphaned_job_text(job: JobView, jobset: JobSetView | None) -> str | None:
     plane (issue 34, the two-hour campaign): 4 minutes after kube-apiserver restarts the garbage collector had
     not removed such a Job, its owner long gone. A Job made after the JobSet read is not called an earlier
     one's (a read that raced a re-creation)."""
+    state = ("has finished" if job.finished else "is suspended" if job.suspended
+             else "is not suspended and could still start pods")
+    if jobset is None and job.owner_uid and not (job.finished or job.suspended):
+        # no JobSet of the name at all: its owner is gone, and nothing will ever suspend it (seen in a MultiKueue
+        # worker, where MultiKueue deletes a copy rather than suspending it)
+        return (f"job {job.name} {ORPHANED_JOB} of this name (uid {job.owner_uid}) that no longer exists, and "
+                f"{state}: nothing will suspend it; the garbage collector normally removes it within seconds, but if "
+                "it stays it missed its owner's deletion (seen after a kube-apiserver restart); delete it: "
+                f"{job_removal(job.name)}")
     if (jobset is None or jobset.deleting or not jobset.uid or job.owner_uid == jobset.uid
             or job.jobset_name != jobset.name):
         return None
     if job.created is not None and jobset.created is not None and job.created > jobset.created:
         return None
-    state = ("has finished" if job.finished else "is suspended" if job.suspended
-             else "is not suspended and could still start pods")
     whose = (f"{ORPHANED_JOB} of this name (uid {job.owner_uid}), deleted since," if job.owner_uid
              else f"has no owner: it {ORPHANED_JOB} of this name, orphaned, and belongs")
     return (f"job {job.name} {whose} not to this one (uid {jobset.uid}), and {state}: JobSet cannot create this "

@@ -859,13 +859,13 @@ class Campaign:
                 await self.admin.delete(res, obj_name, propagation="Background")
                 gone.append(res.kind)
         jobset = await self.admin.get_or_none(k.JOBSETS, name)
-        if jobset is not None:
-            for job in (await self.admin.list(k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items:
-                owners = [o for o in job["metadata"].get("ownerReferences") or []
-                          if o.get("controller") and o.get("kind") == "JobSet"]
-                if not owners or owners[0].get("uid") != jobset["metadata"]["uid"]:
-                    await self.admin.delete(k.JOBS, job["metadata"]["name"], propagation="Background")
-                    gone.append(f"Job {job['metadata']['name']}")
+        current = str(jobset["metadata"]["uid"]) if jobset is not None else ""
+        for job in (await self.admin.list(k.JOBS, labels=f"jobset.sigs.k8s.io/jobset-name={name}")).items:
+            owners = [o for o in job["metadata"].get("ownerReferences") or []
+                      if o.get("controller") and o.get("kind") == "JobSet"]
+            if not owners or owners[0].get("uid") != current:
+                await self.admin.delete(k.JOBS, job["metadata"]["name"], propagation="Background")
+                gone.append(f"Job {job['metadata']['name']}")
         self.note(f"deleted {', '.join(gone) or 'nothing'} of an earlier TrainJob {name}, as its status named")
         return " and ".join(gone)
 

@@ -768,7 +768,8 @@ class FakeCluster:
                     # an earlier JobSet's Job of this name, which its collector missed: the real JobSet's create
                     # is refused (AlreadyExists), it records JobCreationFailed and retries; this one never runs
                     self.event(js, "Warning", "JobCreationFailed",
-                               f'jobs.batch "{job_name}" already exists', "jobset-controller")
+                               f'job "{job_name}" creation failed with error: jobs.batch "{job_name}" already exists',
+                               "jobset-controller")
                     statuses.append({"name": rj["name"], "active": 0, "ready": 0, "succeeded": 0, "failed": 0,
                                      "suspended": 0})
                     continue
