@@ -427,12 +427,15 @@ class Reader:
         less, never fails."""
         if not tj.ref.uid or not tj.dispatch_object or tj.managed_by == n.MULTIKUEUE:
             return []
+        pages = self.kube.pages(api.EVENTS, fields=f"involvedObject.uid={tj.ref.uid},reason={d.BUILD_FAILED}",
+                                limit=50)
         try:
-            got = await self.kube.list(api.EVENTS, fields=f"involvedObject.uid={tj.ref.uid},reason={d.BUILD_FAILED}",
-                                       limit=50)
+            first = await anext(pages, None)   # one page of at most 50: the recorders aggregate repeats
         except (NotFound, Forbidden):
             return []
-        return [EventView.from_obj(e) for e in got.items[:200]]
+        finally:
+            await pages.aclose()
+        return [EventView.from_obj(e) for e in (first.items if first is not None else [])[:50]]
 
     async def _list_or_empty(self, res: api.Res, labels: str | None = None) -> list[Obj]:
         try:
