@@ -9,8 +9,9 @@ interleaved round by round so that a change of the machine's load touches every 
   server in this process, named by a kubeconfig; it answers 404 and the command ends).
 * references: ``import typer.main`` (what ``--help`` cannot avoid), the third-party modules first estimated
   for ``status NAME`` (``THIRD_PARTY``), those it does load before its first request
-  (``STATUS_THIRD_PARTY``: the part of its start that is not dispatch's) and those it loaded before its
-  plain values were converted without typer's pydantic adapters (``STATUS_THIRD_PARTY_BEFORE``).
+  (``STATUS_THIRD_PARTY``: the part of its start that is not dispatch's), those it loaded while the parser
+  read every line (``STATUS_THIRD_PARTY_PARSER``) and before its plain values were converted without typer's
+  pydantic adapters (``STATUS_THIRD_PARTY_BEFORE``).
 * The kubeconfig is YAML with several clusters and users (``kubeconfig_text``), as a developer's is.
 * a completion TAB: ``dispatch sta<TAB>`` as the shells' scripts ask it (``dispatch __complete sta``), and
   ``status lla<TAB>`` (object names, listed from the same local server).
@@ -45,13 +46,18 @@ THIRD_PARTY = ("import typer.main, pydantic, rich.console, rich.table, httpx2, a
 """The third-party part of ``status NAME``'s start as first estimated (typer 0.29 converts each parameter's value
 with pydantic): kept as the reference earlier runs printed."""
 
-STATUS_THIRD_PARTY = "import typer.main, httpx2, httpcore2, asyncio, yaml, msgspec, ssl, threading"
+STATUS_THIRD_PARTY = ("import httpx2, httpcore2, asyncio, yaml, msgspec, ssl, threading, anyio._backends._asyncio, "
+                      "anyio._core._sockets")
 """What ``status NAME`` itself loads of other packages before its first request (read from ``sys.modules`` as the
-request leaves): typer (its parser), httpx2's transport and httpcore2 (and with it h11, anyio, truststore), the
-YAML reader of the kubeconfig. rich prints after the answer. The floor under which no change to dispatch's own
-modules can bring the command."""
+request leaves): httpx2's transport and httpcore2 (and with them h11, anyio and its asyncio backend, truststore,
+and the ``importlib.metadata`` their versions are read with), the YAML reader of the kubeconfig. rich prints
+after the answer; a plain line loads no parser (``cli._plain``). The floor under which no change to dispatch's
+own modules can bring the command."""
 
-STATUS_THIRD_PARTY_BEFORE = STATUS_THIRD_PARTY + ", typer._adapters, pydantic.plugin._loader"
+STATUS_THIRD_PARTY_PARSER = STATUS_THIRD_PARTY + ", typer.main"
+"""What it loaded with the parser (before ``cli._plain``): typer too."""
+
+STATUS_THIRD_PARTY_BEFORE = STATUS_THIRD_PARTY_PARSER + ", typer._adapters, pydantic.plugin._loader"
 """What it loaded before ``cli._coerce``: typer built a pydantic ``TypeAdapter`` for each parameter it converted
 (``typer._adapters`` imports most of pydantic, whose plugin loader reads the installed packages' metadata)."""
 
@@ -143,6 +149,7 @@ def main() -> None:
         "import typer": lambda: run([*py, "import typer.main"], env),
         "import what status needs (no dispatch)": lambda: run([*py, THIRD_PARTY], env),
         "import what status loads (no dispatch)": lambda: run([*py, STATUS_THIRD_PARTY], env),
+        "what status loaded with typer": lambda: run([*py, STATUS_THIRD_PARTY_PARSER], env),
         "what status loaded before (pydantic)": lambda: run([*py, STATUS_THIRD_PARTY_BEFORE], env),
         "dispatch --version": lambda: run([*py, ENTRY, "--version"], env),
         "dispatch --help": lambda: run([*py, ENTRY, "--help"], env),

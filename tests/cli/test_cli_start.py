@@ -150,9 +150,32 @@ def test_a_user_command_loads_nothing_of_the_controller_testbed_fence_or_docs(ar
 
 
 def test_status_loads_only_its_own_command_module(tmp_path: Path) -> None:
-    modules = modules_after("status", "x", tmp_path=tmp_path)
+    """A line the parser must read (here a watch) loads the status command's module and no other."""
+    modules = modules_after("status", "x", "--watch", tmp_path=tmp_path)
     assert loaded(modules, COMMAND_MODULES) == ["dispatch.cli._commands"]
     assert loaded(modules, ("dispatch.cli._spec", "dispatch.cli._release")) == []
+
+
+@pytest.mark.parametrize("args", [("status", "x"), ("get", "x", "-o", "json"),
+                                  ("-n", "ns", "status", "x", "--no-headers")])
+def test_a_plain_status_line_loads_no_parser(args: tuple[str, ...], tmp_path: Path) -> None:
+    """``status NAME`` with plain options is read by ``cli._plain``: neither typer nor any command's module is
+    loaded, start to end (an error included: this one cannot reach its server)."""
+    modules = modules_after(*args, tmp_path=tmp_path)
+    assert "dispatch.cli._plain" in modules and "dispatch._adapter" in modules
+    assert loaded(modules, ("typer", "click", "pydantic", "dispatch.cli._app", "dispatch.cli._common",
+                            "dispatch.cli._coerce", *COMMAND_MODULES, *NEVER)) == []
+
+
+def test_status_sends_its_first_request_with_only_what_reading_needs(tmp_path: Path) -> None:
+    """When a plain ``status NAME``'s first request leaves, nothing only opening, writing, following, the fleet
+    or administration uses is loaded (``_adapter`` imports those in the methods that use them), nor what prints
+    the answer or reports an error (loaded after the answer)."""
+    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules
+    assert loaded(modules, ("typer", "dispatch._admin", "dispatch._enrol", "dispatch._events", "dispatch._fleet",
+                            "dispatch._follow", "dispatch._validate", "dispatch.cli._output", "dispatch.cli._errors",
+                            *COMMAND_MODULES)) == []
 
 
 def test_status_sends_its_first_request_before_loading_rich_or_the_template_parser(tmp_path: Path) -> None:
@@ -167,9 +190,10 @@ def test_status_converts_its_values_without_pydantic(tmp_path: Path) -> None:
     """typer converts each parameter's value with a pydantic adapter it builds on first use; ``status NAME``'s
     values are plain (strings, flags, absent options), converted by ``cli._coerce`` as typer would, so neither
     pydantic nor typer's adapters are loaded before its first request (they cost more than the rest of its
-    start). A value typer must convert still loads them (``test_coerce``)."""
-    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
-    assert "dispatch._adapter" in modules
+    start). A value typer must convert still loads them (``test_coerce``). A plain ``status NAME`` loads no
+    parser at all (``_plain``); this line is one the parser reads."""
+    modules = modules_at_first_request("status", "x", "--request-timeout", "5s", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules and "typer" in modules  # a line the parser reads (not plain)
     assert loaded(modules, ("pydantic", "pydantic_core", "typer._adapters")) == []
 
 

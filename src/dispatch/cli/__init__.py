@@ -4,8 +4,8 @@ Exit codes: 0 success; 1 unexpected failure (and ``ceased``'s "not ceased", as `
 error; 3 retryable failure (``Unreachable``, including ``PodsRemain``); 4 refused (``Refused``); 130 interrupted.
 
 The entry points load only what the command asked for (``_app`` loads each command's module on demand;
-``__complete`` answers a shell's TAB before the command line's parser is even built), so that the command
-starts about as fast as kubectl.
+``__complete`` answers a shell's TAB before the command line's parser is even built; a plain ``status NAME``
+line is run by ``_plain`` without it), so that the command starts about as fast as kubectl.
 """
 
 from __future__ import annotations
@@ -70,9 +70,20 @@ def main(prog_name: str | None = "dispatch") -> None:
 
     if answer_shell(args, prog="dispatch"):  # a TAB: answered without building the command line
         return
+    _plainly(args)
     from ._app import app
 
     app(prog_name=prog_name)
+
+
+def _plainly(args: list[str]) -> None:
+    """Run a plain ``status NAME`` line without building the parser (``_plain``) and exit as the parser would;
+    return for any other line."""
+    from ._plain import parse, run
+
+    line = parse(args)
+    if line is not None:
+        raise SystemExit(run(line))
 
 
 def kubectl_main() -> None:
@@ -81,6 +92,7 @@ def kubectl_main() -> None:
 
     if answer_shell(sys.argv[1:], prog="kubectl-dispatch"):
         return
+    _plainly(sys.argv[1:])
     from ._app import app
 
     app(prog_name="kubectl dispatch")
