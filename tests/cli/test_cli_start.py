@@ -231,3 +231,29 @@ def test_the_command_line_uses_no_private_module_of_typer() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             used += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("typer._") or ".typer._" in n]
     assert used == []
+
+
+@pytest.mark.parametrize("args", [("__complete", "sta"), ("__complete", "status", "x"), ("status", "x")])
+def test_a_tab_and_a_plain_line_end_without_the_collectors_last_passes(args: tuple[str, ...], tmp_path: Path) -> None:
+    """The objects are frozen at exit (``cli._end_lightly``), so the interpreter's last collections skip them;
+    the answer is printed whole all the same. A line the parser reads keeps the collector."""
+    for line, frozen in ((args, True), (("status", "x", "--watch"), False)):
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        }))
+        code = textwrap.dedent(f"""
+            import atexit, gc, os, sys
+            atexit.register(lambda: os.write(2, f"FROZEN {{gc.get_freeze_count() > 0}}\\n".encode()))  # runs last
+            sys.argv = ["dispatch", *{list(line)!r}]
+            from dispatch.cli import main
+            main()
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                                   "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)})
+        assert proc.stderr.splitlines()[-1] == f"FROZEN {frozen}", (line, proc.stdout, proc.stderr)
+        if line[0] == "__complete":
+            assert proc.stdout.splitlines()[-1].startswith(":")  # cobra's directive: the answer printed whole

@@ -69,6 +69,7 @@ def main(prog_name: str | None = "dispatch") -> None:
     from ._completion import answer_shell
 
     if answer_shell(args, prog="dispatch"):  # a TAB: answered without building the command line
+        _end_lightly()
         return
     _plainly(args)
     from ._app import app
@@ -83,7 +84,21 @@ def _plainly(args: list[str]) -> None:
 
     line = parse(args)
     if line is not None:
-        raise SystemExit(run(line))
+        code = run(line)
+        _end_lightly()
+        raise SystemExit(code)
+
+
+def _end_lightly() -> None:
+    """Leave the objects made so far to the process's end: the interpreter's last collections walk every object
+    of the ~300 modules an answer from the cluster loads (~30 ms of a TAB that lists names, ~20% of it). Only
+    objects in reference cycles are left uncollected; what these paths write goes to stdout and stderr, which
+    the interpreter flushes all the same, and exit handlers run as before. Registered to run at exit, so that a
+    caller of ``main`` in a longer-lived process keeps its collector until then."""
+    import atexit
+    import gc
+
+    atexit.register(gc.freeze)
 
 
 def kubectl_main() -> None:
@@ -91,6 +106,7 @@ def kubectl_main() -> None:
     from ._completion import answer_shell
 
     if answer_shell(sys.argv[1:], prog="kubectl-dispatch"):
+        _end_lightly()
         return
     _plainly(sys.argv[1:])
     from ._app import app
@@ -104,3 +120,4 @@ def kubectl_complete_main() -> None:
     from ._completion import complete_main
 
     complete_main(sys.argv[1:])
+    _end_lightly()
