@@ -257,3 +257,44 @@ def test_a_tab_and_a_plain_line_end_without_the_collectors_last_passes(args: tup
         assert proc.stderr.splitlines()[-1] == f"FROZEN {frozen}", (line, proc.stdout, proc.stderr)
         if line[0] == "__complete":
             assert proc.stdout.splitlines()[-1].startswith(":")  # cobra's directive: the answer printed whole
+
+
+@pytest.mark.parametrize(("args", "collecting"), [(("status", "x"), False), (("status", "x", "--watch"), True)])
+def test_the_collector_is_off_while_a_plain_line_reads(args: tuple[str, ...], collecting: bool,
+                                                     tmp_path: Path) -> None:
+    """A plain ``status NAME`` sends its first request with the cyclic collector off (``cli._lightly``); a line
+    the parser reads runs with it on."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent(f"""
+        import gc, os, socket, sys
+        def connect(self, *a):
+            os.write(1, f"COLLECTING {{gc.isenabled()}}\\n".encode())
+            os._exit(0)
+        socket.socket.connect = connect
+        sys.argv = ["dispatch", *{list(args)!r}]
+        from dispatch.cli import main
+        main()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                               "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)})
+    assert proc.stdout.strip() == f"COLLECTING {collecting}", (proc.stdout, proc.stderr)
+
+
+def test_a_caller_of_main_gets_its_collector_back(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from dispatch.cli import main
+
+    monkeypatch.setattr("sys.argv", ["dispatch", "__complete", "sta"])
+    monkeypatch.setattr("atexit.register", lambda *a: None)  # this process keeps its collector at exit too
+    assert gc.isenabled()
+    main()
+    assert gc.isenabled()
+    assert capsys.readouterr().out == "status\n:4\n"
