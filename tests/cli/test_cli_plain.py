@@ -71,7 +71,7 @@ ROOT = [[], ["-n", "team-a"], ["--namespace=team-a"], ["-o", "json"], ["--read-o
         ["--context", "ctx"], ["--kubeconfig=/k"], ["--debug"]]
 OWN = [[], ["-n", "team-a"], ["-nteam-a"], ["--namespace", "team-a"], ["-o", "yaml"], ["-ojson"],
        ["--output=name"], ["-o", "wide"], ["-o", "jsonpath={.state}"], ["-o", "custom-columns=N:.name,S:.state"],
-       ["--no-headers"], ["--read-only"], ["--context=ctx"], ["-o", "json", "-n", "team-a"]]
+       ["--no-headers"], ["--read-only"], ["--context=ctx"], ["-o", "json", "-n", "team-a"], ["-n", "Bad_NS"]]
 GLOBAL = {"--read-only", "--context", "--kubeconfig", "--debug"}
 
 

@@ -298,3 +298,37 @@ def test_a_caller_of_main_gets_its_collector_back(capsys: pytest.CaptureFixture[
     main()
     assert gc.isenabled()
     assert capsys.readouterr().out == "status\n:4\n"
+
+
+def test_the_benchs_floor_is_what_a_plain_status_line_loads_of_other_packages(tmp_path: Path) -> None:
+    """``bench/cli_start_bench.py``'s floor (``STATUS_THIRD_PARTY``) loads exactly the modules of other packages
+    and of the standard library that ``status NAME`` has loaded when its first request leaves: the floor the
+    bench compares the command with is neither short of them nor over."""
+    from bench.cli_start_bench import STATUS_THIRD_PARTY
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent("""
+        import os, socket, sys
+        def connect(self, *a):  # the request's connection: where the bench's server sees it
+            os.write(1, ("MODULES:" + ",".join(sys.modules)).encode())
+            os._exit(0)
+        socket.socket.connect = connect
+        sys.argv = ["dispatch", "status", "x"]
+        from dispatch.cli import main
+        main()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "KUBECONFIG": str(kubeconfig),
+                              "HOME": str(tmp_path)}).stdout
+    first = {m for m in out.removeprefix("MODULES:").split(",") if not m.startswith("dispatch")}
+    proc = subprocess.run([sys.executable, "-c", STATUS_THIRD_PARTY + "; import sys; print(','.join(sys.modules))"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    floor = set(proc.stdout.strip().split(","))
+    assert sorted(first - floor - {"gc"}) == []  # gc: built in, what turns the collector off
+    assert sorted(floor - first) == []
