@@ -158,3 +158,33 @@ def test_the_command_line_entry_runs_a_plain_line_without_the_parser() -> None:
                           env={"PYTHONPATH": str(root / "src"), "PATH": "/usr/bin:/bin", "HOME": "/nonexistent"})
     assert proc.stdout.strip() == "EXIT 4 False", (proc.stdout, proc.stderr)
     assert proc.stderr.startswith("error: ")
+
+
+@pytest.mark.parametrize("error", [BrokenPipeError(32, "Broken pipe"), KeyboardInterrupt(), EOFError(),
+                                   RuntimeError("unexpected")])
+def test_an_ending_while_printing_is_the_parsers(objects: FakeCluster, monkeypatch: pytest.MonkeyPatch,
+                                                error: BaseException) -> None:
+    """A closed pipe, Ctrl-C or the end of input while the answer is printed ends both ways alike (exit code and
+    stderr); any other exception goes on to the caller both ways."""
+    import sys
+
+    import dispatch.cli._commands
+    import dispatch.cli._output
+
+    def fail(*args: object, **kwargs: object) -> None:
+        raise error
+
+    monkeypatch.setattr(dispatch.cli._output, "print_status", fail)
+    monkeypatch.setattr(dispatch.cli._commands, "print_status", fail)
+    stdout, stderr = sys.stdout, sys.stderr
+    try:
+        if isinstance(error, RuntimeError):
+            for _ in range(2):
+                with pytest.raises(RuntimeError):
+                    both(objects, ["status", "llama-s1"])
+            return
+        via_typer, via_plain = both(objects, ["status", "llama-s1"])
+    finally:
+        sys.stdout, sys.stderr = stdout, stderr  # a closed pipe leaves them wrapped, both ways
+    assert via_plain == via_typer
+    assert via_plain[3] == {BrokenPipeError: 1, KeyboardInterrupt: 130, EOFError: 1}[type(error)]

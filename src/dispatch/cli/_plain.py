@@ -147,7 +147,8 @@ def run(line: Plain, connect: Callable[[Settings], Adapter] | None = None) -> in
     except KeyboardInterrupt:
         return 130  # as the parser's main ends a Ctrl-C outside the command's guard
     except EOFError:
-        sys.stderr.write("\nAborted!\n")
+        sys.stderr.write("\nAborted!\n")  # click's echo, then its Abort's message
+        sys.stderr.flush()
         return 1
     except OSError as exc:
         import errno
