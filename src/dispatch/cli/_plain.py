@@ -1,7 +1,7 @@
 """``dispatch status NAME`` without the command line's parser, when the line is plain (issue 37).
 
 Building typer's parser (typer, its click, the root command, the status command's module and its ~30
-parameters) was a sixth of the command's start before its first request. The lines a person types most, ``status
+parameters) took ~20 ms of the command's start before its first request. The lines a person types most, ``status
 NAME`` or ``get NAME`` with a namespace, an output format, a context or a kubeconfig, are read here instead;
 ``parse`` returns None for anything else (help, a watch, a filter, an unknown, repeated or malformed option, a
 value the parser would refuse), and the parser runs as before, so every usage error and every other line is
