@@ -6,11 +6,12 @@ interleaved round by round so that a change of the machine's load touches every 
 
 * ``--version`` and ``--help``: the whole process, start to exit.
 * ``status NAME``: from the process's start to its first request reaching an API server (a local HTTP
-  server in this process, named by a kubeconfig; it answers 404 and the command ends).
+  server in this process, named by a kubeconfig; it answers 404 and the command ends), and to its exit.
 * references: ``import typer.main`` (what ``--help`` cannot avoid), the third-party modules first estimated
   for ``status NAME`` (``THIRD_PARTY``), those it does load before its first request
-  (``STATUS_THIRD_PARTY``: the part of its start that is not dispatch's) and those it loaded before its
-  plain values were converted without typer's pydantic adapters (``STATUS_THIRD_PARTY_BEFORE``).
+  (``STATUS_THIRD_PARTY``: the part of its start that is not dispatch's), those it loaded while the parser
+  read every line (``STATUS_THIRD_PARTY_PARSER``) and before its plain values were converted without typer's
+  pydantic adapters (``STATUS_THIRD_PARTY_BEFORE``).
 * The kubeconfig is YAML with several clusters and users (``kubeconfig_text``), as a developer's is.
 * a completion TAB: ``dispatch sta<TAB>`` as the shells' scripts ask it (``dispatch __complete sta``), and
   ``status lla<TAB>`` (object names, listed from the same local server).
@@ -45,13 +46,23 @@ THIRD_PARTY = ("import typer.main, pydantic, rich.console, rich.table, httpx2, a
 """The third-party part of ``status NAME``'s start as first estimated (typer 0.29 converts each parameter's value
 with pydantic): kept as the reference earlier runs printed."""
 
-STATUS_THIRD_PARTY = "import typer.main, httpx2, httpcore2, asyncio, yaml, msgspec, ssl, threading"
+STATUS_THIRD_PARTY = ("import httpx2, httpcore2, asyncio, yaml, msgspec, ssl, threading, anyio._backends._asyncio, "
+                      "anyio._core._sockets")
 """What ``status NAME`` itself loads of other packages before its first request (read from ``sys.modules`` as the
-request leaves): typer (its parser), httpx2's transport and httpcore2 (and with it h11, anyio, truststore), the
-YAML reader of the kubeconfig. rich prints after the answer. The floor under which no change to dispatch's own
-modules can bring the command."""
+request leaves): httpx2's transport and httpcore2 (and with them h11, anyio and its asyncio backend, truststore,
+and the ``importlib.metadata`` their versions are read with), the YAML reader of the kubeconfig. rich prints
+after the answer; a plain line loads no parser (``cli._plain``). The floor under which no change to dispatch's
+own modules can bring the command."""
 
-STATUS_THIRD_PARTY_BEFORE = STATUS_THIRD_PARTY + ", typer._adapters, pydantic.plugin._loader"
+STATUS_FLOOR = f"import gc; gc.disable(); {STATUS_THIRD_PARTY}; import os; os._exit(0)"
+"""``STATUS_THIRD_PARTY`` as the plain ``status NAME`` line loads it (the cyclic collector off) and timed to the
+end of its imports, as the first request is (the other references also time the interpreter's teardown, ~20-30
+ms with these modules loaded): the floor ``status NAME (to 1st request)`` compares with."""
+
+STATUS_THIRD_PARTY_PARSER = STATUS_THIRD_PARTY + ", typer.main"
+"""What it loaded with the parser (before ``cli._plain``): typer too."""
+
+STATUS_THIRD_PARTY_BEFORE = STATUS_THIRD_PARTY_PARSER + ", typer._adapters, pydantic.plugin._loader"
 """What it loaded before ``cli._coerce``: typer built a pydantic ``TypeAdapter`` for each parameter it converted
 (``typer._adapters`` imports most of pydantic, whose plugin loader reads the installed packages' metadata)."""
 
@@ -143,10 +154,13 @@ def main() -> None:
         "import typer": lambda: run([*py, "import typer.main"], env),
         "import what status needs (no dispatch)": lambda: run([*py, THIRD_PARTY], env),
         "import what status loads (no dispatch)": lambda: run([*py, STATUS_THIRD_PARTY], env),
+        "floor: the same, to the end of imports": lambda: run([*py, STATUS_FLOOR], env),
+        "what status loaded with typer": lambda: run([*py, STATUS_THIRD_PARTY_PARSER], env),
         "what status loaded before (pydantic)": lambda: run([*py, STATUS_THIRD_PARTY_BEFORE], env),
         "dispatch --version": lambda: run([*py, ENTRY, "--version"], env),
         "dispatch --help": lambda: run([*py, ENTRY, "--help"], env),
         "dispatch status NAME (to 1st request)": lambda: to_first_request([*py, ENTRY, "status", "llama-s1"], env),
+        "dispatch status NAME (to exit)": lambda: run([*py, ENTRY, "status", "llama-s1"], env),
         "TAB: dispatch sta<TAB>": lambda: run([*py, ENTRY, "__complete", "sta"], env),
         "TAB: dispatch status lla<TAB>": lambda: run([*py, ENTRY, "__complete", "status", "lla"], env),
     }
@@ -154,14 +168,16 @@ def main() -> None:
                "TAB: dispatch sta<TAB>": 200, "TAB: dispatch status lla<TAB>": 200}
     for case in cases.values():  # warm: bytecode written, files cached
         case()
+    load_before = os.getloadavg()
     times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.rounds):
         for name, case in cases.items():
             times[name].append(case() * 1000)
     server.shutdown()
     floor = statistics.median(times["python -c pass"])
-    print(f"load: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} {os.getloadavg()[2]:.2f} "
-          f"({os.cpu_count()} cores); python {sys.version.split()[0]}; {args.rounds} rounds")
+    load = os.getloadavg()
+    print(f"load: {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f} before, {load[0]:.2f} {load[1]:.2f} "
+          f"{load[2]:.2f} after ({os.cpu_count()} cores); python {sys.version.split()[0]}; {args.rounds} rounds")
     print(f"{'case':40} {'median ms':>10} {'min ms':>8} {'ratio':>7} {'target ms':>10}")
     for name, values in times.items():
         med = statistics.median(values)

@@ -10,7 +10,7 @@ checkpoints on its execution's A.
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ._adapter import Adapter, AsyncAdapter, validate_spec
+    from ._adapter import Adapter, AsyncAdapter
     from ._enrol import ENROL_LABEL
     from ._names import (
         ANNOTATION_ADMISSION,
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         Volume,
         Worker,
     )
+    from ._validate import validate_spec
     from ._views import POD_FINALIZER
     from .errors import (
         Conflict,
@@ -52,13 +53,14 @@ if TYPE_CHECKING:
     from .fencefs import FencedFileSystem
 
 _LAZY = {
-    "._adapter": ("Adapter", "AsyncAdapter", "validate_spec"),
+    "._adapter": ("Adapter", "AsyncAdapter"),
     "._enrol": ("ENROL_LABEL",),
     "._overrides": ("ConfigOverrides",),
     "._names": ("ANNOTATION_ADMISSION", "CONTROLLER_NAME", "LABEL_ADMISSION", "LABEL_JOB_ID", "LABEL_SUBMISSION",
                 "PATCH_MANAGER"),
     "._records": ("Cause", "Cessation", "Identity", "JobSpec", "PodEnd", "RemainingPod", "State", "Status",
                   "Toleration", "Volume", "Worker"),
+    "._validate": ("validate_spec",),
     "._views": ("POD_FINALIZER",),
     ".errors": ("Conflict", "DispatchError", "FieldCause", "Forbidden", "InvalidInput", "NotFound", "NotServed",
                 "PodsRemain", "ReadOnly", "Refused", "Unreachable"),

@@ -12,36 +12,43 @@ import asyncio
 import dataclasses
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx2
 
-from . import _admin, _core
+from . import _core
 from . import _decision as d
-from . import _enrol as enr
-from . import _events as ev
 from . import _kube as k
 from . import _names as n
 from . import _trainer as tr
 from ._api import Obj
 from ._core import Core
-from ._fleet import MULTIKUEUE, Fleet, WorkerView, ceased_across
-from ._follow import Follower, Selection, selections
 from ._overrides import ConfigOverrides
 from ._read import TRAINER_MISSING, Reader, Target
 from ._records import Cessation, Identity, JobSpec, PodEnd, RemainingPod, State, Status, Worker
-from ._validate import runtime_problems
-from ._validate import validate_spec as validate_spec
 from ._views import PodView, annotations_of, labels_of, name_of
 from .errors import FieldCause, InvalidInput, NotFound, PodsRemain, ReadOnly, Refused, Unreachable
+
+if TYPE_CHECKING:
+    from ._fleet import WorkerView
+    from ._follow import Follower
+
+# What only opening, writing, following, the fleet and administration use is imported by the method that uses it:
+# ``status NAME`` reads without them (issue 37: the command's start).
 
 T = TypeVar("T")
 SETTLE_SECONDS = 10.0
 """How long a release waits for lower layers to acknowledge a suspension before it reports them."""
+
+
+def _validate_spec(spec: JobSpec) -> str:
+    """``_validate.validate_spec``, imported when a spec is opened (``dispatch.validate_spec`` is that one)."""
+    from ._validate import validate_spec
+
+    return validate_spec(spec)
 
 
 def find_selector(*, job_id: str | None = None, submission: str | None = None, unmanaged: bool = False,
@@ -174,6 +181,8 @@ class AsyncAdapter:
         """Whether the object's processes are proven gone. Writes nothing; needs get on Nodes."""
         n.validate_ref(name)
         tj, local, here = await self.core.reader.cessation(name)
+        from ._fleet import MULTIKUEUE, Fleet, ceased_across
+
         if tj is None or tj.managed_by != MULTIKUEUE or not here.ceased:
             return here
         return await ceased_across(Fleet(self._kube), self.core.reader, tj, local, here)
@@ -187,7 +196,7 @@ class AsyncAdapter:
         With ``hold=False`` (plain mode) it is then released through the same check as ``release``, so
         its A is recorded before anything can start.
         """
-        name = validate_spec(spec)
+        name = _validate_spec(spec)
         _writer(self, "open")
         body, warnings = await _body(self.core.reader, spec, name)
         if spec.termination_grace_period_seconds is not None:
@@ -224,7 +233,7 @@ class AsyncAdapter:
         applies its defaults with ``dryRun=All``, storing nothing; else it is the body dispatch would
         send (the runtime is still read). The submission is not claimed, so a submission already taken
         is found only by the real ``open``."""
-        name = validate_spec(spec)
+        name = _validate_spec(spec)
         if server:
             _writer(self, "open")
         body, _ = await _body(self.core.reader, spec, name)
@@ -243,6 +252,10 @@ class AsyncAdapter:
         TrainJob, with or without the queue-name label) the hold is the Workload's ``active`` flag, and
         Kueue admits through dispatch's check.
         """
+        import uuid
+
+        from . import _events as ev
+
         n.validate_ref(name)
         _writer(self, "release")
         token = uuid.uuid4().hex
@@ -280,6 +293,8 @@ class AsyncAdapter:
 
     async def hold(self, name: str) -> Status:
         """Suspend the object (in Kueue mode: deactivate its Workload). Its pods then start to go."""
+        from . import _events as ev
+
         n.validate_ref(name)
         _writer(self, "hold")
         tj = await self.core.reader.trainjob(name)
@@ -300,6 +315,8 @@ class AsyncAdapter:
         """Delete the object, after recording its A in the identity record and releasing its claim
         (the record outlives it, so a re-opened submission goes on counting). Returns the pods that
         remain: they still block a same-named or same-submission new object."""
+        from . import _events as ev
+
         n.validate_ref(name)
         _writer(self, "close")
         tj = await self.core.reader.trainjob_or_none(name)
@@ -370,6 +387,8 @@ class AsyncAdapter:
 
         Only for a submission no process of which can still run and whose old A nothing fences on any
         more: after it, a re-opened submission may reuse numbers. Refused while a TrainJob holds it."""
+        from . import _admin
+
         _writer(self, "forget")
         n.check([FieldCause(f, f"{v!r} is not a valid label value", "FieldValueInvalid")
                  for f, v in (("job_id", job_id), ("submission", submission))
@@ -385,6 +404,9 @@ class AsyncAdapter:
         A worker no MultiKueueCluster names any more (removed from the manager) that identity records still
         remember: every such record forgets it (``_admin.forget_worker``), which is the operator's word that it
         runs none of their pods; NotFound when no record remembers it either."""
+        from . import _admin
+        from ._fleet import Fleet
+
         try:
             return _worker(await Fleet(self._kube).confirm_down(worker))
         except NotFound:
@@ -397,11 +419,15 @@ class AsyncAdapter:
 
     async def workers(self) -> list[Worker]:
         """The MultiKueue workers (MultiKueueClusters) as Kueue sees them; empty outside a manager."""
+        from ._fleet import Fleet
+
         return [_worker(w) for _, w in sorted((await Fleet(self._kube).workers()).items())]
 
     async def migrate(self) -> tuple[int, int]:
         """Fold the old ``dispatch-admissions`` ledger and every dispatch TrainJob's A into identity
         records, then delete the ledger (needs ``dispatch-admin``). Returns (created, raised)."""
+        from . import _admin
+
         _writer(self, "migrate")
         return await _admin.migrate(self.core)
 
@@ -410,6 +436,8 @@ class AsyncAdapter:
     async def follow(self, name: str, *, interval: float = 1.0) -> Follower:
         """Start following the object's pods (both selections) and its TrainJob; ``changed`` on the
         result waits for the next change. Close it (``aclose`` or ``async with``) when done."""
+        from ._follow import Follower, selections
+
         n.validate_ref(name)
         tj = await self.core.reader.trainjob(name)
         follower = Follower(self._kube, selections(name, tj.job_id, tj.submission), interval=interval,
@@ -422,6 +450,8 @@ class AsyncAdapter:
                           interval: float = 1.0) -> Follower:
         """Follow what ``find`` with the same filters answers from: the TrainJobs it lists and the pods of
         dispatch's objects (and, with ``unmanaged``, every JobSet's pods), for ``status --watch``."""
+        from ._follow import Follower, Selection
+
         labels = find_selector(job_id=job_id, submission=submission, unmanaged=unmanaged, selector=selector)
         pods = f"{n.LABEL_JOB_ID}={job_id}" if job_id else n.LABEL_JOB_ID
         chosen = [Selection(k.TRAINJOBS, labels or "", all_namespaces),
@@ -501,6 +531,8 @@ def _writer(adapter: AsyncAdapter, verb: str) -> None:
 async def _body(reader: Reader, spec: JobSpec, name: str) -> tuple[Obj, tuple[str, ...]]:
     """The TrainJob body ``open`` sends, built over the runtime it names (read here), and the runtime's
     warnings; what of the spec the runtime cannot take is refused naming the field, before any write."""
+    from ._validate import runtime_problems
+
     shape, warnings = await reader.runtime_shape(spec)
     n.check(runtime_problems(spec, shape, f"{spec.runtime_kind} {spec.runtime}"))
     return tr.trainjob_body(spec, name, reader.namespace, shape.jobs, trainer_jobs=shape.trainer_jobs), warnings
@@ -508,6 +540,10 @@ async def _body(reader: Reader, spec: JobSpec, name: str) -> tuple[Obj, tuple[st
 
 async def _manifest_body(reader: Reader, manifest: Mapping[str, Any]) -> tuple[Obj, str, str]:
     """(the body, job-id, submission) of a TrainJob manifest brought under dispatch by ``_enrol.enrol``."""
+    import uuid
+
+    from . import _enrol as enr
+
     problems = enr.manifest_problems(manifest, reader.namespace)
     n.check([FieldCause(field, message, "FieldValueInvalid") for field, message in problems])
     ref = enr.runtime_ref(manifest)
@@ -523,6 +559,8 @@ async def _create(adapter: AsyncAdapter, body: Obj, name: str, job_id: str, subm
                   warnings: tuple[str, ...]) -> Status:
     """``open``'s writes after its body is built: the TrainJob created on its claimed submission (``Core.open``),
     and (``hold`` False) released through the same check as ``release``."""
+    from . import _events as ev
+
     core = adapter.core
     if not hold:
         # An earlier object of the same name or submission may still have pods: refuse before writing

@@ -150,9 +150,32 @@ def test_a_user_command_loads_nothing_of_the_controller_testbed_fence_or_docs(ar
 
 
 def test_status_loads_only_its_own_command_module(tmp_path: Path) -> None:
-    modules = modules_after("status", "x", tmp_path=tmp_path)
+    """A line the parser must read (here a watch) loads the status command's module and no other."""
+    modules = modules_after("status", "x", "--watch", tmp_path=tmp_path)
     assert loaded(modules, COMMAND_MODULES) == ["dispatch.cli._commands"]
     assert loaded(modules, ("dispatch.cli._spec", "dispatch.cli._release")) == []
+
+
+@pytest.mark.parametrize("args", [("status", "x"), ("get", "x", "-o", "json"),
+                                  ("-n", "ns", "status", "x", "--no-headers")])
+def test_a_plain_status_line_loads_no_parser(args: tuple[str, ...], tmp_path: Path) -> None:
+    """``status NAME`` with plain options is read by ``cli._plain``: neither typer nor any command's module is
+    loaded, start to end (an error included: this one cannot reach its server)."""
+    modules = modules_after(*args, tmp_path=tmp_path)
+    assert "dispatch.cli._plain" in modules and "dispatch._adapter" in modules
+    assert loaded(modules, ("typer", "click", "pydantic", "dispatch.cli._app", "dispatch.cli._common",
+                            "dispatch.cli._coerce", *COMMAND_MODULES, *NEVER)) == []
+
+
+def test_status_sends_its_first_request_with_only_what_reading_needs(tmp_path: Path) -> None:
+    """When a plain ``status NAME``'s first request leaves, nothing only opening, writing, following, the fleet
+    or administration uses is loaded (``_adapter`` imports those in the methods that use them), nor what prints
+    the answer or reports an error (loaded after the answer)."""
+    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules
+    assert loaded(modules, ("typer", "dispatch._admin", "dispatch._enrol", "dispatch._events", "dispatch._fleet",
+                            "dispatch._follow", "dispatch._validate", "dispatch.cli._output", "dispatch.cli._errors",
+                            *COMMAND_MODULES)) == []
 
 
 def test_status_sends_its_first_request_before_loading_rich_or_the_template_parser(tmp_path: Path) -> None:
@@ -167,9 +190,10 @@ def test_status_converts_its_values_without_pydantic(tmp_path: Path) -> None:
     """typer converts each parameter's value with a pydantic adapter it builds on first use; ``status NAME``'s
     values are plain (strings, flags, absent options), converted by ``cli._coerce`` as typer would, so neither
     pydantic nor typer's adapters are loaded before its first request (they cost more than the rest of its
-    start). A value typer must convert still loads them (``test_coerce``)."""
-    modules = modules_at_first_request("status", "x", tmp_path=tmp_path)
-    assert "dispatch._adapter" in modules
+    start). A value typer must convert still loads them (``test_coerce``). A plain ``status NAME`` loads no
+    parser at all (``_plain``); this line is one the parser reads."""
+    modules = modules_at_first_request("status", "x", "--request-timeout", "5s", tmp_path=tmp_path)
+    assert "dispatch._adapter" in modules and "typer" in modules  # a line the parser reads (not plain)
     assert loaded(modules, ("pydantic", "pydantic_core", "typer._adapters")) == []
 
 
@@ -207,3 +231,104 @@ def test_the_command_line_uses_no_private_module_of_typer() -> None:
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             used += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.startswith("typer._") or ".typer._" in n]
     assert used == []
+
+
+@pytest.mark.parametrize("args", [("__complete", "sta"), ("__complete", "status", "x"), ("status", "x")])
+def test_a_tab_and_a_plain_line_end_without_the_collectors_last_passes(args: tuple[str, ...], tmp_path: Path) -> None:
+    """The objects are frozen at exit (``cli._end_lightly``), so the interpreter's last collections skip them;
+    the answer is printed whole all the same. A line the parser reads keeps the collector."""
+    for line, frozen in ((args, True), (("status", "x", "--watch"), False)):
+        kubeconfig = tmp_path / "config"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "c",
+            "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+            "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+        }))
+        code = textwrap.dedent(f"""
+            import atexit, gc, os, sys
+            atexit.register(lambda: os.write(2, f"FROZEN {{gc.get_freeze_count() > 0}}\\n".encode()))  # runs last
+            sys.argv = ["dispatch", *{list(line)!r}]
+            from dispatch.cli import main
+            main()
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                                   "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)})
+        assert proc.stderr.splitlines()[-1] == f"FROZEN {frozen}", (line, proc.stdout, proc.stderr)
+        if line[0] == "__complete":
+            assert proc.stdout.splitlines()[-1].startswith(":")  # cobra's directive: the answer printed whole
+
+
+@pytest.mark.parametrize(("args", "collecting"), [(("status", "x"), False), (("status", "x", "--watch"), True)])
+def test_the_collector_is_off_while_a_plain_line_reads(args: tuple[str, ...], collecting: bool,
+                                                     tmp_path: Path) -> None:
+    """A plain ``status NAME`` sends its first request with the cyclic collector off (``cli._lightly``); a line
+    the parser reads runs with it on."""
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent(f"""
+        import gc, os, socket, sys
+        def connect(self, *a):
+            os.write(1, f"COLLECTING {{gc.isenabled()}}\\n".encode())
+            os._exit(0)
+        socket.socket.connect = connect
+        sys.argv = ["dispatch", *{list(args)!r}]
+        from dispatch.cli import main
+        main()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin",
+                               "KUBECONFIG": str(kubeconfig), "HOME": str(tmp_path)})
+    assert proc.stdout.strip() == f"COLLECTING {collecting}", (proc.stdout, proc.stderr)
+
+
+def test_a_caller_of_main_gets_its_collector_back(capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from dispatch.cli import main
+
+    monkeypatch.setattr("sys.argv", ["dispatch", "__complete", "sta"])
+    monkeypatch.setattr("atexit.register", lambda *a: None)  # this process keeps its collector at exit too
+    assert gc.isenabled()
+    main()
+    assert gc.isenabled()
+    assert capsys.readouterr().out == "status\n:4\n"
+
+
+def test_the_benchs_floor_is_what_a_plain_status_line_loads_of_other_packages(tmp_path: Path) -> None:
+    """``bench/cli_start_bench.py``'s floor (``STATUS_THIRD_PARTY``) loads exactly the modules of other packages
+    and of the standard library that ``status NAME`` has loaded when its first request leaves: the floor the
+    bench compares the command with is neither short of them nor over."""
+    from bench.cli_start_bench import STATUS_THIRD_PARTY
+
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {}}], "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    code = textwrap.dedent("""
+        import os, socket, sys
+        def connect(self, *a):  # the request's connection: where the bench's server sees it
+            os.write(1, ("MODULES:" + ",".join(sys.modules)).encode())
+            os._exit(0)
+        socket.socket.connect = connect
+        sys.argv = ["dispatch", "status", "x"]
+        from dispatch.cli import main
+        main()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "KUBECONFIG": str(kubeconfig),
+                              "HOME": str(tmp_path)}).stdout
+    first = {m for m in out.removeprefix("MODULES:").split(",") if not m.startswith("dispatch")}
+    proc = subprocess.run([sys.executable, "-c", STATUS_THIRD_PARTY + "; import sys; print(','.join(sys.modules))"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    floor = set(proc.stdout.strip().split(","))
+    assert sorted(first - floor - {"gc"}) == []  # gc: built in, what turns the collector off
+    assert sorted(floor - first) == []

@@ -23,9 +23,10 @@ from .. import __version__
 from .._overrides import ConfigOverrides
 from ._codes import EXIT_CODES_HELP
 from ._coerce import convert_plainly
-from ._common import OUTPUT_HELP, NoHeadersOpt, _format, _set_format
+from ._common import OUTPUT_HELP, NoHeadersOpt, _format
 from ._registry import ALIASES, COMMANDS, KUBECTL_VERBS, hoist
 from ._state import CliState, Settings
+from ._state import set_format as _set_format
 from ._timing import parse_duration
 
 HELP = f"""Run Kubeflow Trainer v2 TrainJobs so that one object never has two executions at once.

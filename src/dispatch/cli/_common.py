@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from ._state import FORMATS, CliState, Output, Settings, parse_format
+from ._state import FORMATS, CliState, Output, parse_format
+from ._state import set_format as _set_format
 
 
 def _format(value: str | None) -> str | None:
@@ -54,9 +55,3 @@ def _state(ctx: typer.Context, output: str | None = None, namespace: str | None 
         raise typer.BadParameter(f"{ctx.info_name}'s answer names no object; use another -o ({FORMATS})",
                                  ctx=ctx, param_hint="'-o' / '--output'")
     return state
-
-
-def _set_format(settings: Settings, value: str) -> None:
-    fmt = parse_format(value)  # checked already by the option's callback
-    settings.output = fmt.output
-    settings.format = fmt

@@ -9,8 +9,6 @@ import traceback
 from collections.abc import Iterator
 from types import FrameType
 
-import typer
-
 from .._decision import UNMANAGED_HINT
 from ..errors import (
     DispatchError,
@@ -163,16 +161,28 @@ def report(state: CliState, exc: DispatchError) -> int:
     return exit_code(exc)
 
 
+def outcome(state: CliState, exc: BaseException) -> int | None:
+    """The exit code of an expected error (a ``DispatchError``, Ctrl-C), its message printed; None for any other
+    exception (the caller lets it go on). ``guard`` and the parser-less ``status NAME`` (``_plain``) share it."""
+    if isinstance(exc, DispatchError):
+        return report(state, exc)
+    if isinstance(exc, KeyboardInterrupt):
+        state.err.print("interrupted; nothing was left half-written", highlight=False)
+        return EXIT_INTERRUPTED
+    return None
+
+
 @contextlib.contextmanager
 def guard(state: CliState) -> Iterator[None]:
     """Turn expected errors into a message and an exit code; Ctrl-C into exit 130."""
     try:
         yield
-    except DispatchError as exc:
-        raise typer.Exit(report(state, exc)) from None
-    except KeyboardInterrupt:
-        state.err.print("interrupted; nothing was left half-written", highlight=False)
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except (DispatchError, KeyboardInterrupt) as exc:
+        import typer  # loaded already wherever a command runs through the parser
+
+        code = outcome(state, exc)
+        assert code is not None  # an expected error has a code
+        raise typer.Exit(code) from None
 
 
 class Interrupts:

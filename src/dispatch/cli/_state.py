@@ -109,6 +109,13 @@ class Settings:
     """kubectl's ``-v``: from 6 on, each request and its answer is printed to stderr."""
 
 
+def set_format(settings: Settings, value: str) -> None:
+    """``-o``'s value into ``settings`` (checked already: by the option's callback, or by ``_plain``)."""
+    fmt = parse_format(value)
+    settings.output = fmt.output
+    settings.format = fmt
+
+
 def connect_adapter(settings: Settings) -> Adapter:
     """The product's adapter factory: a real connection from the kubeconfig."""
     from .._adapter import Adapter
