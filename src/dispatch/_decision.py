@@ -960,6 +960,19 @@ STALE_EVICTION = ("Kueue is finishing the eviction of workload {workload}: it wa
                   "'{{\"status\":{{\"jobsStatus\":[]}}}}'` lets Kueue finish")
 
 
+KUEUE_NEVER_ADMITS = "Kueue never admits this TrainJob again"
+"""The words that mark a Workload Kueue declared finished under a TrainJob that has not run (the campaign runner
+closes and re-opens on them)."""
+
+WORKLOAD_FINISHED = (
+    "workload {workload} is Finished though trainjob {name} has not run to an end: {never} (Kueue finishes a "
+    "Workload when its TrainJob reports Complete or Failed, and Trainer v2.3 copies those conditions from the JobSet "
+    "of the TrainJob's name, which right after a re-open can still be an earlier TrainJob's that the garbage "
+    "collector has not removed; seen on the real control plane at a re-open's creation, issue 34); "
+    "`dispatch close {name}` and open it again (a new TrainJob gets a new Workload; the submission's A goes on)")
+WORKLOAD_FINISHED = WORKLOAD_FINISHED.replace("{never}", KUEUE_NEVER_ADMITS)
+
+
 def workload_note(workload: WorkloadView | None, trainjob: TrainJobView | None = None) -> str:
     """What a Workload's own state says about a wait, for status (held, waiting for quota, an eviction Kueue
     cannot finish)."""
@@ -968,6 +981,9 @@ def workload_note(workload: WorkloadView | None, trainjob: TrainJobView | None =
     if (trainjob is not None and trainjob.managed_by == "kueue.x-k8s.io/multikueue" and workload.evicted
             and workload.quota_reserved):
         return STALE_EVICTION.format(workload=workload.ref.name, name=trainjob.name)
+    if (workload.finished and trainjob is not None and trainjob.state in (State.HELD, State.QUEUED)
+            and trainjob.labelled):
+        return WORKLOAD_FINISHED.format(workload=workload.ref.name, name=trainjob.name)
     if not workload.active:
         return "workload deactivated (held); release reactivates it"
     if not workload.quota_reserved:

@@ -124,3 +124,27 @@ def test_the_event_view_is_strict_and_bounded() -> None:
                                "series": {"lastObservedTime": "2026-12-04T10:00:00.123456Z"}})
     assert view.reason == "" and view.message == "x" * EventView.MESSAGE_LIMIT and view.last is not None
     assert EventView.from_obj({}).last is None
+
+
+def workload(*conditions: str, active: bool = True) -> Any:
+    from dispatch._kueue import WorkloadView
+    return WorkloadView.from_obj({"metadata": {"name": "trainjob-llama-s1-7c18d", "namespace": "ns"},
+                                  "spec": {"active": active},
+                                  "status": {"conditions": [{"type": c, "status": "True"} for c in conditions]}})
+
+
+def queued(uid: str = "tj-new") -> TrainJobView:
+    return TrainJobView.from_obj({"metadata": {"name": NAME, "uid": uid, "labels": {
+        LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1", "kueue.x-k8s.io/queue-name": "lq"}}, "spec": {"suspend": True}})
+
+
+def test_a_workload_kueue_finished_under_a_trainjob_that_never_ran_names_close_and_open() -> None:
+    """The third campaign's stall (issue 34, seed 1081610348): a re-opened TrainJob's Workload declared Finished
+    at its creation; the object stayed Queued ("waiting for Kueue to admit it") and release changed nothing."""
+    note = d.workload_note(workload("Finished", "QuotaReserved"), queued())
+    assert d.KUEUE_NEVER_ADMITS in note and f"`dispatch close {NAME}` and open it again" in note, note
+    cause = d.explain(queued(), None, None, note)
+    assert d.KUEUE_NEVER_ADMITS in str(cause), cause
+    # a Workload that is not finished says what it said before
+    assert d.workload_note(workload(), queued()).startswith("waiting for quota")
+    assert d.workload_note(workload("QuotaReserved", active=False), queued()).startswith("workload deactivated")

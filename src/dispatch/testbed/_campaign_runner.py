@@ -796,7 +796,7 @@ class Campaign:
                 self.report.liveness_actions["open"] += 1
             elif name is not None and why.startswith("Running") and (word := named_word(why)) is not None:
                 await self._give_word(sub, word)
-            elif why.startswith(("Failed", "Succeeded")):
+            elif why.startswith(("Failed", "Succeeded")) or d.KUEUE_NEVER_ADMITS in why:
                 await adapter.close(name)
                 self.report.liveness_actions["close and open again"] += 1
             elif why.startswith(("Held", "Queued")):
