@@ -12,6 +12,7 @@ import logging
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -45,14 +46,24 @@ def test_a_stop_during_an_api_outage_logs_only_json(tmp_path: Path) -> None:
          "--leader-elect", "--lease-namespace", "default", "--metrics-port", str(probes), "--guard-port", "0",
          "--guard-cert-dir", str(tmp_path / "certs")],
         stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"})
+    seen: list[str] = []
+    assert proc.stderr is not None
+    reader = threading.Thread(target=lambda: seen.extend(proc.stderr or ()), daemon=True)
+    reader.start()
     try:
-        time.sleep(3)               # the informers, the Lease and the guard's publisher all fail meanwhile
-        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        # The informers, the Lease and the guard's publisher all fail meanwhile: wait for the first failure
+        # logged (the loop runs), however slow the start on a loaded machine, then stop it.
+        deadline = time.monotonic() + 120
+        while not any("list/watch failed" in line for line in list(seen)) and time.monotonic() < deadline:
+            assert proc.poll() is None, "".join(seen)
+            time.sleep(0.1)
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
+    err = "".join(seen)
     assert proc.returncode == 0, err[-2000:]
     lines = [line for line in err.splitlines() if line.strip()]
     bare = [line for line in lines if not line.startswith("{")]
@@ -106,3 +117,28 @@ def test_the_message_is_under_msg_and_nothing_else_is(capsys: pytest.CaptureFixt
     assert moved == {"a pod of the previous execution may still run", "not the message"}
     for got in (waits, denied):
         assert "event" not in got and "message" not in got
+
+
+STOPPED_WHILE_STARTING = """
+import signal, sys
+import dispatch.controller as c
+from dispatch.controller.__main__ import main
+logging_configured = c.configure_logging
+def configure_then_stopped(level):
+    logging_configured(level)
+    signal.raise_signal(signal.SIGTERM)    # the kubelet stops the pod before the event loop runs
+c.configure_logging = configure_then_stopped
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_stop_while_it_starts_is_a_clean_stop(tmp_path: Path) -> None:
+    """SIGTERM before the event loop's handlers exist (a pod stopped while it starts) exits 0, in JSON lines."""
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPED_WHILE_STARTING, "--kubeconfig", str(unreachable_kubeconfig(tmp_path / "kc")),
+         "--metrics-port", str(free_port())],
+        stderr=subprocess.PIPE, text=True, env={"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin"},
+        timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = [json.loads(line) for line in proc.stderr.splitlines() if line.strip()]
+    assert "controller stopped" in {e["msg"] for e in events}

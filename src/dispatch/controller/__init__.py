@@ -156,6 +156,11 @@ def run_from_cli(options: ControllerOptions) -> int:
     webhook over HTTPS (None: no guard), with a certificate for its Service in ``lease_namespace``.
     """
     o = options
+    # A pod may be stopped while it starts: a SIGTERM before the loop's handlers exist is kept, and honoured
+    # as a clean stop once they do, rather than ending the process with Python's default action.
+    early: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: early.append(signum))
     configure_logging(o.log_level)
     log = structlog.get_logger("dispatch.controller")
     serving: MetricsServing | None = None
@@ -192,6 +197,8 @@ def run_from_cli(options: ControllerOptions) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, stop.set)
+        if early:
+            stop.set()
         try:
             await Controller(kube, config, metrics=Metrics.create(registry)).run(stop)
         except DispatchError as exc:
