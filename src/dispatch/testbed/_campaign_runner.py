@@ -486,8 +486,13 @@ class Campaign:
             state = "frozen" if "freeze" in self.active else self.ready(await self.node())
             if state == "gone":
                 return "skipped (no Node to taint)"
-            await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}=nodeshutdown:NoExecute",
-                                    "--overwrite")
+            try:
+                await asyncio.to_thread(testbed.kubectl, "taint", "node", NODE, f"{OOS}=nodeshutdown:NoExecute",
+                                        "--overwrite")
+            except RuntimeError as exc:
+                if "NotFound" not in str(exc):
+                    raise
+                return "skipped (the Node was deleted meanwhile)"  # a node_delete fault racing this one
             self.taint_windows.append((_now_ms(), None))
             self.note(f"out-of-service taint on {NODE} while its kubelet was {state} (its processes not shown "
                       "to have stopped: the operator's error the contract rules out)")
