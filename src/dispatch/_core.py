@@ -270,7 +270,8 @@ class Core:
                 raise Refused(refusal[0], reason=refusal[1])
             step = d.release_step(tj, inputs.workload)
             if step == "finished":
-                raise Refused(d.finished_text(tj), reason=tj.state.value)
+                raise Refused(d.finished_text(tj, inputs.snapshot.jobset if inputs.lower_read else None),
+                              reason=tj.state.value)
             if step in ("running", "kueue"):
                 # a hold Kueue has not acted on yet (the Workload deactivated, the job still running): releasing
                 # undoes it, or the object would end up held although release said it runs

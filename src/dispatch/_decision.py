@@ -282,8 +282,48 @@ def dispatch_refusal(trainjob: TrainJobView) -> tuple[str, str] | None:
     return None
 
 
-def finished_text(trainjob: TrainJobView) -> str:
-    return f"trainjob {trainjob.name} is {trainjob.state.value.lower()}; open a new submission to run again"
+def finished_text(trainjob: TrainJobView, jobset: JobSetView | None = None) -> str:
+    return (copied_end_text(trainjob, jobset)
+            or f"trainjob {trainjob.name} is {trainjob.state.value.lower()}; open a new submission to run again")
+
+
+COPIED_END = "is not this TrainJob's own"
+"""The words that mark a Complete or Failed condition an earlier TrainJob's JobSet lent this one."""
+
+
+def copied_end_text(trainjob: TrainJobView, jobset: JobSetView | None) -> str | None:
+    """Why a TrainJob that reports Complete or Failed has not run, and the way out; or None.
+
+    Trainer v2.3 copies the Complete and Failed conditions of the JobSet *of the TrainJob's name* into the
+    TrainJob's status, whoever owns that JobSet, with the JobSet's own ``lastTransitionTime``; Kueue then
+    declares the Workload finished. An earlier TrainJob's finished JobSet that the garbage collector left (a
+    close, a kube-apiserver restart, a re-open under the name) so makes the new TrainJob look Succeeded or
+    Failed before it ran (reproduced on the real control plane, issue 34). Complete is never taken back: Trainer
+    builds nothing for a finished TrainJob, and Kueue never admits a finished Workload; only a new TrainJob runs.
+    Two signs, either enough: the JobSet of the name is controlled by another TrainJob uid, or (the JobSet since
+    collected) the end is dated before this TrainJob's creation. The second compares the JobSet controller's
+    clock with the API server's; it only words this status, and decides nothing."""
+    if trainjob.state not in (State.SUCCEEDED, State.FAILED):
+        return None
+    condition = "Complete" if trainjob.complete else "Failed"
+    name = trainjob.name
+    after = (f"then `dispatch close {name}` and open it again (Trainer builds nothing for a TrainJob that reports "
+             f"{condition}, and Kueue never admits its Workload again; a new TrainJob runs, and the submission's A "
+             "goes on)")
+    uid = trainjob.ref.uid
+    if jobset is not None and jobset.owner_uid and uid and jobset.owner_uid != uid and not jobset.deleting:
+        return (f"trainjob {name} reports {condition}, but the condition {COPIED_END}: Trainer v2.3 copied it from "
+                f"jobset {jobset.name}, which {ORPHANED} of this name (uid {jobset.owner_uid}), deleted since, not "
+                f"to this one (uid {uid}); this TrainJob has not run. The garbage collector missed that owner's "
+                f"deletion (seen after a kube-apiserver restart) and never removes it: delete them, "
+                f"{orphan_removal(jobset.name)}, {after}")
+    ended, created = trainjob.ended_at, trainjob.created
+    if ended is not None and created is not None and ended < created:
+        return (f"trainjob {name} reports {condition} dated {ended.isoformat()}, before this TrainJob was created "
+                f"({created.isoformat()}): the condition {COPIED_END} (Trainer v2.3 copies it from the JobSet of "
+                f"the TrainJob's name, here an earlier TrainJob's, with that JobSet's time), and this TrainJob has "
+                f"not run; {after}")
+    return None
 
 
 def _job_blocker(job: JobView) -> str | None:

@@ -787,7 +787,9 @@ class Reader:
                                                         d.jobs_nonindexed(snap.jobs, name)),
                                       self.keeper_idle(snap.object_pods(Target.of(tj)), snap.nodes)],
                             record=record, workload=workload,
-                            stalled="; ".join(filter(None, [
+                            # an end Trainer copied from an earlier TrainJob's JobSet says all: nothing of this
+                            # one is built again (and an earlier refusal to build it no longer matters)
+                            stalled=d.copied_end_text(tj, snap.jobset) or "; ".join(filter(None, [
                                 d.stalled_jobset_text(tj, snap.jobset, runtime_jobs),
                                 d.unbuilt_text(tj, await self.build_failures(tj)) if snap.jobset is None else None,
                                 d.orphaned_jobs_text(snap.jobset, snap.jobs)])) or None)
@@ -846,7 +848,9 @@ class Reader:
                                     d.workload_note(wl, t), kueue=wl is not None or bool(t.queue),
                                     warnings=[d.jobs_replacement_warning(snap.jobs, t.name), *gap(t)],
                                     record=records.get((t.job_id, t.submission)), workload=wl,
-                                    stalled=d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))))
+                                    stalled="; ".join(filter(None, [
+                                        d.copied_end_text(t, snap.jobset),
+                                        d.stalled_jobset_text(t, snap.jobset, runtime_jobs(t))])) or None))
         return sorted(out, key=lambda s: s.name)
 
     async def status_records(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], ident.RecordView | None]:

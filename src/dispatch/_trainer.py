@@ -37,6 +37,7 @@ from ._views import (
     Ref,
     annotations_of,
     condition_true,
+    conditions,
     is_deleting,
     is_suspended,
     items,
@@ -111,6 +112,10 @@ class TrainJobView:
     """``spec.managedBy`` ("" for Trainer's own controller); MultiKueue's value means a worker runs a copy."""
     prebuilt_workload: str = ""
     """A MultiKueue copy's Workload when Kueue names it by annotation rather than label."""
+    ended_at: datetime | None = None
+    """The ``lastTransitionTime`` of its Complete (else Failed) condition: Trainer v2.3 copies the condition of
+    the JobSet of the TrainJob's name with that JobSet's time, so an end dated before this TrainJob's creation
+    is an earlier TrainJob's (seen on the real control plane, issue 34)."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:
@@ -170,6 +175,8 @@ class TrainJobView:
             runtime_name=text(mapping(mapping(obj.get("spec")).get("runtimeRef")).get("name")),
             managed_by=text(mapping(obj.get("spec")).get("managedBy"))[:253],
             prebuilt_workload=ann.get(PREBUILT_WORKLOAD_LABEL, "")[:253],
+            ended_at=_parse_time(conditions(obj).get("Complete" if condition_true(obj, "Complete") else "Failed",
+                                                     {}).get("lastTransitionTime")),
         )
 
     @property

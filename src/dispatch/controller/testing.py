@@ -199,6 +199,21 @@ class FakeKueue:
             if wl["metadata"].get("deletionTimestamp") or \
                     self.server.get(TRAINER, "trainjobs", ns, tj_name) is None:
                 continue  # its TrainJob is gone: reconcile_jobs releases it
+            if _cond(wl, "Finished"):
+                continue  # Kueue never admits a finished Workload again
+            tj = self.server.get(TRAINER, "trainjobs", ns, tj_name)
+            ended = next((c for c in ((tj or {}).get("status") or {}).get("conditions") or []
+                          if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None)
+            if ended is not None:
+                # the job reports finished (a TrainJob's Complete or Failed, whatever wrote it): Kueue declares
+                # the Workload finished (seen with Kueue v0.19.2, tests/contract/test_trainer_status.py)
+                def finished(obj: Obj, ended: Obj = ended) -> None:
+                    _set(obj, "Finished", True, "Succeeded" if ended["type"] == "Complete" else "Failed")
+                    for c in obj["status"]["conditions"]:
+                        if c["type"] == "Finished":
+                            c["message"] = str(ended.get("message") or "")
+                self.server.update(KUEUE, "workloads", ns, name, finished, status=True)
+                continue
             if _cond(wl, "Evicted"):
                 self._finish_eviction(wl, ns, tj_name)
                 continue

@@ -613,6 +613,23 @@ class FakeCluster:
                 self._identities[meta["uid"]] = (tj_labels.get(LABEL_JOB_ID, ""), tj_labels.get(LABEL_SUBMISSION, ""))
             self._runs[meta["uid"]] = (runs, suspend)
             js = self.server.get(JOBSET, "jobsets", ns, name)
+
+            def trainer_status(obj: Obj, suspend: bool = suspend, js: Obj | None = js) -> None:
+                """Trainer v2.3's status step, after any build: Failed dropped, Suspended as the spec says, then
+                the Complete and Failed of the JobSet *of the TrainJob's name*, whoever owns it, copied with that
+                JobSet's own reason, message and time (tests/contract/test_trainer_status.py)."""
+                conds = obj.setdefault("status", {}).setdefault("conditions", [])
+                conds[:] = [c for c in conds if c.get("type") != "Failed"]
+                _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
+                for theirs, ours in (("Completed", "Complete"), ("Failed", "Failed")):
+                    got = next((c for c in ((js or {}).get("status") or {}).get("conditions") or []
+                                if c.get("type") == theirs and c.get("status") == "True"), None)
+                    if got is not None and not _cond(obj, ours):
+                        conds.append({**got, "type": ours})
+            if _cond(tj, "Complete"):
+                # finished: Trainer v2.3 builds nothing more for it (``IsTrainJobFinished``), only its status
+                self.server.update(TRAINER, "trainjobs", ns, name, trainer_status, status=True)
+                continue
             earlier = js is not None and any(o.get("controller") and o.get("kind") == "TrainJob"
                                              and o.get("uid") != meta["uid"]
                                              for o in js["metadata"].get("ownerReferences") or [])
@@ -620,10 +637,9 @@ class FakeCluster:
                 # an earlier TrainJob's snapshot ConfigMap or JobSet (its collector missed that owner's deletion):
                 # the real Trainer v2.3 builds nothing while either exists (TrainJobResourcesCreationFailed, "a
                 # snapshot configmap exists but is owned by another object"), and leaves the JobSet alone; its
-                # status still says Suspended as the spec does (seen: Suspended=True while it refused)
-                def suspended(obj: Obj, suspend: bool = suspend) -> None:
-                    _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
-                self.server.update(TRAINER, "trainjobs", ns, name, suspended, status=True)
+                # status still says Suspended as the spec does (seen: Suspended=True while it refused), and
+                # carries that JobSet's Complete or Failed
+                self.server.update(TRAINER, "trainjobs", ns, name, trainer_status, status=True)
                 continue
             desired = self._jobset_spec(tj)
             if desired is None:
@@ -651,9 +667,7 @@ class FakeCluster:
                 except ApiFailure:
                     pass  # refused (JobSet's webhook): the real Trainer records an Event, sets Suspended all the same
 
-            def cond(obj: Obj, suspend: bool = suspend) -> None:
-                _set_cond(obj, "Suspended", suspend, "Suspended" if suspend else "Resumed")
-            self.server.update(TRAINER, "trainjobs", ns, name, cond, status=True)
+            self.server.update(TRAINER, "trainjobs", ns, name, trainer_status, status=True)
 
     SNAPSHOT_REFUSED = ("TrainJob resources reconciliation failed: unable to get runtime snapshot: invalid runtime "
                         "snapshot: a snapshot configmap exists but is owned by another object")
@@ -757,8 +771,11 @@ class FakeCluster:
         """JobSet → child Jobs: suspend follows the JobSet; on resume, pod-template labels are merged in."""
         for js, meta in self._not_deleted(JOBSET, "jobsets"):
             ns, name = meta["namespace"], meta["name"]
+            if _cond(js, "Completed") or _cond(js, "Failed"):
+                continue  # JobSet v0.12 leaves a finished JobSet as it is (its TTL aside)
             suspend = bool(js["spec"].get("suspend"))
             statuses = []
+            completed: list[bool] = []
             for rj in js["spec"]["replicatedJobs"]:
                 job_name = f"{name}-{rj['name']}-0"
                 template = rj["template"]["spec"]["template"]
@@ -772,6 +789,7 @@ class FakeCluster:
                                "jobset-controller")
                     statuses.append({"name": rj["name"], "active": 0, "ready": 0, "succeeded": 0, "failed": 0,
                                      "suspended": 0})
+                    completed.append(False)
                     continue
                 if job is None:
                     # As the real JobSet labels a child Job and its pods (seen on the testbed, v0.12): which
@@ -811,12 +829,20 @@ class FakeCluster:
                     if not suspend:
                         self._pass_run(self._jobset_runs, meta["uid"], self._job_runs, job["metadata"]["uid"])
                 active = 1 if int((job.get("status") or {}).get("active") or 0) > 0 else 0
-                statuses.append({"name": rj["name"], "active": active, "ready": 0, "succeeded": 0, "failed": 0,
-                                 "suspended": 1 if job["spec"].get("suspend") else 0})
+                done = _cond(job, "Complete")
+                completed.append(done)
+                statuses.append({"name": rj["name"], "active": active, "ready": 0, "succeeded": 1 if done else 0,
+                                 "failed": 0, "suspended": 1 if job["spec"].get("suspend") else 0})
 
-            def status(obj: Obj, statuses: list[Obj] = statuses, suspend: bool = suspend) -> None:
+            def status(obj: Obj, statuses: list[Obj] = statuses, suspend: bool = suspend,
+                       done: bool = bool(completed) and all(completed)) -> None:
                 obj.setdefault("status", {})["replicatedJobsStatus"] = statuses
                 _set_cond(obj, "Suspended", suspend, "SuspendedJobs" if suspend else "ResumeJobs")
+                if done:  # the default success policy (every replicatedJob's Jobs), JobSet v0.12's words
+                    obj["status"]["conditions"].append({
+                        "type": "Completed", "status": "True", "reason": "AllJobsCompleted",
+                        "message": "jobset completed successfully",
+                        "lastTransitionTime": self.server.clock().strftime("%Y-%m-%dT%H:%M:%SZ")})
             self.server.update(JOBSET, "jobsets", ns, name, status, status=True)
 
     # ------------------------------------------------------------------ Job controller

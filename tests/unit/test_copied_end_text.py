@@ -1,0 +1,87 @@
+"""A Complete or Failed that Trainer copied from an earlier TrainJob's JobSet, told from the TrainJob's own end
+(issue 34; the real Trainer and Kueue in tests/contract/test_trainer_status.py). Pure: the view and the text."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, State
+from dispatch import _decision as d
+from dispatch._trainer import TrainJobView
+
+NAME = "llama-s1"
+CREATED = "2026-12-04T10:00:00Z"
+
+
+def trainjob(*conds: tuple[str, str, Any], uid: str = "tj-new", created: Any = CREATED) -> TrainJobView:
+    """``conds``: (type, status, lastTransitionTime)."""
+    return TrainJobView.from_obj({
+        "metadata": {"name": NAME, "uid": uid, "creationTimestamp": created,
+                     "labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}},
+        "spec": {"suspend": True},
+        "status": {"conditions": [{"type": t, "status": s, "lastTransitionTime": when} for t, s, when in conds]}})
+
+
+def jobset(owner: str | None, *, deleting: bool = False) -> d.JobSetView:
+    meta: dict[str, Any] = {"name": NAME, "uid": "js-1"}
+    if owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": NAME,
+                                    "uid": owner, "controller": True}]
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-04T10:00:09Z"
+    return d.JobSetView.from_obj({"metadata": meta, "spec": {"suspend": True, "replicatedJobs": [{"name": "node"}]},
+                                  "status": {"conditions": [{"type": "Completed", "status": "True"}]}})
+
+
+BEFORE, AFTER = "2026-12-04T09:50:00Z", "2026-12-04T10:05:00Z"
+
+
+@pytest.mark.parametrize("ctype,state", [("Complete", State.SUCCEEDED), ("Failed", State.FAILED)])
+def test_an_earlier_trainjobs_jobset_is_named_with_its_delete_and_the_close(ctype: str, state: State) -> None:
+    tj = trainjob((ctype, "True", AFTER))
+    assert tj.state is state
+    text = d.copied_end_text(tj, jobset("tj-old"))
+    assert text is not None and text.startswith(f"trainjob {NAME} reports {ctype}, but the condition {d.COPIED_END}: "
+                                                f"Trainer v2.3 copied it from jobset {NAME}, which {d.ORPHANED}"), text
+    assert "(uid tj-old)" in text and "(uid tj-new)" in text and "has not run" in text
+    assert f"kubectl delete jobset/{NAME} configmap/{NAME}-runtime-snapshot" in text
+    assert text.endswith("a new TrainJob runs, and the submission's A goes on)")
+    assert f"`dispatch close {NAME}` and open it again" in text
+    assert d.finished_text(tj, jobset("tj-old")) == text
+
+
+def test_an_end_dated_before_the_creation_is_called_copied_once_the_jobset_is_gone() -> None:
+    tj = trainjob(("Complete", "True", BEFORE))
+    for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
+        text = d.copied_end_text(tj, js)
+        assert text is not None and f"reports Complete dated 2026-12-04T09:50:00+00:00, before this TrainJob was " \
+            f"created (2026-12-04T10:00:00+00:00): the condition {d.COPIED_END}" in text, text
+        assert d.ORPHANED not in text
+
+
+def test_its_own_end_and_every_not_finished_state_are_not_called_copied() -> None:
+    own = trainjob(("Complete", "True", AFTER))
+    for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
+        assert d.copied_end_text(own, js) is None
+        assert d.finished_text(own, js) == f"trainjob {NAME} is succeeded; open a new submission to run again"
+    assert d.copied_end_text(trainjob(("Complete", "True", CREATED)), None) is None   # the same second: its own
+    for held in (trainjob(), trainjob(("Complete", "False", BEFORE)), trainjob(("Suspended", "True", BEFORE))):
+        assert held.state is State.HELD
+        assert d.copied_end_text(held, jobset("tj-old")) is None
+
+
+@pytest.mark.parametrize("when,created", [(None, CREATED), (5, CREATED), ("yesterday", CREATED), (BEFORE, None),
+                                          (BEFORE, "x" * 5000), ("9" * 5000, CREATED)])
+def test_times_that_do_not_parse_decide_nothing(when: Any, created: Any) -> None:
+    tj = trainjob(("Complete", "True", when), created=created)
+    assert tj.state is State.SUCCEEDED
+    assert d.copied_end_text(tj, None) is None
+
+
+def test_the_complete_condition_dates_the_end_when_both_are_there() -> None:
+    tj = trainjob(("Failed", "True", AFTER), ("Complete", "True", BEFORE))
+    assert tj.ended_at is not None and tj.ended_at.isoformat() == "2026-12-04T09:50:00+00:00"
+    assert trainjob(("Failed", "True", BEFORE)).ended_at is not None
+    assert trainjob().ended_at is None
