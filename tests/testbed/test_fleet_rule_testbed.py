@@ -675,10 +675,10 @@ def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
     """Issue 34: a seeded walk on the fleet, with dispatch installed in every worker: rounds drawn from
     ``FLEET_STEPS`` (a hold and release; the object's worker partitioned and healed before workerLostTimeout;
     lost past it and healed; lost past it and powered off, then confirmed down, at most once, the worker staying
-    off until the end, when it is powered on again). The observer holds throughout (never two pods of the object
-    alive in the fleet, A as dispatch issued it, rising by one per execution), and after every round the next
-    execution runs. ``DISPATCH_FLEET_CAMPAIGN_SEED`` replays a seed (printed), ``DISPATCH_FLEET_CAMPAIGN_ROUNDS``
-    (4) sizes it."""
+    off until the end, when it rejoins as an operator must bring it back: ``rejoin``). The observer holds
+    throughout (never two pods of the object alive in the fleet, A as dispatch issued it, rising by one per
+    execution), and after every round the next execution runs. ``DISPATCH_FLEET_CAMPAIGN_SEED`` replays a seed
+    (printed), ``DISPATCH_FLEET_CAMPAIGN_ROUNDS`` (4) sizes it."""
     import os
     import random
 
@@ -720,6 +720,29 @@ def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
             return None
         found_in: str = await _until(f"a pod with A={a} in a worker", step, timeout)
         return found_in
+
+    async def rejoin(obs: Observer, worker: str) -> None:
+        """``worker``, confirmed down, is powered on again as an operator must do it. Its old copy is still in its
+        API, admitted by its own Kueue; a real machine's kubelet would start that copy's pods again (JobSet's
+        ``OnFailure``), and MultiKueue (Kueue v0.19.2), reaching the worker again, takes the copy admitted earliest
+        for the admitted one and deletes the others: the current copy, while its cleanup never removes the old one
+        (the manager's Workload still exists). So the worker leaves MultiKueue's config first, is powered on, its old
+        copy is deleted there as its admin would (TrainJob, JobSet, Jobs, Workload), and it is put back once no pod
+        of the object is left in it."""
+        # off the event loop: the worker's guard (``_worker_guards``) answers from this very loop
+        await asyncio.to_thread(fleet.detach, worker)
+        try:
+            await asyncio.to_thread(fleet.heal, worker)
+            deletes = [(f"trainjob/{name}",), (f"jobset/{name}",),
+                       ("jobs", "-l", f"jobset.sigs.k8s.io/jobset-name={name}"),
+                       ("workloads", "-l", "kueue.x-k8s.io/multikueue-origin")]
+            for what in deletes:
+                await asyncio.to_thread(fleet.kubectl, worker, "delete", *what, "-n", ns, "--ignore-not-found",
+                                        "--wait=false", check=False)
+            await _until(f"the old pods in {worker} gone", lambda: obs.alive(worker) == [], 180)
+        finally:
+            await asyncio.to_thread(fleet.attach, worker)
+        obs.off.discard(worker)
 
     async def story() -> int:
         async with contextlib.AsyncExitStack() as stack:
@@ -765,10 +788,9 @@ def test_a_small_fleet_campaign_never_runs_two_executions_and_a_only_rises(
                             assert obs.overlaps == [], obs.overlaps
                     finally:
                         if off:
-                            fleet.heal(off)  # powered on again: MultiKueue deletes its stale copy there
-                            await _until(f"the old pods in {off} gone", lambda: obs.alive(off) == [], 180)
-                            obs.off.discard(off)
-                            record.append(f"{off} powered on again; its old pods gone")
+                            await rejoin(obs, off)
+                            record.append(f"{off} taken out of MultiKueue's config, powered on, its old copy "
+                                          "deleted there, its old pods gone, and put back")
                     assert any(pa == str(a) for _, pa in obs.alive(where) or []), obs.seen
                 assert obs.overlaps == [], obs.overlaps
                 assert obs.admissions() == [str(i) for i in range(1, a + 1)], obs.seen

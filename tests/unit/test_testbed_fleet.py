@@ -47,6 +47,16 @@ def test_unknown_cluster_and_non_worker_are_named(tmp_path: Path, monkeypatch: p
         fleet.fleet().cluster("worker-3")
     with pytest.raises(ValueError, match=r"manager is not a worker"):
         fleet.partition("manager")
+    with pytest.raises(ValueError, match=r"manager is not a worker"):
+        fleet.detach("manager")
+
+
+def test_a_worker_leaves_and_rejoins_multikueues_config_the_others_in_their_order() -> None:
+    """What :func:`fleet.detach` and :func:`fleet.attach` write as the MultiKueueConfig's ``spec.clusters``."""
+    assert fleet.with_member(["worker-1", "worker-2"], "worker-1", False) == ["worker-2"]
+    assert fleet.with_member(["worker-2"], "worker-1", False) == ["worker-2"]
+    assert fleet.with_member(["worker-2"], "worker-1", True) == ["worker-2", "worker-1"]
+    assert fleet.with_member(["worker-1", "worker-2"], "worker-1", True) == ["worker-1", "worker-2"]
 
 
 def test_multikueue_block_checks_its_settings() -> None:

@@ -41,6 +41,8 @@ WORKERS = ("worker-1", "worker-2")
 PORT_OFFSET_ENV = "DISPATCH_TESTBED_FLEET_PORT_OFFSET"
 """Port offset of the manager (default 200); worker-N gets it plus 100 * N."""
 MULTIKUEUE_QUEUE = "cq-multikueue"
+MULTIKUEUE_CONFIG = "multikueue"
+"""The manager's MultiKueueConfig: the workers MultiKueue dispatches to and reads copies from."""
 WORKER_QUEUE = "cq-fleet"
 _DURATION = re.compile(r"([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+")
 
@@ -382,6 +384,40 @@ def partition(worker: str) -> None:
 def heal(worker: str) -> None:
     """Start the partitioned worker's API server again (same arguments, same data); waits until it answers."""
     _testbed(_worker(worker), "start-component", "kube-apiserver")
+
+
+def detach(worker: str) -> None:
+    """Take ``worker`` out of the manager's MultiKueueConfig (its MultiKueueCluster stays): MultiKueue then
+    dispatches nothing there and reads none of its copies. Kueue v0.19.2, on reaching a worker again, takes the
+    earliest admitted copy it sees for the admitted one and deletes the others, so a worker confirmed down that
+    comes back with an old admitted copy would cost the current copy elsewhere; this is the operator's step before
+    such a worker answers again, until its old copies are deleted. :func:`attach` undoes it."""
+    _set_member(_worker(worker).name, False)
+
+
+def attach(worker: str) -> None:
+    """Put ``worker`` back in the manager's MultiKueueConfig (undoes :func:`detach`)."""
+    _set_member(_worker(worker).name, True)
+
+
+def with_member(clusters: list[str], worker: str, member: bool) -> list[str]:
+    """``clusters`` with ``worker`` in it (appended if missing) or not, the others in their order; unchanged if
+    it already is as asked, so a repeated call writes nothing MultiKueue would react to."""
+    if member:
+        return list(clusters) if worker in clusters else [*clusters, worker]
+    return [c for c in clusters if c != worker]
+
+
+def _set_member(worker: str, member: bool) -> None:
+    cfg = json.loads(kubectl(MANAGER, "get", "multikueueconfig", MULTIKUEUE_CONFIG, "-o", "json").stdout)
+    now = list(cfg.get("spec", {}).get("clusters") or [])
+    clusters = with_member(now, worker, member)
+    if clusters == now:
+        return
+    if not clusters:
+        raise ValueError(f"taking {worker} out would leave MultiKueueConfig {MULTIKUEUE_CONFIG} with no worker")
+    kubectl(MANAGER, "patch", "multikueueconfig", MULTIKUEUE_CONFIG, "--type=merge",
+            "-p", json.dumps({"spec": {"clusters": clusters}}))
 
 
 def freeze(worker: str, node: str) -> None:
