@@ -34,6 +34,10 @@ def test_worker_down_confirms_a_lost_worker_and_refuses_a_reachable_one() -> Non
     assert refused.exit_code == 4, refused.output
     assert "only a worker Kueue has lost (Active=False) can be confirmed down" in refused.output
     mk.lose("worker-1")
+    said = cli("admin", "worker-down", "worker-1")
+    assert said.exit_code == 0, said.output
+    assert "worker worker-1 confirmed down (Kueue lost it at" in said.stdout
+    assert "before worker-1 comes back, delete its copies there" in " ".join(said.stdout.split()), said.stdout
     done = cli.json("admin", "worker-down", "worker-1")
     assert done["name"] == "worker-1" and done["confirmedDown"] is True and done["active"] == "False"
     listed = cli.json("admin", "workers")["items"]

@@ -120,8 +120,20 @@ def admin_worker_down(
             return
         state.out.print(f"worker {escape(w.name)} confirmed down (Kueue lost it at {escape(w.lost_since)}: "
                         f"{escape(w.reason)})")
+        state.out.print(BACK_ORDER.format(worker=escape(w.name)))
 
     emit(state, w.to_dict(), human)
+
+
+BACK_ORDER = (
+    "before {worker} comes back, delete its copies there: its nodes' kubelets would start them again beside the "
+    "execution admitted since, and MultiKueue (Kueue v0.19.2), reaching it again, keeps the copy admitted earliest "
+    "and deletes the current one. Take {worker} out of the MultiKueueConfig's spec.clusters, bring its control "
+    "plane up with its nodes still off, delete the copies (TrainJob, JobSet, Jobs, the Workload labelled "
+    "kueue.x-k8s.io/multikueue-origin) and force-delete their pods, then start its nodes and put it back "
+    "(docs: MultiKueue, a worker that cannot be read)")
+"""What the operator's word commits to: the worker stays down until its copies are gone (the fleet testbed saw
+MultiKueue delete the current copy when a confirmed worker came back with its old one)."""
 
 
 @admin_app.command("workers", epilog=EXIT_CODES_HELP)
