@@ -212,7 +212,9 @@ def test_only_dispatch_writes_the_mark_record(adapter: Adapter, cluster: FakeClu
 def test_a_running_debug_container_keeps_a_pod_from_ending(adapter: Adapter, cluster: FakeCluster,
                                                            ) -> None:
     """``kubectl debug`` added an ephemeral container, still reported running when the pod's own container
-    ended and its node was cut off: a process of A=1's pod runs on, so nothing may read the pod as ended."""
+    ended and its node was cut off: a process of A=1's pod runs on, so nothing may read the pod as ended. Its
+    container's exit 0 completes the Job, the JobSet and so the TrainJob (Trainer copies the JobSet's end), so
+    the object is Succeeded: closed and opened again, the submission waits for that pod."""
     first = started(adapter, cluster)
 
     def debug(obj: dict[str, Any]) -> None:
@@ -226,9 +228,13 @@ def test_a_running_debug_container_keeps_a_pod_from_ending(adapter: Adapter, clu
     cluster.server.update("", "pods", "default", first, debugging, status=True)
     cluster.crash(first, 0)  # its own container completes: its kubelet writes Succeeded
     cluster.partition("node-0")  # ... and is cut off before it stops the debug container
-    adapter.hold(NAME)
     cluster.settle()
     assert only_pod(cluster)["status"]["phase"] == "Succeeded"
+    with pytest.raises(Refused, match="is succeeded"):
+        adapter.release(NAME)
+    adapter.close(NAME)
+    cluster.settle()
+    adapter.open(spec())
     with pytest.raises(PodsRemain, match="container debugger is reported running"):
         adapter.release(NAME)
     cessation = adapter.ceased(NAME)
