@@ -270,3 +270,50 @@ async def test_a_worker_removed_from_the_manager_is_confirmed_by_the_operator_an
     record = manager.server.objects("dispatch.phpboyscout.uk", "submissionrecords", "default")[0]["spec"]
     assert "worker-1" not in record.get("clusters", []), record
     assert manager.server.denied == []
+
+
+async def test_a_healed_workers_leftover_job_is_named_and_its_delete_lets_the_next_execution_run() -> None:
+    """The fleet campaign's seed 1851485545 on the real fleet (issue 34): the worker running A=1 was lost past
+    workerLostTimeout, so its copy was never suspended; healed, MultiKueue deleted the copy (background, as Kueue
+    does), and the worker's garbage collector, just back itself, removed the JobSet but missed its Job, left
+    unsuspended with A=1's pod running. Nothing will suspend it: the check waits on that pod, names the Job and
+    its delete, and once the worker's operator deletes it, A=2 runs; never two pods at once."""
+    manager, workers, mk = fleet(release_lost=True)
+    w1 = workers["worker-1"]
+    async with controller(manager, mk):
+        wl = await running_a1(manager, workers, mk)
+        mk.lose("worker-1")
+        mk.worker_lost_timeout()
+        step(mk)
+        await until(lambda: "worker worker-1 cannot be read" in entry(mk, wl)["message"], timeout=15,
+                    what="the check naming the unreadable worker")
+        w1.server.gc_lag = True
+        mk.heal("worker-1")
+        mk.sync()                          # the copy's removal, retried now that worker-1 answers
+        assert w1.server.get("trainer.kubeflow.org", "trainjobs", "default", NAME) is None
+        w1.server.collect_garbage()        # the copy's JobSet goes; its Job waits for the next pass ...
+        assert w1.server.miss_garbage() >= 1   # ... which never comes
+        for _ in range(3):
+            w1.step()
+            step(mk)
+        [job] = w1.server.objects("batch", "jobs", "default")
+        assert not job["spec"].get("suspend") and w1.server.get("jobset.x-k8s.io", "jobsets", "default", NAME) is None
+        assert [(w, a) for w, _, a in alive(workers)] == [("worker-1", "1")]
+        job_name = job["metadata"]["name"]
+        await until(lambda: f"job {job_name} belongs to an earlier JobSet" in entry(mk, wl)["message"], timeout=15,
+                    what="the check naming the leftover Job")
+        message = entry(mk, wl)["message"]
+        assert entry(mk, wl)["state"] == "Pending" and "nothing will suspend it" in message, message
+        assert f"kubectl delete job/{job_name}" in message, message
+        assert len(mk.dispatched) == 1
+        # worker-1's operator deletes the Job as named; its pod ends, and A=2 runs
+        w1.server.delete("batch", "jobs", "default", job_name)
+        w1.server.gc_lag = False
+        w1.server.collect_garbage()
+        for _ in range(4):
+            step(mk, honour_grace=False)
+        await until(lambda: entry(mk, wl)["state"] == "Ready", timeout=15, what="A=2 after the delete")
+        for _ in range(3):
+            step(mk)
+    assert [a for _, _, a in alive(workers)] == ["2"]
+    assert [d[2] for d in mk.dispatched] == ["1", "2"]
