@@ -427,6 +427,9 @@ class Campaign:
         elif op.kind == "close":
             self.desired[sub] = "absent"
             await adapter.close(name)
+        elif op.kind == "sdk_delete":
+            self.desired[sub] = "absent"
+            await asyncio.to_thread(self._sdk_delete, op.who % len(self.writers), name)
         elif op.kind in ("delete_pod", "force_delete_pod"):
             pods = sorted(p["metadata"]["name"] for p in await self.pods(sub))
             if not pods:
@@ -451,6 +454,16 @@ class Campaign:
         else:
             raise ValueError(f"unknown action {op.kind}")
         return "ok"
+
+    def _sdk_delete(self, who: int, name: str) -> None:
+        """``TrainerClient().delete_job(name)`` of the Kubeflow SDK, with writer ``who``'s kubeconfig: the
+        TrainJob goes as any SDK user deletes one, its layers left to the garbage collector."""
+        from kubeflow.common.types import KubernetesBackendConfig
+        from kubeflow.trainer import TrainerClient
+
+        config = KubernetesBackendConfig(namespace=self.ns,
+                                         config_file=str(self.workdir / "credentials" / f"writer-{who}.kubeconfig"))
+        TrainerClient(config).delete_job(name)
 
     # ------------------------------------------------------------------------------------------ faults
 

@@ -44,10 +44,12 @@ SUBMISSIONS = (*PLAIN, *KUEUE, PREEMPTOR)
 ACTIONS: dict[str, float] = {
     "open": 3.0, "release": 4.0, "hold": 3.0, "close": 1.2,
     "delete_pod": 1.2, "force_delete_pod": 0.8, "delete_job": 0.8, "delete_jobset": 0.8,
-    "edit_runtime": 0.5, "preempt": 1.0,
+    "edit_runtime": 0.5, "preempt": 1.0, "sdk_delete": 0.5,
 }
 """The writers' actions and their weights. ``open`` of a closed submission is its re-open (under either of
-two names); the deletes are a user of Kubernetes' built-in ``edit`` role (``kubectl delete``, ``--force``)."""
+two names); the deletes are a user of Kubernetes' built-in ``edit`` role (``kubectl delete``, ``--force``);
+``sdk_delete`` is a user of the Kubeflow SDK deleting the object's TrainJob (``TrainerClient().delete_job``, as
+the writer: no dispatch in sight, no record of a close)."""
 FAULTS: dict[str, float] = {
     "freeze": 1.0, "kubelet_restart": 1.0, "containerd_restart": 0.8, "node_delete": 0.7, "oos_taint": 0.7,
     "power_off": 0.5,
