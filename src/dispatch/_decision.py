@@ -300,10 +300,10 @@ def copied_end_text(trainjob: TrainJobView, jobset: JobSetView | None) -> str | 
     close, a kube-apiserver restart, a re-open under the name) so makes the new TrainJob look Succeeded or
     Failed before it ran (reproduced on the real control plane, issue 34). Complete is never taken back: Trainer
     builds nothing for a finished TrainJob, and Kueue never admits a finished Workload; only a new TrainJob runs.
-    Two signs, either enough: the JobSet of the name is controlled by another TrainJob uid, or (the JobSet since
-    collected) the end is dated before this TrainJob's creation. The second compares the JobSet controller's
-    clock with the API server's; it only words this status, and decides nothing."""
-    if trainjob.state not in (State.SUCCEEDED, State.FAILED):
+    Two signs, either enough, neither a clock: the JobSet of the name is controlled by another TrainJob uid, or
+    (that JobSet since deleted) no execution of this TrainJob was ever admitted (it carries no A, and nothing of
+    dispatch's starts without one)."""
+    if trainjob.state not in (State.SUCCEEDED, State.FAILED) or not trainjob.labelled:
         return None
     condition = "Complete" if trainjob.complete else "Failed"
     name = trainjob.name
@@ -317,12 +317,12 @@ def copied_end_text(trainjob: TrainJobView, jobset: JobSetView | None) -> str | 
                 f"to this one (uid {uid}); this TrainJob has not run. The garbage collector missed that owner's "
                 f"deletion (seen after a kube-apiserver restart) and never removes it: delete them, "
                 f"{orphan_removal(jobset.name)}, {after}")
-    ended, created = trainjob.ended_at, trainjob.created
-    if ended is not None and created is not None and ended < created:
-        return (f"trainjob {name} reports {condition} dated {ended.isoformat()}, before this TrainJob was created "
-                f"({created.isoformat()}): the condition {COPIED_END} (Trainer v2.3 copies it from the JobSet of "
-                f"the TrainJob's name, here an earlier TrainJob's, with that JobSet's time), and this TrainJob has "
-                f"not run; {after}")
+    if trainjob.admission == 0:
+        dated = f" (dated {trainjob.ended_at.isoformat()})" if trainjob.ended_at is not None else ""
+        return (f"trainjob {name} reports {condition}{dated}, though no execution of it was ever admitted (it "
+                f"carries no A): the condition {COPIED_END} (Trainer v2.3 copies it from the JobSet of the "
+                f"TrainJob's name, here an earlier TrainJob's, deleted since), and this TrainJob has not run; "
+                f"{after}")
     return None
 
 

@@ -113,9 +113,9 @@ class TrainJobView:
     prebuilt_workload: str = ""
     """A MultiKueue copy's Workload when Kueue names it by annotation rather than label."""
     ended_at: datetime | None = None
-    """The ``lastTransitionTime`` of its Complete (else Failed) condition: Trainer v2.3 copies the condition of
-    the JobSet of the TrainJob's name with that JobSet's time, so an end dated before this TrainJob's creation
-    is an earlier TrainJob's (seen on the real control plane, issue 34)."""
+    """The ``lastTransitionTime`` of its Complete (else Failed) condition, as status words it: Trainer v2.3
+    copies the condition of the JobSet of the TrainJob's name with that JobSet's time (issue 34). Another
+    controller's clock: nothing decides by it."""
 
     @staticmethod
     def from_obj(obj: Obj) -> TrainJobView:

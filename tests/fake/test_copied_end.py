@@ -83,13 +83,13 @@ def test_a_reopened_object_that_reads_succeeded_before_it_ran_says_so_and_the_na
     assert d.COPIED_END in str(refused.value)
 
     # The operator deletes the earlier layers as named: Complete stays (Trainer never takes it back), and the
-    # end, dated before this TrainJob's creation, is still called copied.
+    # end of a TrainJob that carries no A is still called copied.
     c.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)
     c.server.delete("", "configmaps", "default", f"{NAME}-runtime-snapshot")
     c.settle()
     status = writer.inspect(NAME)
     assert status.state is State.SUCCEEDED
-    assert d.COPIED_END in status.cause.detail and "dated" in status.cause.detail, status.cause.detail
+    assert d.COPIED_END in status.cause.detail and "carries no A" in status.cause.detail, status.cause.detail
     assert d.ORPHANED not in status.cause.detail
 
     writer.close(NAME)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION, State
+from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, State
 from dispatch import _decision as d
 from dispatch._trainer import TrainJobView
 
@@ -15,11 +15,13 @@ NAME = "llama-s1"
 CREATED = "2026-12-04T10:00:00Z"
 
 
-def trainjob(*conds: tuple[str, str, Any], uid: str = "tj-new", created: Any = CREATED) -> TrainJobView:
-    """``conds``: (type, status, lastTransitionTime)."""
+def trainjob(*conds: tuple[str, str, Any], uid: str = "tj-new", created: Any = CREATED, admission: int = 0,
+             labelled: bool = True) -> TrainJobView:
+    """``conds``: (type, status, lastTransitionTime); ``admission``: the A it carries (0: never admitted)."""
     return TrainJobView.from_obj({
         "metadata": {"name": NAME, "uid": uid, "creationTimestamp": created,
-                     "labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"}},
+                     "labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"} if labelled else {},
+                     "annotations": {ANNOTATION_ADMISSION: str(admission)} if admission else {}},
         "spec": {"suspend": True},
         "status": {"conditions": [{"type": t, "status": s, "lastTransitionTime": when} for t, s, when in conds]}})
 
@@ -40,44 +42,58 @@ BEFORE, AFTER = "2026-12-04T09:50:00Z", "2026-12-04T10:05:00Z"
 
 @pytest.mark.parametrize("ctype,state", [("Complete", State.SUCCEEDED), ("Failed", State.FAILED)])
 def test_an_earlier_trainjobs_jobset_is_named_with_its_delete_and_the_close(ctype: str, state: State) -> None:
-    tj = trainjob((ctype, "True", AFTER))
-    assert tj.state is state
-    text = d.copied_end_text(tj, jobset("tj-old"))
-    assert text is not None and text.startswith(f"trainjob {NAME} reports {ctype}, but the condition {d.COPIED_END}: "
-                                                f"Trainer v2.3 copied it from jobset {NAME}, which {d.ORPHANED}"), text
-    assert "(uid tj-old)" in text and "(uid tj-new)" in text and "has not run" in text
-    assert f"kubectl delete jobset/{NAME} configmap/{NAME}-runtime-snapshot" in text
-    assert text.endswith("a new TrainJob runs, and the submission's A goes on)")
-    assert f"`dispatch close {NAME}` and open it again" in text
-    assert d.finished_text(tj, jobset("tj-old")) == text
+    for admitted in (0, 3):   # whatever A it carries: the JobSet it reads is another TrainJob's
+        tj = trainjob((ctype, "True", AFTER), admission=admitted)
+        assert tj.state is state
+        text = d.copied_end_text(tj, jobset("tj-old"))
+        assert text is not None and text.startswith(
+            f"trainjob {NAME} reports {ctype}, but the condition {d.COPIED_END}: Trainer v2.3 copied it from jobset "
+            f"{NAME}, which {d.ORPHANED}"), text
+        assert "(uid tj-old)" in text and "(uid tj-new)" in text and "has not run" in text
+        assert f"kubectl delete jobset/{NAME} configmap/{NAME}-runtime-snapshot" in text
+        assert text.endswith("a new TrainJob runs, and the submission's A goes on)")
+        assert f"`dispatch close {NAME}` and open it again" in text
+        assert d.finished_text(tj, jobset("tj-old")) == text
 
 
-def test_an_end_dated_before_the_creation_is_called_copied_once_the_jobset_is_gone() -> None:
-    tj = trainjob(("Complete", "True", BEFORE))
-    for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
-        text = d.copied_end_text(tj, js)
-        assert text is not None and f"reports Complete dated 2026-12-04T09:50:00+00:00, before this TrainJob was " \
-            f"created (2026-12-04T10:00:00+00:00): the condition {d.COPIED_END}" in text, text
-        assert d.ORPHANED not in text
+def test_an_end_of_a_trainjob_never_admitted_is_called_copied_once_the_jobset_is_gone() -> None:
+    """No clock: an end on a TrainJob that carries no A cannot be its own (nothing starts without one). The
+    condition's date (another controller's clock) is only shown, whatever it says."""
+    for when in (BEFORE, AFTER):
+        tj = trainjob(("Complete", "True", when))
+        for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
+            text = d.copied_end_text(tj, js)
+            assert text is not None and text.startswith(
+                f"trainjob {NAME} reports Complete (dated {tj.ended_at.isoformat() if tj.ended_at else ''}), though "
+                f"no execution of it was ever admitted (it carries no A): the condition {d.COPIED_END}"), text
+            assert d.ORPHANED not in text and f"`dispatch close {NAME}`" in text
+    undated = d.copied_end_text(trainjob(("Failed", "True", None)), None)
+    assert undated is not None and undated.startswith(f"trainjob {NAME} reports Failed, though no execution")
 
 
 def test_its_own_end_and_every_not_finished_state_are_not_called_copied() -> None:
-    own = trainjob(("Complete", "True", AFTER))
-    for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
-        assert d.copied_end_text(own, js) is None
-        assert d.finished_text(own, js) == f"trainjob {NAME} is succeeded; open a new submission to run again"
-    assert d.copied_end_text(trainjob(("Complete", "True", CREATED)), None) is None   # the same second: its own
+    for when in (BEFORE, AFTER, CREATED):    # its own end, whatever the other controller's clock says
+        own = trainjob(("Complete", "True", when), admission=1)
+        for js in (None, jobset("tj-new"), jobset(None), jobset("tj-old", deleting=True)):
+            assert d.copied_end_text(own, js) is None
+            assert d.finished_text(own, js) == f"trainjob {NAME} is succeeded; open a new submission to run again"
     for held in (trainjob(), trainjob(("Complete", "False", BEFORE)), trainjob(("Suspended", "True", BEFORE))):
         assert held.state is State.HELD
         assert d.copied_end_text(held, jobset("tj-old")) is None
+    # not dispatch's (no identity labels): never called anything of dispatch's
+    assert d.copied_end_text(trainjob(("Complete", "True", AFTER), labelled=False), jobset("tj-old")) is None
 
 
 @pytest.mark.parametrize("when,created", [(None, CREATED), (5, CREATED), ("yesterday", CREATED), (BEFORE, None),
                                           (BEFORE, "x" * 5000), ("9" * 5000, CREATED)])
-def test_times_that_do_not_parse_decide_nothing(when: Any, created: Any) -> None:
-    tj = trainjob(("Complete", "True", when), created=created)
+def test_times_that_do_not_parse_change_nothing(when: Any, created: Any) -> None:
+    tj = trainjob(("Complete", "True", when), created=created, admission=2)
     assert tj.state is State.SUCCEEDED
     assert d.copied_end_text(tj, None) is None
+    never = trainjob(("Complete", "True", when), created=created)
+    text = d.copied_end_text(never, None)
+    assert text is not None and d.COPIED_END in text
+    assert ("(dated" in text) == (never.ended_at is not None) == (when == BEFORE)
 
 
 def test_the_complete_condition_dates_the_end_when_both_are_there() -> None:

@@ -306,6 +306,8 @@ class FakeKueue:
             mine = owned.get(uid)
             if mine is None and not (labelled or self.manage_jobs_without_queue_name):
                 continue
+            if mine is None and (_cond(tj, "Complete") or _cond(tj, "Failed")):
+                continue  # a job that reports finished gets no Workload (Kueue v0.19.2's reconciler, step 3)
             admitted = mine is not None and _cond(mine, "Admitted") and not _cond(mine, "Evicted")
             try:
                 if not tj["spec"].get("suspend") and not admitted:
