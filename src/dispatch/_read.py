@@ -319,15 +319,28 @@ class Reader:
                 jobs = [JobView.from_obj(j) for j in {name_of(j): j for j in [*named, *by_ident_jobs]}.values()]
             else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
                 # the submission's layers under any name too (item 2 of issue 25: a closed object's JobSet and
-                # Jobs until garbage collection reaches them), by the identity labels dispatch's entry gives them
+                # Jobs until garbage collection reaches them), by the identity labels dispatch's entry gives them.
+                # In a batch, a JobSet that list found (a dispatch object's, which carries them) is not got again:
+                # it is the object its name names, read as freshly and still before the pods; the others are got
+                # after it (issue 37: each JobSet of a batch was read twice, a request each time). Alone, the get
+                # goes with the list, as one round trip.
+                together = len(names) == 1 or not identity
                 got, by_ident_sets, named, by_ident_jobs = await asyncio.gather(
-                    asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names)),
+                    self._jobsets_got(names if together else []),
                     self._list_or_empty(api.JOBSETS, identity) if identity else _nothing(),
                     self._list_or_empty(api.JOBS, by_jobset(scope)),
                     self._list_or_empty(api.JOBS, identity) if identity else _nothing())
-                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
-                           for name, o in zip(names, got, strict=True)}
                 kin_sets = [JobSetView.from_obj(o) for o in by_ident_sets]
+                if together:
+                    jobsets = {name: JobSetView.from_obj(o) if o is not None else None
+                               for name, o in zip(names, got, strict=True)}
+                else:
+                    listed = {j.name: j for j in kin_sets}
+                    rest = [name for name in names if name not in listed]
+                    more = await self._jobsets_got(rest)
+                    jobsets = {name: listed.get(name) for name in names}
+                    jobsets.update((name, JobSetView.from_obj(o) if o is not None else None)
+                                   for name, o in zip(rest, more, strict=True))
                 seen_jobs = {name_of(j): j for j in [*named, *by_ident_jobs]}
                 jobs = [JobView.from_obj(j) for j in seen_jobs.values()]
         if identity is not None:
@@ -364,6 +377,10 @@ class Reader:
                 kin_jobsets=tuple(js for js in kin_sets_of.get(key, []) if js.name != t.name) if t.job_id else (),
                 kin_jobs=tuple(j for j in kin_jobs_of.get(key, []) if j.jobset_name != t.name) if t.job_id else ())
         return out
+
+    async def _jobsets_got(self, names: Sequence[str]) -> list[Obj | None]:
+        """A get of each JobSet, sent together (None for one that does not exist)."""
+        return list(await asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names)))
 
     async def submission_pods(self, job_id: str, submission: str, *, deleting_nodes: bool = False,
                               ) -> tuple[list[PodView], dict[str, NodeView]]:
