@@ -28,6 +28,7 @@ import structlog
 
 from dispatch import _kube as k
 from dispatch import _names as n
+from dispatch import _trainer as tr
 from dispatch._identity import new_record
 from dispatch.controller import Config, Controller
 from dispatch.controller.testing import FakeKueue
@@ -37,7 +38,8 @@ TRAINER = n.TRAINER_GROUP
 
 
 def trainjob(name: str, queue: str) -> dict[str, Any]:
-    """What ``open`` creates for a queued submission (written directly: setup is not what is measured)."""
+    """What ``open`` creates for a queued submission (written directly: setup is not what is measured), with
+    dispatch's runtime patch entry as ``open`` writes it (the identity labels on the JobSet too)."""
     labels = {n.LABEL_JOB_ID: name, n.LABEL_SUBMISSION: "s1"}
     return {
         "metadata": {"name": name, "labels": {**labels, n.KUEUE_QUEUE_LABEL: queue},
@@ -45,9 +47,7 @@ def trainjob(name: str, queue: str) -> dict[str, Any]:
         "spec": {
             "runtimeRef": {"name": "torch-distributed", "apiGroup": TRAINER, "kind": "ClusterTrainingRuntime"},
             "suspend": True,
-            "runtimePatches": [{"manager": n.PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {
-                "replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"metadata": {
-                    "labels": {**labels, n.LABEL_ADMISSION: "0"}}}}}}]}}}}],
+            "runtimePatches": [tr.patch_entry(["node"], {**labels, n.LABEL_ADMISSION: "0"})],
         },
     }
 
@@ -69,6 +69,7 @@ def setup(count: int, *, terminating: bool) -> tuple[FakeCluster, FakeKueue, lis
                 "metadata": {"name": f"{name}-node-0-0", "labels": {n.JOBSET_NAME_LABEL: name},
                              "deletionTimestamp": "2026-01-01T00:00:30Z", "deletionGracePeriodSeconds": 30},
                 "spec": {"nodeName": "node-0"}, "status": {"phase": "Running"}})
+    cluster.trainer_sync()   # Trainer builds each suspended TrainJob's JobSet (suspended), as on a real cluster
     wls = [kueue.workload_for(name) for name in names]
     return cluster, kueue, wls
 
