@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlencode
 
 import httpx2
 import msgspec
@@ -375,6 +376,7 @@ class Kube:
         self.requests = 0
         self.bytes_received = 0
         self._date: str | None = None
+        self._base = str(client.base_url).rstrip("/") + "/"
 
     @property
     def server_time(self) -> float | None:
@@ -535,8 +537,7 @@ class Kube:
                 pacing.sent += 1
                 response = await self._client.request(
                     method,
-                    path,
-                    params=dict(params) if params else None,  # {} would cost httpx2 one more URL parse
+                    self._url(path, params),
                     content=_encode(body) if body is not None else None,
                     headers={"Content-Type": content_type, "Accept": "application/json"},
                 )
@@ -582,6 +583,15 @@ class Kube:
                     f"the next, {pause:.1f}s later, would pass the retry bound of {pacing.retry_seconds:g}s "
                     "(retry later)", reason=last.reason, code=last.code, causes=last.causes)
             await pacing.sleep(pause)
+
+    def _url(self, path: str, params: Mapping[str, str] | None) -> httpx2.URL:
+        """The request's absolute URL, parsed once: given a path and params, httpx2 parses the path, joins it to the
+        base URL, parses that again and once more with the query (~40 us of a ~150 us request's client CPU,
+        issue 37). Joined as httpx2 joins them: the base URL's path, then this one's; the query encoded as
+        httpx2 encodes params."""
+        if params:   # params replace a query the path holds, as in httpx2
+            return httpx2.URL(f"{self._base}{path.split('?', 1)[0].lstrip('/')}?{urlencode(params)}")
+        return httpx2.URL(self._base + path.lstrip("/"))
 
     # ------------------------------------------------------------------ verbs
 
