@@ -578,9 +578,10 @@ class Reader:
         found: dict[str, Obj | None] = {}
         uids = sorted({uid for uid in owner_uids if uid and n.label_value_problem(uid) is None})
         if uids and len(names) > 1:
+            wanted = set(names)
             for w in (await self.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
-                name = kq.WorkloadView.from_obj(w).ref.name
-                if name in names:
+                name = name_of(w)   # its name alone: the caller parses the Workloads it keeps
+                if name in wanted:
                     found[name] = w
         missing = [name for name in names if name not in found]
         got = await asyncio.gather(*(self.kube.get_or_none(api.WORKLOADS, name) for name in missing))
