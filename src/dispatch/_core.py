@@ -441,7 +441,8 @@ class Core:
             nonlocal current
             try:
                 await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(current, entry),
-                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
+                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True,
+                                      answer=False)
                 self.on_write("workload")
                 return None
             except Conflict as exc:

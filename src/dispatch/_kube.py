@@ -489,14 +489,15 @@ class Kube:
         content_type: str = "application/json",
         retry: bool = True,
         list_call: bool = False,
+        answer: bool = True,
     ) -> Obj:
         if self.request_timeout is None:
             return await self._attempts(method, path, params=params, body=body, content_type=content_type,
-                                        retry=retry, list_call=list_call)
+                                        retry=retry, list_call=list_call, answer=answer)
         try:
             async with asyncio.timeout(self.request_timeout):
                 return await self._attempts(method, path, params=params, body=body, content_type=content_type,
-                                            retry=retry, list_call=list_call)
+                                            retry=retry, list_call=list_call, answer=answer)
         except TimeoutError:
             raise Unreachable(f"the API server{self._server()} did not answer {method} {path.split('?')[0]} "
                               f"within the request timeout of {self.request_timeout:g}s", reason="Timeout") from None
@@ -514,6 +515,7 @@ class Kube:
         content_type: str,
         retry: bool,
         list_call: bool,
+        answer: bool = True,
     ) -> Obj:
         """Send with client-go's retry rules: a call the server asked to retry later (429 or a 5xx, with
         ``Retry-After``: APF and max-in-flight reject so before doing anything) is retried whatever its verb,
@@ -554,6 +556,8 @@ class Kube:
                 self.bytes_received += len(response.content)
                 self._date = response.headers.get("date")
                 if response.status_code < 400:
+                    if not answer and response.content[:1] == b"{":   # an API object the caller does not read
+                        return {}
                     try:
                         result = _decode(response.content) if response.content else {}
                     except ValueError:
@@ -678,10 +682,13 @@ class Kube:
                 break
             params = {"limit": str(limit), "continue": str(token), **selectors}
 
-    async def create(self, res: Res, obj: Obj, namespace: str | None = None, *, dry_run: bool = False) -> Obj:
-        """Create; with ``dry_run`` the server validates, defaults and prunes but stores nothing."""
+    async def create(self, res: Res, obj: Obj, namespace: str | None = None, *, dry_run: bool = False,
+                     answer: bool = True) -> Obj:
+        """Create; with ``dry_run`` the server validates, defaults and prunes but stores nothing. ``answer=False``:
+        the created object is not decoded ({} is returned), for a caller that does not read it."""
         params = {"dryRun": "All"} if dry_run else None
-        return await self._send("POST", res.path(self._ns(res, namespace)), body=obj, params=params, retry=False)
+        return await self._send("POST", res.path(self._ns(res, namespace)), body=obj, params=params, retry=False,
+                                answer=answer)
 
     async def replace(self, res: Res, name: str, obj: Obj, namespace: str | None = None) -> Obj:
         return await self._send("PUT", res.path(self._ns(res, namespace), name), body=obj, retry=False)
@@ -705,14 +712,17 @@ class Kube:
         *,
         field_manager: str = n.FIELD_MANAGER,
         force: bool = True,
+        answer: bool = True,
     ) -> Obj:
-        """Server-side apply of our own fields; list-map entries of others are merged, not replaced."""
+        """Server-side apply of our own fields; list-map entries of others are merged, not replaced.
+        ``answer=False``: the object as applied is not decoded ({} is returned), for a caller that does not read
+        it (a Workload's status answer is the whole Workload)."""
         params = {"fieldManager": field_manager}
         if force:
             params["force"] = "true"
         return await self._send(
             "PATCH", res.path(self._ns(res, namespace), name, sub), body=obj, params=params,
-            content_type=APPLY, retry=False,
+            content_type=APPLY, retry=False, answer=answer,
         )
 
     async def delete(
