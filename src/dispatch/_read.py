@@ -198,7 +198,8 @@ class Reader:
                    namespace: bool = False) -> dict[str, Snapshot]:
         """One consistent read for one or many objects of the namespace, keyed by TrainJob name.
 
-        JobSets (a get each, sent together, or one list when ``list_jobsets``), then child Jobs, then the
+        JobSets (a get each, sent together, or one list when ``list_jobsets``; in a batch, a get only for those the
+        list by the submissions' identity labels did not find), then child Jobs, then the
         pods by dispatch's labels at revision R (a quorum list, paged, RV never resent) and by jobset-name
         pinned to R (resourceVersionMatch=Exact), then the Nodes those pods sit on. Set-based selectors
         make k objects cost about as much as one and no more than their own pods. ``namespace`` selects
