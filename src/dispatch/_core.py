@@ -428,33 +428,48 @@ class Core:
                           admitted: Admitted | None = None, tries: int = k.CONFLICT_RETRIES) -> str | None:
         """SSA our one entry of ``status.admissionChecks``, conditioned on the Workload's resourceVersion.
 
-        The Ready write of an admission (``admitted``: its raise) meets Kueue's frequent Workload writes: after a
-        409 it is written again on the fresh Workload while the decision still holds (``_decision.ready_conflict``),
-        else the reason it does not ("gone" for a Workload gone) is returned; None once written. Any other entry
-        (Pending) raises the Conflict: its caller decides afresh."""
+        Kueue writes the same Workloads often. The Ready write of an admission (``admitted``: its raise), after a 409,
+        is written again on the fresh Workload while the decision still holds (``_decision.ready_conflict``), else
+        the reason it does not is returned ("gone" for a Workload gone); None once written. Any other entry (a
+        Pending message) is written again on the fresh Workload while what it was decided from is unchanged
+        (``_decision.check_conflict``), else its 409 is raised: its caller decides afresh."""
         current = workload
+        check = str(entry["name"])
+        refused: list[Conflict] = []
 
         async def once() -> str | None:
             nonlocal current
             try:
                 await self.kube.apply(api.WORKLOADS, workload.ref.name, kq.check_status_body(current, entry),
-                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True)
+                                      workload.ref.namespace, sub="status", field_manager=field_manager, force=True,
+                                      answer=False)
                 self.on_write("workload")
                 return None
-            except Conflict:
-                if admitted is None:
-                    raise
+            except Conflict as exc:
+                refused.append(exc)
                 fresh = await self.reader.workload_or_none(workload.ref.name)
-                live = await self.reader.trainjob_or_none(admitted.trainjob.name)
-            why = d.ready_conflict(fresh, str(entry["name"]), live, admitted.trainjob, admitted.admission,
-                                   admitted.trainjob.dispatch_object)
+                live = await self.reader.trainjob_or_none(admitted.trainjob.name) if admitted is not None else None
+            if admitted is not None:
+                why = d.ready_conflict(fresh, check, live, admitted.trainjob, admitted.admission,
+                                       admitted.trainjob.dispatch_object)
+            else:
+                why = d.check_conflict(workload.entry([check]), workload.ref.uid, _owner_uid(workload), fresh)
             if why:
                 return why
             assert fresh is not None
             current = fresh
             raise k.kept_changing(f"workload {workload.ref.namespace}/{workload.ref.name}")
 
-        return await k.on_conflict(once, f"workload {workload.ref.namespace}/{workload.ref.name}", tries=tries)
+        why = await k.on_conflict(once, f"workload {workload.ref.namespace}/{workload.ref.name}", tries=tries)
+        if why and admitted is None:
+            raise refused[-1]
+        return why
+
+
+def _owner_uid(workload: kq.Addressed) -> str:
+    if isinstance(workload, kq.WorkloadHint):
+        return workload.owner_uid
+    return workload.owner.uid if workload.owner is not None else ""
 
 
 # --------------------------------------------------------------------------- dispatch's pod finalizer

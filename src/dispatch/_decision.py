@@ -909,6 +909,25 @@ def ready_conflict(fresh: WorkloadView | None, check: str, trainjob: TrainJobVie
     return None
 
 
+def check_conflict(read: CheckEntry | None, uid: str, owner_uid: str, fresh: WorkloadView | None) -> str | None:
+    """After a 409 on a write of our entry that admits nothing (a Pending message, a foreign Workload's Ready):
+    None if it may be written again on ``fresh``, else why not.
+
+    The resourceVersion such a write is conditioned on guards what its decision read of the Workload: our entry
+    (``read``: no other writer, another replica's Ready or Kueue's reset at an eviction, changed it since), the
+    Workload itself (``uid``, its owner) and Kueue's gating (``not_now``). Kueue rewriting its own fields meanwhile
+    (conditions, other checks' entries) changes none of these, so the same write on the fresh version is as safe
+    as it was on the one read; any other change and the Workload is decided afresh. Nothing of the lower layers is
+    guarded by the Workload's version: the decision read those apart, and their changes requeue it."""
+    if fresh is None:
+        return "gone"
+    owner = fresh.owner.uid if fresh.owner is not None else ""
+    if (read is None or fresh.ref.uid != uid or owner != owner_uid or fresh.entry([read.name]) != read
+            or not_now(fresh)):
+        return "WorkloadChanged"
+    return None
+
+
 # --------------------------------------------------------------------------- Kueue gating
 
 

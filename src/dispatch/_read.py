@@ -198,7 +198,8 @@ class Reader:
                    namespace: bool = False) -> dict[str, Snapshot]:
         """One consistent read for one or many objects of the namespace, keyed by TrainJob name.
 
-        JobSets (a get each, sent together, or one list when ``list_jobsets``), then child Jobs, then the
+        JobSets (a get each, sent together, or one list when ``list_jobsets``; in a batch, a get only for those the
+        list by the submissions' identity labels did not find), then child Jobs, then the
         pods by dispatch's labels at revision R (a quorum list, paged, RV never resent) and by jobset-name
         pinned to R (resourceVersionMatch=Exact), then the Nodes those pods sit on. Set-based selectors
         make k objects cost about as much as one and no more than their own pods. ``namespace`` selects
@@ -319,15 +320,28 @@ class Reader:
                 jobs = [JobView.from_obj(j) for j in {name_of(j): j for j in [*named, *by_ident_jobs]}.values()]
             else:  # one get each, sent together: the reads' latencies overlap, their order does not matter
                 # the submission's layers under any name too (item 2 of issue 25: a closed object's JobSet and
-                # Jobs until garbage collection reaches them), by the identity labels dispatch's entry gives them
+                # Jobs until garbage collection reaches them), by the identity labels dispatch's entry gives them.
+                # In a batch, a JobSet that list found (a dispatch object's, which carries them) is not got again:
+                # it is the object its name names, read as freshly and still before the pods; the others are got
+                # after it (issue 37: each JobSet of a batch was read twice, a request each time). Alone, the get
+                # goes with the list, as one round trip.
+                together = len(names) == 1 or not identity
                 got, by_ident_sets, named, by_ident_jobs = await asyncio.gather(
-                    asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names)),
+                    self._jobsets_got(names if together else []),
                     self._list_or_empty(api.JOBSETS, identity) if identity else _nothing(),
                     self._list_or_empty(api.JOBS, by_jobset(scope)),
                     self._list_or_empty(api.JOBS, identity) if identity else _nothing())
-                jobsets = {name: JobSetView.from_obj(o) if o is not None else None
-                           for name, o in zip(names, got, strict=True)}
                 kin_sets = [JobSetView.from_obj(o) for o in by_ident_sets]
+                if together:
+                    jobsets = {name: JobSetView.from_obj(o) if o is not None else None
+                               for name, o in zip(names, got, strict=True)}
+                else:
+                    listed = {j.name: j for j in kin_sets}
+                    rest = [name for name in names if name not in listed]
+                    more = await self._jobsets_got(rest)
+                    jobsets = {name: listed.get(name) for name in names}
+                    jobsets.update((name, JobSetView.from_obj(o) if o is not None else None)
+                                   for name, o in zip(rest, more, strict=True))
                 seen_jobs = {name_of(j): j for j in [*named, *by_ident_jobs]}
                 jobs = [JobView.from_obj(j) for j in seen_jobs.values()]
         if identity is not None:
@@ -364,6 +378,10 @@ class Reader:
                 kin_jobsets=tuple(js for js in kin_sets_of.get(key, []) if js.name != t.name) if t.job_id else (),
                 kin_jobs=tuple(j for j in kin_jobs_of.get(key, []) if j.jobset_name != t.name) if t.job_id else ())
         return out
+
+    async def _jobsets_got(self, names: Sequence[str]) -> list[Obj | None]:
+        """A get of each JobSet, sent together (None for one that does not exist)."""
+        return list(await asyncio.gather(*(self.kube.get_or_none(api.JOBSETS, name) for name in names)))
 
     async def submission_pods(self, job_id: str, submission: str, *, deleting_nodes: bool = False,
                               ) -> tuple[list[PodView], dict[str, NodeView]]:
@@ -561,9 +579,10 @@ class Reader:
         found: dict[str, Obj | None] = {}
         uids = sorted({uid for uid in owner_uids if uid and n.label_value_problem(uid) is None})
         if uids and len(names) > 1:
+            wanted = set(names)
             for w in (await self.kube.list(api.WORKLOADS, labels=kq.uid_selector(uids))).items:
-                name = kq.WorkloadView.from_obj(w).ref.name
-                if name in names:
+                name = name_of(w)   # its name alone: the caller parses the Workloads it keeps
+                if name in wanted:
                     found[name] = w
         missing = [name for name in names if name not in found]
         got = await asyncio.gather(*(self.kube.get_or_none(api.WORKLOADS, name) for name in missing))

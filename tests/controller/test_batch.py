@@ -29,6 +29,7 @@ from dispatch.controller._events import EventRecorder
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Outcome, Reconciler
 from dispatch.controller.testing import KUEUE, T0, FakeKueue
+from dispatch.errors import Conflict
 from dispatch.testing import FakeCluster
 
 NS = "default"
@@ -254,6 +255,32 @@ async def test_a_batch_of_admissions_writes_one_record_each_and_no_shared_object
     await world.kube.aclose()
 
 
+async def test_a_batch_that_gets_its_jobsets_reads_each_once_and_gets_only_those_its_list_missed() -> None:
+    """A batch too small a part of the namespace to list every JobSet lists those carrying its submissions'
+    identity labels (dispatch objects' JobSets: all of these) and gets by name only the rest; one JobSet here has
+    lost its labels, so it is the one got. Decided as one by one decides them."""
+    kinds = ["blocked"] * 5 + ["free"]
+    single, batched = await build(kinds), await build(kinds)
+    for world in (single, batched):
+        world.cluster.settle()
+        unlabelled = world.cluster.server.objects("jobset.x-k8s.io", "jobsets", NS)[1]["metadata"]["name"]
+
+        def strip(obj: dict[str, Any]) -> None:
+            for key in (LABEL_JOB_ID, LABEL_SUBMISSION):
+                obj["metadata"]["labels"].pop(key, None)
+        world.cluster.server.update("jobset.x-k8s.io", "jobsets", NS, unlabelled, strip, status=False)
+    one = await decide_one_by_one(single)
+    before = len(batched.cluster.server.requests)
+    many = outcomes(await batched.reconciler.reconcile_many(NS, batched.workloads, known=10_000,
+                                                            hints=cache_of(batched)))
+    assert many == one and result(batched) == result(single)
+    got = [p.rsplit("/", 1)[-1] for m, p, _ in batched.cluster.server.requests[before:]
+           if m == "GET" and "/jobsets" in p]
+    assert got == ["jobsets", unlabelled], got
+    for world in (single, batched):
+        await world.kube.aclose()
+
+
 async def test_a_conflict_on_one_workload_fails_only_that_one() -> None:
     world = await build(["free"] * 4)
     victim = world.workloads[2]
@@ -262,6 +289,35 @@ async def test_a_conflict_on_one_workload_fails_only_that_one() -> None:
     assert got.pop(victim) == "conflict"
     assert set(got.values()) == {"admitted"}
     assert world.kueue.entry(victim)["state"] == "Pending"
+    await world.kube.aclose()
+
+
+async def test_a_pending_write_that_met_a_409_is_written_again_on_the_fresh_workload_once() -> None:
+    """Kueue writing the Workload's own fields at the moment our Pending message is written: the Workload is read
+    again and, our entry being as read, the message written on the fresh version; no second decision."""
+    world = await build(["blocked"])
+    wl = world.workloads[0]
+    world.cluster.server.inject(method="PATCH", path=rf"/workloads/{wl}/status$", status=409, times=1)
+    before = len(world.cluster.server.requests)
+    got = await world.reconciler.reconcile(NS, wl)
+    assert got.outcome == "waiting"
+    assert world.kueue.entry(wl)["message"].startswith("waiting for pods")
+    sent = [(m, p.rsplit("/", 2)[-2:]) for m, p, _ in world.cluster.server.requests[before:] if "/workloads/" in p]
+    assert sent == [("GET", ["workloads", wl]),     # the decision's read
+                    ("PATCH", [wl, "status"]), ("GET", ["workloads", wl]), ("PATCH", [wl, "status"])], sent
+    await world.kube.aclose()
+
+
+async def test_a_pending_write_over_a_changed_entry_is_not_written_again() -> None:
+    """Our entry changed meanwhile (another writer): the 409 goes to the caller, to decide afresh."""
+    world = await build(["blocked"])
+    wl = world.workloads[0]
+    world.cluster.server.before_request = lambda method, path: (
+        world.kueue.set_check(wl, "dispatch", "Pending", "someone else") if method == "PATCH" else None)
+    got = (await world.reconciler.reconcile_many(NS, [wl]))[wl]
+    world.cluster.server.before_request = None
+    assert isinstance(got, Conflict), got
+    assert world.kueue.entry(wl)["message"] == "someone else"
     await world.kube.aclose()
 
 

@@ -202,3 +202,26 @@ async def test_a_cluster_queue_that_lets_workloads_skip_the_check_gets_a_warning
         await until(lambda: ctl.metrics.queue_gaps._value.get() == 0, what="the gap cleared")
         await quiet()
         assert len(gap_events()) == 1
+
+
+def test_the_longest_wait_is_the_first_started_and_a_wait_noted_again_keeps_its_start_and_nodes_index() -> None:
+    """``Router.longest_wait`` reads the first wait only: that holds while a wait noted again keeps its start (and
+    its place), whatever its nodes become."""
+    from dispatch.controller._routing import Router
+
+    router = Router(WorkQueue(), on_change=lambda: None)
+    assert router.longest_wait(1e9) == 0.0
+    router.note("ns/a", True, frozenset({"n1"}))
+    router.note("ns/b", True, frozenset({"n2"}))
+    started = router.waiting["ns/a"][0]
+    router.note("ns/a", True, frozenset({"n3"}))          # a again, on another node: still waiting since it began
+    assert list(router.waiting) == ["ns/a", "ns/b"] and router.waiting["ns/a"] == (started, frozenset({"n3"}))
+    later = started + 1000.0
+    assert router.longest_wait(later) == 1000.0 == max(later - s for s, _ in router.waiting.values())
+    assert router.node_waiters == {"n2": {"ns/b"}, "n3": {"ns/a"}}
+    router.note("ns/a", False, frozenset())
+    assert router.longest_wait(later) == later - router.waiting["ns/b"][0]
+    assert router.node_waiters == {"n2": {"ns/b"}}
+    router.note("ns/a", True, frozenset())                # a new wait: the latest
+    assert list(router.waiting) == ["ns/b", "ns/a"]
+    assert router.longest_wait(later) == max(later - s for s, _ in router.waiting.values())

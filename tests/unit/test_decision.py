@@ -478,3 +478,63 @@ def test_a_jobset_owned_by_another_uid_of_the_name_is_named_as_an_orphan_with_th
     assert blockers("old", "") == ("jobset llama-s1 is not suspended yet",)
     assert d.orphaned_jobset_text(_jobset("old", suspended=True), "new") is not None
     assert d.orphaned_jobset_text(_jobset("new", suspended=True), "new") is None
+
+
+def _workload(**change: Any) -> Any:
+    from dispatch._kueue import WorkloadView
+
+    conds = [{"type": "QuotaReserved", "status": "True"}, *change.pop("conditions", [])]
+    entries = change.pop("entries", [{"name": "dispatch", "state": "Pending", "message": "waiting for pods: p",
+                                      "lastTransitionTime": "2026-01-01T00:00:00Z"}])
+    obj: dict[str, Any] = {
+        "metadata": {"name": "w", "namespace": "ns", "uid": change.pop("uid", "u1"), "resourceVersion": "7",
+                     "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                          "name": NAME, "uid": change.pop("owner", "o1"), "controller": True}],
+                     **change.pop("metadata", {})},
+        "spec": {"active": change.pop("active", True)},
+        "status": {"conditions": conds, "admissionChecks": entries},
+    }
+    assert not change
+    return WorkloadView.from_obj(obj)
+
+
+CHECK_CONFLICTS: dict[str, tuple[dict[str, Any] | None, str | None]] = {
+    "kueue-wrote-its-own-fields": ({"conditions": [{"type": "Admitted", "status": "False", "reason": "x"}],
+                                    "entries": [{"name": "dispatch", "state": "Pending",
+                                                 "message": "waiting for pods: p",
+                                                 "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                                                {"name": "other", "state": "Ready", "message": "",
+                                                 "lastTransitionTime": "2026-01-01T00:00:05Z"}]}, None),
+    "gone": (None, "gone"),
+    "recreated": ({"uid": "u2"}, "WorkloadChanged"),
+    "other-owner": ({"owner": "o2"}, "WorkloadChanged"),
+    "ready-meanwhile": ({"entries": [{"name": "dispatch", "state": "Ready", "message": "admitted",
+                                      "lastTransitionTime": "2026-01-01T00:00:09Z"}]}, "WorkloadChanged"),
+    "other-message": ({"entries": [{"name": "dispatch", "state": "Pending", "message": "waiting for pods: q",
+                                    "lastTransitionTime": "2026-01-01T00:00:00Z"}]}, "WorkloadChanged"),
+    "reset-by-kueue": ({"entries": [{"name": "dispatch", "state": "Pending", "message": "",
+                                     "lastTransitionTime": "2026-01-01T00:00:09Z"}]}, "WorkloadChanged"),
+    "entry-gone": ({"entries": []}, "WorkloadChanged"),
+    "deactivated": ({"active": False}, "WorkloadChanged"),
+    "deleting": ({"metadata": {"deletionTimestamp": "2026-01-01T00:00:09Z"}}, "WorkloadChanged"),
+    "evicted": ({"conditions": [{"type": "Evicted", "status": "True"}]}, "WorkloadChanged"),
+    "finished": ({"conditions": [{"type": "Finished", "status": "True"}]}, "WorkloadChanged"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECK_CONFLICTS))
+def test_a_write_that_admits_nothing_is_written_again_only_on_a_workload_unchanged_in_what_it_read(case: str) -> None:
+    change, want = CHECK_CONFLICTS[case]
+    read = _workload()
+    fresh = _workload(**change) if change is not None else None
+    entry = read.entry(["dispatch"])
+    assert d.check_conflict(entry, read.ref.uid, "o1", fresh) == want
+    # a read without our entry (nothing to compare with) never writes again
+    assert d.check_conflict(None, read.ref.uid, "o1", fresh) == ("gone" if fresh is None else "WorkloadChanged")
+
+
+def test_a_workload_without_reserved_quota_is_not_written_again() -> None:
+    read = _workload()
+    fresh = _workload(conditions=[])
+    unreserved = type(fresh)(**{**fresh.__dict__, "quota_reserved": False})
+    assert d.check_conflict(read.entry(["dispatch"]), "u1", "o1", unreserved) == "WorkloadChanged"

@@ -46,17 +46,33 @@ def hooks(metrics: Metrics) -> tuple[Callable[[Any], Awaitable[None]], Callable[
     async def on_request(request: Any) -> None:
         request.extensions[STARTED] = time.monotonic()
 
+    series: dict[tuple[int, str, str, bytes], tuple[Any, Any, Any, Any]] = {}
+    """The four series of each (code, method, resource, host), looked up once: a label look-up costs a few us,
+    and a busy controller has thousands of responses a second, of a few dozen kinds."""
+
+    def series_of(code: int, method: str, resource: str, netloc: bytes) -> tuple[Any, Any, Any, Any]:
+        key = (code, method, resource, netloc)
+        found = series.get(key)
+        if found is None:
+            host = netloc.decode()
+            found = series[key] = (metrics.api_requests.labels(str(code), method, resource),
+                                   metrics.rest_requests.labels(str(code), host, method),
+                                   metrics.api_seconds.labels(method, resource),
+                                   metrics.rest_seconds.labels(method, host))
+        return found
+
     async def on_response(response: Any) -> None:
         request = response.request
-        resource = resource_of(request.url.path)
-        code, host = str(response.status_code), request.url.netloc.decode()
-        metrics.api_requests.labels(code, request.method, resource).inc()
-        metrics.rest_requests.labels(code, host, request.method).inc()
+        url = request.url
+        api_count, rest_count, api_seconds, rest_seconds = series_of(
+            response.status_code, request.method, resource_of(url.path), url.netloc)
+        api_count.inc()
+        rest_count.inc()
         started = request.extensions.get(STARTED)
         if isinstance(started, float):
             seconds = time.monotonic() - started
-            metrics.api_seconds.labels(request.method, resource).observe(seconds)
-            metrics.rest_seconds.labels(request.method, host).observe(seconds)
+            api_seconds.observe(seconds)
+            rest_seconds.observe(seconds)
 
     return on_request, on_response
 

@@ -298,7 +298,7 @@ class Controller:
     def _gauges(self) -> None:
         self.metrics.waiting.set(len(self.router.waiting))
         now = time.monotonic()
-        self.metrics.longest_wait.set(max((now - s for s, _ in self.router.waiting.values()), default=0.0))
+        self.metrics.longest_wait.set(self.router.longest_wait(now))
         self.metrics.queue_depth.set(len(self.queue))
 
     # ------------------------------------------------------------------ workers

@@ -55,7 +55,7 @@ class EventRecorder:
         name, namespace = ref.name, ref.namespace
         event = ev.body(res, ref, reason, message, warning=warning, component=COMPONENT, instance=self.instance)
         try:
-            await self._kube.create(k.EVENTS, event, namespace or "default")
+            await self._kube.create(k.EVENTS, event, namespace or "default", answer=False)
             self._metrics.writes.labels("event").inc()
         except DispatchError as exc:
             self._metrics.errors.labels("EventFailed").inc()
