@@ -292,3 +292,30 @@ def test_a_real_node_problem_fixed_since_up_says_to_start_the_testbed_again(
     assert fixed.startswith("missing containerd")
     assert "`dispatch testbed down`, then `dispatch testbed up`" in fixed
     assert any("testbed down" in line for line in _node.describe())
+
+
+def test_up_waits_for_a_partly_running_testbed_instead_of_restarting_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A campaign restarts the API server for seconds at a time; a test calling ``up`` meanwhile took the
+    whole testbed down and up (and its fixture, finding it not up, then down for good). Now ``up`` waits for a
+    partly running testbed to answer again, and restarts only one that stays partial."""
+    from dispatch.testbed import _cluster
+
+    monkeypatch.setenv("DISPATCH_TESTBED_DIR", str(tmp_path))
+    answers = iter([False, False, True])   # the API server back on the third look
+    running = _cluster.ComponentStatus("kube-apiserver", 1, True, False, False)
+    monkeypatch.setattr(_cluster, "is_up", lambda: next(answers))
+    monkeypatch.setattr(_cluster, "status", lambda verbose=False: [running])
+    monkeypatch.setattr("dispatch.testbed._cluster.time.sleep", lambda _s: None)
+    downs: list[int] = []
+    monkeypatch.setattr(_cluster, "_down", lambda: downs.append(1))
+    assert _cluster.up() == _paths.kubeconfig_path()
+    assert downs == [] and _cluster.is_present()
+
+    clock = iter(range(0, 10_000, 30))
+    monkeypatch.setattr("dispatch.testbed._cluster.time.monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(_cluster, "is_up", lambda: False)     # stays partial: restarted, as before
+    monkeypatch.setattr(_cluster, "_check_ports_free", lambda: None)
+    monkeypatch.setattr(_cluster, "_up", lambda: tmp_path / "kubeconfig")
+    assert _cluster.up() == tmp_path / "kubeconfig"
+    assert downs == [1]

@@ -566,7 +566,12 @@ def up() -> Path:
                 )
             return _paths.kubeconfig_path()
         if any(s.running for s in status()):
-            _log("partially running testbed found; restarting it")
+            # Someone may be operating it: a campaign restarts the API server, kubelet or containerd for
+            # seconds at a time, and restarting the whole testbed then kills its run. Only what stays partial
+            # (a crashed component, a previous run's leftovers) is restarted.
+            if _healthy_within(PARTIAL_GRACE_SECONDS):
+                return _paths.kubeconfig_path()
+            _log(f"partially running testbed found, not healthy within {PARTIAL_GRACE_SECONDS:g} s; restarting it")
             _down()
         _check_ports_free()
         try:
@@ -575,6 +580,26 @@ def up() -> Path:
             _log(f"start-up failed; stopping what was started (logs kept in {_paths.runtime_dir()}/logs)")
             _down()
             raise
+
+
+PARTIAL_GRACE_SECONDS = 90.0
+"""How long ``up`` waits for a partly running testbed to answer again before restarting it: longer than any
+component restart or outage the campaign's faults make."""
+
+
+def _healthy_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if is_up():
+            return True
+        time.sleep(1.0)
+    return is_up()
+
+
+def is_present() -> bool:
+    """True if any component of the testbed runs (healthy or not): someone's testbed, not to be taken down by a
+    caller that did not start it."""
+    return any(s.running for s in status())
 
 
 def _check_ports_free() -> None:
