@@ -302,7 +302,8 @@ def copied_end_text(trainjob: TrainJobView, jobset: JobSetView | None) -> str | 
     builds nothing for a finished TrainJob, and Kueue never admits a finished Workload; only a new TrainJob runs.
     Two signs, either enough, neither a clock: the JobSet of the name is controlled by another TrainJob uid, or
     (that JobSet since deleted) no execution of this TrainJob was ever admitted (it carries no A, and nothing of
-    dispatch's starts without one)."""
+    an object dispatch opened starts without one; a labelled TrainJob dispatch did not open may run under Kueue
+    with none, so that sign is not read for it)."""
     if trainjob.state not in (State.SUCCEEDED, State.FAILED) or not trainjob.labelled:
         return None
     condition = "Complete" if trainjob.complete else "Failed"
@@ -317,7 +318,7 @@ def copied_end_text(trainjob: TrainJobView, jobset: JobSetView | None) -> str | 
                 f"to this one (uid {uid}); this TrainJob has not run. The garbage collector missed that owner's "
                 f"deletion (seen after a kube-apiserver restart) and never removes it: delete them, "
                 f"{orphan_removal(jobset.name)}, {after}")
-    if trainjob.admission == 0:
+    if trainjob.admission == 0 and trainjob.dispatch_object:   # a TrainJob dispatch did not open may run with no A
         dated = f" (dated {trainjob.ended_at.isoformat()})" if trainjob.ended_at is not None else ""
         return (f"trainjob {name} reports {condition}{dated}, though no execution of it was ever admitted (it "
                 f"carries no A): the condition {COPIED_END} (Trainer v2.3 copies it from the JobSet of the "

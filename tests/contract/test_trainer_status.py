@@ -23,7 +23,7 @@ import pytest
 
 from dispatch import _decision as d
 from dispatch import _names as n
-from dispatch._trainer import TrainJobView
+from dispatch._trainer import TrainJobView, labels_entry
 from dispatch._views import JobSetView
 from dispatch.controller.testing import FakeKueue
 from dispatch.testing import FakeCluster
@@ -48,11 +48,13 @@ def ended(name: str, when: str) -> Obj:
 
 
 def trainjob(name: str, queue: str) -> Obj:
-    """A TrainJob of the name under Kueue, with dispatch's identity labels (no A: never admitted)."""
+    """A TrainJob of the name under Kueue as dispatch opens one (its identity labels and runtime patch entry), never
+    admitted (no A)."""
     return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
             "metadata": {"name": name, "labels": {n.KUEUE_QUEUE_LABEL: queue, n.LABEL_JOB_ID: name,
                                                   n.LABEL_SUBMISSION: "s1"}},
-            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 1}}}
+            "spec": {"runtimeRef": {"name": "torch-distributed"}, "trainer": {"numNodes": 1},
+                     "runtimePatches": [labels_entry(n.PATCH_MANAGER, {"node": {}})]}}
 
 
 def condition(obj: Obj, ctype: str) -> Obj | None:

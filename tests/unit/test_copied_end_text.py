@@ -7,22 +7,24 @@ from typing import Any
 
 import pytest
 
-from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, State
+from dispatch import ANNOTATION_ADMISSION, LABEL_JOB_ID, LABEL_SUBMISSION, PATCH_MANAGER, State
 from dispatch import _decision as d
-from dispatch._trainer import TrainJobView
+from dispatch._trainer import TrainJobView, labels_entry
 
 NAME = "llama-s1"
 CREATED = "2026-12-04T10:00:00Z"
 
 
 def trainjob(*conds: tuple[str, str, Any], uid: str = "tj-new", created: Any = CREATED, admission: int = 0,
-             labelled: bool = True) -> TrainJobView:
-    """``conds``: (type, status, lastTransitionTime); ``admission``: the A it carries (0: never admitted)."""
+             labelled: bool = True, opened: bool = True) -> TrainJobView:
+    """``conds``: (type, status, lastTransitionTime); ``admission``: the A it carries (0: never admitted);
+    ``opened``: dispatch's runtime patch entry is there (dispatch opened it)."""
     return TrainJobView.from_obj({
         "metadata": {"name": NAME, "uid": uid, "creationTimestamp": created,
                      "labels": {LABEL_JOB_ID: "llama", LABEL_SUBMISSION: "s1"} if labelled else {},
                      "annotations": {ANNOTATION_ADMISSION: str(admission)} if admission else {}},
-        "spec": {"suspend": True},
+        "spec": {"suspend": True,
+                 "runtimePatches": [labels_entry(PATCH_MANAGER, {"node": {}})] if opened else []},
         "status": {"conditions": [{"type": t, "status": s, "lastTransitionTime": when} for t, s, when in conds]}})
 
 
@@ -82,6 +84,12 @@ def test_its_own_end_and_every_not_finished_state_are_not_called_copied() -> Non
         assert d.copied_end_text(held, jobset("tj-old")) is None
     # not dispatch's (no identity labels): never called anything of dispatch's
     assert d.copied_end_text(trainjob(("Complete", "True", AFTER), labelled=False), jobset("tj-old")) is None
+    # labelled but not opened by dispatch (no runtime patch entry): Kueue may run it with no A, so no A proves
+    # nothing there; an earlier TrainJob's JobSet still does
+    hand = trainjob(("Complete", "True", BEFORE), opened=False)
+    assert hand.labelled and not hand.dispatch_object
+    assert d.copied_end_text(hand, None) is None
+    assert d.copied_end_text(hand, jobset("tj-old")) is not None
 
 
 @pytest.mark.parametrize("when,created", [(None, CREATED), (5, CREATED), ("yesterday", CREATED), (BEFORE, None),
