@@ -294,28 +294,35 @@ def test_a_real_node_problem_fixed_since_up_says_to_start_the_testbed_again(
     assert any("testbed down" in line for line in _node.describe())
 
 
-def test_up_waits_for_a_partly_running_testbed_instead_of_restarting_it(
+def test_up_waits_for_a_partly_running_testbed_and_never_restarts_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A campaign restarts the API server for seconds at a time; a test calling ``up`` meanwhile took the
-    whole testbed down and up (and its fixture, finding it not up, then down for good). Now ``up`` waits for a
-    partly running testbed to answer again, and restarts only one that stays partial."""
+    """A campaign stops the API server, kubelet or containerd, or powers its node off, for seconds or minutes; a
+    test calling ``up`` meanwhile took the whole testbed down and up (twice, each time ending the campaign). Now
+    ``up`` waits for a partly running testbed to answer again, and otherwise leaves it as it is and says why."""
     from dispatch.testbed import _cluster
 
     monkeypatch.setenv("DISPATCH_TESTBED_DIR", str(tmp_path))
     answers = iter([False, False, True])   # the API server back on the third look
-    running = _cluster.ComponentStatus("kube-apiserver", 1, True, False, False)
+    api = _cluster.ComponentStatus("kube-apiserver", 1, True, False, False)
+    kubelet = _cluster.ComponentStatus("kubelet", None, False, False, False)
     monkeypatch.setattr(_cluster, "is_up", lambda: next(answers))
-    monkeypatch.setattr(_cluster, "status", lambda verbose=False: [running])
+    monkeypatch.setattr(_cluster, "status", lambda verbose=False: [api, kubelet])
     monkeypatch.setattr("dispatch.testbed._cluster.time.sleep", lambda _s: None)
-    downs: list[int] = []
-    monkeypatch.setattr(_cluster, "_down", lambda: downs.append(1))
+    touched: list[str] = []
+    monkeypatch.setattr(_cluster, "_down", lambda: touched.append("down"))
+    def started() -> Path:
+        touched.append("up")
+        return tmp_path / "kubeconfig"
+    monkeypatch.setattr(_cluster, "_up", started)
     assert _cluster.up() == _paths.kubeconfig_path()
-    assert downs == [] and _cluster.is_present()
+    assert touched == [] and _cluster.is_present()
 
     clock = iter(range(0, 10_000, 30))
     monkeypatch.setattr("dispatch.testbed._cluster.time.monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(_cluster, "is_up", lambda: False)     # stays partial: restarted, as before
-    monkeypatch.setattr(_cluster, "_check_ports_free", lambda: None)
-    monkeypatch.setattr(_cluster, "_up", lambda: tmp_path / "kubeconfig")
-    assert _cluster.up() == tmp_path / "kubeconfig"
-    assert downs == [1]
+    monkeypatch.setattr(_cluster, "is_up", lambda: False)     # it stays partial: left alone, and said why
+    with pytest.raises(RuntimeError) as err:
+        _cluster.up()
+    assert touched == []
+    said = str(err.value)
+    assert "runs in part" in said and "not running: kubelet" in said and "not answering: kube-apiserver" in said
+    assert "start-component NAME" in said and "down" in said

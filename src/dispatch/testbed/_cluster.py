@@ -566,13 +566,12 @@ def up() -> Path:
                 )
             return _paths.kubeconfig_path()
         if any(s.running for s in status()):
-            # Someone may be operating it: a campaign restarts the API server, kubelet or containerd for
-            # seconds at a time, and restarting the whole testbed then kills its run. Only what stays partial
-            # (a crashed component, a previous run's leftovers) is restarted.
+            # Someone may be operating it: a campaign stops the API server, kubelet or containerd, or powers its
+            # node off, for seconds or minutes at a time, and restarting the whole testbed killed such a run
+            # (twice). A partly running testbed is waited for, and otherwise left to whoever runs it.
             if _healthy_within(PARTIAL_GRACE_SECONDS):
                 return _paths.kubeconfig_path()
-            _log(f"partially running testbed found, not healthy within {PARTIAL_GRACE_SECONDS:g} s; restarting it")
-            _down()
+            raise RuntimeError(partial_text(status()))
         _check_ports_free()
         try:
             return _up()
@@ -594,6 +593,18 @@ def _healthy_within(seconds: float) -> bool:
             return True
         time.sleep(1.0)
     return is_up()
+
+
+def partial_text(components: Sequence[ComponentStatus]) -> str:
+    """Why ``up`` stops at a testbed that runs in part, and what to do."""
+    stopped = [c.name for c in components if not c.running]
+    sick = [c.name for c in components if c.running and not (c.healthy or c.frozen)]
+    what = "; ".join(filter(None, [f"not running: {', '.join(stopped)}" if stopped else "",
+                                   f"not answering: {', '.join(sick)}" if sick else ""]))
+    return (f"the testbed in {_paths.runtime_dir()} runs in part and was not healthy within "
+            f"{PARTIAL_GRACE_SECONDS:g} s ({what}): someone may be using it (a campaign stops components on "
+            "purpose), so it is left as it is; `python -m dispatch.testbed start-component NAME` starts a stopped "
+            "one, `python -m dispatch.testbed down` and `up` start it afresh")
 
 
 def is_present() -> bool:
