@@ -275,7 +275,10 @@ def test_two_executions_saving_at_once_killed_at_random_points(kind: str, seed: 
         assert newest.admission == max(e.admission for e in counted), "the highest A that committed"
         assert reader.resume() == newest.name and newest.name in visible
         assert reader.cat_file(f"{newest.name}/model.bin") == model(newest.admission, newest.step, size)
-        assert len(visible) <= 3  # rotation keeps the last two (a third while a writer died mid-rotation)
+        # rotation keeps the last two; each writer killed mid-rotation may leave one more (the next rotation's
+        # doomed list then holds two, and a kill there leaves one): seen, both writers killed, four visible
+        killed = sum(p.returncode == -signal.SIGKILL for p in (old, new))
+        assert len(visible) <= 2 + killed, (visible, old.returncode, new.returncode)
     else:
         assert reader.resume() is None and visible == []
     # the next execution, claiming on its first write, resumes from that checkpoint
