@@ -93,9 +93,30 @@ def remaining(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[R
         if pod.ours and end in PROVEN and end != PROOF_KUBELET:
             why = (f"its end is proven ({end}); dispatch's controller removes dispatch's finalizer so it goes "
                    f"(without a controller running: `dispatch admin release-pod {pod.name}`)")
+        elif not pod.ours and end in PROVEN and end != PROOF_KUBELET and pod.deleting and pod.finalizers:
+            why = foreign_finalizer_text(pod, end)
         out.append(RemainingPod(pod.name, pod.node, state, pod.phase, pod.deleting, pod.admission,
                                 pod.deletion_timestamp, held=held, why=why, proven=end in PROVEN))
     return tuple(out)
+
+
+FOREIGN_FINALIZER = "keeps it in the API though it can never run"
+"""The words that mark a deleted pod whose end is proven, held by another controller's finalizer (the campaign
+runner acts on them)."""
+
+
+def foreign_finalizer_text(pod: PodView, end: str) -> str:
+    """Why a deleted pod whose end is proven stays, when the finalizer holding it is not dispatch's, and the way out.
+
+    Seen on the testbed (issue 34): a pod never scheduled, deleted with its Job, kept for 40 minutes by the Job
+    controller's ``batch.kubernetes.io/job-tracking`` after kube-apiserver restarts (the controller removes it
+    from a pod its Job no longer exists for, and missed this one). dispatch waits for the pod to go, and nothing
+    of dispatch's removes another controller's finalizer."""
+    held = ", ".join(f[:80] for f in pod.finalizers[:4])
+    return (f"its end is proven ({end}), but finalizer {held} {FOREIGN_FINALIZER} (the Job controller removes "
+            "batch.kubernetes.io/job-tracking once it has counted the pod, and can miss one whose Job is gone after "
+            f"a kube-apiserver restart): `kubectl patch pod {pod.name} --type=json -p "
+            "'[{\"op\":\"remove\",\"path\":\"/metadata/finalizers\"}]'` in the object's namespace removes it")
 
 
 def ends(pods: Sequence[PodView], nodes: Mapping[str, NodeView]) -> tuple[PodEnd, ...]:

@@ -34,6 +34,7 @@ from dispatch import _api as api
 from dispatch import _decision as d
 from dispatch import _kube as k
 from dispatch._api import Obj
+from dispatch._views import POD_FINALIZER
 from dispatch.errors import DispatchError, NotFound, PodsRemain, Refused
 from dispatch.testbed import harness, oracle, realnode
 from dispatch.testbed.campaign import (
@@ -821,7 +822,10 @@ class Campaign:
         name = await self.current(sub)
         adapter = self.writers[0]
         try:
-            if name is not None and (d.ORPHANED in why or d.ORPHANED_JOB in why):
+            if d.FOREIGN_FINALIZER in why:
+                freed = await self._remove_foreign_finalizers(sub)
+                self.report.liveness_actions[f"remove another controller's finalizer from {freed} pod(s)"] += 1
+            elif name is not None and (d.ORPHANED in why or d.ORPHANED_JOB in why):
                 gone = await self._remove_orphans(name)
                 self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
             elif name is None:
@@ -841,6 +845,18 @@ class Campaign:
                 with contextlib.suppress(Exception):
                     gone = await self._remove_orphans(name)
                     self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
+
+    async def _remove_foreign_finalizers(self, sub: str) -> int:
+        """What status names for a deleted pod whose end is proven but another controller's finalizer keeps:
+        that finalizer removed (the operator's patch). Only pods being deleted, never dispatch's finalizer."""
+        assert self.admin is not None
+        freed = 0
+        for pod in (await self.admin.list(k.PODS, labels=f"{LABEL_JOB_ID}={sub}")).items:
+            fins = pod["metadata"].get("finalizers") or []
+            if pod["metadata"].get("deletionTimestamp") and fins and POD_FINALIZER not in fins:
+                await self.admin.merge_patch(k.PODS, pod["metadata"]["name"], {"metadata": {"finalizers": None}})
+                freed += 1
+        return freed
 
     async def _give_word(self, sub: str, word: Word) -> None:
         """The operator's word a running object's status names for the pod that keeps a rank of it from starting
