@@ -69,6 +69,31 @@ def scrape(port: int) -> str:
         return ""
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU of ``pid`` so far (0 if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_ticks() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, from /proc/stat: what the controller's
+    figure shares the cores with."""
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:]]
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(values) - idle) / hz, sum(values) / hz
+
+
+def component_cpu() -> dict[str, float]:
+    """CPU seconds so far of every testbed component that runs (API server, etcd, Kueue, ...)."""
+    return {s.name: cpu_seconds(s.pid) for s in testbed.status() if s.pid is not None}
+
+
 def free_port() -> int:
     import socket
 
@@ -96,6 +121,8 @@ async def run_controller(a: argparse.Namespace, path: Any, ns: str, controller_n
                          kube: k.Kube) -> dict[str, Any]:
     """Start the controller with ``batch``, time until it has decided every Workload, stop it."""
     port = free_port()
+    before = component_cpu()
+    busy0, total0 = machine_ticks()
     started = time.monotonic()
     profile = ["-m", "cProfile", "-o", f"{a.profile}.batch{batch}"] if a.profile else []
     proc = subprocess.Popen([sys.executable, *profile, "-m", "dispatch.controller", "--kubeconfig", str(path),
@@ -120,9 +147,9 @@ async def run_controller(a: argparse.Namespace, path: Any, ns: str, controller_n
                 raise SystemExit(f"only {done:.0f} of {a.workloads} decided after 900 s (batch {batch})")
             await asyncio.sleep(0.05)
         total = now - started
-        with open(f"/proc/{proc.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        cpu = cpu_seconds(proc.pid)
+        after = component_cpu()
+        busy1, total1 = machine_ticks()
     finally:
         proc.terminate()
         proc.wait(10)
@@ -140,6 +167,13 @@ async def run_controller(a: argparse.Namespace, path: Any, ns: str, controller_n
         "seconds_first_to_last": round(span, 2),
         "decisions_per_second_first_to_last": round((a.workloads - 1) / span, 1) if span else None,
         "controller_cpu_ms_per_workload": round(1000 * cpu / a.workloads, 1),
+        # Where the machine's cores went while the controller decided: the controller's share beside the
+        # API server, etcd and Kueue it talks to (cores busy = busy CPU seconds / wall seconds).
+        "cpu_seconds": {"controller": round(cpu, 2), **{
+            n: round(used, 2) for n in sorted(after) if (used := after[n] - before.get(n, 0.0)) >= 0.05}},
+        "machine_cores": os.cpu_count(),
+        "machine_cores_busy": round((busy1 - busy0) / total, 2),
+        "machine_busy_fraction": round((busy1 - busy0) / (total1 - total0), 2) if total1 > total0 else None,
         "reconciles": decisions,
         "check_writes": metric(text, 'dispatch_api_writes_total{kind="workload"}'),
         "trainjob_writes": metric(text, 'dispatch_api_writes_total{kind="trainjob"}'),

@@ -326,3 +326,22 @@ def test_up_waits_for_a_partly_running_testbed_and_never_restarts_it(
     said = str(err.value)
     assert "runs in part" in said and "not running: kubelet" in said and "not answering: kube-apiserver" in said
     assert "start-component NAME" in said and "down" in said
+
+
+def test_a_fleet_with_a_worker_down_is_present_though_not_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet's test fixture takes the fleet down at the end only if none of it ran before: a fleet campaign
+    powers a worker off, and a test run beside it must not read that fleet as not its own to keep."""
+    from dispatch.testbed import fleet
+
+    monkeypatch.setenv("DISPATCH_TESTBED_DIR", str(tmp_path / "tb"))
+    assert not fleet.is_present()          # nothing of it on disk: nothing asked
+    clusters = fleet.fleet().clusters
+    for c in clusters:
+        (c.runtime_dir / "pids").mkdir(parents=True)
+    rows = {c.name: [{"name": "kube-apiserver", "pid": None, "running": False, "healthy": False, "frozen": False}]
+            for c in clusters}
+    monkeypatch.setattr(fleet, "status_of", lambda name: rows[name])
+    assert not fleet.is_present()
+    rows[clusters[-1].name] = [{"name": "kube-apiserver", "pid": 7, "running": True, "healthy": False,
+                                "frozen": False}]
+    assert fleet.is_present() and not fleet.is_up()

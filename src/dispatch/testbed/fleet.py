@@ -342,6 +342,20 @@ def is_up() -> bool:
     return all(_cluster_up(c) for c in fleet().clusters)
 
 
+def is_present() -> bool:
+    """True if any component of any cluster of the fleet runs (healthy or not): someone's fleet (a campaign's,
+    with a worker powered off or partitioned), not to be taken down by a caller that did not start it."""
+    for c in fleet().clusters:
+        if not ((c.runtime_dir / "state.json").exists() or (c.runtime_dir / "pids").is_dir()):
+            continue
+        try:
+            if any(r["running"] for r in status_of(c.name)):
+                return True
+        except RuntimeError:
+            continue
+    return False
+
+
 def _read_state() -> Obj | None:
     try:
         data: Obj = json.loads(_state_path().read_text())
