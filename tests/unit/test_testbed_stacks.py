@@ -338,8 +338,9 @@ def test_a_fleet_with_a_worker_down_is_present_though_not_up(tmp_path: Path, mon
     clusters = fleet.fleet().clusters
     for c in clusters:
         (c.runtime_dir / "pids").mkdir(parents=True)
-    rows = {c.name: [{"name": "kube-apiserver", "pid": None, "running": False, "healthy": False, "frozen": False}]
-            for c in clusters}
+    down: dict[str, object] = {"name": "kube-apiserver", "pid": None, "running": False, "healthy": False,
+                               "frozen": False}
+    rows = {c.name: [down] for c in clusters}
     monkeypatch.setattr(fleet, "status_of", lambda name: rows[name])
     assert not fleet.is_present()
     rows[clusters[-1].name] = [{"name": "kube-apiserver", "pid": 7, "running": True, "healthy": False,
