@@ -31,6 +31,7 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,40 @@ def pct(xs: list[float], q: float) -> float:
 def summary(xs: list[float]) -> dict[str, float]:
     return {"n": len(xs), "p50_ms": round(statistics.median(xs) * 1000, 1), "p99_ms": pct(xs, 0.99),
             "max_ms": pct(xs, 1.0)}
+
+
+def scrape(port: int) -> str:
+    """The controller's /metrics text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        return str(resp.read().decode())
+
+
+def api_series(text: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """(verb, resource) -> (count, seconds) of the controller's API requests, from its /metrics text."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for line in text.splitlines():
+        for suffix, at in (("_count{", 0), ("_sum{", 1)):
+            head = "dispatch_api_request_duration_seconds" + suffix
+            if line.startswith(head):
+                labels, value = line[len(head):].rsplit("} ", 1)
+                got = dict(part.split("=", 1) for part in labels.split(","))
+                key = (got["verb"].strip('"'), got["resource"].strip('"'))
+                out.setdefault(key, [0.0, 0.0])[at] = float(value)
+    return {key: (v[0], v[1]) for key, v in out.items()}
+
+
+def per_round(before: str, after: str, rounds: int) -> dict[str, dict[str, float]]:
+    """The controller's requests in the rounds, by verb and resource: how many a round and their mean
+    latency to the response's headers (a watch's GET counts once, when it opens). What dispatch's share is
+    made of, trip by trip."""
+    b, a = api_series(before), api_series(after)
+    out: dict[str, dict[str, float]] = {}
+    for key in sorted(a):
+        n, secs = a[key][0] - b.get(key, (0.0, 0.0))[0], a[key][1] - b.get(key, (0.0, 0.0))[1]
+        if n <= 0:
+            continue
+        out[f"{key[0]} {key[1]}"] = {"per_round": round(n / rounds, 2), "mean_ms": round(1000 * secs / n, 1)}
+    return out
 
 
 def wall() -> float:
@@ -192,10 +227,11 @@ async def kueue_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, cl
     dispatch_share: list[float] = []
     kueue_late: list[float] = []
     try:
-        async with harness.as_role(admin, ns) as writer_kube, harness.subprocess_controller(ns):
+        async with harness.as_role(admin, ns) as writer_kube, harness.subprocess_controller(ns) as launched:
             writer = AsyncAdapter(writer_kube)
             name = (await writer.open(spec(queue="lq"))).name
             await until(lambda: process_of(oracle_dir, 1), "A=1's process", timeout=180)
+            metrics_before = scrape(launched.port)
             for i in range(1, rounds + 1):
                 pods = [p["metadata"]["name"] for p in await harness.pods_of(admin, name)
                         if not p["metadata"].get("deletionTimestamp")]
@@ -218,12 +254,14 @@ async def kueue_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, cl
                     kueue_late.append(max(0.0, clock.of(reserved) - t_exit))
                 exit_to_first.append(start.started_ms / 1000 - t_exit)
                 floor_status.append(clock.of(seen) - t_exit)
+            requests = per_round(metrics_before, scrape(launched.port), rounds)
             trips = await harness.webhooked_round_trips(admin, name, rounds)
             writes = [a + b for a, b in zip(trips["trainjob"], trips["workload"], strict=True)]
     finally:
         await rec.stop()
     out = result("kueue", exit_to_admitted, exit_to_first, floor_status, writes,
                  "the TrainJob and the Workload write, each to its watch event")
+    out["controller_requests"] = requests
     if dispatch_share:
         share, late = summary(dispatch_share), summary(kueue_late)
         out["exit_to_quota_reserved_again"] = late
