@@ -989,10 +989,13 @@ def truncate(message: str) -> str:
 
 
 def waiting_text(verdict: Verdict) -> str:
-    """The Pending message: the seed's exact form for pods, then any JobSet/Job not yet suspended."""
+    """The Pending message: the seed's exact form for pods, then the way out of a wait nothing of dispatch's ends
+    (a pod held for good: ``stuck_text``; another controller's finalizer on a pod whose end is proven:
+    ``FOREIGN_FINALIZER``, with its patch), then any JobSet/Job not yet suspended."""
     if verdict.remaining:
         stuck = stuck_text(verdict.remaining)
-        return truncate(waiting_message(verdict.remaining, [stuck, *verdict.blockers] if stuck else verdict.blockers))
+        foreign = why_text([p for p in verdict.remaining if FOREIGN_FINALIZER in p.why])
+        return truncate(waiting_message(verdict.remaining, [*filter(None, (stuck, foreign)), *verdict.blockers]))
     return truncate("waiting for the previous execution to stop: " + "; ".join(verdict.blockers))
 
 

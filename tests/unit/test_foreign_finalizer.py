@@ -47,3 +47,14 @@ def test_dispatchs_own_finalizer_and_unproven_or_undeleted_pods_are_not_called_f
 def test_many_or_long_finalizers_are_bounded_in_the_text() -> None:
     [left] = d.remaining([pod(finalizers=tuple(f"example.com/f{i}-" + "x" * 300 for i in range(20)))], {})
     assert len(left.why) < 1200 and left.why.count("example.com/f") == 4
+
+
+def test_the_admission_checks_message_names_the_finalizer_and_the_patch_too() -> None:
+    """Kueue mode: the check's message is what the Workload (and dispatch's Event) shows; it said only "on no node"
+    in the campaign's Kueue-mode stall."""
+    left = d.remaining([pod()], {})
+    message = d.waiting_text(d.Verdict(remaining=left, blockers=()))
+    assert message.startswith("waiting for pods of the previous execution to go: k1-s1-b-node-0-0-x on no node; ")
+    assert d.FOREIGN_FINALIZER in message and "kubectl patch pod k1-s1-b-node-0-0-x --type=json" in message
+    waiting = d.waiting_text(d.Verdict(remaining=d.remaining([pod(deleting=False)], {}), blockers=()))
+    assert waiting == "waiting for pods of the previous execution to go: k1-s1-b-node-0-0-x on no node"

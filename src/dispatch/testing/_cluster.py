@@ -68,6 +68,8 @@ def _number(text: str | None) -> int | None:
 
 
 COMPLETION = "batch.kubernetes.io/job-completion-index"
+JOB_TRACKING_FINALIZER = "batch.kubernetes.io/job-tracking"
+"""The Job controller's finalizer on every pod it makes, until it has counted the pod (``FakeCluster.job_tracking``)."""
 
 
 @dataclass
@@ -243,7 +245,12 @@ def pod_policy(operation: str, old: Obj | None, new: Obj) -> str | None:
 class FakeCluster:
     """A fake API server plus the controllers and nodes a test steps by hand."""
 
-    def __init__(self, namespace: str = "default") -> None:
+    def __init__(self, namespace: str = "default", *, job_tracking: bool = False) -> None:
+        """``job_tracking``: the Job controller keeps its ``batch.kubernetes.io/job-tracking`` finalizer on the pods
+        it makes, as the real one does (``job_sync``), and the API server keeps a deleted pod through its grace
+        period though its last finalizer went (``FakeApiServer.grace_outlasts_finalizers``: the controller takes
+        its finalizer off pods still stopping, which must not leave the API while they run). Off by default, so
+        every schedule written before it runs as it did."""
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
         self.server = FakeApiServer(clock=lambda: self.now)
         self.namespace = namespace
@@ -273,6 +280,13 @@ class FakeCluster:
         Ready) with its node's clock; the control plane's writers (PodGC, Kueue) with the cluster's."""
         self._crashed: dict[str, int] = {}  # pod uid -> exit code of its container's last crash
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
+        self.job_tracking = job_tracking
+        """The Job controller's job-tracking finalizer (see ``__init__``)."""
+        self.server.grace_outlasts_finalizers = job_tracking
+        self.job_controller_misses_orphans = False
+        """With ``job_tracking``: the Job controller leaves its finalizer on pods whose Job is gone (orphans), as the
+        real one did after kube-apiserver restarts (issue 34: two deleted pods held 40 minutes); its own pods'
+        finalizers still go. Set it back to False and the next pass frees them."""
         self.trainer_before_2_2_1 = False
         """Trainer v2.2.0's webhook rule: runtime patches change only in a write that leaves the TrainJob suspended
         (v2.2.1 and later: suspended before or after it, so a raise of A may also unsuspend)."""
@@ -855,7 +869,10 @@ class FakeCluster:
 
         A replacement follows the Job's ``podReplacementPolicy``, as the real controller does: with
         ``TerminatingOrFailed`` (the default) it starts as soon as the old pod has a deletionTimestamp;
-        with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone."""
+        with ``Failed`` only once the old pod is in a terminal phase (whoever wrote it) or gone.
+
+        With ``job_tracking``, each pass ends by taking the controller's finalizer off the pods it has counted and
+        the orphans (``_untrack_pods``)."""
         for job in self.server.objects("batch", "jobs"):
             meta = job["metadata"]
             ns, name = meta["namespace"], meta["name"]
@@ -909,6 +926,47 @@ class FakeCluster:
                 self.server.update("batch", "jobs", ns, name, status, status=True)
             except ApiFailure:
                 pass
+        if self.job_tracking:
+            self._untrack_pods()
+
+    def _untrack_pods(self) -> None:
+        """The Job controller takes its ``batch.kubernetes.io/job-tracking`` finalizer off each pod it is done with
+        (v1.37's ``trackJobStatusAndRemoveFinalizers`` and ``syncOrphanPod``):
+
+        * a pod of a Job that exists and has not finished, once the pod is terminal (Succeeded or Failed) or being
+          deleted (it counts a deleted pod as failed);
+        * an orphan: a pod whose controlling owner reference is gone (``kubectl delete job --cascade=orphan``
+          removes it) or names a Job that no longer exists, or has finished; whatever the pod's state. Not while
+          ``job_controller_misses_orphans``.
+
+        A pod controlled by anything but a Job keeps it. The real controller, under ``podReplacementPolicy:
+        Failed``, waits for a deleted pod's Failed phase (its kubelet's, or PodGC's for a pod never scheduled)
+        before it counts it; the fake counts it at its deletion. The API server lets a deleted pod go once its
+        last finalizer is gone and its grace period is over."""
+        jobs = {(j["metadata"]["namespace"], j["metadata"]["uid"]): j for j in self.server.objects("batch", "jobs")}
+        for pod in self.server.objects("", "pods"):
+            meta = pod["metadata"]
+            if JOB_TRACKING_FINALIZER not in (meta.get("finalizers") or []):
+                continue
+            ref = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), None)
+            if ref is not None and (ref.get("kind") != "Job" or ref.get("apiVersion") != "batch/v1"):
+                continue
+            job = jobs.get((meta["namespace"], str(ref.get("uid")))) if ref is not None else None
+            if job is not None and not (_cond(job, "Complete") or _cond(job, "Failed")):
+                done = (meta.get("deletionTimestamp") is not None
+                        or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
+            else:
+                done = not self.job_controller_misses_orphans
+            if not done:
+                continue
+
+            def untrack(obj: Obj) -> None:
+                obj["metadata"]["finalizers"] = [f for f in obj["metadata"].get("finalizers") or []
+                                                 if f != JOB_TRACKING_FINALIZER]
+                if not obj["metadata"]["finalizers"]:
+                    del obj["metadata"]["finalizers"]
+            with contextlib.suppress(ApiFailure):
+                self.server.update("", "pods", meta["namespace"], meta["name"], untrack, status=None, admit=False)
 
     def _create_pod(self, job: Obj, index: int | None) -> bool:
         """A pod of ``job``: its completion ``index`` labelled (None: a NonIndexed Job's pod, which has none)."""
@@ -920,11 +978,14 @@ class FakeCluster:
         if index is not None:
             labels["batch.kubernetes.io/job-completion-index"] = str(index)
         spec = copy.deepcopy(template.get("spec") or {})
+        finalizers = list((template.get("metadata") or {}).get("finalizers") or [])
+        if self.job_tracking and JOB_TRACKING_FINALIZER not in finalizers:
+            finalizers.append(JOB_TRACKING_FINALIZER)  # the real controller appends it to every pod it makes
         body = {
             "metadata": {"name": f"{job['metadata']['name']}-{'x' if index is None else index}-{self._pod_seq:05d}",
                          "labels": labels,
                          "annotations": dict((template.get("metadata") or {}).get("annotations") or {}),
-                         "finalizers": list((template.get("metadata") or {}).get("finalizers") or []),
+                         "finalizers": finalizers,
                          "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job",
                                               "name": job["metadata"]["name"], "uid": job["metadata"]["uid"],
                                               "controller": True}]},

@@ -464,6 +464,13 @@ class FakeApiServer:
         """Garbage collection waits for ``collect_garbage`` instead of following each removal at once."""
         self.gc_pending: list[str] = []
         """uids of removed owners whose dependents the lagging garbage collector has not reached yet."""
+        self.grace_outlasts_finalizers = False
+        """A deleted pod whose last finalizer goes while its grace period runs stays until a delete with grace 0 (its
+        kubelet's, PodGC's), as on the real API server (``shouldDeleteDuringUpdate``: an update that empties the
+        finalizers deletes only at a grace period of 0). Off: it goes at once, as this fake has always let it;
+        two schedules written before rely on that (a pod on a deleted Node, freed by dispatch's controller, gone
+        before PodGC's 40 s: tests/fake/test_node_deletion.py, tests/fake/test_seed_rule.py).
+        ``FakeCluster(job_tracking=True)`` turns it on."""
         self.before_request: Callable[[str, str], None] | None = None
         """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
         self.namespaces_deleted: set[str] = set()
@@ -715,7 +722,8 @@ class FakeApiServer:
             self._validate(kind, "UPDATE", current, new)
         if new.get("spec") != current.get("spec"):
             meta["generation"] = int(current["metadata"].get("generation") or 1) + 1
-        if meta.get("deletionTimestamp") and not meta.get("finalizers"):
+        if meta.get("deletionTimestamp") and not meta.get("finalizers") and not (
+                self.grace_outlasts_finalizers and int(meta.get("deletionGracePeriodSeconds") or 0) > 0):
             meta["resourceVersion"] = str(self._bump())
             return self._remove(key, new)
         check_size(kind, key, new)
@@ -851,9 +859,12 @@ class FakeApiServer:
                              details=status_details(kind, name))
 
     def delete(self, group: str, plural: str, namespace: str, name: str, *, grace: int | None = None,
-               uid: str | None = None, resource_version: str | None = None) -> Obj:
+               uid: str | None = None, resource_version: str | None = None, propagation: str | None = None) -> Obj:
         """Delete as the API server does: pods on a node terminate gracefully, finalizers hold others, and a
-        Namespace turns Terminating until the namespace controller has emptied it (``terminate_namespace``)."""
+        Namespace turns Terminating until the namespace controller has emptied it (``terminate_namespace``).
+        ``propagation="Orphan"`` (``kubectl delete --cascade=orphan``): the dependents stay, their owner
+        references to this object removed first (the real garbage collector's ``orphan`` finalizer, done at
+        once here); otherwise they are collected in the background, as before."""
         if not group and plural == "namespaces":
             return self.terminate_namespace(name)
         with self._lock:
@@ -863,6 +874,9 @@ class FakeApiServer:
             if resource_version is not None and current["metadata"].get("resourceVersion") != resource_version:
                 raise ApiFailure(409, "Conflict", "Precondition failed: ResourceVersion in precondition: "
                                                   f"{resource_version}")
+            if propagation == "Orphan":
+                self._orphan_dependents(str(current["metadata"].get("uid")))
+                _, key, current = self._existing(group, plural, namespace, name)
             meta = current["metadata"]
             finalizers = meta.get("finalizers") or []
             if plural == "pods":
@@ -885,6 +899,21 @@ class FakeApiServer:
                     return copy.deepcopy(current)
                 return self._mark_deleting(key, current, 0)
             return self._remove(key, copy.deepcopy(current))
+
+    def _orphan_dependents(self, uid: str) -> None:
+        """The garbage collector's orphaning: every dependent of ``uid`` loses its owner reference to it (a
+        plain metadata write, MODIFIED; labels such as a Job's ``controller-uid`` stay on its pods)."""
+        for key, obj in list(self._objects.items()):
+            if not any(o.get("uid") == uid for o in obj["metadata"].get("ownerReferences") or []):
+                continue
+
+            def drop(o: Obj) -> None:
+                refs = [r for r in o["metadata"].get("ownerReferences") or [] if r.get("uid") != uid]
+                if refs:
+                    o["metadata"]["ownerReferences"] = refs
+                else:
+                    o["metadata"].pop("ownerReferences", None)
+            self.update(key[0], key[1], key[2], key[3], drop, status=None, admit=False)
 
     def _mark_deleting(self, key: Key, current: Obj, grace: int | None) -> Obj:
         """A delete that leaves the object in place, Terminating: its deletionTimestamp (now plus the grace
@@ -1184,7 +1213,9 @@ class FakeApiServer:
             pre = body.get("preconditions") or {}
             return self._json(200, self.delete(group, kind.plural, ns, name,
                                                grace=int(grace) if grace is not None else None,
-                                               uid=pre.get("uid"), resource_version=pre.get("resourceVersion")))
+                                               uid=pre.get("uid"), resource_version=pre.get("resourceVersion"),
+                                               propagation=body.get("propagationPolicy")
+                                               or params.get("propagationPolicy")))
         raise ApiFailure(405, "MethodNotAllowed", f"method {method} not allowed")
 
     def _watch(self, kind: Kind, namespace: str | None, params: Mapping[str, str]) -> httpx2.Response:
