@@ -165,7 +165,7 @@ def test_a_pod_the_job_controller_counted_goes_once_dispatch_frees_it(tracking: 
 def test_a_running_pod_whose_finalizer_the_job_controller_took_off_stays_through_its_grace_period() -> None:
     """The controller counts a deleted pod at once, while its process still stops: the API server keeps the pod
     until its kubelet confirms the end (a grace period of 0), as the real one does, not when its last finalizer
-    goes (``FakeApiServer.grace_outlasts_finalizers``, on with ``job_tracking``)."""
+    goes (``FakeApiServer.grace_outlasts_finalizers``)."""
     c = FakeCluster(job_tracking=True)
     c.add_node("node-0")
     c.server.create("batch", "jobs", "default", {"metadata": {"name": "j"}, "spec": {

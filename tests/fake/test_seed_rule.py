@@ -382,8 +382,11 @@ def test_node_deletion_ends_the_wait(adapter: Adapter, cluster: FakeCluster, kee
     # A plain read cannot tell what the Node was when deleted (issue 40) ...
     assert not adapter.ceased(NAME).ceased
     cluster.settle()
-    # ... the controller's keeper can: it saw it Ready=Unknown, and frees the pod.
+    # ... the controller's keeper can: it saw it Ready=Unknown, and frees the pod, which PodGC deletes (grace 0) 40 s
+    # after it found the Node missing: a freed pod stays in the API through its grace period, as on the real one.
     keeper()
+    cluster.advance(cluster.ORPHAN_QUARANTINE)
+    cluster.settle()
     assert adapter.release(NAME).admission == 2
 
 

@@ -247,10 +247,9 @@ class FakeCluster:
 
     def __init__(self, namespace: str = "default", *, job_tracking: bool = False) -> None:
         """``job_tracking``: the Job controller keeps its ``batch.kubernetes.io/job-tracking`` finalizer on the pods
-        it makes, as the real one does (``job_sync``), and the API server keeps a deleted pod through its grace
-        period though its last finalizer went (``FakeApiServer.grace_outlasts_finalizers``: the controller takes
-        its finalizer off pods still stopping, which must not leave the API while they run). Off by default, so
-        every schedule written before it runs as it did."""
+        it makes, as the real one does (``job_sync``; it takes it off pods still stopping, which the API server keeps
+        through their grace period: ``FakeApiServer.grace_outlasts_finalizers``). Off by default, so every schedule
+        written before it runs as it did."""
         self.now = datetime(2026, 1, 1, tzinfo=UTC)
         self.server = FakeApiServer(clock=lambda: self.now)
         self.namespace = namespace
@@ -282,7 +281,6 @@ class FakeCluster:
         self._runs: dict[str, tuple[int, bool]] = {}  # TrainJob uid -> (resumes seen, suspended when last seen)
         self.job_tracking = job_tracking
         """The Job controller's job-tracking finalizer (see ``__init__``)."""
-        self.server.grace_outlasts_finalizers = job_tracking
         self.job_controller_misses_orphans = False
         """With ``job_tracking``: the Job controller leaves its finalizer on pods whose Job is gone (orphans), as the
         real one did after kube-apiserver restarts (issue 34: two deleted pods held 40 minutes); its own pods'

@@ -464,13 +464,12 @@ class FakeApiServer:
         """Garbage collection waits for ``collect_garbage`` instead of following each removal at once."""
         self.gc_pending: list[str] = []
         """uids of removed owners whose dependents the lagging garbage collector has not reached yet."""
-        self.grace_outlasts_finalizers = False
+        self.grace_outlasts_finalizers = True
         """A deleted pod whose last finalizer goes while its grace period runs stays until a delete with grace 0 (its
-        kubelet's, PodGC's), as on the real API server (``shouldDeleteDuringUpdate``: an update that empties the
-        finalizers deletes only at a grace period of 0). Off: it goes at once, as this fake has always let it;
-        two schedules written before rely on that (a pod on a deleted Node, freed by dispatch's controller, gone
-        before PodGC's 40 s: tests/fake/test_node_deletion.py, tests/fake/test_seed_rule.py).
-        ``FakeCluster(job_tracking=True)`` turns it on."""
+        kubelet's, PodGC's), as on the real API server (an update that empties the finalizers deletes the object
+        only at a grace period of 0; tests/contract/test_job_tracking_finalizer.py holds it on the testbed). This
+        fake used to let it go at once: a pod on a deleted Node that dispatch's controller freed then went before
+        PodGC's 40 s. False restores that, for a test that needs the old shortcut."""
         self.before_request: Callable[[str, str], None] | None = None
         """Called with (method, path) before each HTTP request is served: lets a test act mid-call."""
         self.namespaces_deleted: set[str] = set()
