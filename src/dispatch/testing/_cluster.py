@@ -1342,8 +1342,8 @@ class FakeCluster:
             self.server.update("", "pods", ns, pod, failed, status=True)
 
     def _podgc_failed(self, pod: str, namespace: str) -> None:
-        """PodGC's out-of-service path (``markFailedAndDeletePod``, v1.37.2): phase Failed and nothing else,
-        no condition, the containers as they were."""
+        """PodGC's out-of-service and never-scheduled paths (``markFailedAndDeletePod``, v1.37.2): phase Failed and
+        nothing else, no condition, the containers as they were."""
         def failed(obj: Obj) -> None:
             st = obj.setdefault("status", {})
             if st.get("phase") not in ("Succeeded", "Failed"):
@@ -1359,13 +1359,18 @@ class FakeCluster:
         """PodGC: pods of a Node missing for ``ORPHAN_QUARANTINE`` seconds (whether or not its machine still
         runs) are marked Failed with ``DisruptionTarget``/``DeletionByPodGC`` (``gcOrphaned``), Terminating pods
         on not-Ready out-of-service nodes Failed with no condition (``gcTerminating``), as the real PodGC writes
-        them (v1.37.2); each is then force-deleted."""
+        them (v1.37.2); each is then force-deleted. A deleted pod never scheduled (its delete had no grace
+        period; a finalizer keeps it) is marked Failed with no condition (``gcUnscheduledTerminating``; seen on
+        the testbed within one 20 s pass: tests/contract/test_podgc_unscheduled.py)."""
         nodes = {n["metadata"]["name"]: n for n in self.server.objects("", "nodes")}
         for name in [n for n in self._orphaned_at if n in nodes]:
             del self._orphaned_at[name]
         for pod in self.server.objects("", "pods"):
             node = pod["spec"].get("nodeName")
             if not node:
+                if pod["metadata"].get("deletionTimestamp") and (pod.get("status") or {}).get("phase") not in (
+                        "Succeeded", "Failed"):
+                    self._podgc_failed(pod["metadata"]["name"], pod["metadata"]["namespace"])
                 continue
             nobj = nodes.get(node)
             if nobj is None:
