@@ -3,7 +3,9 @@
 dispatch as deployed: two ``python -m dispatch.controller`` replicas with leader election, each with only the
 token of an account bound as ``deploy/`` binds the controller (``harness.controller_kubeconfig``), each serving
 the guard's webhooks, which the shipped ``ValidatingWebhookConfiguration`` (narrowed to the campaign's
-namespace, ``harness.scoped``) reaches through a forwarder standing in for the guard's Service. The namespace
+namespace, ``harness.scoped``) reaches through a forwarder standing in for the guard's Service; their Lease
+lives in a namespace of its own, as the shipped one lives in ``dispatch-system``, so a ``namespace_cycle``
+(the namespace deleted and made again) leaves them a leader. The namespace
 has its own ClusterQueue and AdmissionCheck (``harness.controller_env``), its queue holds two pods, so a release
 of the high-priority submission preempts a low one. The writers are two users bound to the shipped
 ``dispatch-writer`` role (``harness.as_role``); the deletes are a user of Kubernetes' built-in ``edit`` role.
