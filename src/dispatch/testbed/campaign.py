@@ -44,12 +44,20 @@ SUBMISSIONS = (*PLAIN, *KUEUE, PREEMPTOR)
 ACTIONS: dict[str, float] = {
     "open": 3.0, "release": 4.0, "hold": 3.0, "close": 1.2,
     "delete_pod": 1.2, "force_delete_pod": 0.8, "delete_job": 0.8, "delete_jobset": 0.8,
-    "edit_runtime": 0.5, "preempt": 1.0, "sdk_delete": 0.5,
+    "edit_runtime": 0.5, "preempt": 1.0, "sdk_delete": 0.5, "namespace_cycle": 0.2,
 }
 """The writers' actions and their weights. ``open`` of a closed submission is its re-open (under either of
 two names); the deletes are a user of Kubernetes' built-in ``edit`` role (``kubectl delete``, ``--force``);
 ``sdk_delete`` is a user of the Kubeflow SDK deleting the object's TrainJob (``TrainerClient().delete_job``, as
-the writer: no dispatch in sight, no record of a close)."""
+the writer: no dispatch in sight, no record of a close). ``namespace_cycle`` is a cluster admin deleting the
+whole namespace while things run and creating it again under its name (every record goes, the cluster-scoped
+floors of A stay). It is drawn only while no fault is in force and none is healed or injected in its round,
+and ends its round (``NAMESPACE_CYCLE``); its weight makes it about once per 180 rounds with every fault kind
+drawn (18 minutes at the usual ten rounds a minute), once per 50 with none, since each takes a minute or
+more."""
+NAMESPACE_CYCLE = "namespace_cycle"
+"""The action that takes the namespace away: drawn alone with no fault in force (a frozen node or stopped
+replicas would keep the namespace's pods, and so the namespace, until a heal its own round waits for)."""
 FAULTS: dict[str, float] = {
     "freeze": 1.0, "kubelet_restart": 1.0, "containerd_restart": 0.8, "node_delete": 0.7, "oos_taint": 0.7,
     "power_off": 0.5,
@@ -75,8 +83,9 @@ class Op:
     who: int = 0
 
     def __str__(self) -> str:
-        extra = f" {self.arg}" if self.arg else ""
-        return f"{self.kind}({self.target}{extra}{', writer ' + str(self.who) if self.kind in ACTIONS else ''})"
+        inner = " ".join(x for x in (self.target, self.arg) if x)
+        who = f"writer {self.who}" if self.kind in ACTIONS else ""
+        return f"{self.kind}({', '.join(x for x in (inner, who) if x)})"
 
 
 @dataclass(frozen=True)
@@ -168,14 +177,66 @@ def generate(seed: int, rounds: int, *, faults: Iterable[str] = tuple(FAULTS), f
                 if kind not in SELF_HEALING:
                     active[kind] = i + rng.randint(1, 3)
                 continue
-            kind = _pick(rng, ACTIONS)
+            quiet = not active and not any(op.kind in FAULTS or op.kind == "heal" for op in ops)
+            kind = _pick(rng, ACTIONS if quiet else {a: w for a, w in ACTIONS.items() if a != NAMESPACE_CYCLE})
             target = PREEMPTOR if kind == "preempt" else rng.choice(SUBMISSIONS)
             arg = rng.choice("ab") if kind == "open" else ""
+            if kind == NAMESPACE_CYCLE:
+                ops.append(Op(kind, "", "", rng.randint(0, 1)))
+                break  # nothing drawn after it in its round: no fault beside it
             ops.append(Op(kind, target, arg, rng.randint(0, 1)))
         out.append(Round(tuple(ops), round(rng.uniform(1, 6), 1)))
     if active:
         out.append(Round(tuple(Op("heal", kind) for kind in sorted(active)), 1.0))
     return Schedule(seed, tuple(out), allowed)
+
+
+def with_first(schedule: Schedule, kind: str, at: int = 3) -> Schedule:
+    """``schedule`` with one ``kind`` action alone in a round of its own, inserted before round ``at``
+    (1-based; the first opens have run by then), or the first later round with no fault in force: a short
+    campaign exercises an action its weight seldom draws (``--first``). The later rounds move one on."""
+    if kind not in ACTIONS:
+        raise ValueError(f"--first takes an action, not {kind!r} (actions: {', '.join(sorted(ACTIONS))})")
+    if at < 2:
+        raise ValueError(f"the first round opens the submissions: --first goes at round 2 or later, not {at}")
+    target = "" if kind == NAMESPACE_CYCLE else PREEMPTOR if kind == "preempt" else PLAIN[0]
+    op = Op(kind, target, "a" if kind == "open" else "", 0)
+    active: set[str] = set()
+    rounds = list(schedule.rounds)
+    where = len(rounds)
+    for i, rnd in enumerate(rounds):
+        if i >= at - 1 and not active:
+            where = i
+            break
+        for o in rnd.ops:
+            if o.kind == "heal":
+                active.discard(o.target)
+            elif o.kind in FAULTS and o.kind not in SELF_HEALING:
+                active.add(o.kind)
+    rounds.insert(where, Round((op,), 5.0))
+    return Schedule(schedule.seed, tuple(rounds), schedule.faults)
+
+
+def namespace_remains(ns: str, objects: Iterable[Mapping[str, Any]]) -> str:
+    """What keeps a deleted namespace from going, in one line: the namespace's own conditions (what its
+    controller says remains), then each object still in it by kind and name, a pod with its phase and
+    finalizers (dispatch's keeps it until its end is proven)."""
+    said: list[str] = []
+    kinds: dict[str, list[str]] = defaultdict(list)
+    for obj in objects:
+        meta = obj.get("metadata") or {}
+        if obj.get("kind") == "Namespace":
+            said += [f"{c.get('type')}: {c.get('message')}" for c in (obj.get("status") or {}).get("conditions") or []
+                     if c.get("status") == "True" and c.get("message")]
+            continue
+        name = str(meta.get("name", "?"))
+        if obj.get("kind") == "Pod":
+            fins = ",".join(meta.get("finalizers") or []) or "none"
+            name += f" ({(obj.get('status') or {}).get('phase', '?')}, finalizers {fins}"
+            name += ", deleting)" if meta.get("deletionTimestamp") else ")"
+        kinds[str(obj.get("kind", "?"))].append(name)
+    said += [f"{kind} {', '.join(sorted(names))}" for kind, names in sorted(kinds.items())]
+    return f"namespace {ns}: " + ("; ".join(said) or "nothing listed remains")
 
 
 # --------------------------------------------------------------------------------------------- the oracles
@@ -614,6 +675,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--faults", default=",".join(FAULTS),
                    help=f"fault kinds to draw from, comma-separated (default all: {','.join(FAULTS)}); "
                         "'none' for actions only")
+    p.add_argument("--first", default=None, metavar="ACTION",
+                   help="also run this action alone in round 3 (or the first later round with no fault in "
+                        "force), e.g. namespace_cycle, which the weights seldom draw; not with --replay")
     p.add_argument("--shrink", type=int, default=0, metavar="N",
                    help="when it fails, replay up to N smaller schedules to find the fewest ops that still fail")
     p.add_argument("--workdir", type=Path, default=None, help="where the oracle, checkpoints, logs and JSON go")
@@ -623,6 +687,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dispatch.testbed import _campaign_runner as runner
 
     if args.replay is not None:
+        if args.first:
+            print("campaign: --first changes a drawn schedule; a replay plays its file as it is", file=sys.stderr)
+            return 2
         try:
             schedule = Schedule.from_json(json.loads(args.replay.read_text()))
         except (OSError, ValueError) as e:
@@ -638,6 +705,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"campaign: {e}", file=sys.stderr)
             return 2
         minutes = None if args.steps is not None else args.minutes
+        if args.first:
+            try:
+                schedule = with_first(schedule, args.first)
+            except ValueError as e:
+                print(f"campaign: {e}", file=sys.stderr)
+                return 2
     print(f"campaign: seed {schedule.seed}", flush=True)
     report = runner.run(schedule, minutes=minutes, workdir=args.workdir, liveness_seconds=args.liveness_seconds,
                         shrink_budget=args.shrink)

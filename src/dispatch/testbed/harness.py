@@ -38,7 +38,7 @@ from dispatch import _api as api
 from dispatch import _kube as k
 from dispatch._api import Obj
 from dispatch.controller import _guard as g_
-from dispatch.errors import NotFound, Refused
+from dispatch.errors import DispatchError, NotFound, Refused
 from dispatch.testbed._manifests import ANN_HOLD_DELETE
 from dispatch.testbed._paths import source_dir
 
@@ -116,7 +116,10 @@ async def controller_env(path: Path) -> AsyncIterator[tuple[k.Kube, str, str]]:
                     ANN_HOLD_DELETE: None}}})
             except NotFound:  # gone since the list (its TrainJob's deletion took it)
                 pass
-        await kube.delete(k.NAMESPACES, ns)
+        try:
+            await kube.delete(k.NAMESPACES, ns)
+        except DispatchError:  # gone already, or being deleted (a campaign's namespace_cycle): the rest still goes
+            pass
         await kube.delete(CLUSTERQUEUES, cq)
         await kube.delete(k.ADMISSION_CHECKS, cq)
         await kube.aclose()
