@@ -77,6 +77,45 @@ def test_item2_a_closed_objects_lagging_job_blocks_the_reopened_submission_under
     cluster.history.check()
 
 
+def test_a_closed_objects_jobset_the_collector_missed_for_good_is_named_and_the_named_delete_lets_a2_run(
+        writer: Adapter, cluster: FakeCluster, keeper: Any) -> None:
+    """A campaign's stall (issue 34, seed 1109187137): closed while its pod ran, the TrainJob went and the
+    collector missed it for good after API server restarts, so its JobSet, not suspended, ran its pod on; the
+    submission re-opened under another name was held, rightly, for as long as that pod ran. Status names the
+    layer and the delete that ends it; done (as an operator who may delete JobSets), the collector takes that
+    deletion, the old pod ends under the rule, and A=2 runs. Never two pods of the submission at once."""
+    writer.open(SPEC)
+    assert writer.release(NAME).admission == 1
+    cluster.settle()
+    assert [p["metadata"]["labels"][n.LABEL_ADMISSION] for p in cluster.pods(NAME)] == ["1"]
+    cluster.server.gc_lag = True
+    writer.close(NAME)
+    assert cluster.server.miss_garbage() == 1     # the TrainJob's deletion, missed for good
+    cluster.settle()
+    writer.open(AGAIN)
+    with pytest.raises(PodsRemain) as refused:
+        writer.release("llama-s1-again")
+    said = str(refused.value)
+    assert "jobset llama-s1 of the same submission under trainjob llama-s1 (not this one) is not suspended" in said
+    assert "`kubectl delete jobset/llama-s1 configmap/llama-s1-runtime-snapshot --ignore-not-found`" in said, said
+    cluster.advance(600)
+    cluster.settle()
+    with pytest.raises(PodsRemain):               # it waits for as long as the old pod may run
+        writer.release("llama-s1-again")
+    assert [p["metadata"]["labels"][n.LABEL_ADMISSION] for p in cluster.pods(NAME)] == ["1"]
+    cluster.server.delete("jobset.x-k8s.io", "jobsets", "default", NAME)    # the named delete
+    while cluster.server.collect_garbage():
+        cluster.settle()
+    cluster.advance(60)
+    cluster.settle()
+    keeper()
+    cluster.settle()
+    assert writer.release("llama-s1-again").admission == 2
+    cluster.settle()
+    assert [p["metadata"]["labels"][n.LABEL_ADMISSION] for p in cluster.pods("llama-s1-again")] == ["2"]
+    cluster.history.check()
+
+
 # ---------------------------------------------------------------- item 3: a runtime that gains a replicatedJob
 
 

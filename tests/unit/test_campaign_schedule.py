@@ -404,3 +404,22 @@ def test_the_liveness_pass_reads_the_word_a_running_objects_status_names() -> No
     lost = _marked_pod("2026-12-04T01:03:40Z").unproven_why(NodeView("node-real", ready="Unknown"))
     assert c.named_word(lost) is None  # its kubelet not back: both words, each for a case the runner
     assert c.named_word("Running as A=2 but no live process of A=2 on the node yet") is None
+
+
+def test_the_liveness_pass_reads_the_layers_a_closed_trainjob_left_as_status_names_them() -> None:
+    """What ``_decision.kin_blockers`` says of a closed TrainJob's JobSet and Job the collector missed (a campaign's
+    stall, seed 1109187137: its pod ran on under the closed name, the re-opened object held) is what the runner
+    deletes, after checking their owners are gone."""
+    from dispatch import _decision as d
+    from dispatch._views import JobSetView, JobView
+    from dispatch.testbed import campaign
+
+    assert campaign._KIN_WORDS == d.KIN
+    js = JobSetView.from_obj({"metadata": {"name": "p1-s1-b", "uid": "u1"}, "spec": {"suspend": False},
+                              "status": {}})
+    job = JobView.from_obj({"metadata": {"name": "p1-s1-b-node-0", "uid": "u2", "labels": {
+        "jobset.sigs.k8s.io/jobset-name": "p1-s1-b"}}, "spec": {"suspend": False}, "status": {"active": 1}})
+    said = "; ".join(d.kin_blockers("p1-s1", [js], [job]))
+    assert campaign.kin_layers(f"Held: PodsRemain: remaining pods: x on node-real (Ready=True); {said}") == (
+        ["p1-s1-b"], ["p1-s1-b-node-0"])
+    assert campaign.kin_layers("Held: PodsRemain: remaining pods: x on node-real (Ready=True)") == ([], [])

@@ -58,6 +58,7 @@ from dispatch.testbed.campaign import (
     Word,
     excused_by_taint,
     judge,
+    kin_layers,
     named_word,
     namespace_remains,
     parse_fence_events,
@@ -1003,6 +1004,8 @@ class Campaign:
             elif name is not None and (d.ORPHANED in why or d.ORPHANED_JOB in why):
                 gone = await self._remove_orphans(name)
                 self.report.liveness_actions[f"delete an earlier TrainJob's {gone or 'nothing'}"] += 1
+            elif d.KIN in why and (kin := await self._remove_kin(why)):
+                self.report.liveness_actions[f"delete a closed TrainJob's {kin}"] += 1
             elif name is None:
                 await adapter.open(self.spec(sub, "a"), hold=False)
                 self.report.liveness_actions["open"] += 1
@@ -1065,6 +1068,45 @@ class Campaign:
             self.report.liveness_actions["shut the node down, release-pod --node-confirmed-down"] += 1
         finally:
             await asyncio.to_thread(testbed.power_on, word.node)
+
+    async def _remove_kin(self, why: str) -> str:
+        """What status names for layers of the submission under another TrainJob name that a close left and the
+        collector missed (``d.kin_blockers``, seen after kube-apiserver restarts: a closed TrainJob's JobSet, not
+        suspended, its pod running on): its JobSet and snapshot deleted as the named command does, each only
+        while the TrainJob that controlled it is gone, and a named Job only while its JobSet is gone. Their pods
+        then stay under dispatch's rule until each one's end is proven. Returns what was deleted."""
+        assert self.admin is not None
+        gone: list[str] = []
+        jobsets, jobs = kin_layers(why)
+        for js_name in jobsets:
+            jobset = await self.admin.get_or_none(k.JOBSETS, js_name)
+            owner = next((o for o in (jobset or {}).get("metadata", {}).get("ownerReferences") or []
+                          if o.get("controller") and o.get("kind") == "TrainJob"), None)
+            if jobset is None or owner is None:
+                continue
+            tj = await self.admin.get_or_none(k.TRAINJOBS, str(owner.get("name")))
+            if tj is not None and tj["metadata"]["uid"] == owner.get("uid"):
+                continue  # its TrainJob lives: not the collector's miss
+            await self.admin.delete(k.JOBSETS, js_name, propagation="Background")
+            gone.append(f"JobSet {js_name}")
+            with contextlib.suppress(NotFound):
+                await self.admin.delete(k.CONFIGMAPS, f"{js_name}-runtime-snapshot", propagation="Background")
+                gone.append(f"ConfigMap {js_name}-runtime-snapshot")
+        for job_name in jobs:
+            job = await self.admin.get_or_none(k.JOBS, job_name)
+            owner = next((o for o in (job or {}).get("metadata", {}).get("ownerReferences") or []
+                          if o.get("controller") and o.get("kind") == "JobSet"), None)
+            if job is None:
+                continue
+            if owner is not None:
+                jobset = await self.admin.get_or_none(k.JOBSETS, str(owner.get("name")))
+                if jobset is not None and jobset["metadata"]["uid"] == owner.get("uid"):
+                    continue
+            await self.admin.delete(k.JOBS, job_name, propagation="Background")
+            gone.append(f"Job {job_name}")
+        if gone:
+            self.note(f"deleted {', '.join(gone)} of a closed TrainJob of the submission, as status named")
+        return " and ".join(gone)
 
     async def _remove_orphans(self, name: str) -> str:
         """The actions status names for layers an earlier TrainJob or JobSet of the name left

@@ -473,6 +473,18 @@ class Word:
     node: str = ""
 
 
+_KIN_WORDS = "of the same submission under trainjob"   # ``_decision.KIN``, held equal by a unit test
+
+
+def kin_layers(cause: str) -> tuple[list[str], list[str]]:
+    """The JobSets and Jobs of the submission under another TrainJob name that a status names as not yet
+    suspended (``_decision.kin_blockers``): what a close left and the collector may have missed, for the liveness
+    pass to delete as the named command does (the runner checks first that their owner is gone)."""
+    jobsets = sorted(set(re.findall(rf"jobset (\S+) {re.escape(_KIN_WORDS)}", cause)))
+    jobs = sorted(set(re.findall(rf"(?<![\w-])job (\S+) {re.escape(_KIN_WORDS)}", cause)))
+    return jobsets, jobs
+
+
 def named_word(cause: str) -> Word | None:
     """The word a running object's status names for the pod that keeps a rank of it from starting (a pod
     someone else marked terminal, its kubelet back: ``PodView.unproven_why``), which the liveness pass takes as
