@@ -127,6 +127,29 @@ EMPTY = Snapshot(None, (), (), {}, "")
 
 
 @dataclass(frozen=True)
+class EarlyRead:
+    """The lower layers (and the identity record) of one object, read at once with its TrainJob rather than after
+    it: valid only for the TrainJob at ``version``, a version some watch had shown before this read began.
+
+    The rule reads a TrainJob before the layers below it, so that a pod made under any later version of it (one
+    briefly unsuspended) is in a read that the raise, conditioned on the version read, answers for. A version ``v``
+    seen before these reads were sent was the TrainJob's at that moment; if the TrainJob then read with them is still
+    at ``v`` (versions never come back), it was at ``v`` all along, so these reads came after ``v`` as the rule's
+    order asks, and the raise is conditioned on ``v``. At any other version they are dropped and read again after
+    it (``Reader.inputs``)."""
+
+    target: Target
+    version: str
+    snapshot: Snapshot
+    record: ident.RecordView | None
+    record_read: bool
+
+    def serves(self, tj: tr.TrainJobView) -> bool:
+        """Whether this read may stand for ``tj``'s: the same object at the version seen before it was sent."""
+        return bool(self.version) and tj.ref.resource_version == self.version and Target.of(tj) == self.target
+
+
+@dataclass(frozen=True)
 class Inputs:
     """Every read one admission decides from (``Reader.inputs``): the TrainJob, the consistent read of its lower
     layers, and, as asked, its identity record, its Kueue Workload and its runtime's replicatedJobs. A ``*_read``
@@ -224,7 +247,8 @@ class Reader:
     async def inputs(self, trainjobs: Sequence[tr.TrainJobView | str], *, records: RecordRead = "all",
                      workload: WorkloadRead = "none", runtime: bool = False, list_jobsets: bool = False,
                      fleet: FleetReads | None = None, identities: Mapping[str, tuple[str, str] | None] | None = None,
-                     lower: bool | Callable[[tr.TrainJobView], bool] = True) -> dict[str, Inputs]:
+                     lower: bool | Callable[[tr.TrainJobView], bool] = True,
+                     early: Mapping[str, EarlyRead] | None = None) -> dict[str, Inputs]:
         """Every read the admissions of ``trainjobs`` decide from, keyed by TrainJob name: the one place their
         inputs are gathered. A TrainJob given by name is read first (the rest are selected by what it says);
         then, at once, the consistent read of them all (``read``), their identity records (``records``: "all",
@@ -241,7 +265,9 @@ class Reader:
         answer; and it may read them alone first (``lower=False``: each ``Inputs`` holds only its TrainJob), to
         screen them against their Workloads before it asks for the rest). ``lower`` may also say, per TrainJob,
         whether anything but it and its Workload is read (a release answers an object that runs or has ended from
-        those alone); an ``Inputs`` without the rest refuses to give a verdict."""
+        those alone); an ``Inputs`` without the rest refuses to give a verdict. ``early`` holds, by TrainJob name,
+        lower layers read at once with the TrainJob (``EarlyRead``): used for a TrainJob it serves, in place of
+        that object's consistent read and record, else read here as for any other."""
         named = [t for t in trainjobs if isinstance(t, str)]
         got: Mapping[str, tr.TrainJobView | None]
         if identities is not None:
@@ -252,11 +278,16 @@ class Reader:
         if lower is False:
             return {t.name: Inputs(t, EMPTY, lower_read=False) for t in views}
         deep = {t.name for t in views if lower is True or lower(t)}
-        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission and t.name in deep]
+        served = {t.name: ahead for t in views if t.name in deep and early is not None
+                  and (ahead := early.get(t.name)) is not None and ahead.serves(t)
+                  and (ahead.record_read or records != "all")}
+        pairs = [(t.job_id, t.submission) for t in views if t.job_id and t.submission and t.name in deep
+                 and t.name not in served]
         runtimes = {(t.runtime_kind, t.runtime_name): t for t in views if t.name in deep} if runtime else {}
         snaps, recs, workloads, jobs = await asyncio.gather(
-            self.read([Target.of(t) for t in views if t.name in deep], list_jobsets=list_jobsets),
-            self.records(pairs) if records == "all" else _none_of(),
+            self.read([Target.of(t) for t in views if t.name in deep and t.name not in served],
+                      list_jobsets=list_jobsets),
+            self.records(pairs) if records == "all" and pairs else _none_of(),
             asyncio.gather(*(self.copy_workload(t) if workload == "copy" else self.workload_of(t)
                              for t in views)) if workload != "none" else _no_workloads(),
             asyncio.gather(*(self.runtime_jobs_of(t) for t in runtimes.values())))
@@ -264,12 +295,17 @@ class Reader:
         out: dict[str, Inputs] = {}
         for i, t in enumerate(views):
             read = t.name in deep
+            if (used := served.get(t.name)) is not None:
+                snap, rec, rec_read = used.snapshot, used.record, used.record_read
+            else:
+                snap, rec, rec_read = (snaps[t.name] if read else EMPTY, recs.get((t.job_id, t.submission)),
+                                       records == "all" and read)
             out[t.name] = Inputs(
-                t, snaps[t.name] if read else EMPTY, recs.get((t.job_id, t.submission)), records == "all" and read,
-                workloads[i] if workload != "none" else None,
+                t, snap, rec, rec_read, workloads[i] if workload != "none" else None,
                 by_runtime.get((t.runtime_kind, t.runtime_name)), runtime and read, lower_read=read)
         if records == "admissible":
-            chosen = [one for one in out.values() if one.lower_read and one.verdict().admissible]
+            chosen = [one for one in out.values() if one.lower_read and not one.record_read
+                      and one.verdict().admissible]
             found = await self.records((one.trainjob.job_id, one.trainjob.submission) for one in chosen
                                        if one.trainjob.dispatch_object)
             for one in chosen:
@@ -293,6 +329,14 @@ class Reader:
         for one in cases:
             out[one.trainjob.name] = replace(one, workers=tuple(sorted(workers)), seen={
                 name: r.verdict(replace(one.target, uid="")) for name, r in reads.items()})
+
+    async def early(self, target: Target, version: str, *, records: bool) -> EarlyRead:
+        """``target``'s consistent read (and its identity record, with ``records``) for the TrainJob at ``version``,
+        sent before that TrainJob is read: see ``EarlyRead`` for when ``inputs`` may use it."""
+        pair = (target.job_id, target.submission)
+        snaps, recs = await asyncio.gather(
+            self.read([target]), self.records([pair]) if records and all(pair) else _none_of())
+        return EarlyRead(target, version, snaps[target.name], recs.get(pair), records)
 
     async def read_one(self, target: Target, *, lower: bool = True) -> Snapshot:
         return (await self.read([target], lower=lower))[target.name]

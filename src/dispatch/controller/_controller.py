@@ -39,6 +39,7 @@ from ._metrics import Metrics
 from ._queue import WorkQueue
 from ._reconcile import ForeignPolicy, Outcome, Reconciler, now_text
 from ._routing import RoutedWorkload, Router
+from ._versions import TrainJobVersions
 
 log = structlog.get_logger("dispatch.controller")
 
@@ -221,6 +222,7 @@ class Controller:
         self.events = EventRecorder(kube, self.metrics, instance=self.identity)
         self.events.enabled = self.config.events
         self.router = Router(self.queue, on_change=self._gauges)
+        self.trainjobs = TrainJobVersions()
         self.checks = CheckKeeper(kube, self.metrics, controller_name=self.config.controller_name,
                                   field_manager=self.config.field_manager, now=now_text,
                                   on_names=self.router.set_check_names, events=self.events)
@@ -229,6 +231,7 @@ class Controller:
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
             fleet=Fleet(kube, kueue_namespace=self.config.kueue_namespace, connect=fleet_connect),
+            seen_trainjob=self.trainjobs.target,
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
@@ -273,6 +276,9 @@ class Controller:
             # confirmation event-driven too.
             "jobsets": informer(api.JOBSETS, ns, None, r.lower_sink("jobsets"), r.on_lower),
             "jobs": informer(api.JOBS, ns, n.JOBSET_NAME_LABEL, r.lower_sink("jobs"), r.on_lower),
+            # TrainJob versions only (routing nothing): a lone decision reads the lower layers at once with the
+            # TrainJob when the TrainJob is still at the version seen here (``_versions``).
+            "trainjobs": informer(api.TRAINJOBS, ns, None, self.trainjobs, self.trainjobs.on_event),
         }
         self._stopping = False
         self.elector: LeaderElector | None = None

@@ -35,6 +35,7 @@ class Metrics:
     reconcile_seconds: Histogram
     errors: Counter
     writes: Counter
+    early_reads: Counter
     leader: Gauge
     queue_depth: Gauge
     batch_size: Histogram
@@ -90,6 +91,11 @@ class Metrics:
             ),
             writes=Counter(
                 "dispatch_api_writes", "Writes the controller sent, by kind.", ["kind"], registry=reg
+            ),
+            early_reads=Counter(
+                "dispatch_early_reads",
+                "Lower layers read at once with a lone Workload's TrainJob, by outcome: used (the TrainJob was still "
+                "at the version seen before), stale (read again after it) or failed.", ["outcome"], registry=reg,
             ),
             leader=Gauge("dispatch_leader", "1 while this replica leads, else 0.", registry=reg),
             queue_depth=Gauge("dispatch_queue_depth", "Workloads waiting in the work queue.", registry=reg),

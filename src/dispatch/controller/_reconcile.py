@@ -39,6 +39,7 @@ from .._api import Obj
 from .._core import Admitted, Cores, Inputs
 from .._fleet import Fleet
 from .._kube import Kube
+from .._read import EarlyRead, Target
 from ..errors import Conflict, DispatchError, Refused
 from ._events import EventRecorder
 from ._metrics import Metrics
@@ -114,6 +115,7 @@ class Reconciler:
         field_manager: str = n.FIELD_MANAGER,
         last_gone: Callable[[str, str], float | None] = lambda _ns, _name: None,
         fleet: Fleet | None = None,
+        seen_trainjob: Callable[[str, str], tuple[Target, str] | None] = lambda _ns, _name: None,
     ) -> None:
         self._kube = kube
         self._check_names = check_names
@@ -122,6 +124,8 @@ class Reconciler:
         self.foreign = foreign
         self.field_manager = field_manager
         self._last_gone = last_gone
+        self._seen_trainjob = seen_trainjob
+        """A TrainJob's identity and the version a watch last showed of it (``_versions``), or None."""
         self.core = Cores(kube, on_write=self._wrote)
         self.fleet = fleet if fleet is not None else Fleet(kube)
         """The MultiKueue workers, read for a TrainJob MultiKueue dispatches (never for any other)."""
@@ -231,8 +235,47 @@ class Reconciler:
                                                     self._trainjobs(ns, wanted))
         return workloads, trainjobs
 
+    def _early(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
+               ) -> asyncio.Task[EarlyRead] | None:
+        """One Workload alone (a quiet queue, where latency is what counts) whose TrainJob a watch has shown: its
+        lower layers and identity record are sent now, beside the Workload and TrainJob reads, for that version
+        (``EarlyRead``); the decision uses them only if the TrainJob it reads is still at it."""
+        hint = hints.get(names[0]) if len(names) == 1 else None
+        seen = self._seen_trainjob(ns, hint.trainjob) if hint is not None and hint.trainjob else None
+        if seen is None:
+            return None
+        target, version = seen
+        return asyncio.ensure_future(self.core(ns).reader.early(
+            target, version, records=bool(target.job_id and target.submission)))
+
     async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
                         out: dict[str, Outcome | Exception]) -> None:
+        early = self._early(ns, names, hints)
+        try:
+            await self._decide(ns, names, known, hints, out, early)
+        finally:
+            if early is not None and not early.done():
+                early.cancel()
+            if early is not None:
+                # Retrieved here whatever became of it: an early read that failed is only not used.
+                await asyncio.gather(early, return_exceptions=True)
+
+    async def _early_inputs(self, early: asyncio.Task[EarlyRead] | None, lone: tr.TrainJobView | None
+                            ) -> dict[str, EarlyRead] | None:
+        """The early read, if it stands for ``lone`` as just read (counted: used, stale or failed)."""
+        if early is None or lone is None:
+            return None
+        try:
+            got = await early
+        except DispatchError:
+            self._metrics.early_reads.labels("failed").inc()
+            return None
+        used = got.serves(lone)
+        self._metrics.early_reads.labels("used" if used else "stale").inc()
+        return {lone.name: got} if used else None
+
+    async def _decide(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
+                      out: dict[str, Outcome | Exception], early: asyncio.Task[EarlyRead] | None) -> None:
         checks = self._check_names()
         raw, trainjobs = await self._read_workloads(ns, names, hints)
         later: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
@@ -280,7 +323,7 @@ class Reconciler:
         got = await self.core(ns).reader.inputs([c.trainjob for c in deciding if c.trainjob is not None],
                                   records="all" if lone is not None and lone.dispatch_object else "admissible",
                                   list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known,
-                                  fleet=self.fleet)
+                                  fleet=self.fleet, early=await self._early_inputs(early, lone))
         for c in deciding:
             assert c.trainjob is not None
             c.inputs = got[c.trainjob.name]
