@@ -91,6 +91,19 @@ def per_round(before: str, after: str, rounds: int) -> dict[str, dict[str, float
     return out
 
 
+def early_reads(before: str, after: str) -> dict[str, float]:
+    """The controller's ``dispatch_early_reads_total`` by outcome over the rounds."""
+    def series(text: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line.startswith("dispatch_early_reads_total{"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                out[outcome] = float(line.rsplit(" ", 1)[1])
+        return out
+    b, a = series(before), series(after)
+    return {key: a[key] - b.get(key, 0.0) for key in sorted(a)}
+
+
 def wall() -> float:
     return time.time()
 
@@ -254,7 +267,9 @@ async def kueue_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, cl
                     kueue_late.append(max(0.0, clock.of(reserved) - t_exit))
                 exit_to_first.append(start.started_ms / 1000 - t_exit)
                 floor_status.append(clock.of(seen) - t_exit)
-            requests = per_round(metrics_before, scrape(launched.port), rounds)
+            metrics_after = scrape(launched.port)
+            requests = per_round(metrics_before, metrics_after, rounds)
+            early = early_reads(metrics_before, metrics_after)
             trips = await harness.webhooked_round_trips(admin, name, rounds)
             writes = [a + b for a, b in zip(trips["trainjob"], trips["workload"], strict=True)]
     finally:
@@ -262,6 +277,9 @@ async def kueue_rounds(admin: k.Kube, ns: str, oracle_dir: Path, rounds: int, cl
     out = result("kueue", exit_to_admitted, exit_to_first, floor_status, writes,
                  "the TrainJob and the Workload write, each to its watch event")
     out["controller_requests"] = requests
+    # Lone decisions whose lower layers were read at once with the TrainJob: used (one trip less), stale
+    # (the TrainJob had moved on: read again after it) or failed.
+    out["early_reads"] = early
     if dispatch_share:
         share, late = summary(dispatch_share), summary(kueue_late)
         out["exit_to_quota_reserved_again"] = late
