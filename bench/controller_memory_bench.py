@@ -1,9 +1,9 @@
 """Controller memory against the cluster's size, on the in-process fake API.
 
-The controller's informers (Workloads, both pod selections, Nodes, JobSets, Jobs, AdmissionChecks) list
+The controller's informers (Workloads, both pod selections, Nodes, JobSets, Jobs, TrainJobs, AdmissionChecks) list
 and start watching a cluster of ``--pods`` JobSet pods (dispatch objects' pods: both selections find
 each; each carries dispatch's finalizer, so the finalizer keeper the pod and Node informers also feed
-tracks every one) and ``--workloads`` Workloads (each with its TrainJob's JobSet and Job; half of them
+tracks every one) and ``--workloads`` Workloads (each with its TrainJob, that TrainJob's JobSet and Job; half of them
 pending our check), with objects shaped like the real ones (managedFields, the pod spec a Trainer runtime
 renders, a Node's image list). Each configuration runs in a fresh subprocess so its RSS is its own:
 
@@ -248,6 +248,40 @@ def job(i: int) -> dict[str, Any]:
             "status": {"active": PODS_PER_OBJECT, "ready": PODS_PER_OBJECT, "startTime": "2026-01-01T00:00:05Z"}}
 
 
+def trainjob(i: int) -> dict[str, Any]:
+    """A TrainJob as dispatch opens it and Trainer, Kueue and dispatch's raise leave it (the controller's
+    TrainJob watch keeps its uid, identity and version only)."""
+    labels = {n.LABEL_JOB_ID: f"obj{i}", n.LABEL_SUBMISSION: "s1", "kueue.x-k8s.io/queue-name": "lq-dispatch"}
+    patch = {"manager": "dispatch.phpboyscout.uk/admission", "time": "2026-01-01T00:00:01Z", "trainingRuntimeSpec": {
+        "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {
+            "metadata": {"labels": {n.LABEL_JOB_ID: f"obj{i}", n.LABEL_SUBMISSION: "s1",
+                                    n.LABEL_ADMISSION: "1"}}}}}}]}}}}
+    kueue_patch = {"manager": "kueue.x-k8s.io/manager", "time": "2026-01-01T00:00:02Z", "trainingRuntimeSpec": {
+        "template": {"spec": {"replicatedJobs": [{"name": "node", "template": {"spec": {"template": {"spec": {
+            "nodeSelector": {"nvidia.com/gpu.product": "H100-SXM"},
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]}}}}}]}}}}
+    return {
+        "metadata": {"name": f"obj{i}-s1", "uid": f"tj-uid-{i}", "labels": labels,
+                     "annotations": {"dispatch.phpboyscout.uk/admission": "1",
+                                     "dispatch.phpboyscout.uk/token": f"{i:064x}"},
+                     "managedFields": [managed("dispatch", "Apply", {"f:metadata": {"f:labels": {}},
+                                                                     "f:spec": {"f:runtimeRef": {}}}),
+                                       managed("trainer", "Update", {"f:status": {"f:conditions": {},
+                                                                                  "f:jobsStatus": {}}}, "status")]},
+        "spec": {"runtimeRef": {"apiGroup": n.TRAINER_GROUP, "kind": "ClusterTrainingRuntime",
+                                "name": "torch-distributed"},
+                 "suspend": False, "managedBy": "trainer.kubeflow.org/trainjob-controller",
+                 "trainer": {"numNodes": PODS_PER_OBJECT, "image": "ghcr.io/example/trainer:v2.3.1-cuda12.4",
+                             "command": ["torchrun", "train.py"], "resourcesPerNode": {"limits": {
+                                 "nvidia.com/gpu": "8", "cpu": "96", "memory": "1600Gi"}}},
+                 "runtimePatches": [patch, kueue_patch]},
+        "status": {"conditions": [{"type": "Suspended", "status": "False", "reason": "Resumed",
+                                   "message": "TrainJob is resumed", "lastTransitionTime": "2026-01-01T00:00:03Z"}],
+                   "jobsStatus": [{"name": "node", "ready": PODS_PER_OBJECT, "succeeded": 0, "failed": 0,
+                                   "active": PODS_PER_OBJECT, "suspended": 0}]},
+    }
+
+
 class _FastCopy:
     """The fake API's deep copies and JSON, done by msgspec in this process: the same result for JSON
     data (all the fake ever stores), several times faster, so a 100,000-pod cluster builds in minutes."""
@@ -289,6 +323,7 @@ def build(pods: int, workloads: int, nodes: int) -> FakeApiServer:
             server.create(KUEUE, "workloads", NS, workload(i, pending=i % 2 == 0))
             server.create("jobset.x-k8s.io", "jobsets", NS, jobset(i))
             server.create("batch", "jobs", NS, job(i))
+            server.create(n.TRAINER_GROUP, "trainjobs", NS, trainjob(i))
     for p in range(pods):
         server.create("", "pods", NS, pod(p // PODS_PER_OBJECT, p % PODS_PER_OBJECT, f"gpu-{p % max(1, nodes):05d}"))
     return server
@@ -331,7 +366,8 @@ async def measure(mode: str, server: FakeApiServer) -> dict[str, Any]:
     retained = rss()
     routed = {"pods_indexed": {s: len(i.live) for s, i in ctl.router.pod_indexes.items()},
               "workloads_indexed": len(ctl.router.workloads), "pending": len(ctl.router.pending),
-              "nodes": len(ctl.router.nodes), "finalizer_pods": len(ctl.finalizers.signatures)}
+              "nodes": len(ctl.router.nodes), "finalizer_pods": len(ctl.finalizers.signatures),
+              "trainjob_versions": len(ctl.trainjobs)}
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)

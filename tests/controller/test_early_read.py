@@ -10,13 +10,13 @@ TrainJob is read. Here the early read must be dropped, and the layers read again
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import httpx2
 
 from dispatch import LABEL_JOB_ID, LABEL_SUBMISSION
 from dispatch import _kube as k
-from dispatch._read import Target
 from dispatch.controller._events import EventRecorder
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
@@ -39,7 +39,7 @@ def seen_now(world: Any) -> TrainJobVersions:
 def reconciler(kube: k.Kube, versions: TrainJobVersions) -> tuple[Reconciler, Metrics]:
     metrics = Metrics.create()
     return Reconciler(kube, check_names=lambda: {"dispatch"}, events=EventRecorder(kube, metrics, instance="t"),
-                      metrics=metrics, seen_trainjob=versions.target), metrics
+                      metrics=metrics, seen_trainjob=versions.seen), metrics
 
 
 def early(metrics: Metrics, outcome: str) -> float:
@@ -112,14 +112,24 @@ async def test_a_trainjob_changed_after_the_version_seen_drops_the_early_read_an
 async def test_a_trainjob_made_again_under_its_name_is_another_object_and_its_early_read_is_not_used() -> None:
     world = await build(["free"])
     versions = seen_now(world)
-    target, version = versions.target(NS, "batch-s0") or (None, "")
-    assert target is not None
+    _, version = versions.seen(NS, "batch-s0") or ("", "")
+    assert version
     versions.on_event("MODIFIED", {"metadata": {"name": "batch-s0", "namespace": NS, "uid": "another-uid",
-                                                "resourceVersion": version, "labels": {
-                                                    LABEL_JOB_ID: "batch", LABEL_SUBMISSION: "s0"}}})
-    assert versions.target(NS, "batch-s0") == (Target("batch-s0", "batch", "s0", "another-uid"), version)
+                                                "resourceVersion": version}})
+    assert versions.seen(NS, "batch-s0") == ("another-uid", version)
     rec, metrics = reconciler(world.kube, versions)
     got = outcomes(await rec.reconcile_many(NS, world.workloads, hints=cache_of(world)))
+    assert got == {world.workloads[0]: "admitted"}
+    assert (early(metrics, "used"), early(metrics, "stale")) == (0.0, 1.0)
+    await world.kube.aclose()
+
+
+async def test_a_workload_whose_pod_sets_name_another_identity_than_its_trainjob_does_not_use_the_early_read(
+) -> None:
+    world = await build(["free"])
+    hints = {name: dataclasses.replace(h, pod_set_identity=("batch", "s9")) for name, h in cache_of(world).items()}
+    rec, metrics = reconciler(world.kube, seen_now(world))
+    got = outcomes(await rec.reconcile_many(NS, world.workloads, hints=hints))
     assert got == {world.workloads[0]: "admitted"}
     assert (early(metrics, "used"), early(metrics, "stale")) == (0.0, 1.0)
     await world.kube.aclose()
@@ -154,24 +164,24 @@ def test_the_versions_follow_lists_and_events_and_keep_the_newer() -> None:
     v = TrainJobVersions()
 
     def tj(name: str, rv: str, uid: str = "u1") -> dict[str, Any]:
-        return {"metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": rv,
-                             "labels": {LABEL_JOB_ID: "j", LABEL_SUBMISSION: "s"}}}
+        return {"metadata": {"name": name, "namespace": NS, "uid": uid, "resourceVersion": rv}}
 
     v.begin()
     v.page([tj("a", "10"), tj("b", "11")])
-    assert v.target(NS, "a") is None                  # a list under way replaces what is known only at its end
+    assert v.seen(NS, "a") is None                    # a list under way replaces what is known only at its end
     v.end()
-    assert v.target(NS, "a") == (Target("a", "j", "s", "u1"), "10") and len(v) == 2
+    assert v.seen(NS, "a") == ("u1", "10") and len(v) == 2
+    assert v.seen("elsewhere", "a") is None
     v.on_event("MODIFIED", tj("a", "12"))
     v.on_event("MODIFIED", tj("a", "9"))              # an older version never replaces a newer one
-    assert v.target(NS, "a") == (Target("a", "j", "s", "u1"), "12")
+    assert v.seen(NS, "a") == ("u1", "12")
     v.on_event("ADDED", tj("a", "5", uid="u2"))       # another object under the name: taken as it is
-    assert v.target(NS, "a") == (Target("a", "j", "s", "u2"), "5")
+    assert v.seen(NS, "a") == ("u2", "5")
     v.on_event("DELETED", tj("b", "13"))
-    assert v.target(NS, "b") is None
+    assert v.seen(NS, "b") is None
     v.on_event("MODIFIED", {"metadata": {"name": "c", "namespace": NS}})   # no version: nothing kept
-    assert v.target(NS, "c") is None
+    assert v.seen(NS, "c") is None
     v.begin()
     v.page([tj("d", "20")])
     v.end()                                           # a relist: what it did not list is gone
-    assert v.target(NS, "a") is None and v.target(NS, "d") is not None
+    assert v.seen(NS, "a") is None and v.seen(NS, "d") == ("u1", "20") and len(v) == 1

@@ -231,7 +231,7 @@ class Controller:
             foreign=self.config.foreign, field_manager=self.config.field_manager,
             last_gone=lambda ns, name: self.router.last_gone.get((ns, name)),
             fleet=Fleet(kube, kueue_namespace=self.config.kueue_namespace, connect=fleet_connect),
-            seen_trainjob=self.trainjobs.target,
+            seen_trainjob=self.trainjobs.seen,
         )
         self.reconciler.on_written = self.router.wrote
         self.finalizers = FinalizerKeeper(kube, self.metrics)
@@ -252,7 +252,7 @@ class Controller:
                      on_list: Sink | Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
             return Informer(kube, res, namespace=namespace, labels=labels, on_list=on_list, on_event=on_event,
                             timeout_seconds=timeout, metrics=self.metrics,
-                            page_size=LARGE_PAGE if res in (api.PODS, api.WORKLOADS) else DEFAULT_PAGE)
+                            page_size=LARGE_PAGE if res in (api.PODS, api.WORKLOADS, api.TRAINJOBS) else DEFAULT_PAGE)
 
         self.informers = {
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),

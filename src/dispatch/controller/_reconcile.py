@@ -115,7 +115,7 @@ class Reconciler:
         field_manager: str = n.FIELD_MANAGER,
         last_gone: Callable[[str, str], float | None] = lambda _ns, _name: None,
         fleet: Fleet | None = None,
-        seen_trainjob: Callable[[str, str], tuple[Target, str] | None] = lambda _ns, _name: None,
+        seen_trainjob: Callable[[str, str], tuple[str, str] | None] = lambda _ns, _name: None,
     ) -> None:
         self._kube = kube
         self._check_names = check_names
@@ -125,7 +125,7 @@ class Reconciler:
         self.field_manager = field_manager
         self._last_gone = last_gone
         self._seen_trainjob = seen_trainjob
-        """A TrainJob's identity and the version a watch last showed of it (``_versions``), or None."""
+        """A TrainJob's uid and the version a watch last showed of it (``_versions``), or None."""
         self.core = Cores(kube, on_write=self._wrote)
         self.fleet = fleet if fleet is not None else Fleet(kube)
         """The MultiKueue workers, read for a TrainJob MultiKueue dispatches (never for any other)."""
@@ -242,11 +242,13 @@ class Reconciler:
         (``EarlyRead``); the decision uses them only if the TrainJob it reads is still at it."""
         hint = hints.get(names[0]) if len(names) == 1 else None
         seen = self._seen_trainjob(ns, hint.trainjob) if hint is not None and hint.trainjob else None
-        if seen is None:
+        if hint is None or seen is None:
             return None
-        target, version = seen
-        return asyncio.ensure_future(self.core(ns).reader.early(
-            target, version, records=bool(target.job_id and target.submission)))
+        uid, version = seen
+        # Selected by the identity Kueue copied into the pod sets: a TrainJob of another identity is not served.
+        job_id, submission = hint.pod_set_identity or ("", "")
+        target = Target(hint.trainjob, job_id, submission, uid)
+        return asyncio.ensure_future(self.core(ns).reader.early(target, version, records=bool(job_id and submission)))
 
     async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
                         out: dict[str, Outcome | Exception]) -> None:

@@ -4,42 +4,39 @@ layers at once with the TrainJob instead of after it (``_read.EarlyRead`` says w
 Nothing decides from this cache. A decision still reads the TrainJob, and uses the early reads only when that
 fresh read shows the very version kept here, which the watch delivered before the early reads were sent. A
 version that lags (a watch behind, a relist under way) only makes the decision read the layers again after the
-TrainJob, as it always did. Per TrainJob it keeps its uid, its dispatch identity and its resourceVersion.
+TrainJob, as it always did. Per TrainJob it keeps its uid and its resourceVersion (the identity the early read
+selects by is the one Kueue copied into the Workload's pod sets, and a TrainJob of another identity is another
+read): about 200 bytes a TrainJob.
 """
 
 from __future__ import annotations
 
 import sys
 
-from .. import _names as n
 from .._api import Obj
-from .._read import Target
-from .._views import labels_of, meta, text
+from .._views import meta, text
 
-Seen = tuple[str, str, str, str]
-"""(uid, job-id, submission, resourceVersion) of one TrainJob."""
+Seen = tuple[str, str]
+"""(uid, resourceVersion) of one TrainJob."""
 
 
 class TrainJobVersions:
-    """TrainJob name -> what the last event or list showed of it (``Seen``), per namespace."""
+    """Namespace -> TrainJob name -> what the last event or list showed of it (``Seen``)."""
 
     def __init__(self) -> None:
-        self._seen: dict[tuple[str, str], Seen] = {}
-        self._next: dict[tuple[str, str], Seen] | None = None
+        self._seen: dict[str, dict[str, Seen]] = {}
+        self._next: dict[str, dict[str, Seen]] | None = None
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return sum(map(len, self._seen.values()))
 
     @staticmethod
-    def _entry(obj: Obj) -> tuple[tuple[str, str], Seen] | None:
+    def _entry(obj: Obj) -> tuple[str, str, Seen] | None:
         m = meta(obj)
         name, version = text(m.get("name")), text(m.get("resourceVersion"))
         if not name or not version:
             return None
-        labels = labels_of(obj)
-        return (sys.intern(text(m.get("namespace"))), name), (
-            text(m.get("uid")), sys.intern(labels.get(n.LABEL_JOB_ID, "")),
-            labels.get(n.LABEL_SUBMISSION, ""), version)
+        return sys.intern(text(m.get("namespace"))), name, (text(m.get("uid")), version)
 
     # ------------------------------------------------------------------ the informer's sink and events
 
@@ -50,7 +47,7 @@ class TrainJobVersions:
         into = self._next if self._next is not None else self._seen
         for obj in items:
             if (got := self._entry(obj)) is not None:
-                into[got[0]] = got[1]
+                into.setdefault(got[0], {})[got[1]] = got[2]
 
     def end(self) -> None:
         if self._next is not None:
@@ -60,25 +57,22 @@ class TrainJobVersions:
         got = self._entry(obj)
         if got is None:
             return
-        key, seen = got
+        ns, name, seen = got
+        names = self._seen.setdefault(ns, {})
         if etype == "DELETED":
-            self._seen.pop(key, None)
+            names.pop(name, None)
             return
-        known = self._seen.get(key)
+        known = names.get(name)
         # A watch never goes back, but a relist may be read from a cache behind an event already seen:
         # keep the newer of two versions of one object (one uid; versions compare as numbers, etcd's).
-        if known is None or known[0] != seen[0] or _newer(seen[3], known[3]):
-            self._seen[key] = seen
+        if known is None or known[0] != seen[0] or _newer(seen[1], known[1]):
+            names[name] = seen
 
     # ------------------------------------------------------------------ what the reconciler asks
 
-    def target(self, namespace: str, name: str) -> tuple[Target, str] | None:
-        """The TrainJob's ``Target`` and the version last seen of it, or None if none is known."""
-        seen = self._seen.get((namespace, name))
-        if seen is None:
-            return None
-        uid, job_id, submission, version = seen
-        return Target(name, job_id, submission, uid), version
+    def seen(self, namespace: str, name: str) -> Seen | None:
+        """The TrainJob's uid and the version last seen of it, or None if none is known."""
+        return self._seen.get(namespace, {}).get(name)
 
 
 def _newer(a: str, b: str) -> bool:
