@@ -364,6 +364,40 @@ async def test_a_controller_role_without_list_on_trainjobs_stalls_a_batch_and_th
     assert stalled and all("cannot list resource \"trainjobs\"" in e["message"] for e in stalled)
 
 
+async def test_a_controller_role_from_before_the_trainjob_watch_decides_as_before_and_stays_ready(
+    cluster: FakeCluster
+) -> None:
+    """The TrainJob watch only speeds a lone decision up (``_versions``): a controller whose role lacks ``watch`` on
+    TrainJobs (the role before it, an image upgraded alone) neither waits for it nor reports itself unready, and
+    admits. What its lists show is still a version the TrainJob had: an early read is used only if it still has it."""
+    docs = shipped_docs()
+    for rule in rules_of(docs, "dispatch-controller"):
+        if rule["resources"] == ["trainjobs"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v != "watch"]
+    kueue = FakeKueue(cluster)
+    kueue.install()
+    writer = AsyncAdapter(k.Kube.connect(namespace="default", transport=cluster.transport()))
+    try:
+        await writer.open(JobSpec(job_id="old-role", submission="s1", queue="lq-dispatch"))
+    finally:
+        await writer.aclose()
+    wl = kueue.workload_for("old-role-s1")
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport(
+        "dispatch-controller", rbac=Policy.from_documents(docs)))
+    ctl = Controller(kube, Config(resync_seconds=3600, workers=1, sync_wait_seconds=3600))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    try:
+        await _until(lambda: any(c["name"] == "dispatch" and c["state"] == "Ready"
+                                 for c in kueue.workload(wl)["status"]["admissionChecks"]), "the check Ready")
+        assert ctl.readyz()[0], ctl.readyz()
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await kube.aclose()
+    assert any(m == "GET" and p.endswith("/trainjobs") for _, m, p in cluster.server.denied)   # its watch was refused
+
+
 SUBMISSION_RECORDS = Kind("dispatch.phpboyscout.uk", "v1alpha1", "submissionrecords", "SubmissionRecord",
                           status=False)
 

@@ -280,6 +280,9 @@ class Controller:
             # TrainJob when the TrainJob is still at the version seen here (``_versions``).
             "trainjobs": informer(api.TRAINJOBS, ns, None, self.trainjobs, self.trainjobs.on_event),
         }
+        self.optional = frozenset({"trainjobs"})
+        """Informers nothing waits for: only a speed-up reads them, so one that cannot list (a role from before
+        it, without ``watch`` on TrainJobs) neither delays decisions nor makes the replica unready."""
         self._stopping = False
         self.elector: LeaderElector | None = None
 
@@ -405,7 +408,8 @@ class Controller:
             ok, why = self.guard.ready() if self.guard is not None else (False, "guard not started")
             if not ok:
                 return False, why
-        unsynced = [name for name, inf in self.informers.items() if not inf.synced.is_set()]
+        unsynced = [name for name, inf in self.informers.items()
+                    if not inf.synced.is_set() and name not in self.optional]
         if unsynced:
             errors = "; ".join(f"{n_}: {self.informers[n_].last_error}" for n_ in unsynced
                                if self.informers[n_].last_error)
@@ -414,7 +418,7 @@ class Controller:
 
     @property
     def synced(self) -> bool:
-        return all(inf.synced.is_set() for inf in self.informers.values())
+        return all(inf.synced.is_set() for name, inf in self.informers.items() if name not in self.optional)
 
     async def wait_synced(self, timeout: float = 10.0) -> None:
         await asyncio.wait_for(self._all_synced(), timeout)
@@ -423,8 +427,9 @@ class Controller:
         """Every informer has listed. One wait after another, not a gather: a gather cancelled from outside
         (a stop during an API outage, while nothing has synced) leaves a future whose CancelledError nobody
         retrieves, and asyncio prints it with a traceback at exit."""
-        for inf in self.informers.values():
-            await inf.synced.wait()
+        for name, inf in self.informers.items():
+            if name not in self.optional:
+                await inf.synced.wait()
 
     # ------------------------------------------------------------------ run
 
