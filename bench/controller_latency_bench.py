@@ -13,9 +13,10 @@ Baselines, measured in the same run, each a write's trip to its own watch event 
   webhooks that judge them on the testbed (Trainer's two and Kueue's on TrainJobs, Kueue's on Workloads
   and ``workloads/status``).
 
-The controller's figure is one watch hop (the pod's end reaching its watch), its consistent read (the
-Workload and TrainJob together, then JobSet, Jobs, the pods twice, the identity record), the record's
-write, the two writes above, and the benchmark's own hop to see the check turn Ready. ``floor`` adds
+The controller's figure is one watch hop (the pod's end reaching its watch), its reads (the Workload, the
+TrainJob and, once the controller's TrainJob watch has shown that TrainJob, its lower layers and identity
+record, all at once; else those after the TrainJob), the floor's and the record's writes, the two writes
+above, and the benchmark's own hop to see the check turn Ready. ``floor`` adds
 the pod hop and the two webhooked writes: what no reading strategy can remove.
 
 Run with the testbed up: ``python -m bench.controller_latency_bench [--rounds 30]``; prints one JSON object.
