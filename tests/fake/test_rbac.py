@@ -351,7 +351,9 @@ async def test_a_controller_role_without_list_on_trainjobs_stalls_a_batch_and_th
     stop = asyncio.Event()
     task = asyncio.create_task(ctl.run(stop))
     try:
-        await _until(lambda: any(p.endswith("/trainjobs") for _, _, p in cluster.server.denied), "the denied list")
+        # the batch's own list (namespaced): the TrainJob watch's cluster-wide list is denied too, at once
+        await _until(lambda: (CONTROLLER, "GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/default/trainjobs")
+                     in cluster.server.denied, "the batch's list denied")
         await asyncio.sleep(0.1)
     finally:
         stop.set()
@@ -440,3 +442,40 @@ def test_the_reader_may_read_logs(cluster: FakeCluster, adapter: Adapter) -> Non
     finally:
         reader.shutdown()
         controller.shutdown()
+
+
+async def test_a_controller_role_that_cannot_watch_trainjobs_loses_only_the_early_read(cluster: FakeCluster) -> None:
+    """The TrainJob watch only saves a lone decision one round trip (``_versions``: nothing decides from it), so a
+    role without list and watch on TrainJobs (a role kept from before that watch, narrowed by hand, or a cluster
+    where Trainer's kind is not served yet) must cost only that trip: the replica is ready (its Service serves the
+    guard's webhooks, whose failurePolicy is Fail) and a lone Workload is decided at once, not after the wait for
+    informers that have never listed."""
+    docs = shipped_docs()
+    for rule in rules_of(docs, "dispatch-controller"):
+        if rule["resources"] == ["trainjobs"]:
+            rule["verbs"] = [v for v in rule["verbs"] if v not in ("list", "watch")]
+    kueue = FakeKueue(cluster)
+    kueue.install()
+    writer = AsyncAdapter(k.Kube.connect(namespace="default", transport=cluster.transport()))
+    try:
+        await writer.open(JobSpec(job_id="lone", submission="s1", queue="lq-dispatch"))
+    finally:
+        await writer.aclose()
+    wl = kueue.workload_for("lone-s1")
+    kube = k.Kube.connect(namespace="default", transport=cluster.transport(
+        "dispatch-controller", rbac=Policy.from_documents(docs)))
+    # an hour: a decision that waits for every informer to list never comes within the test
+    ctl = Controller(kube, Config(resync_seconds=3600, workers=1, sync_wait_seconds=3600))
+    stop = asyncio.Event()
+    task = asyncio.create_task(ctl.run(stop))
+    try:
+        await _until(lambda: (CONTROLLER, "GET", "/apis/trainer.kubeflow.org/v1alpha1/trainjobs")
+                     in cluster.server.denied, "the TrainJob list denied")
+        await _until(lambda: all(inf.synced.is_set() for name, inf in ctl.informers.items() if name != "trainjobs"),
+                     "every other informer listed")
+        assert ctl.readyz()[0], ctl.readyz()
+        await _until(lambda: _check_state(cluster, wl) == "Ready", "the lone Workload's check Ready")
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await kube.aclose()
