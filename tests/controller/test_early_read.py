@@ -109,6 +109,52 @@ async def test_a_trainjob_changed_after_the_version_seen_drops_the_early_read_an
     await world.kube.aclose()
 
 
+class BeforeTheRaise(httpx2.AsyncBaseTransport):
+    """Runs ``between`` once, just before the TrainJob raise is sent: after the early read was used."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, between: Any) -> None:
+        self.inner, self.between = inner, between
+        self.ran = False
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.method == "PATCH" and "/trainjobs/" in request.url.path and not self.ran:
+            self.ran = True
+            self.between()
+        return await self.inner.handle_async_request(request)
+
+
+async def test_an_early_read_used_still_answers_to_the_raise_conditioned_on_the_version_seen() -> None:
+    """The other half of the argument: the early read is used (the TrainJob read with it is still at ``v``), then
+    the TrainJob changes and a pod of the submission starts before the raise. The raise, conditioned on ``v``,
+    is refused; nothing is admitted, and the next decision sees the pod."""
+    world = await build(["free"])
+    versions = seen_now(world)
+    obj = "batch-s0"
+
+    def third_party() -> None:
+        def edit(tj: dict[str, Any]) -> None:
+            tj["metadata"].setdefault("annotations", {})["example.com/edited"] = "1"
+        world.cluster.server.update(TRAINER, "trainjobs", NS, obj, edit, status=False)
+        stray_pod(world.cluster, "meanwhile", "node-1", {LABEL_JOB_ID: "batch", LABEL_SUBMISSION: "s0"})
+
+    hold = BeforeTheRaise(world.cluster.transport("dispatch-controller"), third_party)
+    kube = k.Kube.connect(namespace=NS, transport=hold)
+    rec, metrics = reconciler(kube, versions)
+    got = outcomes(await rec.reconcile_many(NS, world.workloads, hints=cache_of(world)))
+    assert hold.ran and got == {world.workloads[0]: "conflict"}, got
+    assert early(metrics, "used") == 1.0
+    state, _, _, a = result(world)[world.workloads[0]]
+    assert (state, a) == ("Pending", "0"), (state, a)                   # A not raised on the TrainJob
+    versions = seen_now(world)                                          # the watch shows the edit
+    rec, metrics = reconciler(kube, versions)
+    got = outcomes(await rec.reconcile_many(NS, world.workloads, hints=cache_of(world)))
+    assert got == {world.workloads[0]: "waiting"}, got
+    assert early(metrics, "used") == 1.0
+    assert "meanwhile on node-1" in result(world)[world.workloads[0]][1]
+    await kube.aclose()
+    await world.kube.aclose()
+
+
 async def test_a_trainjob_made_again_under_its_name_is_another_object_and_its_early_read_is_not_used() -> None:
     world = await build(["free"])
     versions = seen_now(world)
