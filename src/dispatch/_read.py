@@ -146,7 +146,12 @@ class EarlyRead:
 
     def serves(self, tj: tr.TrainJobView) -> bool:
         """Whether this read may stand for ``tj``'s: the same object at the version seen before it was sent."""
-        return bool(self.version) and tj.ref.resource_version == self.version and Target.of(tj) == self.target
+        return EarlyRead.fits(self.target, self.version, tj)
+
+    @staticmethod
+    def fits(target: Target, version: str, tj: tr.TrainJobView) -> bool:
+        """Whether reads sent for ``target`` at ``version`` may stand for ``tj``'s (known before they answer)."""
+        return bool(version) and tj.ref.resource_version == version and Target.of(tj) == target
 
 
 @dataclass(frozen=True)

@@ -393,11 +393,15 @@ async def test_a_controller_role_from_before_the_trainjob_watch_decides_as_befor
         await _until(lambda: any(c["name"] == "dispatch" and c["state"] == "Ready"
                                  for c in kueue.workload(wl)["status"]["admissionChecks"]), "the check Ready")
         assert ctl.readyz()[0], ctl.readyz()
+        await _until(lambda: any(m == "GET" and p.endswith("/trainjobs") for _, m, p in cluster.server.denied),
+                     "the TrainJob watch refused")
+        await asyncio.sleep(1.0)    # five backoffs of the first length: a relist would come within them
+        # refused, it keeps no version (each would only go stale) and lists no more, and the controller runs on
+        assert ctl.informers["trainjobs"].lists == 1 and len(ctl.trainjobs) == 0 and not task.done()
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
         await kube.aclose()
-    assert any(m == "GET" and p.endswith("/trainjobs") for _, m, p in cluster.server.denied)   # its watch was refused
 
 
 SUBMISSION_RECORDS = Kind("dispatch.phpboyscout.uk", "v1alpha1", "submissionrecords", "SubmissionRecord",

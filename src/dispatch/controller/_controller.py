@@ -252,7 +252,8 @@ class Controller:
                      on_list: Sink | Callable[[list[Obj]], None], on_event: Callable[[str, Obj], None]) -> Informer:
             return Informer(kube, res, namespace=namespace, labels=labels, on_list=on_list, on_event=on_event,
                             timeout_seconds=timeout, metrics=self.metrics,
-                            page_size=LARGE_PAGE if res in (api.PODS, api.WORKLOADS, api.TRAINJOBS) else DEFAULT_PAGE)
+                            page_size=LARGE_PAGE if res in (api.PODS, api.WORKLOADS, api.TRAINJOBS) else DEFAULT_PAGE,
+                            optional=res is api.TRAINJOBS)
 
         self.informers = {
             "admissionchecks": informer(api.ADMISSION_CHECKS, None, None, self.checks.on_list, self.checks.on_event),
@@ -280,7 +281,7 @@ class Controller:
             # TrainJob when the TrainJob is still at the version seen here (``_versions``).
             "trainjobs": informer(api.TRAINJOBS, ns, None, self.trainjobs, self.trainjobs.on_event),
         }
-        self.optional = frozenset({"trainjobs"})
+        self.optional = frozenset(name for name, inf in self.informers.items() if inf.optional)
         """Informers nothing waits for: only a speed-up reads them, so one that cannot list (a role from before
         it, without ``watch`` on TrainJobs) neither delays decisions nor makes the replica unready."""
         self._stopping = False

@@ -130,8 +130,12 @@ class Informer:
         timeout_seconds: int,
         metrics: Metrics,
         page_size: int = 500,
+        optional: bool = False,
     ) -> None:
         self._kube = kube
+        self.optional = optional
+        """Only a speed-up reads this one: refused (403) by the role, it empties its sink and stops listing
+        (until the controller restarts) rather than relist the kind every few seconds for good."""
         self.res = res
         self.namespace = namespace
         self.labels = labels
@@ -188,6 +192,13 @@ class Informer:
                 else:
                     self._failed(exc, "warning")
             except Refused as exc:
+                if self.optional and exc.code == 403:
+                    self._failed(exc, "warning")
+                    log.warning("informer stopped: the role does not allow it; only a speed-up is lost",
+                                resource=self.res.describe())
+                    self._sink.begin()
+                    self._sink.end()
+                    await asyncio.Event().wait()   # parked, not ended: a component that ends ends the controller
                 self._failed(exc, "error")
             # A list whose watch then ran a while was healthy: this failure starts the backoff afresh.
             # One whose watch failed at once keeps the backoff growing, so a flapping watch does not

@@ -101,6 +101,15 @@ class _Case:
     inputs: Inputs | None = None
 
 
+@dataclass(frozen=True)
+class _Early:
+    """An early read in flight (``Reader.early``), with the TrainJob and version it was sent for."""
+
+    task: asyncio.Task[EarlyRead]
+    target: Target
+    version: str
+
+
 class Reconciler:
     """Decides and writes for Workloads of one namespace at a time; safe in several workers and replicas."""
 
@@ -235,8 +244,7 @@ class Reconciler:
                                                     self._trainjobs(ns, wanted))
         return workloads, trainjobs
 
-    def _early(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]
-               ) -> asyncio.Task[EarlyRead] | None:
+    def _early(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]) -> _Early | None:
         """One Workload alone (a quiet queue, where latency is what counts) whose TrainJob a watch has shown: its
         lower layers and identity record are sent now, beside the Workload and TrainJob reads, for that version
         (``EarlyRead``); the decision uses them only if the TrainJob it reads is still at it."""
@@ -248,7 +256,8 @@ class Reconciler:
         # Selected by the identity Kueue copied into the pod sets: a TrainJob of another identity is not served.
         job_id, submission = hint.pod_set_identity or ("", "")
         target = Target(hint.trainjob, job_id, submission, uid)
-        return asyncio.ensure_future(self.core(ns).reader.early(target, version, records=bool(job_id and submission)))
+        return _Early(asyncio.ensure_future(self.core(ns).reader.early(
+            target, version, records=bool(job_id and submission))), target, version)
 
     async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
                         out: dict[str, Outcome | Exception]) -> None:
@@ -256,28 +265,31 @@ class Reconciler:
         try:
             await self._decide(ns, names, known, hints, out, early)
         finally:
-            if early is not None and not early.done():
-                early.cancel()
             if early is not None:
-                # Retrieved here whatever became of it: an early read that failed is only not used.
-                await asyncio.gather(early, return_exceptions=True)
+                early.task.cancel()
+                # Retrieved here whatever became of it: an early read not used is only dropped.
+                await asyncio.gather(early.task, return_exceptions=True)
 
-    async def _early_inputs(self, early: asyncio.Task[EarlyRead] | None, lone: tr.TrainJobView | None
-                            ) -> dict[str, EarlyRead] | None:
-        """The early read, if it stands for ``lone`` as just read (counted: used, stale or failed)."""
+    async def _early_inputs(self, early: _Early | None, lone: tr.TrainJobView | None) -> dict[str, EarlyRead] | None:
+        """The early read, if it stands for ``lone`` as just read (counted: used, stale or failed). Whether it can
+        is known before it answers: one that cannot is dropped at once, and the layers are read after the
+        TrainJob without waiting for it."""
         if early is None or lone is None:
             return None
+        if not EarlyRead.fits(early.target, early.version, lone):
+            early.task.cancel()
+            self._metrics.early_reads.labels("stale").inc()
+            return None
         try:
-            got = await early
+            got = await early.task
         except DispatchError:
             self._metrics.early_reads.labels("failed").inc()
             return None
-        used = got.serves(lone)
-        self._metrics.early_reads.labels("used" if used else "stale").inc()
-        return {lone.name: got} if used else None
+        self._metrics.early_reads.labels("used").inc()
+        return {lone.name: got}
 
     async def _decide(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
-                      out: dict[str, Outcome | Exception], early: asyncio.Task[EarlyRead] | None) -> None:
+                      out: dict[str, Outcome | Exception], early: _Early | None) -> None:
         checks = self._check_names()
         raw, trainjobs = await self._read_workloads(ns, names, hints)
         later: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
