@@ -56,7 +56,9 @@ async def main() -> None:
         raise SystemExit("the testbed is not up (python -m dispatch.testbed up)")
     async with controller_env(path) as (kube, ns, _):
         floor = await watch_round_trips(kube, a.rounds)
-        latencies = await readmission_latencies(kube, ns, a.rounds, log=Path(a.log) if a.log else None)
+        scraped: dict[str, str] = {}
+        latencies = await readmission_latencies(kube, ns, a.rounds, log=Path(a.log) if a.log else None,
+                                                metrics=scraped)
         writes = await webhooked_round_trips(kube, "lat-s1", a.rounds)
     got, base = summary(latencies), summary(floor)
     tj, wl = summary(writes["trainjob"]), summary(writes["workload"])
@@ -73,8 +75,21 @@ async def main() -> None:
         "floor_pod_hop_plus_both_writes": least,
         "ratio_p50_vs_floor": round(got["p50_ms"] / least["p50_ms"], 2) if least["p50_ms"] else None,
         "ratio_p99_vs_floor": round(got["p99_ms"] / least["p99_ms"], 2) if least["p99_ms"] else None,
+        # The controller's decisions over the rounds by outcome, and its early reads (a lone decision's lower
+        # layers read at once with the TrainJob) by outcome: what the figure is made of.
+        "decisions": series(scraped.get("text", ""), "dispatch_decisions_total", "outcome"),
+        "early_reads": series(scraped.get("text", ""), "dispatch_early_reads_total", "outcome"),
         "samples_ms": [round(x * 1000, 1) for x in latencies],
     }, indent=2))
+
+
+def series(text: str, name: str, label: str) -> dict[str, float]:
+    """``name``'s samples in a Prometheus text exposition, by the value of ``label``."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{") and f'{label}="' in line:
+            out[line.split(f'{label}="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
+    return out
 
 
 if __name__ == "__main__":

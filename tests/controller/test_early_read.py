@@ -231,3 +231,42 @@ def test_the_versions_follow_lists_and_events_and_keep_the_newer() -> None:
     v.page([tj("d", "20")])
     v.end()                                           # a relist: what it did not list is gone
     assert v.seen(NS, "a") is None and v.seen(NS, "d") == ("u1", "20") and len(v) == 1
+
+
+async def test_a_workload_the_cache_shows_held_or_without_quota_reads_no_lower_layer_early() -> None:
+    """Most reconciles of a Workload come while it cannot be decided (held, evicted, without quota): the early
+    read is sent only for one the caller's cache shows past screening, so those read the Workload and TrainJob
+    alone, as before."""
+    world = await build(["free"])
+    rec, metrics = reconciler(world.kube, seen_now(world))
+    before = len(world.cluster.server.requests)
+    got = outcomes(await rec.reconcile_many(NS, world.workloads, hints=cache_of(world), decidable=set()))
+    assert got == {world.workloads[0]: "admitted"}
+    assert sum(early(metrics, o) for o in ("used", "stale", "failed")) == 0.0
+    gets = [p for m, p, _ in world.cluster.server.requests[before:] if m == "GET"]
+    assert sum(p.endswith("/pods") for p in gets) == 2, gets
+    await world.kube.aclose()
+
+
+def test_the_routed_view_is_decidable_only_past_screening() -> None:
+    from dispatch._kueue import WorkloadView
+    from dispatch.controller._routing import RoutedWorkload
+
+    def wl(**status: Any) -> RoutedWorkload:
+        obj: dict[str, Any] = {
+            "metadata": {"name": "w", "namespace": NS, "uid": "u", "resourceVersion": "1", "ownerReferences": [{
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "t", "uid": "tu",
+                "controller": True}]},
+            "spec": {"active": status.pop("active", True)},
+            "status": {"conditions": [{"type": t, "status": "True"} for t in status.pop("conds", ["QuotaReserved"])],
+                       "admissionChecks": [{"name": "dispatch", "state": status.pop("state", "Pending")}]}}
+        return RoutedWorkload.of(WorkloadView.from_obj(obj))
+
+    names = frozenset({"dispatch"})
+    assert wl().decidable(names)
+    assert not wl().decidable(frozenset({"other"}))
+    assert not wl(active=False).decidable(names)
+    assert not wl(conds=[]).decidable(names)
+    assert not wl(conds=["QuotaReserved", "Evicted"]).decidable(names)
+    assert not wl(conds=["QuotaReserved", "Finished"]).decidable(names)
+    assert not wl(state="Ready").decidable(names)

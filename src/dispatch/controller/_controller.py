@@ -337,10 +337,13 @@ class Controller:
         namespace = keys[0].split("/", 1)[0]
         known = self.router.known_in(namespace) if len(keys) > 1 else 0
         hints = {key.split("/", 1)[1]: self.router.workloads[key].hint for key in keys if key in self.router.workloads}
+        names = self.checks.names
+        decidable = {key.split("/", 1)[1] for key in keys
+                     if key in self.router.workloads and self.router.workloads[key].decidable(names)}
         started = time.perf_counter()
         try:
             results = await self.reconciler.reconcile_many(namespace, [key.split("/", 1)[1] for key in keys],
-                                                           known=known, hints=hints)
+                                                           known=known, hints=hints, decidable=decidable)
         except BaseException:
             for _ in keys:
                 self.metrics.runtime.reconciled(WORKLOADS, "error")

@@ -169,7 +169,7 @@ class Reconciler:
 
     async def reconcile_many(
         self, namespace: str, names: Sequence[str], *, known: int = 0,
-        hints: Mapping[str, kq.WorkloadHint] | None = None,
+        hints: Mapping[str, kq.WorkloadHint] | None = None, decidable: Collection[str] | None = None,
     ) -> dict[str, Outcome | Exception]:
         """Decide Workloads of one namespace from one shared read; errors are per Workload.
 
@@ -180,13 +180,16 @@ class Reconciler:
         ``known`` is how many Workloads the caller knows in the namespace: the JobSets (which carry no
         label to select them by) are listed only when the batch is a large part of it, else got one by
         one (a cost choice, never a correctness one). If a shared read fails, every Workload not yet
-        decided gets that error and nothing more is written.
+        decided gets that error and nothing more is written. ``decidable`` names the Workloads the caller's cache
+        shows past screening (quota reserved, active, our check Pending): only for one of those alone are the
+        lower layers read early (``_early``; None: any hinted one), so that the many reconciles of a Workload
+        held, evicted or without quota read no more than the Workload and its TrainJob.
         """
         unique = list(dict.fromkeys(names))
         started = time.perf_counter()
         out: dict[str, Outcome | Exception] = {}
         try:
-            await self._pipeline(namespace, unique, known, hints or {}, out)
+            await self._pipeline(namespace, unique, known, hints or {}, out, decidable)
         except Exception as exc:
             for name in unique:
                 out.setdefault(name, exc)
@@ -244,11 +247,12 @@ class Reconciler:
                                                     self._trainjobs(ns, wanted))
         return workloads, trainjobs
 
-    def _early(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint]) -> _Early | None:
+    def _early(self, ns: str, names: list[str], hints: Mapping[str, kq.WorkloadHint],
+               decidable: Collection[str] | None) -> _Early | None:
         """One Workload alone (a quiet queue, where latency is what counts) whose TrainJob a watch has shown: its
         lower layers and identity record are sent now, beside the Workload and TrainJob reads, for that version
         (``EarlyRead``); the decision uses them only if the TrainJob it reads is still at it."""
-        hint = hints.get(names[0]) if len(names) == 1 else None
+        hint = hints.get(names[0]) if len(names) == 1 and (decidable is None or names[0] in decidable) else None
         seen = self._seen_trainjob(ns, hint.trainjob) if hint is not None and hint.trainjob else None
         if hint is None or seen is None:
             return None
@@ -260,8 +264,8 @@ class Reconciler:
             target, version, records=bool(job_id and submission))), target, version)
 
     async def _pipeline(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
-                        out: dict[str, Outcome | Exception]) -> None:
-        early = self._early(ns, names, hints)
+                        out: dict[str, Outcome | Exception], decidable: Collection[str] | None = None) -> None:
+        early = self._early(ns, names, hints, decidable)
         try:
             await self._decide(ns, names, known, hints, out, early)
         finally:

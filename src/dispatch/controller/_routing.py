@@ -115,6 +115,15 @@ class RoutedWorkload:
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return self.hint.entry(names)
 
+    def decidable(self, names: frozenset[str]) -> bool:
+        """Whether, as last seen, a decision would get past screening (``_decision.not_now``, our check Pending,
+        a TrainJob owner): only then are its lower layers worth reading before the screening's own fresh read."""
+        quota, evicted, finished, _ = self.conds
+        entry = self.entry(names)
+        return (self.active and not self.deleting and quota and not evicted and not finished
+                and entry is not None and entry.state == "Pending" and self.owner is not None
+                and self.owner.is_trainjob)
+
 
 class PodIndex:
     """One pod selection's informer sink: every pod it lists or watches, as its routing signature."""

@@ -574,21 +574,22 @@ async def all_terminating(kube: k.Kube, pods: list[str]) -> bool:
 
 
 async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path | None = None,
-                                name: str = "lat-s1") -> list[float]:
+                                name: str = "lat-s1", metrics: dict[str, str] | None = None) -> list[float]:
     """Seconds from the last old pod going to the check turning Ready, over ``rounds`` re-admissions.
 
     Each round holds the object (its Workload deactivated, so Kueue evicts it and its pod stays
     Terminating under the testbed's hold-delete annotation), releases it (Kueue re-reserves quota at
     once; the check must wait), then lets the pod go. Every round also checks the promise: the first
     pod of the new execution appeared only after the old one went, and carries the next A. The verbs are a
-    ``dispatch-writer``'s (``as_role``); ``kube`` is the operator's, who lets the held pod go.
+    ``dispatch-writer``'s (``as_role``); ``kube`` is the operator's, who lets the held pod go. ``metrics``, if
+    given, gets the controller's metrics text after the last round (key ``"text"``).
     """
     job_id, submission = name.rsplit("-", 1)
     rec = Recorder(kube)
     rec.start()
     latencies: list[float] = []
     try:
-        async with as_role(kube, ns) as writer, subprocess_controller(ns, log=log or Path(os.devnull)):
+        async with as_role(kube, ns) as writer, subprocess_controller(ns, log=log or Path(os.devnull)) as launched:
             adapter = AsyncAdapter(writer)
             await adapter.open(JobSpec(job_id=job_id, submission=submission, queue="lq"))
             await until(lambda: is_running(kube, name), what="running")
@@ -618,9 +619,18 @@ async def readmission_latencies(kube: k.Kube, ns: str, rounds: int, *, log: Path
                 assert born > gone, "a pod of the new execution appeared before the old one went"
                 pods = running_pods(await pods_of(kube, name))
                 assert [p["metadata"]["labels"][A] for p in pods] == [str(i + 2)]
+            if metrics is not None:
+                metrics["text"] = await asyncio.to_thread(_scrape, launched.port)
     finally:
         await rec.stop()
     return latencies
+
+
+def _scrape(port: int) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+        return str(reply.read().decode())
 
 
 RTT_ANNOTATION = "dispatch.test/rtt"
