@@ -31,6 +31,7 @@ from dispatch.controller._events import EventRecorder
 from dispatch.controller._finalizers import FinalizerKeeper
 from dispatch.controller._metrics import Metrics
 from dispatch.controller._reconcile import Reconciler
+from dispatch.controller._versions import TrainJobVersions
 from dispatch.controller.testing import KUEUE, FakeKueue
 from dispatch.testing import FakeCluster
 
@@ -81,6 +82,15 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         for name in OBJECTS:
             self.workloads[name] = self.kueue.workload_for(name)
         self.stale = self._cache()
+        self.stale_versions = self._versions()
+
+    def _versions(self) -> TrainJobVersions:
+        """The TrainJob versions a controller's watch would hold now (kept, they lag as the stale hints do)."""
+        versions = TrainJobVersions()
+        versions.begin()
+        versions.page(self.cluster.server.objects("trainer.kubeflow.org", "trainjobs", NS))
+        versions.end()
+        return versions
 
     def _cache(self) -> dict[str, WorkloadHint]:
         return {w["metadata"]["name"]: WorkloadHint.from_obj(w)
@@ -92,8 +102,12 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
         async def one(names: list[str], hints: str, dies: bool) -> None:
             kube = k.Kube.connect(namespace=NS, transport=self.cluster.transport("dispatch-controller"))
             metrics = Metrics.create()
+            # A decision alone reads the lower layers early when the versions hold its TrainJob: fresh ones, or
+            # ones as old as the stale hints (a lagging watch), whose early read must then be dropped.
+            versions = {"fresh": self._versions(), "stale": self.stale_versions}.get(hints)
             rec = Reconciler(kube, check_names=lambda: {"dispatch"}, metrics=metrics,
-                             events=EventRecorder(kube, metrics, instance="fuzz"))
+                             events=EventRecorder(kube, metrics, instance="fuzz"),
+                             seen_trainjob=versions.seen if versions is not None else lambda _ns, _name: None)
             if dies:
                 def crash() -> None:
                     raise Crash
@@ -110,6 +124,8 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
                     for value in results.values():
                         if isinstance(value, Exception) and not isinstance(value, DispatchError | Crash):
                             raise value
+                    for outcome in ("used", "stale"):
+                        SEEN[f"early-{outcome}"] += int(metrics.early_reads.labels(outcome)._value.get())
             finally:
                 await rec._events.drain()
                 await kube.aclose()
@@ -167,6 +183,7 @@ class NeverTwoExecutionsUnderKueue(RuleBasedStateMachine):
     @rule()
     def cache_goes_stale(self) -> None:
         self.stale = self._cache()
+        self.stale_versions = self._versions()
 
     # ------------------------------------------------------------------ Kueue
 
@@ -321,3 +338,4 @@ def test_seeded_random_walks_reach_re_admission_after_waiting_and_never_overlap(
             sm.teardown()
     print("walks reached", dict(SEEN))
     assert SEEN["waited"] >= 10 and SEEN["re-admitted"] >= 3, SEEN
+    assert SEEN["early-used"] >= 10 and SEEN["early-stale"] >= 1, SEEN   # lone early reads, used and dropped
