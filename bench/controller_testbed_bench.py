@@ -117,6 +117,42 @@ async def reset(kube: k.Kube, check: str) -> None:
     await asyncio.gather(*(one(w) for w in (await kube.list(k.WORKLOADS)).items))
 
 
+async def queue_of_its_own(kube: k.Kube, ns: str) -> str:
+    """The namespace ``ns`` with a LocalQueue ``lq`` of a ClusterQueue ``ns`` (quota for thousands) whose one
+    check, ``ns``, is Active under a controllerName of its own (returned): no other dispatch controller on the
+    (shared) testbed decides these Workloads and blurs a figure, and Kueue reserves quota for every Workload
+    before any controller starts (the check marked Active as the controller would)."""
+    await kube.create(k.NAMESPACES, {"metadata": {"name": ns}})
+    controller_name = f"dispatch.phpboyscout.uk/admission-bench-{ns}"
+    await kube.create(k.ADMISSION_CHECKS, {"apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck",
+                                           "metadata": {"name": ns}, "spec": {"controllerName": controller_name}})
+    await kube.apply(k.ADMISSION_CHECKS, ns, {
+        "apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck", "metadata": {"name": ns},
+        "status": {"conditions": [{"type": "Active", "status": "True", "reason": ACTIVE_REASON,
+                                   "message": ACTIVE_MESSAGE, "lastTransitionTime": "2026-01-01T00:00:00Z",
+                                   "observedGeneration": 1}]}}, sub="status")
+    await kube.create(CLUSTERQUEUES, {
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": ns},
+        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                 # `pods` covered, as a check-gated queue must be (Kueue v0.19 skips the checks of a
+                 # Workload given no flavor); the controller warns about a queue that does not
+                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
+                     "resources": [{"name": "cpu", "nominalQuota": "1000"},
+                                   {"name": "memory", "nominalQuota": "1000Gi"},
+                                   {"name": "pods", "nominalQuota": "100000"}]}]}],
+                 "admissionChecksStrategy": {"admissionChecks": [{"name": ns}]}}})
+    await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                                    "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": ns}})
+    return controller_name
+
+
+async def remove_queue(kube: k.Kube, ns: str) -> None:
+    """What ``queue_of_its_own`` made, and the namespace with all in it."""
+    await kube.delete(k.NAMESPACES, ns)
+    await kube.delete(CLUSTERQUEUES, ns)
+    await kube.delete(k.ADMISSION_CHECKS, ns)
+
+
 async def run_controller(a: argparse.Namespace, path: Any, ns: str, controller_name: str, batch: int,
                          kube: k.Kube) -> dict[str, Any]:
     """Start the controller with ``batch``, time until it has decided every Workload, stop it."""
@@ -201,33 +237,9 @@ async def main() -> None:
         raise SystemExit("admissions cannot be undone between runs: use --blocked for the comparison, "
                          "or --no-baseline")
     path = testbed.kubeconfig_path()
-    ns = cq = f"ctl-bench-{uuid.uuid4().hex[:6]}"
+    ns = f"ctl-bench-{uuid.uuid4().hex[:6]}"
     kube = k.Kube.connect(namespace=ns, kubeconfig=path)
-    await kube.create(k.NAMESPACES, {"metadata": {"name": ns}})
-    # A check of the benchmark's own under a controllerName of its own, so that no other dispatch
-    # controller running on the (shared) testbed decides these Workloads and blurs the figure.
-    controller_name = f"dispatch.phpboyscout.uk/admission-bench-{ns}"
-    await kube.create(k.ADMISSION_CHECKS, {"apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck",
-                                           "metadata": {"name": ns}, "spec": {"controllerName": controller_name}})
-    # The ClusterQueue is inactive until its check is Active; mark it as the controller would, so Kueue
-    # reserves quota for every Workload before the controller starts (it then finds nothing to write here).
-    await kube.apply(k.ADMISSION_CHECKS, ns, {
-        "apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck", "metadata": {"name": ns},
-        "status": {"conditions": [{"type": "Active", "status": "True", "reason": ACTIVE_REASON,
-                                   "message": ACTIVE_MESSAGE, "lastTransitionTime": "2026-01-01T00:00:00Z",
-                                   "observedGeneration": 1}]}}, sub="status")
-    await kube.create(CLUSTERQUEUES, {
-        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                 # `pods` covered, as a check-gated queue must be (Kueue v0.19 skips the checks of a
-                 # Workload given no flavor); the controller warns about a queue that does not
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
-                     "resources": [{"name": "cpu", "nominalQuota": "1000"},
-                                   {"name": "memory", "nominalQuota": "1000Gi"},
-                                   {"name": "pods", "nominalQuota": "100000"}]}]}],
-                 "admissionChecksStrategy": {"admissionChecks": [{"name": ns}]}}})
-    await kube.create(LOCALQUEUES, {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
-                                    "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
+    controller_name = await queue_of_its_own(kube, ns)
     adapter = AsyncAdapter(kube)
     try:
         sem = asyncio.Semaphore(16)
@@ -277,9 +289,7 @@ async def main() -> None:
         for pod in (await kube.list(k.PODS, labels="jobset.sigs.k8s.io/jobset-name")).items:
             if pod["metadata"]["name"].startswith("decoy-"):
                 await kube.delete(k.PODS, pod["metadata"]["name"], grace_seconds=0)
-        await kube.delete(k.NAMESPACES, ns)
-        await kube.delete(CLUSTERQUEUES, cq)
-        await kube.delete(k.ADMISSION_CHECKS, ns)
+        await remove_queue(kube, ns)
         await kube.aclose()
 
 

@@ -12,12 +12,13 @@ benchmark measures that write's cost alone, with no controller running, and its 
 - ``get``: one GET of the Workload (a read, for scale).
 
 N Workloads (default 400) get quota under a ClusterQueue of the benchmark's own whose check no controller
-decides; each kind of write is then made once to every Workload, 16 at a time, twice (rounds). Reported per
-write: the CPU of each testbed process (from /proc) over the round plus three seconds for the watchers'
-reactions, the wall time, and what the API server counted (``apiserver_request_total``) by verb: among them the
-dry-run Workload creates Kueue's TrainJob integration makes each time a TrainJob's Workload changes. Also
-reported: the rate at which the machine's cores could decide if the controller itself cost nothing (cores /
-the cluster's CPU for one check write and one Event), the ceiling of decisions per second here.
+decides (``controller_testbed_bench.queue_of_its_own``); each kind of write is then made once to every
+Workload, 16 at a time, twice (rounds). Reported per write: the CPU of each testbed process (from /proc) over
+the round plus three seconds for the watchers' reactions, the wall time, and what the API server counted
+(``apiserver_request_total``) by verb: among them the dry-run Workload creates Kueue's TrainJob integration
+makes each time a TrainJob's Workload changes. Also reported: the rate at which the machine's cores could
+decide if the controller itself cost nothing (cores / the cluster's CPU for one check write and one Event),
+the ceiling of decisions per second here.
 
 Run with the testbed up: ``python -m bench.workload_write_cost_bench [--workloads 400]``.
 """
@@ -37,7 +38,7 @@ from typing import Any
 from dispatch import AsyncAdapter, JobSpec, testbed
 from dispatch import _kube as k
 
-from .controller_testbed_bench import CLUSTERQUEUES, LOCALQUEUES, component_cpu, reserved, state
+from .controller_testbed_bench import component_cpu, queue_of_its_own, remove_queue, reserved, state
 
 JSON_PATCH = "application/json-patch+json"
 SETTLE_SECONDS = 3.0
@@ -70,28 +71,9 @@ async def main() -> None:
     if not testbed.is_up():
         raise SystemExit("the testbed is not up")
     path = str(testbed.kubeconfig_path())
-    ns = cq = f"write-bench-{uuid.uuid4().hex[:6]}"
+    ns = f"write-bench-{uuid.uuid4().hex[:6]}"
     kube = k.Kube.connect(namespace=ns, kubeconfig=path)
-    await kube.create(k.NAMESPACES, {"metadata": {"name": ns}})
-    await kube.create(k.ADMISSION_CHECKS, {"apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck",
-                                           "metadata": {"name": ns},
-                                           "spec": {"controllerName": f"dispatch.phpboyscout.uk/write-bench-{ns}"}})
-    # Active as a controller would mark it, so Kueue reserves quota and leaves the check Pending.
-    await kube.apply(k.ADMISSION_CHECKS, ns, {
-        "apiVersion": k.ADMISSION_CHECKS.api_version, "kind": "AdmissionCheck", "metadata": {"name": ns},
-        "status": {"conditions": [{"type": "Active", "status": "True", "reason": "Bench", "message": "bench",
-                                   "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}]}},
-        sub="status")
-    await kube.create(CLUSTERQUEUES, {
-        "apiVersion": CLUSTERQUEUES.api_version, "kind": "ClusterQueue", "metadata": {"name": cq},
-        "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-                 "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"], "flavors": [{"name": "default",
-                     "resources": [{"name": "cpu", "nominalQuota": "1000"},
-                                   {"name": "memory", "nominalQuota": "1000Gi"},
-                                   {"name": "pods", "nominalQuota": "100000"}]}]}],
-                 "admissionChecksStrategy": {"admissionChecks": [{"name": ns}]}}})
-    await kube.create(LOCALQUEUES, {"apiVersion": LOCALQUEUES.api_version, "kind": "LocalQueue",
-                                    "metadata": {"name": "lq", "namespace": ns}, "spec": {"clusterQueue": cq}})
+    await queue_of_its_own(kube, ns)
     adapter = AsyncAdapter(kube)
     sem = asyncio.Semaphore(16)
     try:
@@ -191,9 +173,7 @@ async def main() -> None:
     finally:
         for tj in (await kube.list(k.TRAINJOBS)).items:
             await kube.delete(k.TRAINJOBS, tj["metadata"]["name"])
-        await kube.delete(k.NAMESPACES, ns)
-        await kube.delete(CLUSTERQUEUES, cq)
-        await kube.delete(k.ADMISSION_CHECKS, ns)
+        await remove_queue(kube, ns)
         await kube.aclose()
 
 

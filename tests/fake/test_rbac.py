@@ -366,44 +366,6 @@ async def test_a_controller_role_without_list_on_trainjobs_stalls_a_batch_and_th
     assert stalled and all("cannot list resource \"trainjobs\"" in e["message"] for e in stalled)
 
 
-async def test_a_controller_role_from_before_the_trainjob_watch_decides_as_before_and_stays_ready(
-    cluster: FakeCluster
-) -> None:
-    """The TrainJob watch only speeds a lone decision up (``_versions``): a controller whose role lacks ``watch`` on
-    TrainJobs (the role before it, an image upgraded alone) neither waits for it nor reports itself unready, and
-    admits. What its lists show is still a version the TrainJob had: an early read is used only if it still has it."""
-    docs = shipped_docs()
-    for rule in rules_of(docs, "dispatch-controller"):
-        if rule["resources"] == ["trainjobs"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v != "watch"]
-    kueue = FakeKueue(cluster)
-    kueue.install()
-    writer = AsyncAdapter(k.Kube.connect(namespace="default", transport=cluster.transport()))
-    try:
-        await writer.open(JobSpec(job_id="old-role", submission="s1", queue="lq-dispatch"))
-    finally:
-        await writer.aclose()
-    wl = kueue.workload_for("old-role-s1")
-    kube = k.Kube.connect(namespace="default", transport=cluster.transport(
-        "dispatch-controller", rbac=Policy.from_documents(docs)))
-    ctl = Controller(kube, Config(resync_seconds=3600, workers=1, sync_wait_seconds=3600))
-    stop = asyncio.Event()
-    task = asyncio.create_task(ctl.run(stop))
-    try:
-        await _until(lambda: any(c["name"] == "dispatch" and c["state"] == "Ready"
-                                 for c in kueue.workload(wl)["status"]["admissionChecks"]), "the check Ready")
-        assert ctl.readyz()[0], ctl.readyz()
-        await _until(lambda: any(m == "GET" and p.endswith("/trainjobs") for _, m, p in cluster.server.denied),
-                     "the TrainJob watch refused")
-        await asyncio.sleep(1.0)    # five backoffs of the first length: a relist would come within them
-        # refused, it keeps no version (each would only go stale) and lists no more, and the controller runs on
-        assert ctl.informers["trainjobs"].lists == 1 and len(ctl.trainjobs) == 0 and not task.done()
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-        await kube.aclose()
-
-
 SUBMISSION_RECORDS = Kind("dispatch.phpboyscout.uk", "v1alpha1", "submissionrecords", "SubmissionRecord",
                           status=False)
 
@@ -448,16 +410,20 @@ def test_the_reader_may_read_logs(cluster: FakeCluster, adapter: Adapter) -> Non
         controller.shutdown()
 
 
-async def test_a_controller_role_that_cannot_watch_trainjobs_loses_only_the_early_read(cluster: FakeCluster) -> None:
+@pytest.mark.parametrize("dropped", [("watch",), ("list", "watch")], ids=["no-watch", "no-list-no-watch"])
+async def test_a_controller_role_that_cannot_watch_trainjobs_loses_only_the_early_read(
+    cluster: FakeCluster, dropped: tuple[str, ...]
+) -> None:
     """The TrainJob watch only saves a lone decision one round trip (``_versions``: nothing decides from it), so a
-    role without list and watch on TrainJobs (a role kept from before that watch, narrowed by hand, or a cluster
-    where Trainer's kind is not served yet) must cost only that trip: the replica is ready (its Service serves the
-    guard's webhooks, whose failurePolicy is Fail) and a lone Workload is decided at once, not after the wait for
-    informers that have never listed."""
+    role without watch, or without list and watch, on TrainJobs (a role kept from before that watch, an image
+    upgraded alone, a role narrowed by hand, a cluster where Trainer's kind is not served yet) must cost only that
+    trip: the replica is ready (its Service serves the guard's webhooks, whose failurePolicy is Fail), a lone
+    Workload is decided at once, not after the wait for informers that have never listed, and the refused
+    informer keeps no version (each would only go stale) and does not relist the kind every few seconds."""
     docs = shipped_docs()
     for rule in rules_of(docs, "dispatch-controller"):
         if rule["resources"] == ["trainjobs"]:
-            rule["verbs"] = [v for v in rule["verbs"] if v not in ("list", "watch")]
+            rule["verbs"] = [v for v in rule["verbs"] if v not in dropped]
     kueue = FakeKueue(cluster)
     kueue.install()
     writer = AsyncAdapter(k.Kube.connect(namespace="default", transport=cluster.transport()))
@@ -474,11 +440,13 @@ async def test_a_controller_role_that_cannot_watch_trainjobs_loses_only_the_earl
     task = asyncio.create_task(ctl.run(stop))
     try:
         await _until(lambda: (CONTROLLER, "GET", "/apis/trainer.kubeflow.org/v1alpha1/trainjobs")
-                     in cluster.server.denied, "the TrainJob list denied")
+                     in cluster.server.denied, "the TrainJob list or watch denied")
         await _until(lambda: all(inf.synced.is_set() for name, inf in ctl.informers.items() if name != "trainjobs"),
                      "every other informer listed")
         assert ctl.readyz()[0], ctl.readyz()
         await _until(lambda: _check_state(cluster, wl) == "Ready", "the lone Workload's check Ready")
+        await asyncio.sleep(1.0)    # five backoffs of the first length: a relist would come within them
+        assert ctl.informers["trainjobs"].lists == 1 and len(ctl.trainjobs) == 0 and not task.done()
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)
