@@ -127,8 +127,10 @@ async def main() -> None:
         rounds: list[dict[str, Any]] = []
         # One unreported round of the controller's write first: the first writes after the setup meet JobSet,
         # Trainer and Kueue still settling the new objects, and would weigh on whichever kind came first.
-        wls = (await kube.list(k.WORKLOADS)).items
-        await asyncio.gather(*(ssa(w, "warm-up") for w in wls))
+        async def warm(w: dict[str, Any]) -> None:
+            async with sem:
+                await ssa(w, "warm-up")
+        await asyncio.gather(*(warm(w) for w in (await kube.list(k.WORKLOADS)).items))
         await asyncio.sleep(2 * SETTLE_SECONDS)
         for r in range(a.rounds):
             for name, write in kinds.items():
