@@ -224,6 +224,7 @@ class EveryWriter(NeverTwoExecutionsUnderKueue):
             if self.ways[name] == "kueue-unlabelled":
                 self._strip_queue_label(name)
         self.stale = self._cache()
+        self.stale_versions = self._versions()
 
     def spec(self, name: str, *, alias: str = "") -> JobSpec:
         job_id, submission = name.split("-")
