@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import statistics
+import tempfile
 from pathlib import Path
 
 from dispatch.testbed.harness import (
@@ -54,11 +55,11 @@ async def main() -> None:
     path = running_testbed_kubeconfig()
     if path is None:
         raise SystemExit("the testbed is not up (python -m dispatch.testbed up)")
+    log = Path(a.log) if a.log else Path(tempfile.mkdtemp(prefix="latency-bench-")) / "controller.log"
     async with controller_env(path) as (kube, ns, _):
         floor = await watch_round_trips(kube, a.rounds)
         scraped: dict[str, str] = {}
-        latencies = await readmission_latencies(kube, ns, a.rounds, log=Path(a.log) if a.log else None,
-                                                metrics=scraped)
+        latencies = await readmission_latencies(kube, ns, a.rounds, log=log, metrics=scraped)
         writes = await webhooked_round_trips(kube, "lat-s1", a.rounds)
     got, base = summary(latencies), summary(floor)
     tj, wl = summary(writes["trainjob"]), summary(writes["workload"])
@@ -79,6 +80,14 @@ async def main() -> None:
         # layers read at once with the TrainJob) by outcome: what the figure is made of.
         "decisions": series(scraped.get("text", ""), "dispatch_decisions_total", "outcome"),
         "early_reads": series(scraped.get("text", ""), "dispatch_early_reads_total", "outcome"),
+        # Where a decision's time goes: each kind of request the controller sent, its count and mean latency
+        # to the response's headers, and the work queue's mean wait and work per key.
+        "requests": request_means(scraped.get("text", "")),
+        # The controller's own account of each admission that waited ("admitted" log lines): from the last pod's
+        # end reaching its watch to the decision's start, its reads, the raise, the Ready write.
+        "steps": steps(log),
+        "queue_mean_ms": {k: mean_ms(scraped.get("text", ""), f"workqueue_{k}_duration_seconds")
+                          for k in ("queue", "work")},
         "samples_ms": [round(x * 1000, 1) for x in latencies],
     }, indent=2))
 
@@ -90,6 +99,51 @@ def series(text: str, name: str, label: str) -> dict[str, float]:
         if line.startswith(name + "{") and f'{label}="' in line:
             out[line.split(f'{label}="', 1)[1].split('"', 1)[0]] = float(line.rsplit(" ", 1)[1])
     return out
+
+
+def steps(log: Path) -> dict[str, dict[str, float]]:
+    """p50 and p99 of each step the controller's "admitted" lines time, over the admissions that waited."""
+    seen: dict[str, list[float]] = {}
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("msg") == "admitted" and entry.get("waited"):
+            for key, value in entry.items():
+                if key.endswith("_ms"):
+                    seen.setdefault(key, []).append(float(value) / 1000)
+    return {key: summary(values) for key, values in seen.items()}
+
+
+def _samples(text: str, name: str) -> list[tuple[str, float]]:
+    """(labels, value) of each sample of ``name`` (a histogram's ``_sum`` or ``_count``)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            head, value = line.rsplit(" ", 1)
+            out.append((head[len(name):], float(value)))
+    return out
+
+
+def mean_ms(text: str, name: str) -> float | None:
+    """A histogram's mean over every label set, in ms."""
+    total = sum(v for _, v in _samples(text, name + "_sum"))
+    count = sum(v for _, v in _samples(text, name + "_count"))
+    return round(total / count * 1000, 1) if count else None
+
+
+def request_means(text: str) -> dict[str, dict[str, float]]:
+    """``dispatch_api_request_duration_seconds`` by "VERB resource": count and mean latency (ms)."""
+    sums = dict(_samples(text, "dispatch_api_request_duration_seconds_sum"))
+    out: dict[str, dict[str, float]] = {}
+    for labels, count in _samples(text, "dispatch_api_request_duration_seconds_count"):
+        if not count:
+            continue
+        verb = labels.split('verb="', 1)[1].split('"', 1)[0]
+        resource = labels.split('resource="', 1)[1].split('"', 1)[0]
+        out[f"{verb} {resource}"] = {"count": count, "mean_ms": round(sums.get(labels, 0.0) / count * 1000, 1)}
+    return dict(sorted(out.items()))
 
 
 if __name__ == "__main__":

@@ -369,3 +369,70 @@ async def test_a_node_change_during_a_decision_runs_that_decision_again() -> Non
     router.note(key, True, frozenset({"node-0"}))
     queue.done(key)
     assert drain(queue) == {f"{NS}/wl-a"}
+
+
+def _held(obj: dict[str, Any], *, active: bool = False, quota: bool = True, evicted: bool = False) -> dict[str, Any]:
+    """``obj`` as Kueue writes it while held (``spec.active: false``), evicted, or without quota."""
+    obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+    obj["spec"]["active"] = active
+    obj["status"]["conditions"] = [{"type": "QuotaReserved", "status": "True" if quota else "False"}]
+    if evicted:
+        obj["status"]["conditions"].append({"type": "Evicted", "status": "True"})
+    return obj
+
+
+def test_a_held_workload_is_decided_once_as_it_goes_out_of_screening_and_again_as_it_comes_back() -> None:
+    """Issue 37: a held or evicted Workload's decision reads it and writes nothing, yet every pod, Job and Kueue
+    write while it stayed so queued one (~7 a round of hold and release on the testbed, in flight when the
+    decisive event came). Now: one decision as it leaves screening (it settles what the controller noted), none
+    while it stays out, one as soon as a change brings it back, and every change below it after that."""
+    wl = workload("wl-a", "a-s1")
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    router.on_workload("MODIFIED", _held(wl, evicted=True))
+    assert drain(queue) == {key}                     # it went out of screening: decided once
+    router.on_workload("MODIFIED", _held(wl, quota=False))
+    router.on_workload("MODIFIED", _held(wl, quota=False, active=False))
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    index.on_event("MODIFIED", pod("a0", "a-s1", phase="Failed"))
+    router.on_lower("MODIFIED", {"kind": "Job", "metadata": {"name": "a-s1-node-0", "namespace": NS,
+                                                            "labels": {n.JOBSET_NAME_LABEL: "a-s1"}}})
+    assert drain(queue) == set()                     # held: Kueue's writes and the pod's and Job's changes
+    assert ("default", "a-s1") in router.last_gone   # ... still time the pod's end
+    router.on_workload("MODIFIED", _held(wl, quota=False, active=True))
+    assert drain(queue) == set()                     # released, not yet reserved: still screened out
+    router.on_workload("MODIFIED", _held(wl, quota=True, active=True))
+    assert drain(queue) == {key}                     # reserved again: decided
+    index.on_event("DELETED", pod("a0", "a-s1", phase="Failed"))
+    router.on_lower("DELETED", {"kind": "Job", "metadata": {"name": "a-s1-node-0", "namespace": NS,
+                                                           "labels": {n.JOBSET_NAME_LABEL: "a-s1"}}})
+    assert drain(queue) == {key}
+    router.requeue_all()                             # the resync and a new leader queue every pending one
+    router.on_workload("MODIFIED", _held(wl, active=False))
+    assert drain(queue) == {key}
+
+
+def test_a_workload_first_seen_screened_out_is_decided_when_it_gets_quota() -> None:
+    wl = _held(workload("wl-a", "a-s1"), quota=False, active=True)
+    router, queue = router_with()
+    router.on_workload("ADDED", wl)
+    assert drain(queue) == set()
+    router.on_workload("MODIFIED", _held(wl, quota=True, active=True))
+    assert drain(queue) == {f"{NS}/wl-a"}
+
+
+def test_a_pods_end_is_timed_when_it_is_first_seen_not_to_run_not_at_its_deletion() -> None:
+    """``dispatch_pod_gone_to_ready_seconds`` and the "admitted" line's ``gone_to_decision_ms`` start at the
+    pod's end: a decision may admit on the pod's terminal status, before the pod object is deleted."""
+    router, _queue = router_with(workload("wl-a", "a-s1"))
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    assert ("default", "a-s1") not in router.last_gone
+    index.on_event("MODIFIED", pod("a0", "a-s1", phase="Failed"))
+    ended = router.last_gone[("default", "a-s1")]
+    index.on_event("DELETED", pod("a0", "a-s1", phase="Failed"))
+    assert router.last_gone[("default", "a-s1")] == ended
+    index.on_event("ADDED", pod("a1", "a-s1"))
+    index.on_event("DELETED", pod("a1", "a-s1"))     # deleted while it could run: its end is its deletion
+    assert router.last_gone[("default", "a-s1")] > ended

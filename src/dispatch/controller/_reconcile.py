@@ -99,6 +99,9 @@ class _Case:
     owner: kq.Owner
     trainjob: tr.TrainJobView | None = None
     inputs: Inputs | None = None
+    marks: dict[str, float] = field(default_factory=dict)
+    """When (monotonic) its decision began, its inputs were read and A was raised: the "admitted" log line
+    says where an admission's time went."""
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,7 @@ class Reconciler:
     async def _decide(self, ns: str, names: list[str], known: int, hints: Mapping[str, kq.WorkloadHint],
                       out: dict[str, Outcome | Exception], early: _Early | None) -> None:
         checks = self._check_names()
+        began = time.monotonic()
         raw, trainjobs = await self._read_workloads(ns, names, hints)
         later: list[tuple[str, Coroutine[Any, Any, Outcome]]] = []
         owned: list[_Case] = []
@@ -317,7 +321,7 @@ class Reconciler:
                 else:
                     later.append((name, self._foreign(workload, entry)))
             else:
-                owned.append(_Case(name, workload, entry, workload.owner))
+                owned.append(_Case(name, workload, entry, workload.owner, marks={"began": began}))
         missing = {c.owner.name: c.workload.pod_set_identity for c in owned if c.owner.name not in trainjobs}
         if missing:
             trainjobs.update(await self._trainjobs(ns, missing))
@@ -342,9 +346,11 @@ class Reconciler:
                                   records="all" if lone is not None and lone.dispatch_object else "admissible",
                                   list_jobsets=len(names) > 1 and len(names) * LIST_FACTOR >= known,
                                   fleet=self.fleet, early=await self._early_inputs(early, lone))
+        read = time.monotonic()
         for c in deciding:
             assert c.trainjob is not None
             c.inputs = got[c.trainjob.name]
+            c.marks["read"] = read
         later.extend((c.name, self._admit(c)) for c in deciding)
         await _settle(later, out)
 
@@ -379,6 +385,7 @@ class Reconciler:
             return Outcome("refused", retry=True, error=exc.reason or "Refused")
         if got.admitted is None:
             return await self._wait(c, got.verdict, recheck=inputs.workers is not None)
+        c.marks["raised"] = time.monotonic()
         return await self._ready(c, Raised(got.admitted.trainjob, got.admitted.admission,
                                            got.admitted.trainjob.dispatch_object))
 
@@ -412,11 +419,11 @@ class Reconciler:
             since = kq.parse_time(entry.last_transition)
             if since is not None:
                 self._metrics.wait_seconds.observe(max(0.0, time.time() - since))
-            gone = self._last_gone(ns, tj.name)
-            if gone is not None:
-                self._metrics.pod_gone_to_ready.observe(max(0.0, time.monotonic() - gone))
+        gone = self._last_gone(ns, tj.name) if entry.waiting_episode else None
+        if gone is not None:
+            self._metrics.pod_gone_to_ready.observe(max(0.0, time.monotonic() - gone))
         log.info("admitted", workload=c.workload.key, trainjob=tj.name, admission=r.admission,
-                 waited=entry.waiting_episode)
+                 waited=entry.waiting_episode, **_steps_ms(c.marks, time.monotonic(), gone))
         await self._events.emit_for(tj, "AdmissionProceeds", d.ready_event(entry.name, message))
         return Outcome("admitted")
 
@@ -433,6 +440,16 @@ class Reconciler:
         except Conflict:
             return Outcome("conflict", retry=True, error="WorkloadConflict")
         return Outcome("foreign-ready")
+
+
+def _steps_ms(marks: Mapping[str, float], ready: float, gone: float | None) -> dict[str, float]:
+    """Where an admission's time went, in ms: from the last pod's end (as the pod watch saw it) to the decision's
+    start, its reads (the Workload, its TrainJob and what the rule reads), the raise (the floor, the identity
+    record and A on the TrainJob) and our check's Ready write."""
+    points = (gone, marks.get("began"), marks.get("read"), marks.get("raised"), ready)
+    names = ("gone_to_decision_ms", "read_ms", "raise_ms", "ready_ms")
+    return {name: round((b - a) * 1000, 1) for name, a, b in zip(names, points, points[1:], strict=False)
+            if a is not None and b is not None}
 
 
 async def _settle(jobs: Sequence[tuple[str, Coroutine[Any, Any, T]]], out: dict[str, T | Exception]) -> None:

@@ -115,13 +115,18 @@ class RoutedWorkload:
     def entry(self, names: frozenset[str]) -> kq.CheckEntry | None:
         return self.hint.entry(names)
 
+    @property
+    def screened_out(self) -> bool:
+        """Whether, as last seen, a decision would stop at ``_decision.not_now`` (held, deleting, finished,
+        without quota, evicted): such a decision reads the Workload and writes nothing."""
+        quota, evicted, finished, _ = self.conds
+        return not self.active or self.deleting or not quota or evicted or finished
+
     def decidable(self, names: frozenset[str]) -> bool:
         """Whether, as last seen, a decision would get past screening (``_decision.not_now``, our check Pending,
         a TrainJob owner): only then are its lower layers worth reading before the screening's own fresh read."""
-        quota, evicted, finished, _ = self.conds
         entry = self.entry(names)
-        return (self.active and not self.deleting and quota and not evicted and not finished
-                and entry is not None and entry.state == "Pending" and self.owner is not None
+        return (not self.screened_out and entry is not None and entry.state == "Pending" and self.owner is not None
                 and self.owner.is_trainjob)
 
 
@@ -154,7 +159,7 @@ class PodIndex:
         # A relist: exactly the pods that went, came or changed while the watch was down.
         for uid, sig in old.items():
             if self.live.get(uid) != sig:
-                self._router.route_pod(sig, gone=uid not in self.live)
+                self._router.route_pod(sig, gone=uid not in self.live, ended_before=not sig[1])
         for uid, sig in self.live.items():
             if uid not in old:
                 self._router.route_pod(sig, gone=False)
@@ -162,12 +167,14 @@ class PodIndex:
     def on_event(self, etype: str, obj: Obj) -> None:
         uid, sig = pod_signature(obj)
         if etype == "DELETED":
-            self.live.pop(uid, None)
+            before = self.live.pop(uid, None)
         else:
-            if etype == "MODIFIED" and self.live.get(uid) == sig:
+            before = self.live.get(uid)
+            if etype == "MODIFIED" and before == sig:
                 return  # status heartbeats, conditions, deletionTimestamp: the verdict cannot change
             self.live[uid] = self._router.shared_signature(uid, sig)
-        self._router.route_pod(sig, gone=etype == "DELETED")
+        # A pod's end is timed once: when it is first seen not to run (its deletion may come much later).
+        self._router.route_pod(sig, gone=etype == "DELETED", ended_before=before is not None and not before[1])
 
 
 class Router:
@@ -243,6 +250,7 @@ class Router:
 
     def _index(self, view: RoutedWorkload, *, force: bool = False) -> None:
         key = view.key
+        before = self.workloads.get(key)
         self.workloads[key] = view
         ns = view.namespace
         pair = (ns, view.owner.name) if view.owner is not None and view.owner.is_trainjob else None
@@ -259,7 +267,11 @@ class Router:
         if entry is not None and entry.state == "Pending":
             self.pending.add(key)
             signature = self._signature(key, view, entry)
-            if force or self.signatures.get(key) != signature:
+            # A change queues a decision unless the Workload was and stays screened out: Kueue writes a held or
+            # evicted Workload several times (conditions, requeue state) and each such decision only reads it.
+            # The change that makes it decidable changes the signature too, and queues it then.
+            if force or (self.signatures.get(key) != signature
+                         and not (view.screened_out and (before is None or before.screened_out))):
                 self.queue.add(key)
             self.signatures[key] = signature
         else:
@@ -340,23 +352,33 @@ class Router:
             found = self.pod_indexes[selection] = PodIndex(self)
         return found
 
-    def route_pod(self, sig: PodSig, *, gone: bool) -> None:
-        """Queue the pending Workloads a pod's change may concern, by both selections."""
+    def route_pod(self, sig: PodSig, *, gone: bool, ended_before: bool = False) -> None:
+        """Queue the pending Workloads past screening a pod's change may concern, by both selections, and time
+        the pod's end (``last_gone``) unless it was seen ended before."""
         _node, may_run, (ns, jobset_name, job_id, submission) = sig
         keys = set(self.by_owner.get((ns, jobset_name), ()))
         if job_id:
             keys.update(self.by_ident.get((ns, job_id, submission), ()))
         if not keys:
             return
-        if gone or not may_run:
+        if (gone or not may_run) and not ended_before:
             now = time.monotonic()
             for key in keys:
                 owner = self.owner_of.get(key)
                 if owner is not None:
                     self.last_gone[owner] = now
         for key in keys:
-            if key in self.pending:
+            if self._decidable(key):
                 self.queue.add(key)
+
+    def _decidable(self, key: str) -> bool:
+        """Whether a change below a pending Workload can move its decision: only if, as last seen, the Workload
+        is past screening (``RoutedWorkload.decidable``). A decision of a held, evicted, finished or unreserved
+        Workload writes nothing and reads only the Workload (issue 37: in a hold and release, ~7 such reconciles
+        a round, one per pod or Job event, were in flight when the decisive event came). Every change that
+        makes a Workload decidable changes its signature and queues it, and the resync queues all."""
+        slim = self.workloads.get(key)
+        return key in self.pending and slim is not None and slim.decidable(self.check_names)
 
     def lower_sink(self, kind: str) -> Pages:
         """JobSets and Jobs route by event only; a list keeps nothing of them."""
@@ -376,12 +398,12 @@ class Router:
 
     def on_lower(self, etype: str, obj: Obj) -> None:
         """A JobSet (named as its TrainJob) or a Job (labelled with it) changed: re-check its pending
-        Workloads. Pending, not only those already noted as waiting: a Job that confirms its suspension
-        while the Workload's first decision is being made (and found it unconfirmed) must run that
-        decision again, or the Workload waits for the resync."""
+        Workloads past screening (``_decidable``), not only those already noted as waiting: a Job that
+        confirms its suspension while the Workload's first decision is being made (and found it unconfirmed)
+        must run that decision again, or the Workload waits for the resync."""
         name = labels_of(obj).get(n.JOBSET_NAME_LABEL) if obj.get("kind") == "Job" else name_of(obj)
         for key in self.by_owner.get((text(meta(obj).get("namespace")), name or ""), ()):
-            if key in self.pending:
+            if self._decidable(key):
                 self.queue.add(key)
 
     def list_nodes(self, items: list[Obj]) -> None:
