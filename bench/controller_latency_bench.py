@@ -19,6 +19,10 @@ record, all at once; else those after the TrainJob), the floor's and the record'
 above, and the benchmark's own hop to see the check turn Ready. ``floor`` adds
 the pod hop and the two webhooked writes: what no reading strategy can remove.
 
+It also prints what the figure is made of: the controller's decisions by outcome, its early reads, each kind of
+request it sent (count and mean latency), and its own account of each admission that waited (the "admitted" log
+line's steps: the last pod's end to the decision's start, the reads, the raise, the Ready write).
+
 Run with the testbed up: ``python -m bench.controller_latency_bench [--rounds 30]``; prints one JSON object.
 """
 
