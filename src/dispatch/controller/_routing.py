@@ -158,8 +158,17 @@ class PodIndex:
             return
         # A relist: exactly the pods that went, came or changed while the watch was down.
         for uid, sig in old.items():
-            if self.live.get(uid) != sig:
-                self._router.route_pod(sig, gone=uid not in self.live, ended_before=not sig[1])
+            now = self.live.get(uid)
+            if now == sig:
+                continue
+            if now is None:
+                self._router.route_pod(sig, gone=True, ended_before=not sig[1])
+                continue
+            # Changed: as it is now (an end first seen here is timed here: its deletion will not be), and by
+            # its old group too if its labels moved it.
+            self._router.route_pod(now, gone=False, ended_before=not sig[1])
+            if now[2] != sig[2]:
+                self._router.route_pod(sig, gone=False, ended_before=True)
         for uid, sig in self.live.items():
             if uid not in old:
                 self._router.route_pod(sig, gone=False)
@@ -454,8 +463,15 @@ class Router:
 
     def note(self, key: str, waiting: bool, nodes: frozenset[str]) -> None:
         """A wait goes on from where it started and keeps its place: ``waiting`` stays in the order the waits
-        started, so the longest is its first entry (``longest_wait``), read after every decision."""
-        if not waiting:
+        started, so the longest is its first entry (``longest_wait``), read after every decision.
+
+        Only a Workload the cache shows pending past screening (``_decidable``) is noted: a decision read it
+        before its deletion, its hold or its eviction, and the cache already shows that (a relist that skipped
+        what the decision read, or an event while it was in flight), would else be counted waiting with no
+        decision to come (a deleted one for good, ``dispatch_workloads_longest_wait_seconds`` growing). If the
+        cache instead lags behind what the decision read, the change that brings it up to date queues a
+        decision that notes the wait then."""
+        if not waiting or (self._workloads_listed and not self._decidable(key)):
             self.drop_waiting(key)
             return
         found = self.waiting.get(key)
