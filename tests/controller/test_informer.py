@@ -515,3 +515,21 @@ async def test_a_wait_the_cache_lags_behind_is_noted_by_the_decision_its_catchin
     assert drain(queue) == {key}
     router.note(key, True, frozenset({"node-0"}))
     assert key in router.waiting and router.node_waiters == {"node-0": {key}}
+
+
+def test_a_relist_that_skipped_an_eviction_and_a_new_reservation_queues_the_workload() -> None:
+    """The Workload watch was down while Kueue evicted a Workload past screening (its decision then read it
+    evicted: ``not_now``) and reserved quota again: Kueue leaves a Pending check's message as it was, so the
+    relist shows the signature the cache last saw, and nothing but the resync decided it, though it could be
+    admitted (the pods it waited on went during the eviction, their events spent on that decision)."""
+    wl = workload("wl-a", "a-s1")
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    drain(queue)
+    index.on_event("DELETED", pod("a0", "a-s1"))     # its decision reads the Workload evicted
+    assert drain(queue) == {key}
+    wl["metadata"]["resourceVersion"] = "9"          # evicted, then reserved again: as the cache last saw it
+    router.list_workloads([wl])
+    assert drain(queue) == {key}

@@ -257,7 +257,9 @@ class Router:
     def index_workload(self, obj: Obj, *, force: bool = False) -> None:
         self._index(RoutedWorkload.of(kq.WorkloadView.from_obj(obj)), force=force)
 
-    def _index(self, view: RoutedWorkload, *, force: bool = False) -> None:
+    def _index(self, view: RoutedWorkload, *, force: bool = False, relisted: bool = False) -> None:
+        """``relisted``: seen by a relist, which may have skipped versions (an eviction and a new reservation
+        leave the signature as it was)."""
         key = view.key
         before = self.workloads.get(key)
         self.workloads[key] = view
@@ -279,8 +281,12 @@ class Router:
             # A change queues a decision unless the Workload was and stays screened out: Kueue writes a held or
             # evicted Workload several times (conditions, requeue state) and each such decision only reads it.
             # The change that makes it decidable changes the signature too, and queues it then.
-            if force or (self.signatures.get(key) != signature
-                         and not (view.screened_out and (before is None or before.screened_out))):
+            # A relist shows only where the Workload is now: one past screening that moved meanwhile is queued
+            # even with its signature unchanged, as the decision it had may have read it evicted in between.
+            moved = (relisted and before is not None and before.hint.ref != view.hint.ref
+                     and view.decidable(self.check_names))
+            if force or moved or (self.signatures.get(key) != signature
+                                  and not (view.screened_out and (before is None or before.screened_out))):
                 self.queue.add(key)
             self.signatures[key] = signature
         else:
@@ -319,7 +325,7 @@ class Router:
         for obj in items:
             slim = RoutedWorkload.of(kq.WorkloadView.from_obj(obj))
             self._listing.add(slim.key)
-            self._index(slim, force=force)
+            self._index(slim, force=force, relisted=not force)
 
     def _workloads_end(self) -> None:
         keys, self._listing = self._listing or set(), None
