@@ -436,3 +436,100 @@ def test_a_pods_end_is_timed_when_it_is_first_seen_not_to_run_not_at_its_deletio
     index.on_event("ADDED", pod("a1", "a-s1"))
     index.on_event("DELETED", pod("a1", "a-s1"))     # deleted while it could run: its end is its deletion
     assert router.last_gone[("default", "a-s1")] > ended
+
+
+def test_a_wait_a_relist_shows_screened_out_is_not_left_counted() -> None:
+    """A decision the cache did not queue (the resync, a JobSet relist, a retry) read the Workload released and
+    reserved while the Workload watch was down, and noted it waiting on a pod; it was held again before the watch
+    relisted. The relist shows it held as the cache last saw it: "was and stays screened out", though it was not
+    in between. It was left counted in ``dispatch_workloads_waiting`` (``longest_wait`` growing) until the
+    resync, as its pods' events no longer queue it: now a wait is noted only while the cache shows it decidable."""
+    wl = _held(workload("wl-a", "a-s1"), quota=False)
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    drain(queue)
+    router.note(key, True, frozenset({"node-0"}))     # the ungated decision: waits on a0
+    router.list_workloads([_held(wl, quota=False)])   # the relist: held, as before
+    index.on_event("DELETED", pod("a0", "a-s1"))
+    assert key not in router.waiting or drain(queue) == {key}
+
+
+async def test_a_wait_noted_after_a_relist_showed_it_screened_out_is_not_left_counted() -> None:
+    """As above, but the relist lands while that decision is in flight: it notes the Workload waiting after."""
+    wl = _held(workload("wl-a", "a-s1"), quota=False)
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    router.requeue_all()                              # the resync
+    assert await queue.get() == key                   # in flight: reads it released and reserved
+    router.list_workloads([_held(wl, quota=False)])   # the relist: held again, as the cache last saw it
+    router.note(key, True, frozenset({"node-0"}))     # ... waiting on a0
+    queue.done(key)
+    index.on_event("DELETED", pod("a0", "a-s1"))
+    assert key not in router.waiting or drain(queue) == {key}
+
+
+async def test_a_workload_deleted_while_its_decision_is_in_flight_is_not_left_counted_waiting() -> None:
+    """Its decision read it before the deletion and ends waiting (on its JobSet: no Node): it was counted waiting
+    for good, no longer pending for the resync to queue, and the longest wait (alerted on at 30 min) grew."""
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    key = f"{NS}/wl-a"
+    router.queue.add(key)
+    assert await queue.get() == key
+    router.on_workload("DELETED", workload("wl-a", "a-s1"))
+    router.note(key, True, frozenset())
+    queue.done(key)
+    router.requeue_all()
+    assert key not in router.waiting or drain(queue) == {key}
+
+
+def test_a_pod_that_ended_while_no_watch_ran_is_timed_by_the_relist() -> None:
+    """A pod seen running, then ended (kubelet-confirmed) while the pod watch was down: the relist is the first
+    sight of its end, so it times it (``last_gone``); its deletion after is not timed again. Before, its
+    deletion timed it; now neither did, and ``gone_to_decision_ms`` counted from an older pod's end."""
+    router, queue = router_with(workload("wl-a", "a-s1"))
+    relist(router, "pods", [pod("a0", "a-s1")])
+    assert ("default", "a-s1") not in router.last_gone
+    relist(router, "pods", [pod("a0", "a-s1", phase="Failed")])
+    assert drain(queue) == {f"{NS}/wl-a"}
+    ended = router.last_gone[("default", "a-s1")]
+    router.pod_index("pods").on_event("DELETED", pod("a0", "a-s1", phase="Failed"))
+    assert router.last_gone[("default", "a-s1")] == ended
+
+
+async def test_a_wait_the_cache_lags_behind_is_noted_by_the_decision_its_catching_up_queues() -> None:
+    """The other side of noting only what the cache shows decidable: a decision that read the Workload reserved
+    before the cache did is not counted, and the Workload's event, when it comes, queues the decision that is."""
+    wl = _held(workload("wl-a", "a-s1"), quota=False, active=True)
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    router.requeue_all()
+    assert await queue.get() == key                   # reads it reserved; the cache still shows it without quota
+    router.note(key, True, frozenset({"node-0"}))
+    queue.done(key)
+    assert key not in router.waiting and drain(queue) == set()
+    router.on_workload("MODIFIED", _held(wl, quota=True, active=True))
+    assert drain(queue) == {key}
+    router.note(key, True, frozenset({"node-0"}))
+    assert key in router.waiting and router.node_waiters == {"node-0": {key}}
+
+
+def test_a_relist_that_skipped_an_eviction_and_a_new_reservation_queues_the_workload() -> None:
+    """The Workload watch was down while Kueue evicted a Workload past screening (its decision then read it
+    evicted: ``not_now``) and reserved quota again: Kueue leaves a Pending check's message as it was, so the
+    relist shows the signature the cache last saw, and nothing but the resync decided it, though it could be
+    admitted (the pods it waited on went during the eviction, their events spent on that decision)."""
+    wl = workload("wl-a", "a-s1")
+    router, queue = router_with(wl)
+    key = f"{NS}/wl-a"
+    index = router.pod_index("pods")
+    index.on_event("ADDED", pod("a0", "a-s1"))
+    drain(queue)
+    index.on_event("DELETED", pod("a0", "a-s1"))     # its decision reads the Workload evicted
+    assert drain(queue) == {key}
+    wl["metadata"]["resourceVersion"] = "9"          # evicted, then reserved again: as the cache last saw it
+    router.list_workloads([wl])
+    assert drain(queue) == {key}

@@ -158,8 +158,17 @@ class PodIndex:
             return
         # A relist: exactly the pods that went, came or changed while the watch was down.
         for uid, sig in old.items():
-            if self.live.get(uid) != sig:
-                self._router.route_pod(sig, gone=uid not in self.live, ended_before=not sig[1])
+            now = self.live.get(uid)
+            if now == sig:
+                continue
+            if now is None:
+                self._router.route_pod(sig, gone=True, ended_before=not sig[1])
+                continue
+            # Changed: as it is now (an end first seen here is timed here: its deletion will not be), and by
+            # its old group too if its labels moved it.
+            self._router.route_pod(now, gone=False, ended_before=not sig[1])
+            if now[2] != sig[2]:
+                self._router.route_pod(sig, gone=False, ended_before=True)
         for uid, sig in self.live.items():
             if uid not in old:
                 self._router.route_pod(sig, gone=False)
@@ -248,7 +257,9 @@ class Router:
     def index_workload(self, obj: Obj, *, force: bool = False) -> None:
         self._index(RoutedWorkload.of(kq.WorkloadView.from_obj(obj)), force=force)
 
-    def _index(self, view: RoutedWorkload, *, force: bool = False) -> None:
+    def _index(self, view: RoutedWorkload, *, force: bool = False, relisted: bool = False) -> None:
+        """``relisted``: seen by a relist, which may have skipped versions (an eviction and a new reservation
+        leave the signature as it was)."""
         key = view.key
         before = self.workloads.get(key)
         self.workloads[key] = view
@@ -270,8 +281,12 @@ class Router:
             # A change queues a decision unless the Workload was and stays screened out: Kueue writes a held or
             # evicted Workload several times (conditions, requeue state) and each such decision only reads it.
             # The change that makes it decidable changes the signature too, and queues it then.
-            if force or (self.signatures.get(key) != signature
-                         and not (view.screened_out and (before is None or before.screened_out))):
+            # A relist shows only where the Workload is now: one past screening that moved meanwhile is queued
+            # even with its signature unchanged, as the decision it had may have read it evicted in between.
+            moved = (relisted and before is not None and before.hint.ref != view.hint.ref
+                     and view.decidable(self.check_names))
+            if force or moved or (self.signatures.get(key) != signature
+                                  and not (view.screened_out and (before is None or before.screened_out))):
                 self.queue.add(key)
             self.signatures[key] = signature
         else:
@@ -310,7 +325,7 @@ class Router:
         for obj in items:
             slim = RoutedWorkload.of(kq.WorkloadView.from_obj(obj))
             self._listing.add(slim.key)
-            self._index(slim, force=force)
+            self._index(slim, force=force, relisted=not force)
 
     def _workloads_end(self) -> None:
         keys, self._listing = self._listing or set(), None
@@ -454,8 +469,15 @@ class Router:
 
     def note(self, key: str, waiting: bool, nodes: frozenset[str]) -> None:
         """A wait goes on from where it started and keeps its place: ``waiting`` stays in the order the waits
-        started, so the longest is its first entry (``longest_wait``), read after every decision."""
-        if not waiting:
+        started, so the longest is its first entry (``longest_wait``), read after every decision.
+
+        Only a Workload the cache shows pending past screening (``_decidable``) is noted: a decision read it
+        before its deletion, its hold or its eviction, and the cache already shows that (a relist that skipped
+        what the decision read, or an event while it was in flight), would else be counted waiting with no
+        decision to come (a deleted one for good, ``dispatch_workloads_longest_wait_seconds`` growing). If the
+        cache instead lags behind what the decision read, the change that brings it up to date queues a
+        decision that notes the wait then."""
+        if not waiting or (self._workloads_listed and not self._decidable(key)):
             self.drop_waiting(key)
             return
         found = self.waiting.get(key)
